@@ -1,0 +1,508 @@
+"""Running a plan: leases, status files and one Ray task per step.
+
+The driver (this process) owns all bookkeeping: it takes each step's lease, writes RUNNING and the
+step info, submits ``fn(config)`` as a Ray task with the step's resources, and when the task ends
+writes FAILED, or checks it still holds the lease and writes SUCCESS last. A heartbeat thread
+renews every held lease; a lease lost to a takeover cancels the task and writes nothing more.
+
+Several drivers may run the same experiment at once: a step whose lease is held by a live driver is
+waited for and its result reused, so each step body runs exactly once.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from marin.execution import lease as leases
+from marin.execution import status as st
+from marin.execution import storage
+from marin.execution.fingerprint import code_fingerprint, drift
+from marin.execution.hashing import canonical_json, sha256_hex
+from marin.execution.jsonable import mask_leaves, to_jsonable
+from marin.execution.plan import Plan, PlannedStep, resolve_config
+from marin.execution.status import StepStatus
+
+logger = logging.getLogger("marin.execution")
+
+
+class ExecutorError(RuntimeError):
+    """One or more steps failed; the message names each, with its error and remote traceback."""
+
+
+class PreviouslyFailedError(ExecutorError):
+    """Steps that FAILED in an earlier run were asked to run again without ``--force_run_failed``."""
+
+
+@dataclasses.dataclass
+class RunOptions:
+    prefix: str
+    dry_run: bool = False
+    force_run_failed: bool = False
+    run_only: list[str] | None = None
+    max_concurrent: int | None = None
+    address: str | None = None
+    lease_ttl: float = leases.DEFAULT_TTL_S
+    poll_interval: float = 0.5
+    description: str | None = None
+    script: str = "experiment"
+    progress: bool = True
+
+
+@dataclasses.dataclass
+class RunResult:
+    plan: Plan
+    outcome: dict[str, str]
+    """output path -> one of: cached, succeeded, reused, failed, dep_failed, lost, not_selected, dry_run."""
+    record_path: str | None
+    errors: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------------- #
+# selection                                                                                        #
+# ----------------------------------------------------------------------------------------------- #
+
+
+def read_statuses(plan: Plan) -> dict[PlannedStep, dict | None]:
+    """Status records of every step; object stores are read with a thread pool."""
+    if all(storage.is_local(s.output_path) for s in plan.steps):
+        return {s: st.read_status(s.output_path) for s in plan.steps}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(16) as pool:
+        return dict(zip(plan.steps, pool.map(lambda s: st.read_status(s.output_path), plan.steps)))
+
+
+def select_steps(
+    plan: Plan, statuses: dict[PlannedStep, dict | None], run_only: list[str] | None
+) -> list[PlannedStep]:
+    """Steps to run, dependencies first: all unfinished steps, or with ``run_only`` the steps whose
+    name matches one of the regexes plus their unfinished (transitive) dependencies."""
+    unfinished = {s for s in plan.steps if st.current_status(statuses[s]) != StepStatus.SUCCESS}
+    if not run_only:
+        return [s for s in plan.steps if s in unfinished]
+    patterns = [re.compile(p) for p in run_only]
+    wanted: set[PlannedStep] = set()
+    stack = [s for s in plan.steps if any(p.search(s.name) for p in patterns)]
+    if not stack:
+        raise ExecutorError(f"--run_only {run_only} matches no step; step names: {sorted({s.name for s in plan.steps})}")
+    while stack:
+        s = stack.pop()
+        if s in wanted:
+            continue
+        wanted.add(s)
+        stack.extend(d for d in s.dependencies + s.nonblocking_dependencies if d in unfinished)
+    return [s for s in plan.steps if s in wanted and s in unfinished]
+
+
+# ----------------------------------------------------------------------------------------------- #
+# records                                                                                          #
+# ----------------------------------------------------------------------------------------------- #
+
+
+def experiment_record_path(plan: Plan, script: str) -> str:
+    digest = sha256_hex(canonical_json(sorted(s.digest for s in plan.steps)))[:10]
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.splitext(os.path.basename(script))[0]) or "experiment"
+    return f"{plan.prefix}/experiments/{stem}-{digest}.json"
+
+
+def write_experiment_record(plan: Plan, opts: RunOptions, outcome: dict[str, str]) -> str:
+    path = experiment_record_path(plan, opts.script)
+    record = {
+        "script": opts.script,
+        "description": opts.description,
+        "prefix": plan.prefix,
+        "updated": time.time(),
+        "host": socket.gethostname(),
+        "argv": [a if not re.search(r"(?i)(key|secret|token|password)=", a) else "***" for a in sys.argv],
+        "steps": [
+            {
+                "name": s.name,
+                "hash": s.hash,
+                "output_path": s.output_path,
+                "fn": code_fingerprint(s.step.fn)["fn"],
+                "outcome": outcome.get(s.output_path),
+                "dependencies": [d.output_path for d in s.dependencies + s.nonblocking_dependencies],
+                "version": {**s.version(), "config": mask_leaves(s.config_leaves)},
+            }
+            for s in plan.steps
+        ],
+    }
+    storage.write_text(path, json.dumps(record, indent=1))
+    return path
+
+
+def step_info(ps: PlannedStep, config: Any, holder: str) -> dict[str, Any]:
+    deps = ps.dependencies + ps.nonblocking_dependencies
+    return {
+        "name": ps.name,
+        "description": ps.step.description,
+        "output_path": ps.output_path,
+        "hash": ps.hash,
+        "fn": code_fingerprint(ps.step.fn)["fn"],
+        "code_fingerprint": code_fingerprint(ps.step.fn),
+        "config": to_jsonable(config),
+        "version": {**ps.version(), "config": mask_leaves(ps.config_leaves)},
+        "dependencies": [d.output_path for d in deps],
+        "resources": ps.step.resources or {},
+        "host": socket.gethostname(),
+        "holder": holder,
+        "start_time": time.time(),
+        "end_time": None,
+    }
+
+
+# ----------------------------------------------------------------------------------------------- #
+# Ray                                                                                              #
+# ----------------------------------------------------------------------------------------------- #
+
+
+def ensure_ray(address: str | None) -> None:
+    """Join ``address`` (or ``RAY_ADDRESS``), or start a fresh local cluster: the embedded default."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+    else:
+        ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+
+
+def _execute_step(fn: Any, config: Any, output_path: str) -> None:
+    """Body of a step's Ray task."""
+    storage.makedirs(output_path)
+    fn(config)
+
+
+def _ray_options(ps: PlannedStep) -> dict[str, Any]:
+    res = dict(ps.step.resources or {})
+    opts: dict[str, Any] = {"num_cpus": res.pop("num_cpus", 1), "max_retries": 0, "name": ps.name}
+    for key in ("num_gpus", "memory", "accelerator_type", "resources"):
+        if key in res:
+            opts[key] = res[key]
+    return opts
+
+
+def describe_failure(exc: BaseException) -> tuple[str, str]:
+    """(one-line error, full traceback text) for an exception raised by ``ray.get`` of a step."""
+    import ray.exceptions as rex
+
+    if isinstance(exc, rex.RayTaskError):
+        cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+        return f"{type(cause).__name__}: {cause}".splitlines()[0][:500], str(exc)
+    if isinstance(exc, (rex.WorkerCrashedError, rex.NodeDiedError)) or "worker died" in str(exc).lower():
+        return (
+            "the step's worker process died while running it (killed, crashed, out of memory or os._exit)",
+            str(exc),
+        )
+    if isinstance(exc, rex.TaskCancelledError):
+        return "the step's task was cancelled", str(exc)
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:500], "".join(traceback.format_exception(exc))
+
+
+# ----------------------------------------------------------------------------------------------- #
+# the run loop                                                                                     #
+# ----------------------------------------------------------------------------------------------- #
+
+
+class _Runner:
+    def __init__(self, plan: Plan, todo: list[PlannedStep], statuses: dict, opts: RunOptions):
+        self.plan, self.todo, self.statuses, self.opts = plan, todo, statuses, opts
+        self.holder = leases.new_holder_id()
+        todo_set = set(todo)
+        self.dependents = plan.dependents()
+        self.remaining = {s: sum(1 for d in s.dependencies if d in todo_set) for s in todo}
+        self.ready = collections.deque(s for s in todo if self.remaining[s] == 0)
+        self.waiting: dict[PlannedStep, float] = {}
+        self.running: dict[Any, PlannedStep] = {}
+        self.refs: dict[PlannedStep, Any] = {}
+        self.held: dict[PlannedStep, leases.Lease] = {}
+        self.lost: set[PlannedStep] = set()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.outcome: dict[str, str] = {}
+        self.errors: dict[str, str] = {}
+        self.info: dict[PlannedStep, dict] = {}
+        self.initial_events = {s: len((statuses.get(s) or {}).get("events", [])) for s in todo}
+        self.bar = None
+
+    # -- heartbeat -------------------------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        interval = max(0.05, self.opts.lease_ttl / 4)
+        while not self.stop.wait(interval):
+            with self.lock:
+                held = list(self.held.items())
+            for s, lease in held:
+                try:
+                    new = leases.renew(s.output_path, lease, self.opts.lease_ttl)
+                except leases.LeaseLost as e:
+                    logger.error("step %s: %s; stopping it", s.name, e)
+                    with self.lock:
+                        self.held.pop(s, None)
+                        self.lost.add(s)
+                    continue
+                except Exception as e:  # transient store error: try again next beat
+                    logger.warning("step %s: lease renewal failed (%s); will retry", s.name, e)
+                    continue
+                with self.lock:
+                    if s in self.held:
+                        self.held[s] = new
+
+    # -- transitions -----------------------------------------------------------------------------
+    def _finish(self, s: PlannedStep, outcome: str) -> None:
+        self.outcome[s.output_path] = outcome
+        if self.bar is not None:
+            self.bar.update(1)
+        if outcome in ("succeeded", "reused"):
+            for d in self.dependents[s]:
+                if d in self.remaining and s in d.dependencies:
+                    self.remaining[d] -= 1
+                    if self.remaining[d] == 0:
+                        self.ready.append(d)
+        elif outcome in ("failed", "dep_failed", "lost"):
+            self._fail_dependents(s)
+
+    def _fail_dependents(self, s: PlannedStep) -> None:
+        for d in self.dependents[s]:
+            if d not in self.remaining or d.output_path in self.outcome or s not in d.dependencies:
+                continue
+            lease = leases.try_acquire(d.output_path, self.holder, self.opts.lease_ttl)
+            if lease is not None:
+                try:
+                    record = st.read_status(d.output_path)
+                    if st.current_status(record) != StepStatus.SUCCESS:
+                        st.write_status(
+                            d.output_path, StepStatus.DEP_FAILED, holder=self.holder,
+                            message=f"dependency {s.name} ({s.output_path}) did not succeed", previous=record,
+                        )
+                finally:
+                    leases.release(d.output_path, lease)
+            self.errors[d.output_path] = f"not run: dependency {s.name} did not succeed"
+            self._finish(d, "dep_failed")
+
+    def _start(self, s: PlannedStep) -> None:
+        lease = leases.try_acquire(s.output_path, self.holder, self.opts.lease_ttl)
+        if lease is None:
+            self.waiting[s] = time.monotonic()
+            return
+        try:
+            record = st.read_status(s.output_path)
+            status = st.current_status(record)
+            if status == StepStatus.SUCCESS:  # another executor finished it meanwhile
+                leases.release(s.output_path, lease)
+                self._finish(s, "reused")
+                return
+            if status == StepStatus.FAILED and len(record["events"]) > self.initial_events[s]:
+                leases.release(s.output_path, lease)
+                self.errors[s.output_path] = "failed in a concurrent executor; see marin show"
+                self._finish(s, "failed")
+                return
+            with self.lock:
+                self.held[s] = lease
+            config = resolve_config(s, self.plan)
+            info = step_info(s, config, self.holder)
+            self.info[s] = info
+            st.write_status(s.output_path, StepStatus.RUNNING, holder=self.holder, previous=record)
+            st.write_info(s.output_path, info)
+            import ray
+
+            task = ray.remote(_execute_step).options(**_ray_options(s))
+            ref = task.remote(s.step.fn, config, s.output_path)
+        except Exception as e:  # bookkeeping or submission failed: the step failed
+            self._record_failure(s, f"{type(e).__name__}: {e}", traceback.format_exc())
+            return
+        self.running[ref] = s
+        self.refs[s] = ref
+
+    def _release(self, s: PlannedStep) -> leases.Lease | None:
+        with self.lock:
+            lease = self.held.pop(s, None)
+        if lease is not None:
+            leases.release(s.output_path, lease)
+        return lease
+
+    def _record_failure(self, s: PlannedStep, error: str, tb: str) -> None:
+        info = self.info.get(s) or {"name": s.name, "output_path": s.output_path}
+        info.update(end_time=time.time(), error=error, traceback=tb)
+        try:
+            st.write_info(s.output_path, info)
+            st.write_status(s.output_path, StepStatus.FAILED, holder=self.holder, message=error)
+        except Exception as e:  # pragma: no cover - store unreachable
+            logger.error("step %s: could not record failure: %s", s.name, e)
+        self._release(s)
+        self.errors[s.output_path] = f"{error}\n{tb}"
+        self._print(f"FAILED {s.name} ({s.output_path}): {error}")
+        self._finish(s, "failed")
+
+    def _on_done(self, ref: Any) -> None:
+        import ray
+
+        s = self.running.pop(ref)
+        self.refs.pop(s, None)
+        try:
+            ray.get(ref)
+        except Exception as e:
+            if s in self.lost:
+                self._finish(s, "lost")
+                return
+            error, tb = describe_failure(e)
+            self._record_failure(s, error, tb)
+            return
+        with self.lock:
+            lease = self.held.get(s)
+        try:
+            if lease is None:
+                raise leases.LeaseLost("lease lost during the run")
+            lease = leases.renew(s.output_path, lease, self.opts.lease_ttl)  # fence: still ours?
+            info = self.info[s]
+            info["end_time"] = time.time()
+            st.write_info(s.output_path, info)
+            st.write_status(s.output_path, StepStatus.SUCCESS, holder=self.holder)
+        except leases.LeaseLost as e:
+            self.errors[s.output_path] = f"lease lost before SUCCESS could be written: {e}"
+            with self.lock:
+                self.held.pop(s, None)
+            self._finish(s, "lost")
+            return
+        self._release(s)
+        self._finish(s, "succeeded")
+
+    def _check_waiting(self) -> None:
+        now = time.monotonic()
+        for s, since in list(self.waiting.items()):
+            if now - since < self.opts.poll_interval:
+                continue
+            self.waiting[s] = now
+            lease = leases.read_lease(s.output_path)
+            if lease is not None and not leases.is_stale(lease, time.time(), socket.gethostname()):
+                continue  # a live executor is on it
+            del self.waiting[s]
+            self._start(s)  # may find SUCCESS (reuse), FAILED (fail), or take over
+
+    def _print(self, msg: str) -> None:
+        if self.bar is not None:
+            self.bar.write(msg, file=sys.stderr)
+        else:
+            print(msg, file=sys.stderr)
+
+    def loop(self) -> None:
+        import ray
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=len(self.todo), desc="steps", unit="step", file=sys.stderr, disable=not self.opts.progress,
+            mininterval=0.5, dynamic_ncols=True,
+        )
+        beat = threading.Thread(target=self._heartbeat, name="marin-lease-heartbeat", daemon=True)
+        beat.start()
+        try:
+            while self.ready or self.running or self.waiting:
+                while self.ready and (
+                    self.opts.max_concurrent is None or len(self.running) < self.opts.max_concurrent
+                ):
+                    self._start(self.ready.popleft())
+                with self.lock:
+                    lost = [s for s in self.lost if s in self.refs]
+                for s in lost:
+                    ray.cancel(self.refs[s], force=True)
+                if self.waiting:
+                    self._check_waiting()
+                if self.running:
+                    timeout = self.opts.poll_interval if (self.waiting or lost) else 1.0
+                    done, _ = ray.wait(list(self.running), num_returns=1, timeout=timeout)
+                    if done:  # collect everything else that is already finished too
+                        more, _ = ray.wait(list(self.running), num_returns=len(self.running), timeout=0)
+                        for ref in dict.fromkeys(done + more):
+                            self._on_done(ref)
+                elif self.waiting and not self.ready:
+                    time.sleep(min(self.opts.poll_interval, 0.2))
+                self.bar.set_postfix(running=len(self.running), waiting=len(self.waiting), refresh=False)
+        finally:
+            self.stop.set()
+            for s in list(self.held):
+                self._release(s)
+            self.bar.close()
+
+
+def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
+    """Run every unfinished step of ``plan`` (see module docstring); raise ExecutorError on failure."""
+    statuses = read_statuses(plan)
+    todo = select_steps(plan, statuses, opts.run_only)
+    outcome: dict[str, str] = {}
+    for s in plan.steps:
+        if st.current_status(statuses[s]) == StepStatus.SUCCESS:
+            outcome[s.output_path] = "cached"
+        elif s not in todo:
+            outcome[s.output_path] = "not_selected"
+
+    failed_before = [s for s in todo if st.current_status(statuses[s]) == StepStatus.FAILED]
+    if failed_before and not opts.force_run_failed and not opts.dry_run:
+        names = "\n".join(f"  {s.name} ({s.output_path})" for s in failed_before)
+        raise PreviouslyFailedError(
+            f"{len(failed_before)} step(s) failed in an earlier run:\n{names}\n"
+            "See why with `marin show <path>`, fix the cause, then rerun with --force_run_failed true "
+            "(failed steps are not retried by default so a broken step cannot burn compute silently)."
+        )
+
+    if opts.dry_run:
+        for s in todo:
+            outcome[s.output_path] = "dry_run"
+        print_dry_run(plan, statuses, todo)
+        return RunResult(plan, outcome, None)
+
+    if not todo:
+        print(f"Nothing to run: all {len(plan.steps)} steps already succeeded under {plan.prefix}", file=sys.stderr)
+        return RunResult(plan, outcome, write_experiment_record(plan, opts, outcome))
+
+    storage.makedirs(plan.prefix)
+    ensure_ray(opts.address)
+    record = write_experiment_record(plan, opts, outcome)
+    runner = _Runner(plan, todo, statuses, opts)
+    runner.loop()
+    outcome.update(runner.outcome)
+    record = write_experiment_record(plan, opts, outcome)
+    result = RunResult(plan, outcome, record, runner.errors)
+    bad = [s for s in todo if outcome.get(s.output_path) in ("failed", "lost")]
+    counts = collections.Counter(outcome.values())
+    print(
+        "Steps: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + f"  (record: {record})",
+        file=sys.stderr,
+    )
+    if bad:
+        lines = [f"{len(bad)} step(s) failed:"]
+        for s in bad:
+            lines.append(f"--- step {s.name} ({s.output_path}) ---\n{runner.errors.get(s.output_path, '')}")
+        dep = [s.name for s in todo if outcome.get(s.output_path) == "dep_failed"]
+        if dep:
+            lines.append(f"not run because a dependency failed: {', '.join(dep)}")
+        err = ExecutorError("\n".join(lines))
+        err.result = result  # type: ignore[attr-defined]
+        raise err
+    return result
+
+
+def print_dry_run(plan: Plan, statuses: dict, todo: list[PlannedStep]) -> None:
+    todo_set = set(todo)
+    print(f"Dry run under {plan.prefix}: {len(todo)} of {len(plan.steps)} steps would run")
+    for s in plan.steps:
+        status = st.current_status(statuses[s])
+        mark = "run " if s in todo_set else "skip"
+        print(f"  [{mark}] {s.name}-{s.hash}  ({status.value if status else 'new'})  {s.output_path}")
+        if statuses[s] is not None:
+            info = st.read_info(s.output_path)
+            msg = drift((info or {}).get("code_fingerprint"), code_fingerprint(s.step.fn))
+            if msg:
+                print(f"         warning: {msg} (the hash is unchanged; outputs are kept)")

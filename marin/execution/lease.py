@@ -1,0 +1,126 @@
+"""Step leases: who may run a step right now, with fencing tokens.
+
+``.executor_lease`` holds ``{holder, token, expiry, host, pid, released}``. A lease is acquired by a
+compare-and-swap on that file (see :mod:`storage` for the per-backend guarantee); each acquisition
+increments ``token``, so a holder that was presumed dead and replaced can tell (its token is no
+longer current) and must stop writing. The holder renews ``expiry`` by heartbeat.
+
+A lease is stale, and may be taken over, when it was released, when its expiry has passed, or when
+its holder ran on this very host and its process no longer exists (so a crashed executor on a
+laptop is replaced at once, not after the expiry).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import time
+import uuid
+
+from marin.execution import storage
+from marin.execution.status import LEASE_FILE
+
+DEFAULT_TTL_S = 20.0
+"""Lease lifetime without a heartbeat. With heartbeats every TTL/4 and waiters polling about every
+second, a dead holder on another host is replaced within TTL + poll (about 21 s) of its death."""
+
+
+class LeaseLost(RuntimeError):
+    """Our lease was taken over (we were presumed dead); stop writing to the step."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    holder: str
+    token: int
+    expiry: float
+    host: str
+    pid: int
+    released: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "Lease":
+        return Lease(**json.loads(text))
+
+
+def new_holder_id() -> str:
+    """Unique id of one executor process: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def is_stale(lease: Lease, now: float, this_host: str, pid_alive=_pid_alive) -> bool:
+    """Whether ``lease`` may be taken over at time ``now`` by a process on ``this_host``."""
+    if lease.released or now >= lease.expiry:
+        return True
+    return lease.host == this_host and not pid_alive(lease.pid)
+
+
+def lease_path(step_dir: str) -> str:
+    return f"{step_dir}/{LEASE_FILE}"
+
+
+def read_lease(step_dir: str) -> Lease | None:
+    text = storage.read_text(lease_path(step_dir))
+    return Lease.from_json(text) if text else None
+
+
+def try_acquire(step_dir: str, holder: str, ttl: float = DEFAULT_TTL_S) -> Lease | None:
+    """Take the step's lease if free or stale; None if a live holder has it (or we lost a race)."""
+    path = lease_path(step_dir)
+    text, tag = storage.read_with_tag(path)
+    host = socket.gethostname()
+    now = time.time()
+    current = Lease.from_json(text) if text else None
+    if current is not None and current.holder == holder and not current.released:
+        return current  # re-entrant
+    if current is not None and not is_stale(current, now, host):
+        return None
+    lease = Lease(
+        holder=holder,
+        token=(current.token + 1) if current else 1,
+        expiry=now + ttl,
+        host=host,
+        pid=os.getpid(),
+    )
+    return lease if storage.compare_and_swap(path, lease.to_json(), tag) else None
+
+
+def renew(step_dir: str, lease: Lease, ttl: float = DEFAULT_TTL_S) -> Lease:
+    """Extend our lease; raises :class:`LeaseLost` if someone else holds the current token."""
+    path = lease_path(step_dir)
+    text, tag = storage.read_with_tag(path)
+    current = Lease.from_json(text) if text else None
+    if current is None or current.holder != lease.holder or current.token != lease.token or current.released:
+        other = f"{current.holder} (token {current.token})" if current else "nobody"
+        raise LeaseLost(f"lease on {step_dir} now held by {other}; we had token {lease.token}")
+    new = dataclasses.replace(lease, expiry=time.time() + ttl)
+    if not storage.compare_and_swap(path, new.to_json(), tag):
+        raise LeaseLost(f"lease on {step_dir} changed while renewing token {lease.token}")
+    return new
+
+
+def release(step_dir: str, lease: Lease) -> None:
+    """Give the lease up (keeping the token counter, so tokens stay monotonic). Never raises LeaseLost."""
+    path = lease_path(step_dir)
+    text, tag = storage.read_with_tag(path)
+    if not text:
+        return
+    current = Lease.from_json(text)
+    if current.holder != lease.holder or current.token != lease.token:
+        return
+    storage.compare_and_swap(path, dataclasses.replace(current, released=True, expiry=0.0).to_json(), tag)

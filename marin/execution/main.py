@@ -1,0 +1,118 @@
+"""``executor_main``: the one call at the bottom of every experiment file."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Sequence
+
+from marin.execution.executor import ExecutorError, RunOptions, RunResult, run_plan
+from marin.execution.hashing import UnhashableConfigError
+from marin.execution.lease import DEFAULT_TTL_S
+from marin.execution.plan import PlanError, plan_steps
+from marin.execution.step import ExecutorStep, InvalidStepError
+
+DEFAULT_PREFIX = "local_store"
+
+
+@dataclasses.dataclass
+class ExecutorMainConfig:
+    """Flags of every experiment file (``python exp.py --help`` or ``marin run exp.py --help``)."""
+
+    prefix: str | None = None
+    """Where outputs go: a local directory, s3://bucket/path or gs://bucket/path. Default: $MARIN_PREFIX,
+    else ./local_store under the working directory."""
+    dry_run: bool = False
+    """Plan, print what would run (and code drift warnings), run nothing."""
+    force_run_failed: bool = False
+    """Rerun steps that FAILED in an earlier run (off by default: a failure needs a look first)."""
+    run_only: list[str] | None = None
+    """Regexes: run only matching steps plus their unfinished dependencies (``--run_only a b``)."""
+    max_concurrent: int | None = None
+    """At most this many steps running at once (default: as many as Ray's resources allow)."""
+    address: str | None = None
+    """Ray cluster to join (default: $RAY_ADDRESS, else start a local cluster)."""
+    lease_ttl: float = DEFAULT_TTL_S
+    """Seconds a step lease lives without heartbeat; a dead executor's steps are taken over after it."""
+    progress: bool = True
+    """Show a progress bar on stderr."""
+
+
+def _extract_run_only(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """Pull ``--run_only A B ...`` out of argv (draccus wants one token per flag; regexes may hold
+    commas or brackets, so we do not go through its list syntax)."""
+    out, patterns, i = [], None, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--run_only" or arg.startswith("--run_only="):
+            patterns = patterns or []
+            if "=" in arg:
+                patterns.append(arg.split("=", 1)[1])
+            i += 1
+            while i < len(argv) and not argv[i].startswith("--"):
+                patterns.append(argv[i])
+                i += 1
+            continue
+        out.append(arg)
+        i += 1
+    return out, patterns
+
+
+def parse_executor_args(argv: Sequence[str]) -> ExecutorMainConfig:
+    import draccus
+
+    rest, run_only = _extract_run_only(list(argv))
+    config = draccus.parse(config_class=ExecutorMainConfig, args=rest)
+    if run_only is not None:
+        config.run_only = run_only
+    return config
+
+
+def _script_name() -> str:
+    main = sys.modules.get("__main__")
+    return os.path.basename(getattr(main, "__file__", None) or sys.argv[0] or "experiment")
+
+
+def executor_main(
+    config: ExecutorMainConfig | None = None,
+    steps: list[ExecutorStep] | None = None,
+    description: str | None = None,
+    argv: Sequence[str] | None = None,
+) -> RunResult:
+    """Plan and run ``steps`` (and everything they depend on).
+
+    With ``config=None`` the flags are parsed from ``argv`` (default ``sys.argv[1:]``) and bad input
+    ends the process with a one-paragraph error and exit status 1, as a command-line tool should;
+    with an explicit ``config`` errors are raised, for use from Python.
+    """
+    from marin.execution import review
+
+    if steps is not None and review.capture(steps, description):
+        return None  # type: ignore[return-value]  # being loaded by `marin status/explain`
+    from_cli = config is None
+    if config is None:
+        config = parse_executor_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if not steps:
+            raise PlanError("executor_main() got no steps; pass steps=[...]")
+        prefix = config.prefix or os.environ.get("MARIN_PREFIX") or DEFAULT_PREFIX
+        plan = plan_steps(list(steps), prefix)
+        opts = RunOptions(
+            prefix=plan.prefix,
+            dry_run=config.dry_run,
+            force_run_failed=config.force_run_failed,
+            run_only=config.run_only,
+            max_concurrent=config.max_concurrent,
+            address=config.address,
+            lease_ttl=config.lease_ttl,
+            description=description,
+            script=_script_name(),
+            progress=config.progress,
+        )
+        return run_plan(plan, opts)
+    except (PlanError, InvalidStepError, UnhashableConfigError, ExecutorError) as e:
+        if not from_cli:
+            raise
+        print(f"marin: error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None

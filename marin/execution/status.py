@@ -1,0 +1,89 @@
+"""Per-step status files: ``.executor_status`` (state + event history) and ``.executor_info.json``.
+
+The status file is written only by the holder of the step's lease (see :mod:`lease`), so a plain
+atomic replace is enough. SUCCESS is written last, after the step's outputs are complete: a step
+directory without SUCCESS is never read as finished.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import time
+from typing import Any
+
+from marin.execution import storage
+
+STATUS_FILE = ".executor_status"
+LEASE_FILE = ".executor_lease"
+INFO_FILE = ".executor_info.json"
+
+
+class StepStatus(str, enum.Enum):
+    RUNNING = "RUNNING"
+    SUCCESS = "SUCCESS"
+    FAILED = "FAILED"
+    DEP_FAILED = "DEP_FAILED"
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+_ALLOWED: dict[StepStatus | None, set[StepStatus]] = {
+    None: {StepStatus.RUNNING, StepStatus.DEP_FAILED},
+    StepStatus.RUNNING: {StepStatus.RUNNING, StepStatus.SUCCESS, StepStatus.FAILED, StepStatus.DEP_FAILED},
+    StepStatus.FAILED: {StepStatus.RUNNING, StepStatus.DEP_FAILED},  # RUNNING only with --force_run_failed
+    StepStatus.DEP_FAILED: {StepStatus.RUNNING, StepStatus.DEP_FAILED},
+    StepStatus.SUCCESS: set(),
+}
+
+
+def check_transition(old: StepStatus | None, new: StepStatus) -> None:
+    """Refuse transitions that would lose information (anything out of SUCCESS, for one).
+
+    RUNNING -> RUNNING is a takeover after the previous holder died mid-step.
+    """
+    if new not in _ALLOWED[old]:
+        raise IllegalTransition(f"status transition {old.value if old else 'none'} -> {new.value} is not allowed")
+
+
+def read_status(step_dir: str) -> dict[str, Any] | None:
+    """``{"status": ..., "events": [...]}`` or None when the step never started."""
+    text = storage.read_text(f"{step_dir}/{STATUS_FILE}")
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        # a status file is written atomically, so this is foreign damage: treat as never started
+        return None
+
+
+def current_status(record: dict[str, Any] | None) -> StepStatus | None:
+    return StepStatus(record["status"]) if record else None
+
+
+def write_status(
+    step_dir: str, new: StepStatus, *, holder: str, message: str | None = None, previous: dict | None = None
+) -> dict[str, Any]:
+    """Append an event and set the status; ``previous`` (if already read) saves a read."""
+    record = previous if previous is not None else read_status(step_dir)
+    check_transition(current_status(record), new)
+    events = list(record["events"]) if record else []
+    event = {"status": new.value, "time": time.time(), "holder": holder}
+    if message:
+        event["message"] = message
+    events.append(event)
+    out = {"status": new.value, "events": events}
+    storage.write_text(f"{step_dir}/{STATUS_FILE}", json.dumps(out, indent=1))
+    return out
+
+
+def read_info(step_dir: str) -> dict[str, Any] | None:
+    text = storage.read_text(f"{step_dir}/{INFO_FILE}")
+    return json.loads(text) if text else None
+
+
+def write_info(step_dir: str, info: dict[str, Any]) -> None:
+    storage.write_text(f"{step_dir}/{INFO_FILE}", json.dumps(info, indent=2, sort_keys=True, default=repr))

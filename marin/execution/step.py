@@ -1,0 +1,141 @@
+"""The experiment API: steps and the placeholders their configs may hold.
+
+An :class:`ExecutorStep` is a declaration, never a running thing: a name, a function, and a config.
+The config may hold three kinds of placeholder, which the executor replaces before calling ``fn``:
+
+* ``versioned(x)`` marks ``x`` as part of the step's identity (its hash); unwrapped to ``x``.
+* ``output_path_of(step, "sub")`` (an :class:`InputName`) depends on another step; replaced by that
+  step's output path (plus ``/sub``). Its upstream's version is part of this step's hash.
+* ``this_output_path("sub")`` (an :class:`OutputName`) is replaced by this step's own output path.
+
+Everything else in the config is passed through untouched and does not change the hash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import re
+from typing import Any, Callable, Generic, TypeVar
+
+T = TypeVar("T")
+ConfigT = TypeVar("ConfigT")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*$")
+
+RESOURCE_KEYS = frozenset({"num_cpus", "num_gpus", "memory", "resources", "accelerator_type"})
+"""Keys accepted in ``ExecutorStep.resources``; they map one-to-one onto Ray task options."""
+
+
+class InvalidStepError(ValueError):
+    """A step declaration is malformed (bad name, bad resources, bad override path)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionedValue(Generic[T]):
+    """A config value that is part of the step's version; see :func:`versioned`."""
+
+    value: T
+
+
+def versioned(value: T) -> T:
+    """Mark ``value`` as part of the step's identity: changing it changes the output path.
+
+    Typed as returning ``T`` so configs keep their field types for type checkers; at run time the
+    step's ``fn`` sees ``value`` itself.
+    """
+    return VersionedValue(value)  # type: ignore[return-value]
+
+
+@dataclasses.dataclass(frozen=True)
+class InputName:
+    """A path inside another step's output directory.
+
+    ``block_on_step=False`` (see :meth:`nonblocking`) still makes the upstream part of the hash and
+    still runs it, but the dependent starts without waiting for it to finish: use it for things
+    like "evaluate whichever checkpoint exists" where the reader copes with partial output.
+    """
+
+    step: "ExecutorStep"
+    name: str | None = None
+    block_on_step: bool = True
+
+    def nonblocking(self) -> "InputName":
+        return dataclasses.replace(self, block_on_step=False)
+
+    def cd(self, name: str) -> "InputName":
+        """A path below this one."""
+        return dataclasses.replace(self, name=name if self.name is None else posixpath.join(self.name, name))
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputName:
+    """This step's own output path (plus an optional sub path); see :func:`this_output_path`."""
+
+    name: str | None = None
+
+
+def output_path_of(step: "ExecutorStep", subpath: str | None = None) -> str:
+    """Placeholder for ``step``'s output path (plus ``subpath``); makes ``step`` a dependency."""
+    if not isinstance(step, ExecutorStep):
+        raise TypeError(
+            f"output_path_of() needs an ExecutorStep, got {type(step).__name__} ({step!r:.80}); "
+            "pass the step object returned by ExecutorStep(...) or a default_* builder"
+        )
+    return InputName(step, subpath)  # type: ignore[return-value]
+
+
+def this_output_path(subpath: str | None = None) -> str:
+    """Placeholder for the output path of the step whose config holds it."""
+    return OutputName(subpath)  # type: ignore[return-value]
+
+
+@dataclasses.dataclass(eq=False)
+class ExecutorStep(Generic[ConfigT]):
+    """One unit of work: ``fn(config)`` writing into ``{prefix}/{name}-{hash}``.
+
+    ``resources`` are Ray task options for the step's task: ``num_cpus`` (default 1), ``num_gpus``,
+    ``memory`` (bytes), ``accelerator_type``, ``resources`` (custom resources such as
+    ``{"GB200": 4}``). ``override_output_path`` pins the output directory (relative paths are taken
+    relative to the prefix; it must stay inside the prefix).
+    """
+
+    name: str
+    fn: Callable[[ConfigT], Any]
+    config: ConfigT
+    description: str | None = None
+    override_output_path: str | None = None
+    resources: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        validate_step_name(self.name)
+        if not callable(self.fn):
+            raise InvalidStepError(f"step {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
+        if self.resources is not None:
+            unknown = set(self.resources) - RESOURCE_KEYS
+            if unknown:
+                raise InvalidStepError(
+                    f"step {self.name!r}: unknown resource keys {sorted(unknown)}; "
+                    f"allowed: {sorted(RESOURCE_KEYS)}"
+                )
+
+    def cd(self, subpath: str) -> str:
+        """Shorthand for ``output_path_of(self, subpath)``."""
+        return output_path_of(self, subpath)
+
+    def __repr__(self) -> str:
+        return f"ExecutorStep(name={self.name!r}, fn={getattr(self.fn, '__qualname__', self.fn)!r})"
+
+
+def validate_step_name(name: str) -> None:
+    """Step names become directory names: refuse anything that could escape the prefix."""
+    if not isinstance(name, str) or not name:
+        raise InvalidStepError(f"step name must be a non-empty string, got {name!r}")
+    if name.startswith("/") or "://" in name:
+        raise InvalidStepError(f"step name {name!r} is an absolute path; names are relative to the prefix")
+    if ".." in name.split("/"):
+        raise InvalidStepError(f"step name {name!r} contains '..', which would escape the prefix")
+    if not _NAME_RE.match(name):
+        raise InvalidStepError(
+            f"step name {name!r} has characters outside [A-Za-z0-9_.-] (with '/' between parts)"
+        )

@@ -1,0 +1,189 @@
+"""Small storage layer for the executor's bookkeeping files: local disk fast path, fsspec otherwise.
+
+Guarantees by backend (see docs/architecture.md):
+
+* local disk: whole-file writes are atomic (temp file + ``os.replace``); compare-and-swap holds a
+  ``flock`` on the step directory, so it is exact between processes on one host (and on NFS setups
+  where flock is honoured).
+* S3 (``s3://``): single PUTs are atomic; compare-and-swap uses conditional writes
+  (``If-None-Match: *`` to create, ``If-Match: <etag>`` to replace), so it is exact.
+* GCS and other fsspec stores: single writes are atomic, but gcsfs exposes no generation-match for
+  replacing an object, so compare-and-swap is check-then-write-then-verify: two racers can both
+  believe they won for a moment; the loser finds out at its next heartbeat (see leases).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import os
+import tempfile
+from typing import Any, Iterator
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _local(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+@functools.lru_cache(maxsize=32)
+def _fs_for(protocol_and_options: str) -> Any:
+    import fsspec
+
+    return fsspec.filesystem(protocol_and_options)
+
+
+def filesystem(path: str) -> Any:
+    """The fsspec filesystem for a URL (cached per protocol; credentials come from the environment)."""
+    protocol = path.split("://", 1)[0] if "://" in path else "file"
+    return _fs_for(protocol)
+
+
+def read_text(path: str) -> str | None:
+    """Contents of ``path``, or None if it does not exist."""
+    if is_local(path):
+        try:
+            with open(_local(path), encoding="utf-8") as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+    fs = filesystem(path)
+    try:
+        return fs.cat_file(path).decode("utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def write_text(path: str, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically (readers see the old or the new file, never half)."""
+    if is_local(path):
+        p = _local(path)
+        d = os.path.dirname(p)
+        os.makedirs(d, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, p)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return
+    fs = filesystem(path)
+    fs.pipe_file(path, text.encode("utf-8"))
+    fs.invalidate_cache(path)
+
+
+def exists(path: str) -> bool:
+    if is_local(path):
+        return os.path.exists(_local(path))
+    return filesystem(path).exists(path)
+
+
+def makedirs(path: str) -> None:
+    if is_local(path):
+        os.makedirs(_local(path), exist_ok=True)
+    # object stores have no directories
+
+
+def list_dir(path: str) -> list[str]:
+    """Full paths of the entries directly under ``path`` (empty if it does not exist)."""
+    if is_local(path):
+        p = _local(path)
+        try:
+            return [os.path.join(p, n) for n in sorted(os.listdir(p))]
+        except FileNotFoundError:
+            return []
+    fs = filesystem(path)
+    try:
+        fs.invalidate_cache(path)
+        entries = fs.ls(path, detail=False)
+    except FileNotFoundError:
+        return []
+    proto = path.split("://", 1)[0]
+    return sorted(e if "://" in e else f"{proto}://{e}" for e in entries)
+
+
+def glob(pattern: str) -> list[str]:
+    if is_local(pattern):
+        import glob as _glob
+
+        return sorted(_glob.glob(_local(pattern)))
+    fs = filesystem(pattern)
+    proto = pattern.split("://", 1)[0]
+    return sorted(e if "://" in e else f"{proto}://{e}" for e in fs.glob(pattern))
+
+
+# --------------------------------------------------------------------------------------------- #
+# compare-and-swap                                                                               #
+# --------------------------------------------------------------------------------------------- #
+
+
+@contextlib.contextmanager
+def _dir_lock(directory: str) -> Iterator[None]:
+    os.makedirs(directory, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def read_with_tag(path: str) -> tuple[str | None, str | None]:
+    """Contents and a version tag to pass to :func:`compare_and_swap` (None, None if missing)."""
+    if path.startswith("s3://"):
+        fs = filesystem(path)
+        for _ in range(5):
+            try:
+                fs.invalidate_cache(path)
+                etag = fs.info(path)["ETag"].strip('"')
+                data = fs.cat_file(path)
+            except FileNotFoundError:
+                return None, None
+            if hashlib.md5(data).hexdigest() == etag:  # simple PUT etag = md5 of the body
+                return data.decode("utf-8"), etag
+        raise RuntimeError(f"{path} kept changing while being read")
+    text = read_text(path)
+    return text, text
+
+
+def compare_and_swap(path: str, text: str, expected_tag: str | None) -> bool:
+    """Write ``text`` to ``path`` only if it is still at ``expected_tag`` (None: only if absent).
+
+    Returns True if this call's write won.
+    """
+    if is_local(path):
+        p = _local(path)
+        with _dir_lock(os.path.dirname(p)):
+            current = read_text(p)
+            if current != expected_tag:
+                return False
+            write_text(p, text)
+            return True
+    fs = filesystem(path)
+    if path.startswith("s3://"):
+        cond = {"mode": "create"} if expected_tag is None else {"IfMatch": expected_tag}
+        try:
+            fs.pipe_file(path, text.encode("utf-8"), **cond)
+        except Exception as e:  # s3fs maps 412 to various OSError flavours
+            text = str(e).lower()
+            if isinstance(e, FileExistsError) or any(k in text for k in ("412", "precondition", "pre-condition")):
+                return False
+            raise
+        finally:
+            fs.invalidate_cache(path)
+        return True
+    # best effort: check, write, verify
+    current = read_text(path)
+    if current != expected_tag:
+        return False
+    write_text(path, text)
+    return read_text(path) == text

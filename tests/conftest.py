@@ -1,0 +1,115 @@
+"""Shared test set-up: environment for JAX fake devices, Ray, W&B and the storage emulators.
+
+The environment is set here, at import time, before any test module imports jax or ray.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray cluster for the whole test session (started on first use)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A local S3-compatible server (moto) on 127.0.0.1; yields its endpoint URL.
+
+    Sets the AWS and fsspec environment so ``s3://`` paths anywhere in the process (and in Ray
+    workers started afterwards) reach it.
+    """
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": url, "AWS_ENDPOINT_URL_S3": url,
+    }.items():
+        os.environ[k] = v
+    yield url
+    server.stop()
+
+
+@pytest.fixture()
+def s3_bucket(s3_endpoint):
+    """A fresh bucket; yields ``s3://<bucket>``."""
+    import uuid
+
+    import boto3
+
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
+    import fsspec
+
+    fsspec.filesystem("s3").invalidate_cache()
+    yield f"s3://{name}"
+
+
+@pytest.fixture(scope="session")
+def gcs_endpoint():
+    """A local GCS emulator (gcp-storage-emulator) on 127.0.0.1 in a subprocess; yields its URL."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(port),
+         "--in-memory", "--default-bucket", "marin-test"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    os.environ["STORAGE_EMULATOR_HOST"] = url
+    os.environ["FSSPEC_GS_TOKEN"] = "anon"
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture()
+def gcs_bucket(gcs_endpoint):
+    """A fresh prefix in the emulator's default bucket; yields ``gs://marin-test/<unique>``."""
+    import uuid
+
+    import fsspec
+
+    fs = fsspec.filesystem("gs", token="anon")
+    fs.invalidate_cache()
+    yield f"gs://marin-test/{uuid.uuid4().hex[:10]}"

@@ -27,12 +27,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="session")
-def ray_local():
-    """One local Ray cluster for the whole test session (started on first use)."""
+def ray_local(s3_endpoint, gcs_endpoint):
+    """One local Ray cluster for the whole test session (started on first use).
+
+    Started after the storage emulators so its workers inherit their endpoints. It offers a
+    custom resource ``test-accelerator`` so resource requests can be checked for real.
+    """
     import ray
 
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, resources={"test-accelerator": 2}, include_dashboard=False,
+                 log_to_driver=False)
     yield ray
 
 

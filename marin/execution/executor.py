@@ -202,7 +202,11 @@ def describe_failure(exc: BaseException) -> tuple[str, str]:
 
     if isinstance(exc, rex.RayTaskError):
         cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-        return f"{type(cause).__name__}: {cause}".splitlines()[0][:500], str(exc)
+        remote = getattr(exc, "traceback_str", None) or str(exc)
+        remote = re.sub(r"\x1b\[[0-9;]*m", "", remote).strip()
+        if not remote.startswith("Traceback"):
+            remote = "Traceback of the step (remote, most recent call last):\n" + remote
+        return f"{type(cause).__name__}: {cause}".splitlines()[0][:500], remote
     if isinstance(exc, (rex.WorkerCrashedError, rex.NodeDiedError)) or "worker died" in str(exc).lower():
         return (
             "the step's worker process died while running it (killed, crashed, out of memory or os._exit)",

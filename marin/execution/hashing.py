@@ -92,7 +92,11 @@ def join_attr(path: str, name: str) -> str:
 
 
 def join_key(path: str, key: str) -> str:
-    """Field path of dict key ``key`` under ``path`` (``weights["web code"]``); unambiguous for any key."""
+    """Field path of dict key ``key`` under ``path`` (``weights["web code"]``); unambiguous for any key.
+
+    Keys of a top-level dict config read like attributes (``opt``) when they are identifiers."""
+    if not path and key.isidentifier():
+        return key
     return f"{path}[{json.dumps(key)}]"
 
 

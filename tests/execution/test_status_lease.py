@@ -1,0 +1,115 @@
+"""Status transitions, leases (expiry, takeover, fencing), secret masking."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from marin.execution import lease as leases
+from marin.execution import status as st
+from marin.execution.jsonable import is_secret_field, mask_leaves, to_jsonable
+from marin.execution.status import IllegalTransition, StepStatus
+
+
+def test_status_transitions():
+    st.check_transition(None, StepStatus.RUNNING)
+    st.check_transition(StepStatus.RUNNING, StepStatus.SUCCESS)
+    st.check_transition(StepStatus.RUNNING, StepStatus.RUNNING)  # takeover after a crash
+    st.check_transition(StepStatus.FAILED, StepStatus.RUNNING)
+    for old, new in [(StepStatus.SUCCESS, StepStatus.RUNNING), (StepStatus.SUCCESS, StepStatus.FAILED),
+                     (None, StepStatus.SUCCESS), (StepStatus.FAILED, StepStatus.SUCCESS)]:
+        with pytest.raises(IllegalTransition):
+            st.check_transition(old, new)
+
+
+def test_status_file_keeps_event_history(tmp_path):
+    d = str(tmp_path / "step")
+    st.write_status(d, StepStatus.RUNNING, holder="h1")
+    st.write_status(d, StepStatus.FAILED, holder="h1", message="boom")
+    st.write_status(d, StepStatus.RUNNING, holder="h2")
+    rec = st.write_status(d, StepStatus.SUCCESS, holder="h2")
+    assert rec["status"] == "SUCCESS"
+    assert [e["status"] for e in st.read_status(d)["events"]] == ["RUNNING", "FAILED", "RUNNING", "SUCCESS"]
+    assert st.read_status(d)["events"][1]["message"] == "boom"
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_is_stale_rules():
+    host = socket.gethostname()
+    now = time.time()
+    live = leases.Lease("x", 1, now + 100, "elsewhere", 1)
+    assert not leases.is_stale(live, now, host)
+    assert leases.is_stale(live, now + 101, host)  # expired
+    assert leases.is_stale(leases.Lease("x", 1, now + 100, "elsewhere", 1, released=True), now, host)
+    assert leases.is_stale(leases.Lease("x", 1, now + 100, host, _dead_pid()), now, host)  # holder died here
+    import os
+
+    assert not leases.is_stale(leases.Lease("x", 1, now + 100, host, os.getpid()), now, host)
+
+
+def test_lease_acquire_renew_release_with_monotonic_tokens(tmp_path):
+    d = str(tmp_path / "s")
+    a = leases.try_acquire(d, "A", ttl=30)
+    assert a is not None and a.token == 1
+    assert leases.try_acquire(d, "B", ttl=30) is None  # held by a live holder
+    a2 = leases.renew(d, a, ttl=30)
+    assert a2.token == 1 and a2.expiry >= a.expiry
+    leases.release(d, a2)
+    b = leases.try_acquire(d, "B", ttl=30)
+    assert b is not None and b.token == 2
+
+
+def test_stale_lease_is_taken_over_and_the_loser_is_fenced(tmp_path):
+    d = str(tmp_path / "s")
+    a = leases.try_acquire(d, "A", ttl=0.2)
+    # a holder on another host that stopped heartbeating: only expiry frees it
+    (tmp_path / "s" / ".executor_lease").write_text(json.dumps({**json.loads(a.to_json()), "host": "gone-host"}))
+    assert leases.try_acquire(d, "B", ttl=30) is None
+    time.sleep(0.25)
+    b = leases.try_acquire(d, "B", ttl=30)
+    assert b is not None and b.token == a.token + 1
+    with pytest.raises(leases.LeaseLost, match="now held by B"):
+        leases.renew(d, a)
+    leases.release(d, a)  # the loser releasing must not free the winner's lease
+    assert leases.read_lease(d).holder == "B" and not leases.read_lease(d).released
+
+
+def test_dead_holder_on_this_host_is_replaced_immediately(tmp_path):
+    d = tmp_path / "s"
+    d.mkdir()
+    dead = leases.Lease("ghost", 7, time.time() + 3600, socket.gethostname(), _dead_pid())
+    (d / ".executor_lease").write_text(dead.to_json())
+    got = leases.try_acquire(str(d), "me")
+    assert got is not None and got.token == 8
+
+
+def test_s3_lease_uses_conditional_writes(s3_bucket):
+    d = f"{s3_bucket}/step-1"
+    a = leases.try_acquire(d, "A", ttl=30)
+    assert a is not None and leases.try_acquire(d, "B", ttl=30) is None
+    from marin.execution import storage
+
+    # a racer holding an old tag cannot overwrite
+    text, tag = storage.read_with_tag(f"{d}/.executor_lease")
+    leases.renew(d, a)
+    assert not storage.compare_and_swap(f"{d}/.executor_lease", "{}", tag)
+    assert not storage.compare_and_swap(f"{d}/.executor_lease", "{}", None)
+
+
+def test_secret_fields_are_masked():
+    assert is_secret_field("api_key") and is_secret_field("wandbApiKey") and is_secret_field("hf_token")
+    assert is_secret_field("password") and is_secret_field("aws_secret_access_key")
+    assert not is_secret_field("tokenizer") and not is_secret_field("tokens_per_step") and not is_secret_field("monkey")
+    out = to_jsonable({"api_key": "sk-123", "nested": {"db_password": "hunter2", "tokenizer": "bpe"}})
+    assert out == {"api_key": "***", "nested": {"db_password": "***", "tokenizer": "bpe"}}
+    assert mask_leaves({'auth["hf_token"]': "abc", "lr": 1}) == {'auth["hf_token"]': "***", "lr": 1}

@@ -257,6 +257,7 @@ class _Runner:
                     with self.lock:
                         self.held.pop(s, None)
                         self.lost.add(s)
+                        self.errors[s.output_path] = f"lease lost while running, step stopped: {e}"
                     continue
                 except Exception as e:  # transient store error: try again next beat
                     logger.warning("step %s: lease renewal failed (%s); will retry", s.name, e)

@@ -198,3 +198,37 @@ def test_object_store_prefix_end_to_end(store, request, tmp_path, ray_local):
     assert fs.exists(result.record_path)
     assert set(run([b], prefix).outcome.values()) == {"cached"}
     assert len(executions(log)) == 2
+
+
+def test_holder_that_loses_its_lease_stops_and_never_writes_success(tmp_path, ray_local):
+    import threading
+
+    from marin.execution import lease as leases
+
+    s = step("contested", tmp_path / "log", sleep=4.0)
+    prefix = tmp_path / "out"
+    from marin.execution import plan_steps
+
+    path = plan_steps([s], str(prefix)).steps[0].output_path
+
+    def thief():  # another executor presumes us dead and takes the lease over
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            current = leases.read_lease(path)
+            if current is not None and not current.released:
+                stolen = dataclasses.replace(current, holder="thief", token=current.token + 1, host="elsewhere",
+                                             expiry=time.time() + 60)
+                open(f"{path}/.executor_lease", "w").write(stolen.to_json())
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=thief)
+    t.start()
+    with pytest.raises(ExecutorError) as e:
+        run([s], prefix, lease_ttl=0.8)
+    t.join()
+    assert "lease lost" in str(e.value)
+    assert e.value.result.outcome[path] == "lost"
+    assert st.read_status(path)["status"] == "RUNNING"  # never SUCCESS, never FAILED from the loser
+    assert leases.read_lease(path).holder == "thief"
+    assert not os.path.exists(f"{path}/result.json")  # the body was stopped before finishing

@@ -12,8 +12,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 MARIN = [sys.executable, "-m", "marin.cli"]
 
@@ -99,7 +97,6 @@ def test_help_explains_every_command(tmp_path):
     assert r.returncode == 0 and "--force_run_failed" in r.stdout and "--run_only" in r.stdout
 
 
-@pytest.mark.slow
 def test_python_and_marin_run_agree_and_review_commands_work(tmp_path):
     exp = write_experiment(tmp_path)
     prefix = str(tmp_path / "store")
@@ -137,7 +134,6 @@ def test_python_and_marin_run_agree_and_review_commands_work(tmp_path):
     assert all(not r["would_run"] for r in rows) and all(r["warnings"] for r in rows)
 
 
-@pytest.mark.slow
 def test_failing_step_shows_name_and_remote_traceback(tmp_path):
     exp = tmp_path / "bad.py"
     exp.write_text(textwrap.dedent(
@@ -157,7 +153,6 @@ def test_failing_step_shows_name_and_remote_traceback(tmp_path):
     assert r.returncode == 1 and "--force_run_failed" in r.stderr
 
 
-@pytest.mark.slow
 def test_kill_9_mid_step_then_rerun_resumes_without_duplicates(tmp_path):
     exp = write_experiment(tmp_path)
     prefix = str(tmp_path / "store")
@@ -196,7 +191,6 @@ def test_kill_9_mid_step_then_rerun_resumes_without_duplicates(tmp_path):
     assert json.loads((c_dir / "out.json").read_text()) == {"total": 111}
 
 
-@pytest.mark.slow
 def test_four_concurrent_executors_run_each_step_exactly_once(tmp_path):
     exp = write_experiment(tmp_path)
     prefix = str(tmp_path / "store")

@@ -196,6 +196,14 @@ def _ray_options(ps: PlannedStep) -> dict[str, Any]:
     return opts
 
 
+def infeasible(options: dict[str, Any], cluster: dict[str, float]) -> dict[str, float]:
+    """The part of a task's resource request that exceeds the whole cluster's capacity."""
+    want = {"CPU": options.get("num_cpus", 1), "GPU": options.get("num_gpus", 0), **options.get("resources", {})}
+    if options.get("accelerator_type"):
+        want[f"accelerator_type:{options['accelerator_type']}"] = 0.001
+    return {k: v for k, v in want.items() if v and cluster.get(k, 0) < v}
+
+
 def describe_failure(exc: BaseException) -> tuple[str, str]:
     """(one-line error, full traceback text) for an exception raised by ``ray.get`` of a step."""
     import ray.exceptions as rex
@@ -242,6 +250,7 @@ class _Runner:
         self.info: dict[PlannedStep, dict] = {}
         self.initial_events = {s: len((statuses.get(s) or {}).get("events", [])) for s in todo}
         self.bar = None
+        self._resources: dict[str, float] | None = None
 
     # -- heartbeat -------------------------------------------------------------------------------
     def _heartbeat(self) -> None:
@@ -324,13 +333,28 @@ class _Runner:
             st.write_info(s.output_path, info)
             import ray
 
-            task = ray.remote(_execute_step).options(**_ray_options(s))
+            options = _ray_options(s)
+            missing = infeasible(options, self._cluster_resources())
+            if missing:
+                msg = (f"step {s.name} asks for {missing}, which no node of the Ray cluster offers "
+                       f"(cluster: {self._cluster_resources()})")
+                if not (self.opts.address or os.environ.get("RAY_ADDRESS")):
+                    raise RuntimeError(msg + "; the local cluster cannot grow: run on a cluster that has it")
+                self._print(f"warning: {msg}; waiting for the autoscaler")
+            task = ray.remote(_execute_step).options(**options)
             ref = task.remote(s.step.fn, config, s.output_path)
         except Exception as e:  # bookkeeping or submission failed: the step failed
             self._record_failure(s, f"{type(e).__name__}: {e}", traceback.format_exc())
             return
         self.running[ref] = s
         self.refs[s] = ref
+
+    def _cluster_resources(self) -> dict[str, float]:
+        if self._resources is None:
+            import ray
+
+            self._resources = dict(ray.cluster_resources())
+        return self._resources
 
     def _release(self, s: PlannedStep) -> leases.Lease | None:
         with self.lock:

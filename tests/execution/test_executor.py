@@ -232,3 +232,12 @@ def test_holder_that_loses_its_lease_stops_and_never_writes_success(tmp_path, ra
     assert st.read_status(path)["status"] == "RUNNING"  # never SUCCESS, never FAILED from the loser
     assert leases.read_lease(path).holder == "thief"
     assert not os.path.exists(f"{path}/result.json")  # the body was stopped before finishing
+
+
+def test_resources_no_node_offers_fail_fast_with_a_clear_message(tmp_path, ray_local):
+    s = ExecutorStep("needs-gb200", body, StepCfg(out=this_output_path(), log=str(tmp_path / "log")),
+                     resources={"resources": {"GB200": 4}})
+    with pytest.raises(ExecutorError) as e:
+        run([s], tmp_path / "out")
+    assert "asks for {'GB200': 4}, which no node of the Ray cluster offers" in str(e.value)
+    assert not os.path.exists(tmp_path / "log")

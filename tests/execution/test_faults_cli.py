@@ -12,6 +12,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 MARIN = [sys.executable, "-m", "marin.cli"]
 
@@ -203,3 +205,49 @@ def test_four_concurrent_executors_run_each_step_exactly_once(tmp_path):
     c_dir = next((tmp_path / "store").glob("c-*"))
     assert json.loads((c_dir / "out.json").read_text()) == {"total": 111}
     assert any("reused" in o[1] or "Nothing to run" in o[1] for o in outs)
+
+
+@pytest.mark.slow
+def test_address_joins_an_existing_ray_cluster(tmp_path):
+    """`--address` runs the steps on a separately started cluster (one with a resource only it has)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = env_for(tmp_path)
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    head = subprocess.Popen(
+        [ray_bin, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
+         "--resources", '{"only-on-that-cluster": 1}', "--include-dashboard", "false", "--block",
+         "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        exp = tmp_path / "remote.py"
+        exp.write_text(textwrap.dedent(
+            """
+            import json, ray
+            from marin.execution import ExecutorStep, executor_main, this_output_path
+            def where(cfg):
+                with open(cfg["out"] + "/node.json", "w") as f:
+                    json.dump(ray.get_runtime_context().get_assigned_resources(), f)
+            step = ExecutorStep("where", where, {"out": this_output_path()},
+                                resources={"resources": {"only-on-that-cluster": 1}})
+            if __name__ == "__main__":
+                executor_main(steps=[step])
+            """
+        ))
+        deadline = time.time() + 90
+        while True:  # the head needs a few seconds before it accepts drivers
+            r = run_cli([*MARIN, "run", str(exp), "--prefix", str(tmp_path / "s"), "--address", f"127.0.0.1:{port}",
+                         "--progress", "false"], tmp_path)
+            if r.returncode == 0 or time.time() > deadline:
+                break
+            time.sleep(2)
+        assert r.returncode == 0, r.stderr[-3000:]
+        node = json.loads(next((tmp_path / "s").glob("where-*/node.json")).read_text())
+        assert node.get("only-on-that-cluster") == 1
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(60)

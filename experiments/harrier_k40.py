@@ -1,0 +1,59 @@
+"""Tokenize the real Harrier K40 corpus: 40 semantic domains x 5 quality buckets from an S3 root.
+
+    python experiments/harrier_k40.py --prefix s3://my-bucket/marin --dry_run true   # plan only, no network
+    python experiments/harrier_k40.py --prefix s3://my-bucket/marin                  # run on a Ray cluster
+
+Where the data lives is a convention (marin.data.k40.K40Layout): ``{root}/{domain}/{bucket}/*.jsonl.zst``
+by default. Point HARRIER_K40_ROOT at a mirror and HARRIER_K40_TEMPLATE at its directory template
+if its naming differs. One tokenize step per domain (5 bucket sources each): adding or re-fetching
+one domain re-tokenizes only that domain, and the mixture (weights per domain and per quality bucket)
+changes later without re-tokenizing anything.
+
+Tokenizer: HARRIER_K40_TOKENIZER (a tokenizer.json or its directory, any fsspec path) if set;
+otherwise a byte-level BPE with the hero's 128,256-entry vocabulary is trained on a 2 GB sample.
+"""
+
+from __future__ import annotations
+
+import os
+
+from experiments.defaults import default_mixture, default_tokenize, default_tokenizer
+from marin.data.k40 import K40_DOMAINS, K40Layout, published_shares, source_name
+from marin.execution import executor_main
+
+K40_ROOT = os.environ.get("HARRIER_K40_ROOT", "s3://harrier-k40/v1")
+LAYOUT = K40Layout(K40_ROOT, source_template=os.environ.get("HARRIER_K40_TEMPLATE", "{domain}/{bucket}"))
+HERO_VOCAB = 128_256
+
+tokenizer = os.environ.get("HARRIER_K40_TOKENIZER") or default_tokenizer(
+    "tokenizers/harrier_k40_bpe128k", K40_ROOT, vocab_size=HERO_VOCAB, max_bytes=2_000_000_000
+)
+
+tokenized = {
+    d.name: default_tokenize(
+        f"tokenized/harrier_k40/{d.name}",
+        K40_ROOT,
+        tokenizer,
+        sources={source_name(d.name, b): LAYOUT.source_dir(d.name, b) for b in LAYOUT.buckets},
+    )
+    for d in K40_DOMAINS
+}
+
+# Stage 1 (uniform within each domain) from step 0; stage 2 (quality-weighted) from 30% of the
+# hero's 390,139 steps. The quality weights are a starting point to tune on the ladder.
+QUALITY_WEIGHTS = {"q1": 0.25, "q2": 0.5, "q3": 1.0, "q4": 2.0, "q5": 4.0}
+
+
+def harrier_k40_mixture(stage2_step: int = 117_042):
+    """The hero's mixture: K40 domain shares; quality-weighted from ``stage2_step`` on."""
+    from marin.data.mixture import MixtureStage
+
+    return default_mixture(
+        list(tokenized.values()),
+        domain_weights=published_shares(),
+        stages=(MixtureStage(start_step=stage2_step, quality_weights=QUALITY_WEIGHTS),),
+    )
+
+
+if __name__ == "__main__":
+    executor_main(steps=list(tokenized.values()), description="Tokenize Harrier K40 (40 domains x 5 quality buckets)")

@@ -1,0 +1,38 @@
+"""marin.data: Harrier K40 layout, synthetic miniature, tokenizers, token store, tokenize step, mixtures.
+
+The pieces, in pipeline order (each step function takes one frozen config dataclass):
+
+* :mod:`marin.data.k40` - the 40 domains x 5 quality buckets and the directory convention.
+* :mod:`marin.data.synthetic` - ``generate_k40_miniature``: a deterministic K40-shaped corpus.
+* :mod:`marin.data.tokenizer` - ``train_tokenizer`` (byte-level BPE) and ``load_tokenizer``.
+* :mod:`marin.data.tokenize` - ``tokenize``: documents -> token store, fanned out on Ray.
+* :mod:`marin.data.store` - ``TokenStore``: uint32 shards + document boundaries + manifest.
+* :mod:`marin.data.mixture` - ``MixtureConfig`` / ``MixtureLoader``: stateless training batches.
+
+Nothing here imports JAX; ``tokenizers`` and ``pyarrow`` are imported only when used.
+"""
+
+from marin.data.k40 import K40_DOMAINS, QUALITY_BUCKETS, K40Layout
+from marin.data.mixture import MixtureConfig, MixtureError, MixtureLoader, MixtureStage
+from marin.data.store import StoreError, TokenizerMismatchError, TokenStore
+from marin.data.tokenize import TokenizeConfig, TokenizeError, tokenize
+from marin.data.tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
+
+__all__ = [
+    "K40_DOMAINS",
+    "QUALITY_BUCKETS",
+    "K40Layout",
+    "MixtureConfig",
+    "MixtureError",
+    "MixtureLoader",
+    "MixtureStage",
+    "StoreError",
+    "TokenStore",
+    "TokenizeConfig",
+    "TokenizeError",
+    "TokenizerMismatchError",
+    "TrainTokenizerConfig",
+    "load_tokenizer",
+    "tokenize",
+    "train_tokenizer",
+]

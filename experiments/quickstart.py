@@ -1,118 +1,69 @@
-"""Quickstart: a small real pipeline on the embedded defaults (local Ray, local disk).
+"""Quickstart: the whole pipeline, tiny, on the embedded defaults (local Ray, local disk).
 
     python experiments/quickstart.py --prefix ./local_store     # or: marin run experiments/quickstart.py
 
-Steps: generate documents -> shard them -> count words per shard (fan-out) -> summarize.
-Run it twice: the second run finds every step's SUCCESS and does nothing.
+1. generate a K40-shaped miniature corpus (40 domains x 5 quality buckets, deterministic)
+2. train a byte-level BPE tokenizer on it
+3. tokenize it into a token store (one Ray task per file, resumable per shard)
+4. report the mixture's effective token shares
+5. train a tiny MoE (8 experts, top-2, shared expert, latent projection) with expert parallelism
+   over 8 fake CPU devices: fixed-buffer all-to-all first, dropless after a hot switch, and a
+   sequence-length extension half way at constant tokens per step
+6. check the run's health (loss falling, drops under 8%, grad-norm peak)
+
+Run it twice: the second run finds every step's SUCCESS and does nothing. Change a versioned value
+below (say the mixture weights) and only the steps downstream of it run again: `marin explain
+experiments/quickstart.py` tells you which and why.
 """
 
-from __future__ import annotations
-
-import dataclasses
-import json
-import random
-
-import fsspec
-
-from marin.execution import ExecutorStep, executor_main, output_path_of, this_output_path, versioned
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerateConfig:
-    output_path: str
-    num_documents: int = 2000
-    seed: int = 0
-
-
-def generate_documents(config: GenerateConfig) -> None:
-    """Write ``num_documents`` pseudo-random documents as JSONL."""
-    rng = random.Random(config.seed)
-    words = ["expert", "router", "token", "layer", "shard", "ladder", "mixture", "domain", "quality", "step"]
-    with fsspec.open(f"{config.output_path}/documents.jsonl", "w") as f:
-        for i in range(config.num_documents):
-            text = " ".join(rng.choice(words) for _ in range(rng.randint(5, 50)))
-            f.write(json.dumps({"id": i, "text": text}) + "\n")
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardConfig:
-    input_path: str
-    output_path: str
-    num_shards: int = 4
-
-
-def shard_documents(config: ShardConfig) -> None:
-    """Split the documents round-robin into ``num_shards`` JSONL shards."""
-    with fsspec.open(config.input_path) as f:
-        lines = f.read().decode().splitlines()
-    for k in range(config.num_shards):
-        with fsspec.open(f"{config.output_path}/shard-{k:03d}.jsonl", "w") as out:
-            out.write("\n".join(lines[k :: config.num_shards]) + "\n")
-
-
-@dataclasses.dataclass(frozen=True)
-class CountConfig:
-    shard_path: str
-    output_path: str
-
-
-def count_words(config: CountConfig) -> None:
-    counts: dict[str, int] = {}
-    with fsspec.open(config.shard_path) as f:
-        for line in f.read().decode().splitlines():
-            for w in json.loads(line)["text"].split():
-                counts[w] = counts.get(w, 0) + 1
-    with fsspec.open(f"{config.output_path}/counts.json", "w") as out:
-        json.dump(counts, out, sort_keys=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class SummaryConfig:
-    count_paths: list[str]
-    output_path: str
-
-
-def summarize(config: SummaryConfig) -> None:
-    total: dict[str, int] = {}
-    for p in config.count_paths:
-        with fsspec.open(p) as f:
-            for w, n in json.load(f).items():
-                total[w] = total.get(w, 0) + n
-    with fsspec.open(f"{config.output_path}/summary.json", "w") as out:
-        json.dump({"total_words": sum(total.values()), "by_word": total}, out, indent=1, sort_keys=True)
-    print(f"summary: {sum(total.values())} words over {len(config.count_paths)} shards")
-
-
-NUM_SHARDS = 4
-
-documents = ExecutorStep(
-    name="quickstart/documents",
-    fn=generate_documents,
-    config=GenerateConfig(output_path=this_output_path(), num_documents=versioned(2000), seed=versioned(0)),
-    description="Synthetic documents",
+from experiments.defaults import (
+    default_health_report,
+    default_k40_miniature,
+    default_mixture,
+    default_mixture_report,
+    default_tokenize,
+    default_tokenizer,
+    default_train,
 )
-shards = ExecutorStep(
-    name="quickstart/shards",
-    fn=shard_documents,
-    config=ShardConfig(
-        input_path=output_path_of(documents, "documents.jsonl"),
-        output_path=this_output_path(),
-        num_shards=versioned(NUM_SHARDS),
-    ),
+from marin.execution import executor_main
+
+TRAIN_STEPS = 60
+
+corpus = default_k40_miniature("quickstart/k40-mini", total_bytes=1_000_000, seed=0)
+tokenizer = default_tokenizer("quickstart/tokenizer", corpus, vocab_size=512)
+tokenized = default_tokenize("quickstart/tokenized", corpus, tokenizer)
+
+# the largest published K40 domains up-weighted, cleaner buckets preferred
+mixture = default_mixture(
+    [tokenized],
+    domain_weights={"council": 3.0, "infra": 2.0, "web_code": 2.0},
+    quality_weights={"q1": 0.5, "q2": 0.75, "q3": 1.0, "q4": 1.25, "q5": 1.5},
+    seed=0,
 )
-counts = [
-    ExecutorStep(
-        name=f"quickstart/counts-{k}",
-        fn=count_words,
-        config=CountConfig(shard_path=output_path_of(shards, f"shard-{k:03d}.jsonl"), output_path=this_output_path()),
-    )
-    for k in range(NUM_SHARDS)
-]
-summary = ExecutorStep(
-    name="quickstart/summary",
-    fn=summarize,
-    config=SummaryConfig(count_paths=[output_path_of(c, "counts.json") for c in counts], output_path=this_output_path()),
+mixture_report = default_mixture_report("quickstart/mixture", mixture, total_tokens=TRAIN_STEPS * 4096)
+
+train = default_train(
+    "quickstart/train-tiny-moe",
+    mixture=mixture,
+    model="tiny-ep",
+    pool="local-cpu",                       # 1 process x 8 fake CPU devices, mesh (data 2, expert 4)
+    train_steps=TRAIN_STEPS,
+    tokens_per_step=4096,
+    seq_len_phases=((0.0, 64), (0.5, 128)),  # 64 tokens per sequence, then 128 at half the batch
+    warmup_steps=5,
+    peak_lr=1e-2,
+    transport_switches=((0, "fixed"), (40, "dropless")),
+    checkpoint_every_steps=20,
+    wandb_project="marin-quickstart",
 )
+health = default_health_report("quickstart/health", train, total_steps=TRAIN_STEPS)
 
 if __name__ == "__main__":
-    executor_main(steps=[summary], description="Quickstart: documents -> shards -> counts -> summary")
+    result = executor_main(steps=[mixture_report, health], description="Quickstart: K40 miniature -> tokenizer -> tokens -> tiny MoE")
+    print(
+        f"\nDone. Outputs are under {result.plan.prefix}. Review them with:\n"
+        f"  marin status --prefix {result.plan.prefix}\n"
+        f"  marin show quickstart/train-tiny-moe --prefix {result.plan.prefix}\n"
+        f"  marin show quickstart/health --prefix {result.plan.prefix}\n"
+        f"  python operations/health_report.py {result.plan.planned(train).output_path}"
+    )

@@ -1,0 +1,251 @@
+"""Default step builders that experiment files compose.
+
+Each builder returns an :class:`marin.execution.ExecutorStep`; experiment files chain them. Read this
+file top to bottom to learn what a default pipeline does.
+"""
+
+# --- data track (default_tokenize and friends) -------------------------------------------------
+# A data pipeline is: corpus (a K40-layout root, or the miniature generator) -> tokenizer (trained
+# or a tokenizer.json path) -> tokenize (one token store per step) -> a MixtureConfig that the
+# training step embeds. Everything that changes the tokens is versioned(); sizes of shards and
+# batches of work are not part of a store's identity except shard_max_tokens, which changes its files.
+
+from collections.abc import Mapping as _Mapping
+from collections.abc import Sequence as _Sequence
+
+
+def _data_input(x):
+    """A step becomes output_path_of(step); a plain path string is versioned as-is."""
+    from marin.execution import ExecutorStep, output_path_of, versioned
+
+    return output_path_of(x) if isinstance(x, ExecutorStep) else versioned(str(x))
+
+
+def default_k40_miniature(
+    name: str = "data/k40_miniature",
+    total_bytes: int = 4_000_000,
+    seed: int = 0,
+    domains: _Sequence[str] | None = None,
+    files_per_source: int = 1,
+):
+    """A deterministic K40-shaped corpus (40 domains x 5 quality buckets) of about ``total_bytes``."""
+    from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
+    from marin.execution import ExecutorStep, this_output_path, versioned
+
+    return ExecutorStep(
+        name=name,
+        fn=generate_k40_miniature,
+        config=SyntheticK40Config(
+            output_path=this_output_path(),
+            total_bytes=versioned(total_bytes),
+            seed=versioned(seed),
+            domains=versioned(None if domains is None else tuple(domains)),
+            files_per_source=versioned(files_per_source),
+        ),
+        description=f"K40-shaped miniature corpus, ~{total_bytes:,} bytes, seed {seed}",
+        resources={"num_cpus": 1},
+    )
+
+
+def default_tokenizer(name: str, corpus, vocab_size: int = 8192, max_bytes: int = 50_000_000):
+    """Train a byte-level BPE tokenizer (``tokenizer.json`` in the step output) on ``corpus``."""
+    from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
+    from marin.execution import ExecutorStep, this_output_path, versioned
+
+    return ExecutorStep(
+        name=name,
+        fn=train_tokenizer,
+        config=TrainTokenizerConfig(
+            input_path=_data_input(corpus),
+            output_path=this_output_path(),
+            vocab_size=versioned(vocab_size),
+            max_bytes=versioned(max_bytes),
+        ),
+        description=f"byte-level BPE, vocab {vocab_size}",
+        resources={"num_cpus": 1},
+    )
+
+
+def default_tokenize(
+    name: str,
+    source,
+    tokenizer,
+    sources: _Mapping[str, str] | None = None,
+    text_field: str = "text",
+    max_doc_bytes: int = 8_000_000,
+    shard_max_tokens: int = 64 * 1024 * 1024,
+):
+    """Tokenize the documents under ``source`` (a step or a path) with ``tokenizer`` (a step or a
+    path to tokenizer.json / its directory) into a token store. ``sources`` maps source names to
+    locations under ``source``; None discovers one source per directory (K40 layout: domain/bucket)."""
+    from marin.data.tokenize import TokenizeConfig, tokenize
+    from marin.execution import ExecutorStep, this_output_path, versioned
+
+    return ExecutorStep(
+        name=name,
+        fn=tokenize,
+        config=TokenizeConfig(
+            input_path=_data_input(source),
+            tokenizer=_data_input(tokenizer),
+            output_path=this_output_path(),
+            sources=versioned(None if sources is None else dict(sources)),
+            text_field=versioned(text_field),
+            max_doc_bytes=versioned(max_doc_bytes),
+            shard_max_tokens=versioned(shard_max_tokens),
+        ),
+        description=f"tokenize {name}",
+        resources={"num_cpus": 1},
+    )
+
+
+def default_mixture(
+    tokenized: _Sequence,
+    domain_weights: _Mapping[str, float] | None = None,
+    quality_weights: _Mapping[str, float] | None = None,
+    stages: _Sequence = (),
+    seed: int = 0,
+    validation_fraction: float = 0.01,
+    validation_max_documents: int = 1000,
+    domain_quality_weights: _Mapping[str, _Mapping[str, float]] | None = None,
+):
+    """A :class:`marin.data.mixture.MixtureConfig` over tokenize steps (or store paths), for a
+    training step's config. Placeholders inside it are resolved by the executor; the weights are
+    versioned so changing the mixture changes the training step's hash, never the stores'."""
+    from marin.data.mixture import MixtureConfig
+
+    return MixtureConfig(
+        stores=tuple(_data_input(t) for t in tokenized),
+        domain_weights=_versioned_or_none(domain_weights),
+        quality_weights=_versioned_or_none(quality_weights),
+        domain_quality_weights=_versioned_or_none(
+            {d: dict(w) for d, w in domain_quality_weights.items()} if domain_quality_weights else {}),
+        stages=_versioned_or_none(tuple(stages)) or (),
+        seed=_versioned_or_none(seed),
+        validation_fraction=_versioned_or_none(validation_fraction),
+        validation_max_documents=_versioned_or_none(validation_max_documents),
+    )
+
+
+def default_mixture_report(name: str, mixture, total_tokens: int | None = None):
+    """A step writing ``mixture_report.json``: effective shares per stage, held-out sizes, epochs."""
+    from marin.data.mixture import MixtureReportConfig, mixture_report
+    from marin.execution import ExecutorStep, this_output_path, versioned
+
+    return ExecutorStep(
+        name=name,
+        fn=mixture_report,
+        config=MixtureReportConfig(mixture, this_output_path(), versioned(total_tokens)),
+        description="effective token shares of a mixture",
+        resources={"num_cpus": 1},
+    )
+
+
+def _versioned_or_none(x):
+    from marin.execution import versioned
+
+    return None if x is None else versioned(dict(x) if isinstance(x, _Mapping) else x)
+
+
+# --- training track (default_train and friends) ------------------------------------------------
+# A training step embeds a MixtureConfig (from default_mixture) and runs marin.training.steps.train
+# on a device pool (marin.training.pools.POOLS). What defines the run is versioned: model, data,
+# seed, batch and the original schedule. What an operator may change on a live run is not: the
+# horizon re-plans (lr_replans), the transport switch step, the pool, checkpoint cadence and
+# telemetry, so changing them keeps the output path and the step resumes from its checkpoints.
+
+
+def default_train(
+    name: str,
+    *,
+    mixture,
+    model: str = "tiny-ep",
+    model_overrides: _Mapping | None = None,
+    train_steps: int = 100,
+    tokens_per_step: int = 4096,
+    seq_len_phases: _Sequence = ((0.0, 64),),
+    peak_lr: float = 3e-3,
+    warmup_steps: int = 10,
+    weight_decay: float = 0.1,
+    grad_clip: float = 1.0,
+    compute_dtype: str | None = None,
+    seed: int = 0,
+    pool: str = "local-cpu",
+    lr_replans: _Sequence = (),
+    transport_switches: _Sequence = (),
+    checkpoint_every_steps: int = 100,
+    checkpoint_every_minutes: float | None = 30.0,
+    keep_last_checkpoints: int = 2,
+    keep_every_steps: int | None = None,
+    wandb_project: str | None = "marin",
+    log_every: int = 1,
+    description: str | None = None,
+):
+    """A training step: ``model`` preset (+ ``model_overrides``) on ``mixture`` over ``pool``.
+
+    ``seq_len_phases`` are ``(fraction of steps, seq_len)`` pairs at constant ``tokens_per_step``
+    (the hero: ``((0, 4096), (0.5, 8192), (0.95, 65536))``). ``lr_replans`` are ``(at_step,
+    new_total_steps)`` pairs; ``transport_switches`` are ``(step, transport)`` pairs, e.g.
+    ``((0, "fixed"), (81716, "dropless"))``. ``mixture`` may also be a
+    ``marin.training.SyntheticDataConfig`` for tests.
+    """
+    from marin.execution import ExecutorStep, this_output_path, versioned
+    from marin.training.config import TrainConfig
+    from marin.training.pools import get_pool
+    from marin.training.steps import train
+
+    from marin.training.config import SyntheticDataConfig
+
+    get_pool(pool)  # fail at declaration time on a typo, not inside a Ray task
+    # default_mixture versions its own fields; a synthetic stream is versioned whole.
+    data = versioned(mixture) if isinstance(mixture, SyntheticDataConfig) else mixture
+    config = TrainConfig(
+        output_path=this_output_path(),
+        data=data,
+        model=versioned(model),
+        model_overrides=versioned(dict(model_overrides or {})),
+        pool=pool,
+        seed=versioned(seed),
+        train_steps=versioned(train_steps),
+        tokens_per_step=versioned(tokens_per_step),
+        seq_len_phases=versioned(tuple((float(f), int(n)) for f, n in seq_len_phases)),
+        peak_lr=versioned(peak_lr),
+        warmup_steps=versioned(warmup_steps),
+        weight_decay=versioned(weight_decay),
+        grad_clip=versioned(grad_clip),
+        compute_dtype=versioned(compute_dtype),
+        lr_replans=tuple((int(a), int(t)) for a, t in lr_replans),
+        transport_switches=tuple((int(s), str(t)) for s, t in transport_switches),
+        checkpoint_every_steps=checkpoint_every_steps,
+        checkpoint_every_minutes=checkpoint_every_minutes,
+        keep_last_checkpoints=keep_last_checkpoints,
+        keep_every_steps=keep_every_steps,
+        wandb_project=wandb_project,
+        log_every=log_every,
+    )
+    return ExecutorStep(
+        name=name,
+        fn=train,
+        config=config,
+        description=description or f"train {model} for {train_steps} steps x {tokens_per_step} tokens on {pool}",
+        # The step's own task only waits on the pool's placement group; it must not hold a CPU the
+        # pool's hosts need.
+        resources={"num_cpus": 0},
+    )
+
+
+# --- review (health of a run against the seed's healthy ranges) --------------------------------
+
+
+def default_health_report(name: str, train_step, total_steps: int | None = None):
+    """A step writing ``health.json`` for ``train_step``: loss falling, drops < 8%, grad-norm peak."""
+    from marin.execution import ExecutorStep, output_path_of, this_output_path, versioned
+    from marin.monitoring.health import HealthReportConfig, health_report_step
+
+    return ExecutorStep(
+        name=name,
+        fn=health_report_step,
+        config=HealthReportConfig(run_path=output_path_of(train_step), output_path=this_output_path(),
+                                  total_steps=versioned(total_steps)),
+        description=f"health of {train_step.name}",
+        resources={"num_cpus": 1},
+    )

@@ -1,0 +1,65 @@
+"""`marin model-info <preset> [--json]`: parameter and FLOP accounting of a model preset (no JAX needed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from marin.models.config import PRESETS, PUBLISHED, get_preset, summary
+
+
+def _human(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="marin model-info",
+        description="Print total and active parameters and training FLOPs per token of a MoE model preset. "
+        "'Active' = parameters a token touches in the transformer blocks (attention, norms, router, latent "
+        "projections, shared experts, top-k routed experts); embedding and output head excluded.",
+    )
+    p.add_argument("preset", choices=sorted(PRESETS), help="model preset name")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="sequence length for the attention FLOP term (default: the preset's max_seq_len)")
+    return p
+
+
+def model_info_main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = get_preset(args.preset)
+    info = summary(cfg, args.seq_len)
+    if args.json:
+        print(json.dumps(info, sort_keys=True))
+        return 0
+    rows = [
+        ("preset", args.preset),
+        ("layers", info["layers"]),
+        ("d_model", info["d_model"]),
+        ("heads / kv heads", f"{info['n_heads']} / {info['n_kv_heads']}"),
+        ("experts (top-k)", f"{info['num_experts']} (top-{info['top_k']}), width {info['expert_width']}, "
+                            f"latent {info['latent_dim']}, {info['n_shared_experts']} shared"),
+        ("total params", f"{_human(info['total_params'])} ({info['total_params']:,})"),
+        ("active params", f"{_human(info['active_params'])} ({info['active_params']:,})"),
+        ("active + head", _human(info["active_params_with_head"])),
+        (f"train FLOPs/token @ {info['seq_len']}", f"{info['flops_per_token']:.4g}"),
+    ]
+    if args.preset in PUBLISHED:
+        tot, act = PUBLISHED[args.preset]
+        rows.append(("published total / active",
+                     f"{_human(tot)} / {_human(act)} (ours {100 * (info['total_params'] / tot - 1):+.2f}% / "
+                     f"{100 * (info['active_params'] / act - 1):+.2f}%)"))
+    width = max(len(r[0]) for r in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(model_info_main(sys.argv[1:]))

@@ -1,0 +1,227 @@
+"""Model configuration, presets, and parameter / FLOP accounting for the MoE transformer.
+
+Everything here is pure Python (no JAX), so the CLI and the scaling code can import it cheaply.
+
+The model (see docs/model.md):
+  embed -> n_layers x [RMSNorm -> attention (GQA + RoPE, local or global) -> residual,
+                       RMSNorm -> MoE block -> residual] -> RMSNorm -> lm_head
+  MoE block: shared SwiGLU experts on the full-width input
+             + latent down-projection d -> latent, router on the latent, top-k of n_experts routed
+               SwiGLU experts computed in the latent space, combine, latent up-projection latent -> d.
+
+"Active" parameters are those a token touches in the transformer blocks: attention, norms, router,
+latent projections, shared experts and top_k of the routed experts. The input embedding and the
+output head are NOT in "active" (the published 535.3B-A22.76B and ladder figures only reconcile that
+way); `active_params_with_head` is also reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+TRANSPORTS = ("local", "fixed", "dropless", "ragged")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+ROUTER_BIAS_UPDATES = ("quantile", "sign")
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    # sizes
+    vocab_size: int = 128_256
+    d_model: int = 6144
+    n_layers: int = 48
+    n_heads: int = 48
+    n_kv_heads: int = 12
+    head_dim: int = 128
+    max_seq_len: int = 4096
+    # attention pattern: layer i is global iff i % global_every == global_every - 1 or i is the last
+    sliding_window: int = 1024
+    global_every: int = 4
+    rope_theta: float = 500_000.0
+    # MoE block
+    latent_dim: int = 3072
+    n_experts: int = 384
+    top_k: int = 8
+    expert_width: int = 3072
+    n_shared_experts: int = 2
+    shared_width: int = 3072
+    normalize_combine: bool = True  # combine weights = selected sigmoid scores / their sum
+    # losses
+    z_loss_weight: float = 1e-4
+    # expert parallelism
+    capacity_factor: float = 1.15
+    transport: str = "local"  # "local" | "fixed" | "dropless" | "ragged"
+    # router balancing (bias lives in the training state, not in params)
+    router_bias_update: str = "quantile"  # "quantile" | "sign"
+    # quantile: fraction of the way to move towards the balancing bias (1.0 = jump there);
+    # sign: the step size gamma. None = 1.0 for quantile, 1e-3 for sign.
+    router_bias_rate: float | None = None
+    router_hist_bins: int = 1024
+    # misc
+    remat_policy: str = "none"  # "none" | "full" | "dots" | "dots_no_batch"
+    tie_embeddings: bool = False
+    dtype: str = "float32"  # compute dtype; params are kept in float32
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        def check(cond, msg):
+            if not cond:
+                raise ValueError(f"MoEConfig: {msg}")
+
+        check(self.n_heads % self.n_kv_heads == 0, "n_heads must be a multiple of n_kv_heads")
+        check(1 <= self.top_k <= self.n_experts, "need 1 <= top_k <= n_experts")
+        check(self.transport in TRANSPORTS, f"transport must be one of {TRANSPORTS}")
+        check(self.remat_policy in REMAT_POLICIES, f"remat_policy must be one of {REMAT_POLICIES}")
+        check(self.router_bias_update in ROUTER_BIAS_UPDATES,
+              f"router_bias_update must be one of {ROUTER_BIAS_UPDATES}")
+        check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}")
+        check(self.capacity_factor > 0, "capacity_factor must be positive")
+        check(self.head_dim % 2 == 0, "head_dim must be even (RoPE)")
+        check(self.global_every >= 1 and self.sliding_window >= 1, "bad attention pattern")
+
+    # ---- derived -------------------------------------------------------------------------
+    @property
+    def n_moe_layers(self) -> int:
+        return self.n_layers  # every layer has a MoE block
+
+    def is_global_layer(self, i: int) -> bool:
+        return i % self.global_every == self.global_every - 1 or i == self.n_layers - 1
+
+    def layer_windows(self) -> list[int | None]:
+        """Attention window per layer; None means global (full causal)."""
+        return [None if self.is_global_layer(i) else self.sliding_window for i in range(self.n_layers)]
+
+    def bias_rate(self) -> float:
+        if self.router_bias_rate is not None:
+            return self.router_bias_rate
+        return 1.0 if self.router_bias_update == "quantile" else 1e-3
+
+    def replace(self, **overrides) -> "MoEConfig":
+        return dataclasses.replace(self, **overrides)
+
+
+# ---- presets --------------------------------------------------------------------------------
+def _ladder(d: int, n_layers: int, **kw) -> MoEConfig:
+    """The hero recipe at width d: head_dim 128, GQA 4:1, latent = expert width = shared width = d/2,
+    384 experts top-8, 2 shared experts."""
+    n_heads = d // 128
+    return MoEConfig(d_model=d, n_layers=n_layers, n_heads=n_heads, n_kv_heads=max(1, n_heads // 4),
+                     head_dim=128, latent_dim=d // 2, expert_width=d // 2, shared_width=d // 2, **kw)
+
+
+PRESETS: dict[str, MoEConfig] = {
+    # 535B-A23B hero (SPEC.md). n_kv_heads=12 and the window are our choices (not published).
+    "hero": _ladder(6144, 48, dtype="bfloat16", remat_policy="dots"),
+    # scaling ladder rungs; layer counts are fitted to the published totals (d3072/d4096 interpolated)
+    "d768": _ladder(768, 8, dtype="bfloat16"),
+    "d2048": _ladder(2048, 22, dtype="bfloat16", remat_policy="dots"),
+    "d3072": _ladder(3072, 28, dtype="bfloat16", remat_policy="dots"),
+    "d4096": _ladder(4096, 36, dtype="bfloat16", remat_policy="dots"),
+    # CPU presets: train in seconds
+    "tiny": MoEConfig(vocab_size=512, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16,
+                      max_seq_len=128, sliding_window=32, latent_dim=32, n_experts=4, top_k=2,
+                      expert_width=32, n_shared_experts=1, shared_width=32, dtype="float32"),
+    "tiny-ep": MoEConfig(vocab_size=512, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16,
+                         max_seq_len=128, sliding_window=32, latent_dim=32, n_experts=8, top_k=2,
+                         expert_width=32, n_shared_experts=1, shared_width=32, dtype="float32",
+                         transport="fixed"),
+}
+
+# Published figures (SPEC.md) for checks: preset -> (total, active)
+PUBLISHED = {
+    "hero": (535.3e9, 22.76e9),
+    "d768": (1.6e9, 61e6),
+    "d2048": (27.7e9, 1.2e9),
+}
+
+
+def get_preset(name: str, **overrides) -> MoEConfig:
+    if name not in PRESETS:
+        raise KeyError(f"unknown model preset {name!r}; choose from {sorted(PRESETS)}")
+    cfg = PRESETS[name]
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+# ---- accounting -----------------------------------------------------------------------------
+def count_params(cfg: MoEConfig) -> dict:
+    """Exact parameter counts of the pytree built by transformer.init_params (router bias excluded:
+    it is training state, not a parameter)."""
+    d, L = cfg.d_model, cfg.n_layers
+    attn = d * cfg.n_heads * cfg.head_dim * 2 + d * cfg.n_kv_heads * cfg.head_dim * 2  # q, o, k, v
+    norms = 2 * d  # attn_norm, mlp_norm
+    router = cfg.latent_dim * cfg.n_experts
+    latent = 2 * d * cfg.latent_dim  # down + up
+    one_expert = 3 * cfg.latent_dim * cfg.expert_width  # gate, up, down
+    shared = 3 * d * cfg.shared_width * cfg.n_shared_experts
+    routed_total = one_expert * cfg.n_experts
+    routed_active = one_expert * cfg.top_k
+    embed = cfg.vocab_size * d
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * d
+    final_norm = d
+
+    per_layer_total = attn + norms + router + latent + shared + routed_total
+    per_layer_active = attn + norms + router + latent + shared + routed_active
+    total = L * per_layer_total + embed + head + final_norm
+    active = L * per_layer_active + final_norm
+    return {
+        "total_params": total,
+        "active_params": active,
+        "active_params_with_head": active + cfg.vocab_size * d,
+        "embedding": embed,
+        "lm_head": head,
+        "attention": L * attn,
+        "norms": L * norms + final_norm,
+        "router": L * router,
+        "latent_proj": L * latent,
+        "shared_experts": L * shared,
+        "routed_experts_total": L * routed_total,
+        "routed_experts_active": L * routed_active,
+        "per_layer_total": per_layer_total,
+        "per_layer_active": per_layer_active,
+    }
+
+
+def mean_attended_keys(seq_len: int, window: int | None) -> float:
+    """Average number of keys a query attends to under causal masking (and a sliding window):
+    mean over positions i in [0, seq_len) of min(i + 1, window)."""
+    w = seq_len if window is None else min(window, seq_len)
+    # positions 0..w-1 attend to i+1 keys, the rest attend to w keys
+    return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len
+
+
+def flops_per_token(cfg: MoEConfig, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward = 3 x forward):
+    6 x (active matmul params + output head) + attention scores/values term
+    12 x n_heads x head_dim x mean attended keys, per layer (causal mask and windows counted)."""
+    c = count_params(cfg)
+    matmul_active = c["active_params"] - c["norms"] + cfg.vocab_size * cfg.d_model  # + lm head matmul
+    dense = 6.0 * matmul_active
+    attn = 0.0
+    for w in cfg.layer_windows():
+        attn += 12.0 * cfg.n_heads * cfg.head_dim * mean_attended_keys(seq_len, w)
+    return dense + attn
+
+
+def summary(cfg: MoEConfig, seq_len: int | None = None) -> dict:
+    seq_len = seq_len or cfg.max_seq_len
+    c = count_params(cfg)
+    return {
+        "total_params": c["total_params"],
+        "active_params": c["active_params"],
+        "active_params_with_head": c["active_params_with_head"],
+        "flops_per_token": flops_per_token(cfg, seq_len),
+        "seq_len": seq_len,
+        "layers": cfg.n_layers,
+        "d_model": cfg.d_model,
+        "num_experts": cfg.n_experts,
+        "top_k": cfg.top_k,
+        "n_heads": cfg.n_heads,
+        "n_kv_heads": cfg.n_kv_heads,
+        "latent_dim": cfg.latent_dim,
+        "expert_width": cfg.expert_width,
+        "n_shared_experts": cfg.n_shared_experts,
+        "global_layers": [i for i in range(cfg.n_layers) if cfg.is_global_layer(i)],
+        "breakdown": c,
+    }

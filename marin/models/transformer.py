@@ -1,0 +1,228 @@
+"""The MoE transformer, in plain JAX: a params pytree of arrays and pure functions.
+
+    tokens [B, L+1] -> inputs tokens[:, :-1], targets tokens[:, 1:]
+    x = embed[inputs]
+    for each layer (a lax.scan over stacked weights; window = sliding_window or global):
+        x = x + attention(rmsnorm(x))                    GQA, RoPE, causal (+ window, + documents)
+        x = x + moe(rmsnorm(x))                          shared SwiGLU experts on x
+                                                        + latent_up(routed experts(latent_down(x)))
+    logits = rmsnorm(x) @ lm_head
+    loss = mean CE + z_loss_weight * mean(logsumexp(logits)^2)
+
+The router bias is an input (training state), not a parameter: it only steers top-k selection.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from marin.models import router as rt
+from marin.models.config import MoEConfig
+from marin.parallel.expert import moe_experts
+
+GLOBAL_WINDOW = 1 << 30  # "window" of a global layer
+
+
+# ---- params ---------------------------------------------------------------------------------
+def init_params(cfg: MoEConfig, key: jax.Array) -> dict:
+    """float32 params. Stacked per-layer weights have a leading [n_layers] axis; routed expert
+    weights are [n_layers, n_experts, ...]. Fan-in scaled normal init; residual outputs get an extra
+    1/sqrt(2 n_layers)."""
+    L, d, E = cfg.n_layers, cfg.d_model, cfg.n_experts
+    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    lat, f, fs = cfg.latent_dim, cfg.expert_width, cfg.n_shared_experts * cfg.shared_width
+    keys = iter(jax.random.split(key, 16))
+    out_scale = 1.0 / math.sqrt(2 * L)
+
+    def normal(shape, fan_in, scale=1.0):
+        return jax.random.normal(next(keys), shape, jnp.float32) * (scale / math.sqrt(fan_in))
+
+    blocks = {
+        "attn_norm": jnp.ones((L, d), jnp.float32),
+        "wq": normal((L, d, q_dim), d),
+        "wk": normal((L, d, kv_dim), d),
+        "wv": normal((L, d, kv_dim), d),
+        "wo": normal((L, q_dim, d), q_dim, out_scale),
+        "mlp_norm": jnp.ones((L, d), jnp.float32),
+        "shared_gate": normal((L, d, fs), d),
+        "shared_up": normal((L, d, fs), d),
+        "shared_down": normal((L, fs, d), max(fs, 1), out_scale),
+        "latent_down": normal((L, d, lat), d),
+        "latent_up": normal((L, lat, d), lat, out_scale),
+        "router": normal((L, lat, E), lat),
+        "expert_gate": normal((L, E, lat, f), lat),
+        "expert_up": normal((L, E, lat, f), lat),
+        "expert_down": normal((L, E, f, lat), f),
+    }
+    params = {"embed": normal((cfg.vocab_size, d), 1.0), "blocks": blocks, "final_norm": jnp.ones((d,), jnp.float32)}
+    if not cfg.tie_embeddings:
+        params["lm_head"] = normal((d, cfg.vocab_size), d)
+    return params
+
+
+def init_router_bias(cfg: MoEConfig) -> jax.Array:
+    return jnp.zeros((cfg.n_moe_layers, cfg.n_experts), jnp.float32)
+
+
+def layer_windows(cfg: MoEConfig) -> jax.Array:
+    return jnp.array([GLOBAL_WINDOW if w is None else w for w in cfg.layer_windows()], jnp.int32)
+
+
+# ---- layers ---------------------------------------------------------------------------------
+def rmsnorm(x, w, eps):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * w).astype(x.dtype)
+
+
+def rope(x, positions, theta):
+    """Rotary embedding on the last axis (split-half convention). x [B, L, ..., hd], positions [L]."""
+    hd = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
+    ang = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # [L, hd/2]
+    ang = ang.reshape((1, ang.shape[0]) + (1,) * (x.ndim - 3) + (hd // 2,))
+    cos, sin = jnp.cos(ang), jnp.sin(ang)
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def attention_mask(seq_len: int, window, segment_ids=None):
+    """[B or 1, L, L] bool: key j visible from query i iff j <= i and i - j < window (and same document)."""
+    i = jnp.arange(seq_len)[:, None]
+    j = jnp.arange(seq_len)[None, :]
+    mask = ((j <= i) & (i - j < window))[None]
+    if segment_ids is not None:
+        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    return mask
+
+
+def attention(x, p, window, segment_ids, cfg: MoEConfig):
+    b, l, _ = x.shape
+    h, kv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    q = (x @ p["wq"]).reshape(b, l, kv, h // kv, hd)
+    k = (x @ p["wk"]).reshape(b, l, kv, hd)
+    v = (x @ p["wv"]).reshape(b, l, kv, hd)
+    pos = jnp.arange(l)
+    q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
+    s = jnp.einsum("bqkgh,bskh->bkgqs", q, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
+    mask = attention_mask(l, window, segment_ids)[:, None, None]  # [B, 1, 1, L, L]
+    s = jnp.where(mask, s, -1e30)
+    probs = jax.nn.softmax(s, axis=-1).astype(x.dtype)
+    o = jnp.einsum("bkgqs,bskh->bqkgh", probs, v).reshape(b, l, h * hd)
+    return o @ p["wo"]
+
+
+def swiglu(x, w_gate, w_up, w_down):
+    return (jax.nn.silu(x @ w_gate) * (x @ w_up)) @ w_down
+
+
+def moe_block(x, p, bias, cfg: MoEConfig, mesh, transport: str):
+    """x [B, L, d] (already normed) -> (out [B, L, d], per-layer stats)."""
+    b, l, d = x.shape
+    xf = x.reshape(b * l, d)
+    shared = swiglu(xf, p["shared_gate"], p["shared_up"], p["shared_down"])
+    z = xf @ p["latent_down"]
+    expert_ids, weights, scores = rt.route(z, p["router"], bias, cfg.top_k, cfg.normalize_combine)
+    experts = {"gate": p["expert_gate"], "up": p["expert_up"], "down": p["expert_down"]}
+    y, drops = moe_experts(z, expert_ids, weights.astype(z.dtype), experts, n_experts=cfg.n_experts,
+                           transport=transport, mesh=mesh, capacity_factor=cfg.capacity_factor)
+    out = shared + y @ p["latent_up"]
+    stats = {
+        "expert_load": rt.expert_load(expert_ids, cfg.n_experts),
+        "send_drops": drops["send_drops"],
+        "recv_drops": drops["recv_drops"],
+        "assignments": drops["assignments"],
+    }
+    if cfg.router_bias_update == "quantile":
+        stats["bias_target"] = rt.quantile_bias_target(scores, bias, cfg.top_k, cfg.router_hist_bins)
+    return out.reshape(b, l, d), stats
+
+
+def _remat(fn, policy: str):
+    if policy == "none":
+        return fn
+    policies = {
+        "full": None,
+        "dots": jax.checkpoint_policies.checkpoint_dots,
+        "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    }
+    return jax.checkpoint(fn, policy=policies[policy])
+
+
+# ---- the model ------------------------------------------------------------------------------
+def forward(params, router_bias, inputs, cfg: MoEConfig, *, mesh=None, transport: str | None = None,
+            segment_ids=None):
+    """inputs int [B, L] -> (logits f32 [B, L, V], stacked per-layer stats)."""
+    transport = transport or cfg.transport
+    dt = jnp.dtype(cfg.dtype)
+    cast = lambda a: a.astype(dt)  # noqa: E731
+    x = cast(params["embed"])[inputs]
+
+    def layer(x, xs):
+        p, bias, window = xs
+        p = jax.tree.map(cast, p)
+        x = x + attention(rmsnorm(x, p["attn_norm"], cfg.norm_eps), p, window, segment_ids, cfg)
+        y, stats = moe_block(rmsnorm(x, p["mlp_norm"], cfg.norm_eps), p, bias, cfg, mesh, transport)
+        return x + y, stats
+
+    layer = _remat(layer, cfg.remat_policy)
+    x, stats = jax.lax.scan(layer, x, (params["blocks"], router_bias, layer_windows(cfg)))
+    h = rmsnorm(x, cast(params["final_norm"]), cfg.norm_eps)
+    if cfg.tie_embeddings:
+        logits = jnp.einsum("bld,vd->blv", h, cast(params["embed"]), preferred_element_type=jnp.float32)
+        logits = logits / math.sqrt(cfg.d_model)
+    else:
+        logits = jnp.einsum("bld,dv->blv", h, cast(params["lm_head"]), preferred_element_type=jnp.float32)
+    return logits, stats
+
+
+def z_loss(logits):
+    """mean over tokens of logsumexp(logits)^2 (the squared log-normaliser)."""
+    return jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+
+
+def loss_and_stats(params, router_bias, tokens, cfg: MoEConfig, *, mesh=None, transport: str | None = None,
+                   segment_ids=None):
+    """tokens int32 [B, L+1] -> (mean CE + z_loss_weight * z_loss, stats). Differentiable w.r.t. params;
+    router_bias is stop-gradient'ed. segment_ids [B, L+1] or [B, L] (document ids) masks attention
+    across documents."""
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    seq = inputs.shape[1]
+    if segment_ids is not None:
+        segment_ids = segment_ids[:, :seq]
+    router_bias = jax.lax.stop_gradient(router_bias)
+    logits, layer_stats = forward(params, router_bias, inputs, cfg, mesh=mesh, transport=transport,
+                                  segment_ids=segment_ids)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    ce = jnp.mean(lse - target_logit)
+    zl = jnp.mean(lse**2)
+    loss = ce + cfg.z_loss_weight * zl
+    assignments = layer_stats["assignments"]
+    stats = {
+        "ce_loss": ce,
+        "z_loss": zl,
+        "drop_frac_send": jnp.sum(layer_stats["send_drops"]) / jnp.sum(assignments),
+        "drop_frac_recv": jnp.sum(layer_stats["recv_drops"]) / jnp.sum(assignments),
+        "drop_frac_send_per_layer": layer_stats["send_drops"] / assignments,
+        "drop_frac_recv_per_layer": layer_stats["recv_drops"] / assignments,
+        "expert_load": layer_stats["expert_load"],
+        "max_over_mean_load": jnp.mean(jnp.max(layer_stats["expert_load"], axis=-1)
+                                       / jnp.mean(layer_stats["expert_load"], axis=-1)),
+    }
+    if "bias_target" in layer_stats:
+        stats["bias_target"] = layer_stats["bias_target"]
+    return loss, stats
+
+
+def update_router_bias(router_bias, stats, cfg: MoEConfig) -> jax.Array:
+    """Next step's router bias [n_layers, E] from this step's stats (pure)."""
+    rate = cfg.bias_rate()
+    if cfg.router_bias_update == "quantile":
+        if "bias_target" not in stats:
+            raise KeyError("quantile bias update needs stats['bias_target'] (run loss_and_stats with this cfg)")
+        return rt.quantile_update(router_bias, stats["bias_target"], rate)
+    return rt.sign_update(router_bias, stats["expert_load"], rate)

@@ -1,0 +1,1 @@
+"""Meshes and expert-parallel (EP) transports for the MoE model."""

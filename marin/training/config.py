@@ -1,0 +1,111 @@
+"""The training step's configuration (JAX-free, so experiment files and the CLI import it cheaply).
+
+A :class:`TrainConfig` is what ``default_train`` puts into the executor step; everything the run needs
+is in it. Fields that are part of the run's identity are wrapped in ``versioned`` by the experiment
+layer; the horizon re-plans (``lr_replans``) deliberately are not, so that re-planning a running
+step keeps its output path and resumes from its checkpoints (the seed's contingency).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from marin.training.checkpoint import CheckpointPolicy
+from marin.training.schedule import (
+    DEFAULT_FINAL_LR_FRACTION,
+    LRSchedule,
+    Replan,
+    SeqLenPhase,
+    SeqLenSchedule,
+    TransportSchedule,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticDataConfig:
+    """A learnable token stream that needs no files: for unit tests and benchmarks only.
+
+    Each sequence follows ``x[t+1] = (a * x[t] + c) mod V`` with a per-sequence ``(a, c)`` drawn from a
+    small set, plus ``noise`` random substitutions: a model can learn it, so loss visibly falls.
+    """
+
+    vocab_size: int = 512
+    seed: int = 0
+    n_rules: int = 4
+    noise: float = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """One training run.
+
+    ``data`` is a ``marin.data.mixture.MixtureConfig`` for real runs (the trainer reads it with
+    ``MixtureLoader``) or a :class:`SyntheticDataConfig`. ``model_overrides`` replaces fields of the
+    model preset. ``train_steps`` is the original horizon; ``lr_replans`` moves it later on.
+    """
+
+    output_path: str
+    data: Any
+    model: str = "tiny-ep"
+    model_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    pool: str = "local-cpu"
+    seed: int = 0
+    # horizon and batch
+    train_steps: int = 100
+    tokens_per_step: int = 4096
+    seq_len_phases: tuple[tuple[float, int], ...] = ((0.0, 64),)
+    # optimizer (AdamW with global-norm clipping)
+    peak_lr: float = 3e-3
+    warmup_steps: int = 10
+    final_lr_fraction: float = DEFAULT_FINAL_LR_FRACTION
+    lr_replans: tuple[tuple[int, int], ...] = ()
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0
+    # "bfloat16" computes in bf16 with float32 master weights; None keeps the preset's dtype
+    compute_dtype: str | None = None
+    # EP transport by step: ((0, "fixed"), (800, "dropless")); empty = the preset's transport
+    transport_switches: tuple[tuple[int, str], ...] = ()
+    # checkpoints
+    checkpoint_every_steps: int = 100
+    checkpoint_every_minutes: float | None = 30.0
+    keep_last_checkpoints: int = 2
+    keep_every_steps: int | None = None
+    # telemetry
+    log_every: int = 1
+    wandb_project: str | None = "marin"
+    run_name: str | None = None
+    progress_every_s: float = 10.0
+
+    def lr_schedule(self) -> LRSchedule:
+        return LRSchedule(
+            peak_lr=self.peak_lr,
+            warmup_steps=self.warmup_steps,
+            total_steps=self.train_steps,
+            final_fraction=self.final_lr_fraction,
+            replans=tuple(Replan(int(a), int(t)) for a, t in self.lr_replans),
+        )
+
+    @property
+    def total_steps(self) -> int:
+        """The horizon in force after all re-plans: the run stops here."""
+        return self.lr_schedule().final_total_steps
+
+    def seq_len_schedule(self) -> SeqLenSchedule:
+        return SeqLenSchedule(self.tokens_per_step, tuple(SeqLenPhase(float(f), int(n)) for f, n in self.seq_len_phases))
+
+    def transport_schedule(self, default: str) -> TransportSchedule:
+        if not self.transport_switches:
+            return TransportSchedule.constant(default)
+        return TransportSchedule(tuple((int(s), str(t)) for s, t in self.transport_switches))
+
+    def checkpoint_policy(self) -> CheckpointPolicy:
+        return CheckpointPolicy(
+            every_steps=self.checkpoint_every_steps,
+            every_minutes=self.checkpoint_every_minutes,
+            keep_last=self.keep_last_checkpoints,
+            keep_every=self.keep_every_steps,
+        )

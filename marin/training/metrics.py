@@ -1,0 +1,252 @@
+"""Training telemetry: ``metrics.jsonl`` in the step directory, W&B (offline by default), progress line.
+
+The keys follow DESIGN contract 5, so monitoring, the health report and the ladder fits can read any
+run the same way. MFU is a pure function of throughput, the model's FLOPs per token and the pool's
+peak FLOP rate; the peak table lives here so that every report uses the same denominators.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+import fsspec
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+
+# Keys every logged step carries (DESIGN contract 5 plus the issue's router/expert-load summary).
+METRIC_KEYS = (
+    "step",
+    "tokens",
+    "loss",
+    "ce_loss",
+    "z_loss",
+    "grad_norm",
+    "lr",
+    "drop_frac_send",
+    "drop_frac_recv",
+    "expert_load_max",
+    "expert_load_mean",
+    "router_bias_spread",
+    "tokens_per_s",
+    "mfu",
+    "seq_len",
+    "batch_size",
+    "transport",
+)
+
+# Dense bf16 peak FLOP/s per device. CPU is a nominal figure for one fake device (a fraction of a
+# core on this 2-core machine), so CPU MFU numbers are only comparable with each other.
+PEAK_FLOPS_PER_DEVICE: dict[str, float] = {
+    "GB200": 2.5e15,
+    "B200": 2.25e15,
+    "H200": 9.89e14,
+    "H100": 9.89e14,
+    "A100": 3.12e14,
+    "cpu": 5.0e10,
+}
+
+
+def peak_flops_per_device(accelerator: str) -> float:
+    try:
+        return PEAK_FLOPS_PER_DEVICE[accelerator]
+    except KeyError:
+        raise KeyError(f"unknown accelerator {accelerator!r}; known: {sorted(PEAK_FLOPS_PER_DEVICE)}") from None
+
+
+def mfu(tokens_per_s: float, train_flops_per_token: float, num_devices: int, peak_per_device: float) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the pool's peak FLOP/s (a fraction, not %).
+
+    ``train_flops_per_token`` is forward + backward, i.e. ``marin.models.config.flops_per_token``.
+    """
+    if num_devices <= 0 or peak_per_device <= 0:
+        raise ValueError("num_devices and peak_per_device must be positive")
+    return tokens_per_s * train_flops_per_token / (num_devices * peak_per_device)
+
+
+def _is_local(fs: Any) -> bool:
+    from fsspec.implementations.local import LocalFileSystem
+
+    return isinstance(fs, LocalFileSystem)
+
+
+class MetricsWriter:
+    """Appends one JSON object per logged step to ``{output_path}/metrics.jsonl``.
+
+    On resume, lines for steps after the restored checkpoint are dropped: the resumed run logs those
+    steps again, and a reader must never see two different values for one step. Local files are
+    appended and flushed per line; object stores have no append, so the whole (small) file is
+    rewritten at each ``flush``.
+    """
+
+    def __init__(self, output_path: str, *, resume_step: int | None = None, is_writer: bool = True,
+                 flush_every: int = 1) -> None:
+        self.url = f"{output_path.rstrip('/')}/{METRICS_FILE}"
+        self.fs, self.path = fsspec.core.url_to_fs(self.url)
+        self.is_writer = is_writer
+        self.flush_every = flush_every
+        self._lines: list[str] = []
+        self._pending = 0
+        self._local = _is_local(self.fs)
+        if not is_writer:
+            return
+        previous = read_metrics(self.url) if self.fs.exists(self.path) else []
+        keep_until = -1 if resume_step is None else resume_step
+        self._lines = [json.dumps(r, sort_keys=True) for r in previous if r.get("step", -1) <= keep_until]
+        self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        self.fs.pipe_file(self.path, "".join(line + "\n" for line in self._lines).encode())
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        if not self.is_writer:
+            return
+        line = json.dumps(_jsonable(record), sort_keys=True)
+        self._lines.append(line)
+        if self._local:
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+        else:
+            self._pending += 1
+            if self._pending >= self.flush_every:
+                self.flush()
+
+    def flush(self) -> None:
+        if self.is_writer and not self._local and self._pending:
+            self._rewrite()
+            self._pending = 0
+
+    def close(self) -> None:
+        self.flush()
+
+
+def _jsonable(record: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in record.items():
+        if hasattr(v, "item") and getattr(v, "ndim", 1) == 0:
+            v = v.item()
+        if isinstance(v, float) and not math.isfinite(v):
+            v = str(v)  # JSON has no NaN; keep the fact visible as a string
+        out[k] = v
+    return out
+
+
+def read_metrics(url: str) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl (path of the file or of the step directory holding it)."""
+    if not url.rstrip("/").endswith(METRICS_FILE):
+        url = f"{url.rstrip('/')}/{METRICS_FILE}"
+    with fsspec.open(url, "r") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def phase_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop fraction and throughput per schedule phase (seq_len x transport), in order of appearance.
+
+    The first record of each phase is left out of the throughput mean: it includes compilation.
+    """
+    groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for r in sorted(records, key=lambda r: r["step"]):
+        groups.setdefault((r.get("seq_len"), r.get("transport")), []).append(r)
+    out = []
+    for (seq_len, transport), rs in groups.items():
+        timed = rs[1:] or rs
+
+        def mean(key: str, rows: list[dict[str, Any]]) -> float:
+            vals = [float(x[key]) for x in rows if isinstance(x.get(key), (int, float))]
+            return sum(vals) / len(vals) if vals else float("nan")
+
+        out.append({
+            "seq_len": seq_len,
+            "transport": transport,
+            "first_step": rs[0]["step"],
+            "last_step": rs[-1]["step"],
+            "drop_frac_send": mean("drop_frac_send", rs),
+            "drop_frac_recv": mean("drop_frac_recv", rs),
+            "tokens_per_s": mean("tokens_per_s", timed),
+            "mfu": mean("mfu", timed),
+        })
+    return out
+
+
+class WandbTracker:
+    """W&B run with the same keys as metrics.jsonl; offline unless the user set ``WANDB_MODE``.
+
+    The run id derives from the output path, so a resumed step continues the same W&B run.
+    """
+
+    def __init__(self, *, project: str, name: str, config: Mapping[str, Any], output_path: str,
+                 run_id: str, local_dir: str | None = None) -> None:
+        import wandb
+
+        os.environ.setdefault("WANDB_MODE", "offline")
+        os.environ.setdefault("WANDB_SILENT", "true")
+        fs, path = fsspec.core.url_to_fs(output_path)
+        # W&B writes through the local filesystem; for object-store outputs it goes to a local dir.
+        directory = local_dir or (path if _is_local(fs) else os.path.join(os.getcwd(), "wandb-local"))
+        os.makedirs(directory, exist_ok=True)
+        self._run = wandb.init(
+            project=project,
+            name=name,
+            id=run_id,
+            resume="allow",
+            dir=directory,
+            config=dict(config),
+            settings=wandb.Settings(console="off", x_disable_stats=True),
+        )
+        self.dir = directory
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        data = {k: v for k, v in _jsonable(record).items() if k != "step" and not isinstance(v, str)}
+        self._run.log(data, step=int(record["step"]))
+
+    def finish(self, exit_code: int = 0) -> None:
+        self._run.finish(exit_code=exit_code)
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+class ProgressLine:
+    """A periodic one-line summary (a progress bar would garble Ray's interleaved worker logs)."""
+
+    def __init__(self, total_steps: int, *, every_s: float = 10.0, stream: TextIO | None = None) -> None:
+        self.total = total_steps
+        self.every_s = every_s
+        self.stream = stream or sys.stderr
+        self._last = -math.inf
+        self._start = time.monotonic()
+        self._start_step: int | None = None
+
+    def update(self, record: Mapping[str, Any], *, force: bool = False) -> str | None:
+        now = time.monotonic()
+        step = int(record["step"])
+        if self._start_step is None:
+            self._start_step, self._start = step, now
+        if not force and now - self._last < self.every_s:
+            return None
+        self._last = now
+        done = step - self._start_step
+        rate = done / (now - self._start) if now > self._start and done else 0.0
+        eta = (self.total - step) / rate if rate else float("nan")
+        line = (
+            f"step {step}/{self.total} ({100.0 * step / max(1, self.total):.1f}%) "
+            f"loss {record['loss']:.4f} lr {record['lr']:.3g} gnorm {record['grad_norm']:.3f} "
+            f"drop {100 * record['drop_frac_send']:.2f}%/{100 * record['drop_frac_recv']:.2f}% "
+            f"L={record['seq_len']} {record['transport']} {record['tokens_per_s']:.0f} tok/s "
+            f"mfu {100 * record['mfu']:.2f}% eta {format_duration(eta) if math.isfinite(eta) else '?'}"
+        )
+        print(line, file=self.stream, flush=True)
+        return line

@@ -1,0 +1,317 @@
+"""Device pools and the Ray launcher that runs one JAX process per host of a pool.
+
+A pool is what a training step asks for: ``hosts`` x ``devices_per_host`` accelerators of one type,
+grouped into racks, and the (data, expert) mesh laid over them. In production a rack is a GB200 NVL72
+(16 nodes x 4 GPUs, EP 64 inside the rack, data parallelism across racks). On this machine a "host"
+is a Ray worker process that sees N fake CPU devices.
+
+Launch protocol (``launch``):
+1. reserve every host with Ray placement groups, one per rack: hosts of a rack on distinct nodes
+   (STRICT_SPREAD) and, where the pool names a rack label, all in the same rack (STRICT_PACK on it);
+2. start one actor per host; host 0 picks the ``jax.distributed`` coordinator address on its node;
+3. run the host function everywhere; the first failure kills every host (a JAX peer left alone would
+   hang in a collective) and releases the reservation; then retry up to ``max_retries`` times. The
+   host function resumes from the latest checkpoint, so a retry loses at most one checkpoint interval.
+
+This module imports Ray and JAX lazily: experiment files read the presets without either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# Node label that groups the nodes of one NVL72 rack (set per worker group in infra/).
+RACK_LABEL = "marin.io/rack"
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSpec:
+    """The devices a training step runs on and how its mesh maps onto them.
+
+    ``mesh`` is (data, expert); devices are ordered host by host, so the expert axis spans consecutive
+    hosts. EP must stay inside a rack (NVLink domain): ``expert`` must divide the devices of one rack.
+    ``device_resource`` is the Ray resource each host reserves ``devices_per_host`` of: "GPU" on GPU
+    clusters, or a custom resource that marks the fake CPU hosts in tests (None: CPU only).
+    """
+
+    name: str
+    hosts: int
+    devices_per_host: int
+    accelerator: str
+    mesh: tuple[int, int]
+    racks: int = 1
+    cpus_per_host: float = 1.0
+    device_resource: str | None = None
+    rack_label: str | None = None
+    max_retries: int = 0
+    ready_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        data, expert = self.mesh
+        if self.hosts <= 0 or self.devices_per_host <= 0 or self.racks <= 0:
+            raise ValueError(f"pool {self.name}: hosts, devices_per_host and racks must be positive")
+        if data * expert != self.num_devices:
+            raise ValueError(
+                f"pool {self.name}: mesh {self.mesh} has {data * expert} devices, pool has "
+                f"{self.hosts} x {self.devices_per_host} = {self.num_devices}"
+            )
+        if self.hosts % self.racks:
+            raise ValueError(f"pool {self.name}: {self.hosts} hosts do not split into {self.racks} racks")
+        if self.racks > 1 and self.devices_per_rack % expert:
+            raise ValueError(
+                f"pool {self.name}: expert axis {expert} does not divide the {self.devices_per_rack} "
+                "devices of a rack; EP traffic must stay inside a rack"
+            )
+
+    @property
+    def num_devices(self) -> int:
+        return self.hosts * self.devices_per_host
+
+    @property
+    def hosts_per_rack(self) -> int:
+        return self.hosts // self.racks
+
+    @property
+    def devices_per_rack(self) -> int:
+        return self.hosts_per_rack * self.devices_per_host
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.accelerator == "cpu"
+
+    def bundle(self) -> dict[str, float]:
+        """Ray resources one host reserves."""
+        b: dict[str, float] = {"CPU": float(self.cpus_per_host)} if self.cpus_per_host else {}
+        if self.device_resource:
+            b[self.device_resource] = float(self.devices_per_host)
+        if not b:
+            raise ValueError(f"pool {self.name}: a host must reserve at least one resource")
+        return b
+
+
+# GB200 NVL72: 18 compute trays x 4 GPUs; the hero uses 16 nodes x 4 GPUs per rack (EP 64).
+GB200_HOSTS_PER_RACK = 16
+GB200_GPUS_PER_HOST = 4
+
+POOLS: dict[str, PoolSpec] = {
+    # One process, 8 fake CPU devices: EP 4 x data 2. The default for local runs and the quickstart.
+    "local-cpu": PoolSpec("local-cpu", hosts=1, devices_per_host=8, accelerator="cpu", mesh=(2, 4)),
+    # One process, one device: the reference for equivalence tests and the CPU benchmark.
+    "local-cpu-1": PoolSpec("local-cpu-1", hosts=1, devices_per_host=1, accelerator="cpu", mesh=(1, 1)),
+    # One process, 8 fake devices, EP 8: the single-process twin of "local-2host" (same mesh).
+    "local-cpu-ep8": PoolSpec("local-cpu-ep8", hosts=1, devices_per_host=8, accelerator="cpu", mesh=(1, 8)),
+    # Two simulated hosts x 4 fake devices, EP 8 across the process boundary (tests use Ray's
+    # cluster utilities to give each simulated node one "fake_host" resource per device).
+    "local-2host": PoolSpec(
+        "local-2host", hosts=2, devices_per_host=4, accelerator="cpu", mesh=(1, 8), device_resource="fake_host"
+    ),
+    # One H200 (the lent device machine): the GPU benchmark.
+    "h200-1": PoolSpec("h200-1", hosts=1, devices_per_host=1, accelerator="H200", mesh=(1, 1), device_resource="GPU"),
+    # One GB200 NVL72 rack: the d768 ladder rung (SPEC: 1 rack, batch 1,024).
+    "gb200-rack": PoolSpec(
+        "gb200-rack",
+        hosts=GB200_HOSTS_PER_RACK,
+        devices_per_host=GB200_GPUS_PER_HOST,
+        accelerator="GB200",
+        mesh=(1, 64),
+        racks=1,
+        cpus_per_host=8,
+        device_resource="GPU",
+        rack_label=RACK_LABEL,
+        max_retries=3,
+    ),
+    # Eleven racks, ~704 GPUs: the d2048 rung and the hero (EP 64 x DP 11).
+    "gb200-11racks": PoolSpec(
+        "gb200-11racks",
+        hosts=11 * GB200_HOSTS_PER_RACK,
+        devices_per_host=GB200_GPUS_PER_HOST,
+        accelerator="GB200",
+        mesh=(11, 64),
+        racks=11,
+        cpus_per_host=8,
+        device_resource="GPU",
+        rack_label=RACK_LABEL,
+        max_retries=3,
+    ),
+}
+
+
+def get_pool(name: str) -> PoolSpec:
+    try:
+        return POOLS[name]
+    except KeyError:
+        raise KeyError(f"unknown pool {name!r}; known: {sorted(POOLS)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class HostContext:
+    """What the host function learns about its place in the pool."""
+
+    process_id: int
+    num_processes: int
+    coordinator: str | None
+    pool: PoolSpec
+
+
+class NonRetryableError(RuntimeError):
+    """A failure a retry cannot fix (e.g. divergence): the launcher stops at once and re-raises it."""
+
+
+class PoolLaunchError(RuntimeError):
+    """The pool failed on every allowed attempt."""
+
+
+def host_env(pool: PoolSpec) -> dict[str, str]:
+    """Environment of a host process; fake CPU devices must be requested before JAX is imported."""
+    env = {"RAY_USAGE_STATS_ENABLED": "0"}
+    if pool.is_cpu:
+        env["JAX_PLATFORMS"] = "cpu"
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={pool.devices_per_host}"
+    return env
+
+
+def initialize_jax(ctx: HostContext) -> None:
+    """Join the pool's JAX processes into one runtime (no-op for one host) and check the device count."""
+    import jax
+
+    if ctx.num_processes > 1:
+        if ctx.pool.is_cpu:
+            # Cross-process collectives on CPU go through gloo (MPI is not in the wheel).
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator_address=ctx.coordinator,
+            num_processes=ctx.num_processes,
+            process_id=ctx.process_id,
+            local_device_ids=None if ctx.pool.is_cpu else list(range(ctx.pool.devices_per_host)),
+        )
+    if jax.device_count() < ctx.pool.num_devices:
+        raise RuntimeError(
+            f"pool {ctx.pool.name} wants {ctx.pool.num_devices} devices, JAX sees {jax.device_count()} "
+            f"({jax.devices()[0].platform}); set XLA_FLAGS for fake CPU devices before importing jax"
+        )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class _Host:
+    """One pool host: a dedicated Ray worker process (Ray actor) that runs the JAX program."""
+
+    def coordinator_address(self) -> str:
+        import ray
+
+        return f"{ray.util.get_node_ip_address()}:{_free_port()}"
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, fn: Callable[..., Any], ctx: HostContext, args: tuple[Any, ...]) -> Any:
+        initialize_jax(ctx)
+        return fn(ctx, *args)
+
+
+def _placement_groups(pool: PoolSpec) -> list[Any]:
+    from ray.util.placement_group import placement_group
+
+    groups = []
+    for rack in range(pool.racks):
+        bundles = [pool.bundle() for _ in range(pool.hosts_per_rack)]
+        if pool.rack_label:
+            strategy = {"ray.io/node-id": "STRICT_SPREAD" if pool.hosts_per_rack > 1 else "PACK",
+                        pool.rack_label: "STRICT_PACK"}
+            groups.append(placement_group(bundles, topology_strategy=strategy, name=f"{pool.name}-rack{rack}"))
+        else:
+            strategy_name = "STRICT_SPREAD" if pool.hosts_per_rack > 1 else "PACK"
+            groups.append(placement_group(bundles, strategy=strategy_name, name=f"{pool.name}-rack{rack}"))
+    return groups
+
+
+def _unwrap(error: BaseException) -> BaseException:
+    """The user exception inside a Ray task/actor error, if there is one."""
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, BaseException) else error
+
+
+def launch(pool: PoolSpec, fn: Callable[..., Any], args: Sequence[Any] = (), *, max_retries: int | None = None) -> list[Any]:
+    """Run ``fn(ctx, *args)`` once per host of ``pool``; returns the per-host results in host order.
+
+    Needs an initialised Ray (the executor's step task has one). Raises the host's exception for
+    ``NonRetryableError``, else ``PoolLaunchError`` after ``max_retries`` (default: the pool's) retries.
+    """
+    import ray
+    from ray.util.placement_group import remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    retries = pool.max_retries if max_retries is None else max_retries
+    host_cls = ray.remote(_Host)
+    errors: list[str] = []
+    for attempt in range(retries + 1):
+        groups = _placement_groups(pool)
+        actors: list[Any] = []
+        try:
+            try:
+                ray.get([g.ready() for g in groups], timeout=pool.ready_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise PoolLaunchError(
+                    f"pool {pool.name}: could not reserve {pool.hosts} x {pool.bundle()} within "
+                    f"{pool.ready_timeout_s:.0f} s; cluster resources: {ray.cluster_resources()}"
+                ) from None
+            for i in range(pool.hosts):
+                group = groups[i // pool.hosts_per_rack]
+                resources = {k: v for k, v in pool.bundle().items() if k not in ("CPU", "GPU")}
+                actors.append(
+                    host_cls.options(
+                        num_cpus=pool.cpus_per_host,
+                        num_gpus=pool.devices_per_host if pool.device_resource == "GPU" else 0,
+                        resources=resources,
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(
+                            placement_group=group, placement_group_bundle_index=i % pool.hosts_per_rack
+                        ),
+                        runtime_env={"env_vars": host_env(pool)},
+                        max_restarts=0,
+                        name=None,
+                    ).remote()
+                )
+            coordinator = ray.get(actors[0].coordinator_address.remote()) if pool.hosts > 1 else None
+            refs = [
+                a.run.remote(fn, HostContext(i, pool.hosts, coordinator, pool), tuple(args))
+                for i, a in enumerate(actors)
+            ]
+            pending = list(refs)
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                ray.get(done)  # the first failure raises here; the finally clause tears all down
+            return ray.get(refs)
+        except Exception as e:  # noqa: BLE001 - every host failure is handled the same way
+            inner = _unwrap(e)
+            if isinstance(inner, NonRetryableError):
+                raise inner from None
+            errors.append(f"attempt {attempt + 1}: {type(inner).__name__}: {inner}")
+            logger.warning("pool %s failed (attempt %d/%d): %s", pool.name, attempt + 1, retries + 1, inner)
+        finally:
+            for a in actors:
+                ray.kill(a, no_restart=True)
+            for g in groups:
+                remove_placement_group(g)
+        time.sleep(min(5.0, 0.5 * (attempt + 1)))
+    raise PoolLaunchError(f"pool {pool.name} failed after {retries + 1} attempt(s):\n" + "\n".join(errors))
+
+
+def run_local(pool: PoolSpec, fn: Callable[..., Any], args: Sequence[Any] = ()) -> Any:
+    """Run a single-host pool in this process (no Ray): for tests and interactive use."""
+    if pool.hosts != 1:
+        raise ValueError(f"pool {pool.name} has {pool.hosts} hosts; run it with launch()")
+    ctx = HostContext(0, 1, None, pool)
+    initialize_jax(ctx)
+    return fn(ctx, *args)

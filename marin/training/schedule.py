@@ -1,0 +1,197 @@
+"""Pure schedules for a training run: learning rate, sequence length and EP transport.
+
+Everything here is plain Python on integers and floats (no JAX): the trainer evaluates the schedules on
+the host once per step and feeds the results into the compiled step as arguments. That keeps the
+compiled step independent of the horizon, so a re-planned horizon (the seed's contingency: "shorten
+the token horizon and re-plan the linear LR decay so that it still ends at 5% of peak") needs no
+recompilation and no change to the checkpoint format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# The hero recipe ends the linear decay at 5% of peak (SPEC: Schedule and contingencies).
+DEFAULT_FINAL_LR_FRACTION = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Replan:
+    """From ``at_step`` on, decay linearly to the final LR at ``total_steps`` instead of the old end."""
+
+    at_step: int
+    total_steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LRSchedule:
+    """Linear warmup from 0 to ``peak_lr``, then linear decay to ``final_fraction * peak_lr``.
+
+    ``replans`` holds horizon changes in the order they were decided. Each one starts a new straight
+    segment from wherever the previous plan had the LR at ``at_step`` to the final LR at its own
+    ``total_steps``, so the LR is continuous at every switch point and always ends at the same floor.
+    """
+
+    peak_lr: float
+    warmup_steps: int
+    total_steps: int
+    final_fraction: float = DEFAULT_FINAL_LR_FRACTION
+    replans: tuple[Replan, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.peak_lr <= 0:
+            raise ValueError(f"peak_lr must be > 0, got {self.peak_lr}")
+        if not 0 <= self.warmup_steps <= self.total_steps:
+            raise ValueError(f"need 0 <= warmup_steps ({self.warmup_steps}) <= total_steps ({self.total_steps})")
+        if not 0 <= self.final_fraction <= 1:
+            raise ValueError(f"final_fraction must be in [0, 1], got {self.final_fraction}")
+        previous = 0
+        for r in self.replans:
+            if r.at_step < previous:
+                raise ValueError(f"replans must be in step order; {r} comes after step {previous}")
+            if r.total_steps <= r.at_step:
+                raise ValueError(f"replan {r}: the new horizon must lie after the switch step")
+            if r.at_step < self.warmup_steps:
+                raise ValueError(f"replan {r}: re-plan the horizon after warmup ({self.warmup_steps} steps)")
+            previous = r.at_step
+
+    @property
+    def final_total_steps(self) -> int:
+        """The horizon in force at the end of the run (the last re-plan's, else the original)."""
+        return self.replans[-1].total_steps if self.replans else self.total_steps
+
+    def replanned(self, at_step: int, total_steps: int) -> LRSchedule:
+        """This schedule with one more horizon change appended."""
+        return dataclasses.replace(self, replans=self.replans + (Replan(at_step, total_steps),))
+
+
+def _base_lr(step: int, s: LRSchedule) -> float:
+    """The original plan without re-plans."""
+    final = s.final_fraction * s.peak_lr
+    if step < s.warmup_steps:
+        return s.peak_lr * (step + 1) / s.warmup_steps
+    decay_steps = s.total_steps - s.warmup_steps
+    if decay_steps <= 0:
+        return final
+    progress = min(1.0, (step - s.warmup_steps) / decay_steps)
+    return s.peak_lr + (final - s.peak_lr) * progress
+
+
+def _segment(r: Replan, start_lr: float, final: float, step: int) -> float:
+    progress = min(1.0, (step - r.at_step) / (r.total_steps - r.at_step))
+    return start_lr + (final - start_lr) * progress
+
+
+def lr_at(step: int, schedule: LRSchedule) -> float:
+    """Learning rate for optimizer step ``step`` (0-based) under ``schedule`` and its re-plans.
+
+    Warmup uses ``(step + 1) / warmup`` so that step 0 already moves the weights; the decay reaches the
+    floor exactly at the horizon and stays there if a run is continued past it. Each re-plan starts
+    from the LR the previous plan gave at its switch step, so the curve never jumps.
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    final = schedule.final_fraction * schedule.peak_lr
+    active: Replan | None = None
+    active_start = 0.0
+    for r in schedule.replans:
+        if step < r.at_step:
+            break
+        active_start = (
+            _base_lr(r.at_step, schedule) if active is None else _segment(active, active_start, final, r.at_step)
+        )
+        active = r
+    if active is None:
+        return _base_lr(step, schedule)
+    return _segment(active, active_start, final, step)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeqLenPhase:
+    """From ``start_fraction`` of the run's steps on, train at ``seq_len``."""
+
+    start_fraction: float
+    seq_len: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SeqLenSchedule:
+    """Sequence length by phase at a constant number of tokens per step.
+
+    The hero starts at 4K, moves to 8K at ~50% and 65K at ~95% (SPEC); the batch in sequences shrinks
+    so that ``batch * seq_len == tokens_per_step`` throughout. Phases are keyed by fractions of the
+    horizon so that a re-planned horizon moves them with it.
+    """
+
+    tokens_per_step: int
+    phases: tuple[SeqLenPhase, ...]
+
+    def __post_init__(self) -> None:
+        if not self.phases or self.phases[0].start_fraction != 0.0:
+            raise ValueError("the first phase must start at fraction 0.0")
+        fractions = [p.start_fraction for p in self.phases]
+        if fractions != sorted(fractions) or len(set(fractions)) != len(fractions):
+            raise ValueError(f"phase start fractions must be strictly increasing, got {fractions}")
+        for p in self.phases:
+            if p.seq_len <= 0 or self.tokens_per_step % p.seq_len:
+                raise ValueError(
+                    f"tokens_per_step {self.tokens_per_step} is not a multiple of seq_len {p.seq_len}"
+                )
+
+    @staticmethod
+    def constant(tokens_per_step: int, seq_len: int) -> SeqLenSchedule:
+        return SeqLenSchedule(tokens_per_step, (SeqLenPhase(0.0, seq_len),))
+
+
+def phase_index_at(step: int, total_steps: int, schedule: SeqLenSchedule) -> int:
+    """Index of the phase in force at ``step``; a phase starts at ``ceil(fraction * total_steps)``."""
+    index = 0
+    for i, p in enumerate(schedule.phases):
+        if step >= phase_start_step(p.start_fraction, total_steps):
+            index = i
+    return index
+
+
+def phase_start_step(fraction: float, total_steps: int) -> int:
+    """First step of a phase; integer arithmetic on the rounded fraction avoids float drift at edges."""
+    # Round the fraction to 1e-9 so that 0.95 * 20 lands on 19, not 19.000000000000004 -> 20.
+    numerator = round(fraction * 1_000_000_000)
+    return -(-numerator * total_steps // 1_000_000_000)
+
+
+def seq_len_at(step: int, total_steps: int, schedule: SeqLenSchedule) -> tuple[int, int]:
+    """``(seq_len, batch_size)`` for ``step``; their product is always ``tokens_per_step``."""
+    seq_len = schedule.phases[phase_index_at(step, total_steps, schedule)].seq_len
+    return seq_len, schedule.tokens_per_step // seq_len
+
+
+@dataclasses.dataclass(frozen=True)
+class TransportSchedule:
+    """EP transport by step: ``((0, "fixed"), (81716, "dropless"))`` reproduces the hero's hot switch.
+
+    Switching transport changes only how tokens travel to experts, never the parameters, so the
+    trainer recompiles the step and carries on with the same state.
+    """
+
+    switches: tuple[tuple[int, str], ...]
+
+    def __post_init__(self) -> None:
+        if not self.switches or self.switches[0][0] != 0:
+            raise ValueError("the transport schedule must name the transport at step 0")
+        steps = [s for s, _ in self.switches]
+        if steps != sorted(steps) or len(set(steps)) != len(steps):
+            raise ValueError(f"switch steps must be strictly increasing, got {steps}")
+
+    @staticmethod
+    def constant(transport: str) -> TransportSchedule:
+        return TransportSchedule(((0, transport),))
+
+
+def transport_at(step: int, schedule: TransportSchedule) -> str:
+    """The transport in force at ``step``."""
+    current = schedule.switches[0][1]
+    for start, transport in schedule.switches:
+        if step >= start:
+            current = transport
+    return current
+

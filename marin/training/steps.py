@@ -1,0 +1,23 @@
+"""The executor step function for training: ``ExecutorStep(fn=train, config=TrainConfig(...))``.
+
+The executor calls ``train(config)`` inside a Ray task with ``config.output_path`` resolved. The
+function reserves the config's pool, runs one JAX process per host, and returns after the final
+checkpoint is committed, so the executor writes SUCCESS only after that. A rerun of a step whose
+earlier attempt died resumes from the latest committed checkpoint in the same output directory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marin.training.config import TrainConfig
+
+
+def train(config: TrainConfig) -> dict[str, Any]:
+    """Run or resume the training described by ``config``; returns the run summary."""
+    # Imported here so experiment files (and the executor's planner) never import JAX.
+    from marin.training.trainer import run_training
+
+    if not config.output_path:
+        raise ValueError("TrainConfig.output_path is empty; use this_output_path() in the step config")
+    return run_training(config)

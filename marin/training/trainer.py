@@ -1,0 +1,372 @@
+"""The training loop: one JAX process per host runs ``train_on_host``.
+
+State (everything a resume needs, all in one pytree so one checkpoint holds it):
+    params       float32 master weights (compute may be bf16, see MoEConfig.dtype)
+    opt_state    AdamW moments and count (optax)
+    router_bias  per-layer, per-expert balancing bias: training state, never differentiated
+    rng          a raw uint32 PRNG key, split once per step (reserved for stochastic features)
+The data position is the step number itself: every batch is a pure function of (data config, seed,
+step, batch, seq_len), so resuming at step k replays exactly what an uninterrupted run would read.
+
+A step: loss/grad through the model (cross entropy + z-loss, EP transport per the schedule), clip by
+global norm, AdamW update with the host-computed LR, then the router bias update from the step's
+statistics (outside the gradient path). Non-finite loss or grad norm stops the run before anything is
+saved, so the last good checkpoint stays untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from marin.training.checkpoint import CheckpointManager
+from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.metrics import (
+    MetricsWriter,
+    ProgressLine,
+    WandbTracker,
+    mfu,
+    peak_flops_per_device,
+    phase_summary,
+    read_metrics,
+)
+from marin.training.pools import HostContext, NonRetryableError, get_pool
+from marin.training.schedule import lr_at, phase_index_at, seq_len_at, transport_at
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingDiverged(NonRetryableError):
+    """Loss or gradient norm became NaN/Inf; retrying the same config would diverge again."""
+
+
+BatchFn = Callable[[int, int, int], dict[str, np.ndarray]]
+
+
+# ---- data -----------------------------------------------------------------------------------------
+def synthetic_batch(cfg: SyntheticDataConfig, step: int, batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
+    """Deterministic learnable batch: a pure function of (cfg, step, batch_size, seq_len)."""
+    rng = np.random.default_rng([cfg.seed, step, batch_size, seq_len])
+    v = cfg.vocab_size
+    rules = np.random.default_rng([cfg.seed, 7919]).integers(1, v, size=(cfg.n_rules, 2))
+    which = rng.integers(0, cfg.n_rules, size=batch_size)
+    a, c = rules[which, 0][:, None], rules[which, 1][:, None]
+    x = np.empty((batch_size, seq_len + 1), np.int64)
+    x[:, 0] = rng.integers(0, v, size=batch_size)
+    for t in range(seq_len):
+        x[:, t + 1] = (a[:, 0] * x[:, t] + c[:, 0]) % v
+    flip = rng.random(x.shape) < cfg.noise
+    x[flip] = rng.integers(0, v, size=int(flip.sum()))
+    return {"tokens": x.astype(np.int32), "segment_ids": np.ones_like(x, dtype=np.int32)}
+
+
+def make_batch_fn(data: Any) -> tuple[BatchFn, int]:
+    """``(batch(step, B, L), vocab_size)`` for a data config: synthetic, or the mixture loader."""
+    if isinstance(data, SyntheticDataConfig):
+        return (lambda step, b, l: synthetic_batch(data, step, b, l)), data.vocab_size
+    from marin.data.mixture import MixtureLoader
+
+    loader = MixtureLoader(data)
+    return loader.batch, int(loader.vocab_size)
+
+
+# ---- model and optimizer --------------------------------------------------------------------------
+def model_config(config: TrainConfig, vocab_size: int | None = None):
+    """The MoEConfig of a run: preset + overrides (+ compute dtype, + the data's vocabulary)."""
+    from marin.models.config import get_preset
+
+    overrides = dict(config.model_overrides)
+    if config.compute_dtype is not None:
+        overrides["dtype"] = config.compute_dtype
+    cfg = get_preset(config.model, **overrides)
+    if vocab_size is not None and cfg.vocab_size < vocab_size:
+        raise ValueError(
+            f"model {config.model!r} has vocab_size {cfg.vocab_size} but the data's tokenizer has {vocab_size}; "
+            f"pass model_overrides={{'vocab_size': {vocab_size}}} (or a larger value)"
+        )
+    max_len = max(int(n) for _, n in config.seq_len_phases)
+    if cfg.max_seq_len < max_len:
+        cfg = cfg.replace(max_seq_len=max_len)
+    return cfg
+
+
+def _decay_mask(params: Any) -> Any:
+    """Weight decay on matrices only: norms' scales (1-D per layer stacks) are left alone."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, p: p.ndim >= 2 and "norm" not in jax.tree_util.keystr(path), params
+    )
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    """AdamW direction with clipping; the LR is applied in the step so the schedule stays on the host."""
+    return optax.chain(
+        optax.clip_by_global_norm(config.grad_clip),
+        optax.scale_by_adam(b1=config.beta1, b2=config.beta2, eps=config.adam_eps),
+        optax.add_decayed_weights(config.weight_decay, mask=_decay_mask),
+    )
+
+
+def _place(tree: Any, shardings: Any) -> Any:
+    """Host numpy arrays -> global jax Arrays with the given shardings (works across processes)."""
+
+    def one(x, s):
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, s, lambda idx: x[idx])
+
+    return jax.tree.map(one, tree, shardings)
+
+
+def state_shardings(host_state: dict[str, Any], mesh) -> dict[str, Any]:
+    """Where each state leaf lives: expert weights (and their Adam moments) split over "expert",
+    everything else replicated. Fixed up front so the compiled step never re-lays-out its state."""
+    from marin.parallel.mesh import param_shardings, replicated
+
+    rep = replicated(mesh)
+    return {
+        "params": param_shardings(host_state["params"], mesh),
+        # Adam moments mirror the params' tree, so the same leaf-name rule applies; counts replicate.
+        "opt_state": param_shardings(host_state["opt_state"], mesh),
+        "router_bias": rep,
+        "rng": rep,
+    }
+
+
+def init_host_state(config: TrainConfig, cfg) -> dict[str, Any]:
+    """Fresh state as host numpy arrays: params from the seed, zero router bias, zero AdamW moments.
+
+    Every process computes the same values from the same seed, so no broadcast is needed.
+    """
+    from marin.models.transformer import init_params, init_router_bias
+
+    key = jax.random.PRNGKey(config.seed)
+    init_key, train_key = jax.random.split(key)
+    params = init_params(cfg, init_key)
+    opt_state = make_optimizer(config).init(params)
+    tree = {"params": params, "opt_state": opt_state, "router_bias": init_router_bias(cfg), "rng": train_key}
+    return jax.tree.map(np.asarray, tree)
+
+
+_STEP_CACHE: dict[tuple[Any, ...], Any] = {}
+
+
+def make_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: dict[str, Any]):
+    """The compiled step for one transport (and, through shapes, one seq_len phase).
+
+    Memoised per process on everything the traced program depends on, so a resumed or repeated run
+    in the same process (tests, benchmarks, a pool retry) reuses the compiled executable.
+    """
+    key = (config.beta1, config.beta2, config.adam_eps, config.weight_decay, config.grad_clip, cfg, mesh, transport,
+           jax.tree_util.tree_structure(shardings), tuple(jax.tree_util.tree_leaves(shardings)))
+    if key not in _STEP_CACHE:
+        _STEP_CACHE[key] = _build_train_step(config, cfg, mesh, transport, shardings)
+    return _STEP_CACHE[key]
+
+
+def _build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: dict[str, Any]):
+    from marin.models.transformer import loss_and_stats, update_router_bias
+
+    tx = make_optimizer(config)
+    step_cfg = cfg.replace(transport=transport)
+
+    def step(state, tokens, segment_ids, lr):
+        def loss_fn(params):
+            return loss_and_stats(params, state["router_bias"], tokens, step_cfg, mesh=mesh,
+                                  transport=transport, segment_ids=segment_ids)
+
+        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        grad_norm = optax.global_norm(grads)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = jax.tree.map(lambda p, u: (p - lr * u).astype(p.dtype), state["params"], updates)
+        bias = update_router_bias(state["router_bias"], jax.lax.stop_gradient(stats), step_cfg)
+        rng = jax.random.split(state["rng"])[0]
+        load = stats["expert_load"].astype(jnp.float32)  # [layers, experts]
+        rel = load / jnp.maximum(jnp.mean(load, axis=-1, keepdims=True), 1e-9)
+        metrics = {
+            "loss": loss,
+            "ce_loss": stats["ce_loss"],
+            "z_loss": stats["z_loss"],
+            "grad_norm": grad_norm,
+            "drop_frac_send": stats["drop_frac_send"],
+            "drop_frac_recv": stats["drop_frac_recv"],
+            "expert_load_max": jnp.max(rel),
+            "expert_load_mean": jnp.mean(jnp.max(rel, axis=-1)),
+            "router_bias_spread": jnp.mean(jnp.max(bias, axis=-1) - jnp.min(bias, axis=-1)),
+        }
+        return {"params": params, "opt_state": opt_state, "router_bias": bias, "rng": rng}, metrics
+
+    from marin.parallel.mesh import batch_sharding, replicated
+
+    rep, batch = replicated(mesh), batch_sharding(mesh)
+    return jax.jit(step, donate_argnums=(0,), in_shardings=(shardings, batch, batch, rep), out_shardings=(shardings, rep))
+
+
+# ---- the loop -------------------------------------------------------------------------------------
+def _run_id(output_path: str) -> str:
+    return hashlib.sha256(output_path.encode()).hexdigest()[:16]
+
+
+def _config_record(config: TrainConfig) -> dict[str, Any]:
+    def enc(x):
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return {f.name: enc(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        if isinstance(x, (list, tuple)):
+            return [enc(v) for v in x]
+        if isinstance(x, dict):
+            return {str(k): enc(v) for k, v in x.items()}
+        if isinstance(x, (str, int, float, bool)) or x is None:
+            return x
+        return str(x)
+
+    return enc(config)
+
+
+def _agree(decision: bool, ctx: HostContext) -> bool:
+    """Process 0's decision, on every process: a wall-time checkpoint trigger can fire on one host
+    and not another, and a save is collective (sharded leaves are gathered), so all must agree."""
+    if ctx.num_processes == 1:
+        return decision
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.asarray(decision, dtype=np.int32)))
+
+
+def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
+    """Run (or resume) the training described by ``config`` as process ``ctx.process_id`` of the pool.
+
+    Returns a summary dict (final step, loss, tokens, checkpoint path). Raises
+    :class:`TrainingDiverged` on NaN/Inf with the step number and the last good checkpoint.
+    """
+    from marin.models.config import flops_per_token
+    from marin.parallel.mesh import batch_sharding, make_mesh
+
+    pool = ctx.pool
+    is_writer = ctx.process_id == 0
+    batch_fn, vocab = make_batch_fn(config.data)
+    cfg = model_config(config, vocab)
+    mesh = make_mesh(*pool.mesh)
+    lr_sched = config.lr_schedule()
+    total = lr_sched.final_total_steps
+    seq_sched = config.seq_len_schedule()
+    transport_sched = config.transport_schedule(cfg.transport)
+
+    ckpts = CheckpointManager(config.output_path, config.checkpoint_policy(), is_writer=is_writer)
+    host_state = init_host_state(config, cfg)
+    shardings = state_shardings(host_state, mesh)
+    start = ckpts.latest_step()
+    tokens_seen = 0
+    if start is not None:
+        host_state, meta = ckpts.restore(start, template=host_state)
+        tokens_seen = int(meta["tokens"])
+        ckpts.mark_restored(start)
+        logger.info("resumed %s from step %d", config.output_path, start)
+    step = start or 0
+
+    metrics_out = MetricsWriter(config.output_path, resume_step=start, is_writer=is_writer)
+    tracker = None
+    if is_writer and config.wandb_project:
+        run_name = config.run_name or config.output_path.rstrip("/").rsplit("/", 1)[-1]
+        tracker = WandbTracker(project=config.wandb_project, name=run_name, config=_config_record(config),
+                               output_path=config.output_path, run_id=_run_id(config.output_path))
+    progress = ProgressLine(total, every_s=config.progress_every_s) if is_writer else None
+    state = _place(host_state, shardings)
+    del host_state
+    peak = peak_flops_per_device(pool.accelerator)
+    compiled: dict[str, Any] = {}
+    sharding = batch_sharding(mesh)
+    last: dict[str, Any] = {}
+    t_prev = time.perf_counter()
+    exit_code = 1
+    try:
+        while step < total:
+            seq_len, batch_size = seq_len_at(step, total, seq_sched)
+            transport = transport_at(step, transport_sched)
+            if transport not in compiled:
+                compiled[transport] = make_train_step(config, cfg, mesh, transport, shardings)
+            batch = batch_fn(step, batch_size, seq_len)
+            tokens = _place(batch["tokens"], sharding)
+            segments = _place(batch["segment_ids"], sharding)
+            lr = lr_at(step, lr_sched)
+            new_state, m = compiled[transport](state, tokens, segments, jnp.float32(lr))
+            m = {k: float(v) for k, v in m.items()}  # waits for the step
+            if not (math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])):
+                last_good = ckpts.latest_step()
+                raise TrainingDiverged(
+                    f"non-finite training signal at step {step + 1}: loss={m['loss']} grad_norm={m['grad_norm']}; "
+                    f"stopped without saving; last good checkpoint: "
+                    f"{ckpts.path_for(last_good) if last_good is not None else 'none'}"
+                )
+            state = new_state
+            step += 1
+            tokens_seen += batch_size * seq_len
+            now = time.perf_counter()
+            tps = batch_size * seq_len / max(now - t_prev, 1e-9)
+            t_prev = now
+            record = {
+                "step": step,
+                "tokens": tokens_seen,
+                "lr": lr,
+                **m,
+                "tokens_per_s": tps,
+                "mfu": mfu(tps, flops_per_token(cfg, seq_len), pool.num_devices, peak),
+                "seq_len": seq_len,
+                "batch_size": batch_size,
+                "transport": transport,
+                "phase": phase_index_at(step - 1, total, seq_sched),
+            }
+            last = record
+            if step % config.log_every == 0 or step == total:
+                metrics_out.log(record)
+                if tracker:
+                    tracker.log(record)
+                if progress:
+                    progress.update(record, force=step == total)
+            due = ckpts.should_save(step)
+            if config.checkpoint_every_minutes is not None:  # wall time differs per host
+                due = _agree(due, ctx)
+            if step == total or due:
+                ckpts.save(step, state, {"tokens": tokens_seen, "data_step": step, "seq_len": seq_len,
+                                         "transport": transport, "config": _config_record(config)})
+                t_prev = time.perf_counter()  # checkpoint time is not training throughput
+        exit_code = 0
+    finally:
+        metrics_out.close()
+        if tracker:
+            tracker.finish(exit_code)
+    summary = {
+        "final_step": step,
+        "tokens": tokens_seen,
+        "final_loss": last.get("loss"),
+        "checkpoint": ckpts.path_for(step),
+        "resumed_from": start,
+    }
+    if is_writer:
+        import fsspec
+
+        summary["phases"] = phase_summary(read_metrics(config.output_path))
+        with fsspec.open(f"{config.output_path.rstrip('/')}/train_summary.json", "w") as f:
+            json.dump(summary, f, indent=1)
+    return summary
+
+
+def run_training(config: TrainConfig, *, use_ray: bool | None = None) -> dict[str, Any]:
+    """Train on the configured pool: through the Ray launcher (default when Ray is initialised) or,
+    for a single-host pool, in this process (needs the pool's device count visible here)."""
+    import ray
+
+    from marin.training.pools import launch, run_local
+
+    pool = get_pool(config.pool)
+    if use_ray if use_ray is not None else ray.is_initialized():
+        return launch(pool, train_on_host, (config,))[0]
+    return run_local(pool, train_on_host, (config,))

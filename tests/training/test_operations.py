@@ -1,0 +1,78 @@
+"""operations/: the health report and the LR re-plan helper."""
+
+import importlib.util
+import json
+import os
+
+import jax.numpy as jnp
+import pytest
+
+from marin.training.checkpoint import CheckpointManager, CheckpointPolicy
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "operations", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+health_report = _load("health_report")
+replan_lr = _load("replan_lr")
+
+
+def _records(n=50, drop=0.03, loss0=11.8, gn_peak_at=15):
+    return [
+        {"step": s, "loss": loss0 / (1 + 0.1 * s), "grad_norm": 1.5 - abs(s - gn_peak_at) * 0.02,
+         "drop_frac_send": drop, "drop_frac_recv": drop / 2, "mfu": 0.2, "tokens_per_s": 1e6,
+         "seq_len": 4096, "transport": "fixed"}
+        for s in range(1, n + 1)
+    ]
+
+
+def test_healthy_run_is_clear():
+    report = health_report.health(_records(), total_steps=100)
+    assert report["ok"], report
+    assert report["summary"]["grad_norm_peak_pct"] == pytest.approx(15.0)
+    text = health_report.format_report(report)
+    assert "[clear] drop_send" in text and "overall: clear" in text
+
+
+def test_alerts():
+    high_drop = health_report.health(_records(drop=0.104))  # the seed's early 10.43%
+    assert not high_drop["ok"]
+    assert [c["name"] for c in high_drop["checks"] if not c["ok"]] == ["drop_send"]
+    rising = _records()
+    for r in rising:
+        r["loss"] = 1.0 + 0.01 * r["step"]
+    assert not health_report.health(rising)["ok"]
+    nan = _records()
+    nan[-1]["loss"] = "nan"
+    assert [c["name"] for c in health_report.health(nan)["checks"] if not c["ok"]][0] == "finite"
+
+
+def test_health_cli(tmp_path, capsys):
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        for r in _records(drop=0.2):
+            f.write(json.dumps(r) + "\n")
+    assert health_report.main([str(tmp_path), "--strict"]) == 1
+    assert "ALERT" in capsys.readouterr().out
+    assert health_report.main([str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is False
+
+
+def test_replan_helper(tmp_path, capsys):
+    config = {"peak_lr": 1e-3, "warmup_steps": 10, "train_steps": 1000, "tokens_per_step": 4096, "lr_replans": []}
+    mgr = CheckpointManager(str(tmp_path), CheckpointPolicy(every_steps=1))
+    mgr.save(200, {"x": jnp.zeros(1)}, {"config": config, "tokens": 0})
+    assert replan_lr.main([str(tmp_path), "--new-total-steps", "600", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["lr_replans"] == [[200, 600]]
+    curve = {row["step"]: row for row in out["curve"]}
+    assert curve[200]["new_lr"] == pytest.approx(curve[200]["old_lr"])  # continuous at the switch
+    assert curve[600]["new_lr"] == pytest.approx(0.05 * 1e-3)  # still ends at 5% of peak
+    assert out["tokens_saved_or_added"] == -400 * 4096
+    assert replan_lr.main([str(tmp_path), "--new-total-steps", "600"]) == 0
+    assert "lr_replans=((200, 600),)" in capsys.readouterr().out

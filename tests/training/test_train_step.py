@@ -1,0 +1,144 @@
+"""Training as an executor step: default_train -> executor -> Ray pool launcher -> trainer."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from marin.execution import ExecutorMainConfig, executor_main
+from marin.execution.status import current_status, read_info, read_status
+from marin.training.checkpoint import read_checkpoint
+from marin.training.config import SyntheticDataConfig
+from marin.training.metrics import read_metrics
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _step(name="train/tiny-ep", **kw):
+    from experiments.defaults import default_train
+
+    args = dict(
+        mixture=SyntheticDataConfig(vocab_size=512),
+        model="tiny-ep",
+        pool="local-cpu",
+        train_steps=6,
+        tokens_per_step=1024,
+        seq_len_phases=((0.0, 32),),
+        warmup_steps=1,
+        peak_lr=1e-2,
+        checkpoint_every_steps=2,
+        checkpoint_every_minutes=None,
+        wandb_project=None,
+    )
+    args.update(kw)
+    return default_train(name, **args)
+
+
+def test_default_train_runs_as_executor_step(ray_local, tmp_path):
+    step = _step()
+    result = executor_main(ExecutorMainConfig(prefix=str(tmp_path), progress=False), steps=[step])
+    [(path, outcome)] = result.outcome.items()
+    assert outcome == "succeeded", result.errors
+    assert current_status(read_status(path)).value == "SUCCESS"
+    records = read_metrics(path)
+    assert [r["step"] for r in records] == list(range(1, 7))
+    assert all(r["transport"] == "fixed" for r in records)
+    assert records[-1]["loss"] < records[0]["loss"]
+    final, meta = read_checkpoint(f"{path}/checkpoints/step-00000006")
+    assert meta["tokens"] == 6 * 1024
+    # re-planning the horizon does not change the step's identity (same output path)
+    replanned = _step(lr_replans=((3, 5),))
+    from marin.execution import plan_steps
+
+    assert plan_steps([replanned], str(tmp_path)).steps[0].output_path == path
+
+
+_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {repo!r})
+    from experiments.defaults import default_train
+    from marin.execution import executor_main
+    from marin.training.config import SyntheticDataConfig
+
+    step = default_train(
+        "train/killme", mixture=SyntheticDataConfig(vocab_size=512), model="tiny-ep", pool="local-cpu",
+        train_steps={steps}, tokens_per_step=1024, seq_len_phases=((0.0, 32),), warmup_steps=1,
+        peak_lr={lr}, checkpoint_every_steps=2, checkpoint_every_minutes=None, wandb_project=None,
+    )
+    if __name__ == "__main__":
+        executor_main(steps=[step])
+    """
+)
+
+
+def _run_script(tmp_path, prefix, steps=10, lr=1e-2, wait_for=None, extra=()):
+    script = tmp_path / "exp.py"
+    script.write_text(_SCRIPT.format(repo=REPO, steps=steps, lr=lr))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", RAY_USAGE_STATS_ENABLED="0",
+               WANDB_MODE="offline", PYTHONPATH=REPO)
+    env.pop("RAY_ADDRESS", None)
+    cmd = [sys.executable, str(script), "--prefix", str(prefix), *extra]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if wait_for is None:
+        out, _ = proc.communicate(timeout=600)
+        return proc.returncode, out.decode(errors="replace")
+    deadline = time.time() + 600
+    while time.time() < deadline and not wait_for():
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read().decode(errors="replace"))
+        time.sleep(0.2)
+    # SIGKILL the driver, Ray and the training host: the whole session, no cleanup anywhere.
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    return None, ""
+
+
+def _step_dir(prefix):
+    [d] = [p for p in (prefix / "train").iterdir() if p.name.startswith("killme-")]
+    return d
+
+
+@pytest.mark.slow
+def test_sigkill_then_rerun_resumes_bitwise(tmp_path):
+    clean_prefix, killed_prefix = tmp_path / "clean", tmp_path / "killed"
+    rc, out = _run_script(tmp_path, clean_prefix)
+    assert rc == 0, out
+
+    def has_step_4():
+        try:
+            return (_step_dir(killed_prefix) / "checkpoints" / "step-00000004" / "COMMIT").exists()
+        except (FileNotFoundError, ValueError):
+            return False
+
+    _run_script(tmp_path, killed_prefix, wait_for=has_step_4)
+    killed_dir = _step_dir(killed_prefix)
+    assert current_status(read_status(str(killed_dir))).value == "RUNNING"  # died without a word
+    assert not (killed_dir / "checkpoints" / "step-00000010").exists()
+    rc, out = _run_script(tmp_path, killed_prefix)
+    assert rc == 0, out
+    assert current_status(read_status(str(killed_dir))).value == "SUCCESS"
+    assert json.loads((killed_dir / "train_summary.json").read_text())["resumed_from"] >= 4
+
+    a, _ = read_checkpoint(str(_step_dir(clean_prefix) / "checkpoints" / "step-00000010"))
+    b, _ = read_checkpoint(str(killed_dir / "checkpoints" / "step-00000010"))
+    for k in a:
+        assert a[k].tobytes() == b[k].tobytes(), f"leaf {k} differs after resume"
+    assert [r["step"] for r in read_metrics(str(killed_dir))] == list(range(1, 11))
+
+
+@pytest.mark.slow
+def test_divergence_marks_step_failed_with_reason(tmp_path):
+    rc, out = _run_script(tmp_path, tmp_path / "p", steps=6, lr=1e30)
+    assert rc != 0
+    step_dir = _step_dir(tmp_path / "p")
+    status = read_status(str(step_dir))
+    assert current_status(status).value == "FAILED"
+    text = json.dumps(status) + json.dumps(read_info(str(step_dir)) or {})
+    assert "TrainingDiverged" in text and "non-finite training signal at step" in text

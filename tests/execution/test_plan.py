@@ -119,3 +119,14 @@ def test_run_only_selects_matches_and_their_unfinished_dependencies():
     done[plan.planned(a)] = {"status": "SUCCESS", "events": []}
     assert [s.name for s in select_steps(plan, done, ["train"])] == ["train"]
     assert [s.name for s in select_steps(plan, none, None)] == ["tokenize", "train", "eval", "unrelated"]
+
+
+def test_importing_the_executor_pulls_in_neither_jax_nor_ray():
+    import subprocess
+    import sys
+
+    code = ("import sys, marin.execution, marin.execution.review, marin.cli, experiments.quickstart; "
+            "bad = [m for m in ('jax', 'ray', 'optax', 'tokenizers') if m in sys.modules]; "
+            "assert not bad, bad")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

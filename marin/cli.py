@@ -109,6 +109,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     if not version.get("dependencies"):
         print("  (none)")
     print("\noutputs:\n" + ("\n".join(f"  {o}" for o in d["outputs"]) or "  (none)"))
+    if d.get("health"):
+        from marin.monitoring.health import format_report
+
+        print("\ntraining health (metrics.jsonl):\n" + format_report(d["health"]))
     if d.get("error"):
         print(f"\nerror: {d['error']}\n{d.get('traceback') or ''}")
     return 0
@@ -180,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"marin: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `marin show ... | head`: the reader left, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -159,8 +159,15 @@ def show(target: str, prefix: str | None = None) -> dict[str, Any]:
         base = entry.rstrip("/").rsplit("/", 1)[-1]
         if not base.startswith(".executor") and not base.startswith(".tmp-"):
             outputs.append(base)
+    health = None
+    if "metrics.jsonl" in outputs:  # a training step: summarise its telemetry against healthy ranges
+        from marin.monitoring.health import health as run_health
+        from marin.training.metrics import read_metrics
+
+        health = run_health(read_metrics(path))
     return {
         **row_for(path, info.get("name"), info.get("hash")),
+        "health": health,
         "description": info.get("description"),
         "fn": info.get("fn"),
         "config": info.get("config"),

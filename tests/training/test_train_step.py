@@ -51,6 +51,13 @@ def test_default_train_runs_as_executor_step(ray_local, tmp_path):
     assert records[-1]["loss"] < records[0]["loss"]
     final, meta = read_checkpoint(f"{path}/checkpoints/step-00000006")
     assert meta["tokens"] == 6 * 1024
+    # review: `marin show` of a training step summarises its telemetry against healthy ranges
+    from marin.execution.review import show
+
+    shown = show(path)
+    assert shown["status"] == "SUCCESS" and "metrics.jsonl" in shown["outputs"]
+    assert shown["health"]["summary"]["last_step"] == 6
+    assert {c["name"] for c in shown["health"]["checks"]} >= {"finite", "loss_falling", "drop_send", "drop_recv"}
     # re-planning the horizon does not change the step's identity (same output path)
     replanned = _step(lr_replans=((3, 5),))
     from marin.execution import plan_steps

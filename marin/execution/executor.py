@@ -468,7 +468,14 @@ class _Runner:
 
 def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
     """Run every unfinished step of ``plan`` (see module docstring); raise ExecutorError on failure."""
-    statuses = read_statuses(plan)
+    try:
+        statuses = read_statuses(plan)
+    except Exception as e:  # unreachable store, missing credentials, ...
+        problem = f"cannot read step status under {plan.prefix}: {type(e).__name__}: {e}"
+        if not opts.dry_run:
+            raise ExecutorError(problem + "\nCheck the prefix, your credentials and the network.") from e
+        print(f"warning: {problem}; showing the plan as if no step had run", file=sys.stderr)
+        statuses = {s: None for s in plan.steps}
     todo = select_steps(plan, statuses, opts.run_only)
     outcome: dict[str, str] = {}
     for s in plan.steps:

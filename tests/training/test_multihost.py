@@ -52,7 +52,6 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
 def test_two_host_cluster_matches_single_process(tmp_path):
     script = tmp_path / "two_hosts.py"
     script.write_text(_SCRIPT)

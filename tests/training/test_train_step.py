@@ -8,7 +8,6 @@ import sys
 import textwrap
 import time
 
-import pytest
 
 from marin.execution import ExecutorMainConfig, executor_main
 from marin.execution.status import current_status, read_info, read_status
@@ -112,7 +111,6 @@ def _step_dir(prefix):
     return d
 
 
-@pytest.mark.slow
 def test_sigkill_then_rerun_resumes_bitwise(tmp_path):
     clean_prefix, killed_prefix = tmp_path / "clean", tmp_path / "killed"
     rc, out = _run_script(tmp_path, clean_prefix)
@@ -140,7 +138,6 @@ def test_sigkill_then_rerun_resumes_bitwise(tmp_path):
     assert [r["step"] for r in read_metrics(str(killed_dir))] == list(range(1, 11))
 
 
-@pytest.mark.slow
 def test_divergence_marks_step_failed_with_reason(tmp_path):
     rc, out = _run_script(tmp_path, tmp_path / "p", steps=6, lr=1e30)
     assert rc != 0

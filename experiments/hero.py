@@ -1,0 +1,50 @@
+"""The hero run: 535B total / 23B active fine-grained MoE on Harrier K40 (SPEC "The hero model").
+
+    python experiments/hero.py --dry_run true                           # plan; no network needed
+    marin run experiments/hero.py --address ray://head:10001 --prefix s3://bucket/marin
+
+48 layers, d 6,144, 384 routed experts top-8 plus 2 shared, latent 3,072; 11 GB200 NVL72 racks with
+EP 64 inside a rack and data parallelism 11; 390,139 steps of 11,264 x 4,096 = 46,137,344 tokens
+(18.0T tokens: the seeds' 18.75T does not match steps x batch, and this file follows steps x batch);
+sequence length 4K -> 8K at 50% -> 65K at 95%; fixed-buffer all-to-all at capacity 1.15 with the
+hot switch to dropless at step 81,716. Peak LR and warmup are not published: they are assumptions.
+
+Contingencies are operator actions on the live run, not edits of versioned fields, so the output
+path (and its checkpoints) stay: re-plan the horizon with ``lr_replans`` (the LR still ends at 5% of
+peak; see operations/replan_lr.py), switch transport with ``transport_switches``.
+"""
+
+from __future__ import annotations
+
+from experiments.defaults import default_health_report, default_train
+from experiments.harrier_k40 import harrier_k40_mixture
+from experiments.ladder import HERO_SEQ_LEN_PHASES
+from marin.execution import executor_main
+
+HERO_STEPS = 390_139
+HERO_BATCH_SEQUENCES = 11_264
+HERO_TOKENS_PER_STEP = HERO_BATCH_SEQUENCES * 4096  # 46,137,344
+FIXED_TO_DROPLESS_STEP = 81_716
+
+hero = default_train(
+    "hero/moe-535b-a23b",
+    mixture=harrier_k40_mixture(),
+    model="hero",
+    pool="gb200-11racks",
+    train_steps=HERO_STEPS,
+    tokens_per_step=HERO_TOKENS_PER_STEP,
+    seq_len_phases=HERO_SEQ_LEN_PHASES,
+    peak_lr=2.2e-4,
+    warmup_steps=2_000,
+    compute_dtype="bfloat16",
+    transport_switches=((0, "fixed"), (FIXED_TO_DROPLESS_STEP, "dropless")),
+    checkpoint_every_steps=500,
+    checkpoint_every_minutes=30.0,
+    keep_every_steps=10_000,
+    wandb_project="marin-hero",
+    description="hero 535B-A23B on Harrier K40, 390,139 steps x 46.1M tokens",
+)
+hero_health = default_health_report("hero/moe-535b-a23b-health", hero, total_steps=HERO_STEPS)
+
+if __name__ == "__main__":
+    executor_main(steps=[hero_health], description="Hero MoE 535B-A23B")

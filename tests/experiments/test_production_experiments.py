@@ -1,0 +1,56 @@
+"""The production experiment files plan offline and say what SPEC says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from marin.execution import plan_steps, resolve_config
+from marin.execution.review import load_experiment
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def offline_k40(monkeypatch):
+    monkeypatch.setenv("HARRIER_K40_ROOT", "s3://no-such-bucket-anywhere/k40")
+
+
+def _train_configs(name: str, prefix: str):
+    steps, _ = load_experiment(str(REPO / "experiments" / f"{name}.py"))
+    plan = plan_steps(steps, prefix)
+    return plan, {s.name: resolve_config(s, plan) for s in plan.steps if s.step.fn.__name__ == "train"}
+
+
+def test_hero_matches_the_published_run(tmp_path):
+    plan, trains = _train_configs("hero", str(tmp_path))
+    [(name, cfg)] = trains.items()
+    assert cfg.model == "hero" and cfg.pool == "gb200-11racks"
+    assert cfg.train_steps == 390_139 and cfg.tokens_per_step == 11_264 * 4096 == 46_137_344
+    assert round(cfg.train_steps * cfg.tokens_per_step / 1e12, 1) == 18.0  # steps x batch, not 18.75T
+    assert [s for _, s in cfg.seq_len_phases] == [4096, 8192, 65536]
+    assert cfg.transport_switches == ((0, "fixed"), (81_716, "dropless"))
+    assert len(cfg.data.stores) == 40  # one token store per K40 domain
+    assert len(plan.steps) == 1 + 40 + 1 + 1  # tokenizer, 40 tokenize steps, train, health
+
+
+def test_ladder_rungs_spend_their_published_budgets(tmp_path):
+    from experiments.ladder import RUNGS
+    from marin.models.config import flops_per_token, get_preset
+
+    _, trains = _train_configs("ladder", str(tmp_path))
+    assert sorted(trains) == sorted(f"ladder/{r.preset}" for r in RUNGS)
+    for rung in RUNGS:
+        cfg = trains[f"ladder/{rung.preset}"]
+        spent = cfg.train_steps * cfg.tokens_per_step * flops_per_token(get_preset(rung.preset), 4096)
+        assert spent == pytest.approx(rung.flops_budget, rel=0.01)
+    assert trains["ladder/d768"].pool == "gb200-rack" and trains["ladder/d768"].tokens_per_step == 1024 * 4096
+
+
+def test_changing_only_the_mixture_keeps_the_token_stores(tmp_path):
+    """Mixtures change without re-tokenizing: the hero and the ladder share all 41 data steps."""
+    hero_plan, _ = _train_configs("hero", str(tmp_path))
+    ladder_plan, _ = _train_configs("ladder", str(tmp_path))
+    data = lambda plan: {s.output_path for s in plan.steps if s.name.startswith(("tokenized/", "tokenizers/"))}  # noqa: E731
+    assert len(data(hero_plan)) == 41 and data(hero_plan) == data(ladder_plan)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from marin.data import native
 from marin.data.k40 import split_source_name
 from marin.data.store import SourceReader, TokenizerMismatchError, TokenStore, read_ranges
 
@@ -177,7 +178,9 @@ def _segment_ids_packed(tokens: np.ndarray, eos_id: int, scratch: np.ndarray | N
     ``scratch`` when given, then ``flatnonzero``) and the repeat's single write of the output; on
     fresh batches both are dominated by a branch mispredict per EOS (~10-15 ns each, ~3,500 EOS per
     64 x 4,097 batch), which no vectorized numpy formulation tried avoids (cumsum and SWAR-style
-    prefix counts are slower, see docs/data.md).
+    prefix counts are slower, see docs/data.md). When the native kernel is available
+    (:mod:`marin.data.native`), :meth:`MixtureLoader.batch` instead writes the ids while copying the
+    windows, in one branch-free C pass; this function is the fallback.
     """
     b_rows, n = tokens.shape
     if b_rows == 0 or n == 0:
@@ -248,9 +251,19 @@ class _ShardMaps(dict):
     def __init__(self, readers: list[SourceReader], shard_source: list[int], shard_index: list[int]):
         super().__init__()
         self._readers, self._shard_source, self._shard_index = readers, shard_source, shard_index
+        # Address of each mapped shard's first token (0: not mapped yet), for the native kernel. Entries
+        # are never replaced or removed, so an address stays valid while the loader lives; the lock keeps
+        # two threads from mapping one shard twice (the kernel may be reading the first map).
+        self.addr = np.zeros(len(shard_source) + 1, dtype=np.uint64)
+        self._lock = threading.Lock()
 
     def __missing__(self, g: int) -> np.ndarray:
-        m = self[g] = self._readers[self._shard_source[g]].shard_tokens(self._shard_index[g])
+        with self._lock:
+            m = dict.get(self, g)
+            if m is None:
+                m = self[g] = self._readers[self._shard_source[g]].shard_tokens(self._shard_index[g])
+                if m.size:
+                    self.addr[g] = m.ctypes.data
         return m
 
 
@@ -317,6 +330,12 @@ class MixtureLoader:
         self._shard_index = [k for r in self.readers for k in range(len(r.shards))]
         self._source_first_shard = np.concatenate([[0], np.cumsum([len(r.shards) for r in self.readers])]).tolist()
         self._shard_maps = _ShardMaps(self.readers, self._shard_source, self._shard_index)
+        # Global end of each shard's training tokens: a window starting in shard g is one slice of it iff
+        # it ends by this limit (it neither crosses into the next shard nor wraps around its source).
+        train_end = self._source_base + self.train_tokens
+        self._shard_limit = np.array([min(int(self._shard_base[g] + self._shard_len[g]), int(train_end[i]))
+                                      for g, i in enumerate(self._shard_source)] + [0], dtype=np.int64)
+        self._shard_base_list: list[int] = self._shard_base.tolist()
         self._all_local = bool(self._source_local.all())
         # Validate every stage now, so a bad later stage fails at construction, not mid-run.
         self._probs = [self._compute_probs(None)] + [self._compute_probs(st) for st in self._stages]
@@ -379,6 +398,62 @@ class MixtureLoader:
         starts = np.floor(rng.random(batch_size) * self.train_tokens[src]).astype(np.int64)
         return src.astype(np.int64, copy=False), starts
 
+    def _locate(self, src: np.ndarray, starts: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Global shard ``g`` and offset ``lo`` in it of every row's first token, and ``fast``: whether the
+        whole ``n``-token window lies in that shard without wrapping (then it is one slice)."""
+        g_pos = self._source_base[src] + starts
+        g = np.searchsorted(self._shard_base, g_pos, side="right")
+        g -= 1
+        lo = g_pos - self._shard_base[g]
+        # = (starts + n <= train_tokens[src]) & (lo + n <= shard_len[g]): g is a shard of source src
+        fast = g_pos + n <= self._shard_limit[g]
+        return g, lo, fast
+
+    def _fill_native(self, kernel: native.NativeKernel, buf: np.ndarray, src: np.ndarray, starts: np.ndarray,
+                     n: int) -> None:
+        """All-local stores with the native kernel: tokens into ``buf[:4 * rows * n]`` and segment ids into
+        the rest, in one pass. Every single-slice window is passed as an address (its shard's mapped base
+        + 4 * offset, for the whole batch at once); the few rows that wrap around their source or cross a
+        shard are passed as (address, length) pieces, the same ranges the numpy path concatenates.
+        The memory maps stay referenced by ``self._shard_maps``, so every address stays valid."""
+        rows = src.size
+        g, lo, fast = self._locate(src, starts, n)
+        maps = self._shard_maps
+        addr = maps.addr[g]
+        if not addr.all():  # shards touched for the first time: map them (records their addresses)
+            for gg in set(g[addr == 0].tolist()):
+                maps[gg]
+            addr = maps.addr[g]
+        row_ptr = np.left_shift(lo.view(np.uint64), np.uint64(2))
+        row_ptr += addr
+        n_extra, extra = 0, None
+        if not fast.all():
+            slow = np.flatnonzero(~fast)
+            row_ptr[slow] = 0
+            pieces = []
+            for i, st in zip(src[slow].tolist(), starts[slow].tolist()):
+                self._window_addresses(i, st, n, pieces)
+            extra = np.array(pieces, dtype=np.uint64)
+            n_extra = len(pieces) // 2
+        base = buf.ctypes.data
+        kernel.fill_rows_at(rows, n, row_ptr.ctypes.data, n_extra, None if extra is None else extra.ctypes.data,
+                            base, base + 4 * rows * n, self.eos_id)
+
+    def _window_addresses(self, i: int, start: int, n: int, out: list[int]) -> None:
+        """Append (address, length) of every piece of local source ``i``'s ``n``-token training window at
+        ``start`` to ``out``, flat: the ranges of :meth:`_local_window_pieces`, with plain ints (~2
+        us per row instead of ~4-5 for the slices)."""
+        base, maps, shard_base = int(self._source_base[i]), self._shard_maps, self._shard_base_list
+        for a, b in ring_pieces(start, n, int(self.train_tokens[i])):
+            pos, end = base + a, base + b
+            while pos < end:
+                g = bisect.bisect_right(shard_base, pos) - 1
+                take = min(end, shard_base[g + 1]) - pos
+                if not maps.addr[g]:
+                    maps[g]
+                out += (int(maps.addr[g]) + 4 * (pos - shard_base[g]), take)
+                pos += take
+
     def _fill(self, out: np.ndarray, src: np.ndarray, starts: np.ndarray) -> None:
         """Fill every row. Windows inside one local shard (nearly all, for real sizes) are one slice
         each, located for the whole batch with a single searchsorted over all shards of all sources.
@@ -390,11 +465,7 @@ class MixtureLoader:
         (~20 us each). Stores with remote sources take the general path for their other rows.
         """
         n = out.shape[1]
-        g_pos = self._source_base[src] + starts
-        g = np.searchsorted(self._shard_base, g_pos, side="right")
-        g -= 1
-        lo = g_pos - self._shard_base[g]
-        fast = (starts + n <= self.train_tokens[src]) & (lo + n <= self._shard_len[g])
+        g, lo, fast = self._locate(src, starts, n)
         maps = self._shard_maps
         if self._all_local and out.flags.c_contiguous:
             if fast.all():
@@ -440,15 +511,25 @@ class MixtureLoader:
         if seq_len <= 0:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
         src, starts = self.plan(step, batch_size)
+        shape = (batch_size, seq_len + 1)
+        n_tok = batch_size * (seq_len + 1)
+        kernel = native.kernel()
+        if kernel is not None and self._all_local:
+            # Native kernel (marin/data/native.py): windows copied and segment ids written in one pass,
+            # into one allocation (tokens, then segment ids). Bit-identical to the numpy path below.
+            buf = np.empty(8 * n_tok, dtype=np.uint8)
+            self._fill_native(kernel, buf, src, starts, seq_len + 1)
+            return {"tokens": buf[:4 * n_tok].view(np.int32).reshape(shape),
+                    "segment_ids": buf[4 * n_tok:].view(np.int32).reshape(shape)}
         # One allocation for the tokens and the EOS mask of the segment-id scan (4 + 1 bytes per token);
         # the segment ids are the one fresh array np.repeat returns. Few, steady allocations matter:
         # with glibc, ~1 MB arrays freed every step otherwise make malloc hand memory back to the OS and
         # page-fault it in again each batch (measured 3-10x slower).
-        shape = (batch_size, seq_len + 1)
-        n_tok = batch_size * (seq_len + 1)
         buf = np.empty(5 * n_tok, dtype=np.uint8)
         tokens = buf[:4 * n_tok].view(np.int32).reshape(shape)
         self._fill(tokens.view(np.uint32), src, starts)  # ids < 2**31: uint32 bytes are the int32 values
+        if kernel is not None:  # stores with remote sources: the kernel still writes the segment ids
+            return {"tokens": tokens, "segment_ids": kernel.segment_ids(tokens, self.eos_id)}
         eos_mask = buf[4 * n_tok:].view(bool).reshape(shape)
         return {"tokens": tokens, "segment_ids": _segment_ids_packed(tokens, self.eos_id, scratch=eos_mask)}
 

@@ -60,6 +60,14 @@ health = default_health_report("quickstart/health", train, total_steps=TRAIN_STE
 
 if __name__ == "__main__":
     result = executor_main(steps=[mixture_report, health], description="Quickstart: K40 miniature -> tokenizer -> tokens -> tiny MoE")
+    import json
+
+    import fsspec
+
+    from marin.monitoring.health import format_report
+
+    with fsspec.open(f"{result.plan.planned(health).output_path}/health.json") as f:
+        print("\nHealth of the training run:\n" + format_report(json.load(f)))
     print(
         f"\nDone. Outputs are under {result.plan.prefix}. Review them with:\n"
         f"  marin status --prefix {result.plan.prefix}\n"

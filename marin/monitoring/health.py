@@ -121,7 +121,7 @@ class HealthReportConfig:
 
 
 def health_report_step(config: HealthReportConfig) -> dict[str, Any]:
-    """Write ``health.json`` (and print the report) for a finished training step."""
+    """Write ``health.json`` for a finished training step (``format_report`` renders it)."""
     import json
 
     import fsspec
@@ -131,5 +131,4 @@ def health_report_step(config: HealthReportConfig) -> dict[str, Any]:
     report = health(read_metrics(config.run_path), config.total_steps)
     with fsspec.open(f"{config.output_path}/health.json", "w") as f:
         json.dump(report, f, indent=1)
-    print(format_report(report))
     return report

@@ -131,8 +131,136 @@ def _block_matmul_bwd(res, dy):
 block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
 
 
-def grouped_swiglu(rows, row_expert, w_gate, w_up, w_down, impl: str | None = None):
+# ---- capacity-padded grouped SwiGLU (CPU default) ---------------------------------------------
+CAPACITY_BUCKETS = (1.0625, 1.125, 1.25, 1.5, 2.0)  # per-expert buffer sizes, x the expected rows
+
+
+def capacity_buckets(expected_rows: float) -> tuple:
+    """Static per-expert buffer sizes (multiples of 8) for `expected_rows` rows per expert."""
+    return tuple(sorted({max(8, -(-math.ceil(f * expected_rows) // 8) * 8) for f in CAPACITY_BUCKETS}))
+
+
+def _silu_grad(g):
+    s = jax.nn.sigmoid(g)
+    return s * (1 + g * (1 - s))
+
+
+def _cap_slots(row_expert, rank, valid, n_exp, cap, r):
+    """Buffer row (in [E * cap]) of each row in round r (rank in [r*cap, (r+1)*cap)); E*cap if not."""
+    in_round = valid & (rank >= r * cap) & (rank < (r + 1) * cap)
+    return jnp.where(in_round, row_expert * cap + rank - r * cap, n_exp * cap)
+
+
+def _slot_source(slot, n_slots):
+    """The inverse map: for each buffer row, the input row that fills it (n = none -> zeros). An int
+    scatter of N indices, so the activations move by gathers (XLA:CPU scatters rows slowly)."""
+    n = slot.shape[0]
+    return jnp.full((n_slots,), n, jnp.int32).at[slot].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
+
+
+def _to_buf(a, src):
+    return jnp.take(a, src, axis=0, mode="fill", fill_value=0)
+
+
+def _from_buf(buf, slot):
+    return jnp.take(buf, slot, axis=0, mode="fill", fill_value=0)
+
+
+def _cap_fwd_rounds(cap, rows, row_expert, rank, valid, n_rounds, w_gate, w_up, w_down):
+    n, d = rows.shape
+    n_exp, _, f = w_gate.shape
+
+    def body(r, carry):
+        y, g_rows, u_rows = carry
+        slot = _cap_slots(row_expert, rank, valid, n_exp, cap, r)
+        xb = _to_buf(rows, _slot_source(slot, n_exp * cap)).reshape(n_exp, cap, d)
+        g = jnp.einsum("ecd,edf->ecf", xb, w_gate)
+        u = jnp.einsum("ecd,edf->ecf", xb, w_up)
+        yb = jnp.einsum("ecf,efd->ecd", jax.nn.silu(g) * u, w_down)
+        return (y + _from_buf(yb.reshape(-1, d), slot), g_rows + _from_buf(g.reshape(-1, f), slot),
+                u_rows + _from_buf(u.reshape(-1, f), slot))
+
+    refs = (rows, w_gate, w_up, w_down, row_expert, n_rounds)
+    init = tuple(_vary_like(jnp.zeros((n, c), rows.dtype), *refs) for c in (d, f, f))
+    return jax.lax.fori_loop(0, n_rounds, body, init)
+
+
+def _cap_bwd_rounds(cap, rows, row_expert, rank, valid, n_rounds, w_gate, w_up, w_down, g_rows, u_rows, dy):
+    d = rows.shape[1]
+    n_exp, _, f = w_gate.shape
+
+    def body(r, carry):
+        dx, dwg, dwu, dwd = carry
+        slot = _cap_slots(row_expert, rank, valid, n_exp, cap, r)
+        src = _slot_source(slot, n_exp * cap)
+        xb, dyb = (_to_buf(a, src).reshape(n_exp, cap, d) for a in (rows, dy))
+        g, u = (_to_buf(a, src).reshape(n_exp, cap, f) for a in (g_rows, u_rows))
+        sg = jax.nn.silu(g)
+        dwd = dwd + jnp.einsum("ecf,ecd->efd", sg * u, dyb)
+        dh = jnp.einsum("ecd,efd->ecf", dyb, w_down)
+        du = dh * sg
+        dg = dh * u * _silu_grad(g)
+        dwg = dwg + jnp.einsum("ecd,ecf->edf", xb, dg)
+        dwu = dwu + jnp.einsum("ecd,ecf->edf", xb, du)
+        dxb = jnp.einsum("ecf,edf->ecd", dg, w_gate) + jnp.einsum("ecf,edf->ecd", du, w_up)
+        return dx + _from_buf(dxb.reshape(-1, d), slot), dwg, dwu, dwd
+
+    refs = (rows, w_gate, w_up, w_down, row_expert, n_rounds, g_rows, u_rows, dy)
+    init = (_vary_like(jnp.zeros_like(rows), *refs),) + tuple(
+        _vary_like(jnp.zeros_like(a), *refs) for a in (w_gate, w_up, w_down))
+    return jax.lax.fori_loop(0, n_rounds, body, init)
+
+
+def _cap_plan(buckets, row_expert, n_exp):
+    """rank of each row within its expert, validity, the bucket index and the number of rounds."""
+    valid = row_expert < n_exp
+    rank, counts = rank_within_groups(row_expert, n_exp)
+    cmax = jnp.max(counts)
+    caps = jnp.array(buckets, jnp.int32)
+    idx = jnp.minimum(jnp.sum(cmax > caps), len(buckets) - 1)
+    n_rounds = (cmax + caps[idx] - 1) // caps[idx]  # 1 unless cmax exceeds the largest bucket
+    return rank, valid, idx, n_rounds
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def capacity_swiglu(buckets, rows, row_expert, w_gate, w_up, w_down):
+    """Grouped SwiGLU as batched matmuls over per-expert buffers [E, C, D] (exact, dropless).
+
+    C is the smallest of the static `buckets` that holds the busiest expert (chosen at run time by
+    lax.switch; padding rows are zero); if none does, the largest bucket is used for several rounds
+    (round r takes each expert's rows of rank [r*C, (r+1)*C)). The custom VJP keeps the gate/up
+    pre-activations in row order (one shape for every bucket) and reuses the forward's sort."""
+    return _capacity_fwd(buckets, rows, row_expert, w_gate, w_up, w_down)[0]
+
+
+def _capacity_fwd(buckets, rows, row_expert, w_gate, w_up, w_down):
+    n_exp = w_gate.shape[0]
+    row_expert = row_expert.astype(jnp.int32)
+    rank, valid, idx, n_rounds = _cap_plan(buckets, row_expert, n_exp)
+    branches = [partial(_cap_fwd_rounds, c) for c in buckets]
+    y, g_rows, u_rows = jax.lax.switch(idx, branches, rows, row_expert, rank, valid, n_rounds, w_gate, w_up, w_down)
+    return y, (rows, row_expert, rank, valid, idx, n_rounds, w_gate, w_up, w_down, g_rows, u_rows)
+
+
+def _capacity_bwd(buckets, res, dy):
+    rows, row_expert, rank, valid, idx, n_rounds, w_gate, w_up, w_down, g_rows, u_rows = res
+    branches = [partial(_cap_bwd_rounds, c) for c in buckets]
+    dx, dwg, dwu, dwd = jax.lax.switch(idx, branches, rows, row_expert, rank, valid, n_rounds,
+                                       w_gate, w_up, w_down, g_rows, u_rows, dy)
+    return (_sum_to_type_of(dx, rows), None, _sum_to_type_of(dwg, w_gate), _sum_to_type_of(dwu, w_up),
+            _sum_to_type_of(dwd, w_down))
+
+
+capacity_swiglu.defvjp(_capacity_fwd, _capacity_bwd)
+
+
+def grouped_swiglu(rows, row_expert, w_gate, w_up, w_down, impl: str | None = None,
+                   expected_rows: float | None = None):
     """rows [N, D]; row_expert int [N] in [0, E] (E = skip the row). Returns [N, D], 0 for skipped.
+
+    impl "capacity" (CPU default): `capacity_swiglu`, batched matmuls over per-expert buffers sized
+                   from `expected_rows` per expert (default N / E; pass the real expectation when
+                   most rows are skipped, e.g. a worst-case receive buffer).
 
     impl "blocks": rows sorted by expert into expert-aligned blocks (padding < one block per expert),
                    then `block_matmul` over the used blocks. For CPU, where lax.ragged_dot is a dense
@@ -140,10 +268,13 @@ def grouped_swiglu(rows, row_expert, w_gate, w_up, w_down, impl: str | None = No
     impl "ragged": jax.lax.ragged_dot on rows sorted by expert (the GPU / TPU grouped GEMM).
     """
     if impl is None:
-        impl = "blocks" if jax.default_backend() == "cpu" else "ragged"
+        impl = "capacity" if jax.default_backend() == "cpu" else "ragged"
     n, d = rows.shape
     n_exp = w_gate.shape[0]
     row_expert = row_expert.astype(jnp.int32)
+    if impl == "capacity":
+        expected = n / n_exp if expected_rows is None else expected_rows
+        return capacity_swiglu(capacity_buckets(expected), rows, row_expert, w_gate, w_up, w_down)
     valid = row_expert < n_exp
     if impl == "ragged":
         perm = jnp.argsort(row_expert, stable=True)
@@ -265,7 +396,7 @@ def _a2a_body(x, expert_ids, weights, gate, up, down, *, n_experts, ep, capacity
     # wave 2: expert compute
     if capacity_factor is None:  # dropless: grouped matmul over the valid slots
         row_expert = jnp.where(recv_ids >= 0, recv_ids, e_loc).reshape(-1)
-        y_recv = grouped_swiglu(recv_x, row_expert, gate, up, down, impl)
+        y_recv = grouped_swiglu(recv_x, row_expert, gate, up, down, impl, expected_rows=ep * t * k / n_experts)
         recv_drop = jnp.zeros((), jnp.bool_)
     else:
         cap_recv = recv_capacity(t, k, n_experts, ep, capacity_factor)
@@ -325,7 +456,7 @@ def _ragged_body(x, expert_ids, weights, gate, up, down, *, n_experts, ep, impl,
     recv_x, recv_ids = _unpack(recv)
     n_recv = jnp.sum(recv_sizes)
     row_expert = jnp.where(jnp.arange(cap) < n_recv, recv_ids, e_loc)
-    y_recv = grouped_swiglu(recv_x, row_expert, gate, up, down, impl)
+    y_recv = grouped_swiglu(recv_x, row_expert, gate, up, down, impl, expected_rows=ep * t * k / n_experts)
     # return trip: send back what I received from src to src, at the offsets src sent it from
     recv_offsets = jnp.cumsum(recv_sizes) - recv_sizes
     back_offsets = (jnp.cumsum(m, axis=1) - m)[:, me]
@@ -375,5 +506,5 @@ def moe_experts(x, expert_ids, weights, experts, *, n_experts: int, transport: s
                   capacity_factor=capacity_factor, impl=impl)
 
 
-__all__ = ["moe_experts", "ep_moe", "local_moe", "grouped_swiglu", "swiglu_experts", "rank_within_groups",
+__all__ = ["moe_experts", "ep_moe", "local_moe", "grouped_swiglu", "capacity_swiglu", "swiglu_experts", "rank_within_groups",
            "sender_layout", "receiver_layout", "send_capacity", "recv_capacity", "DATA"]

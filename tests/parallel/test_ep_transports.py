@@ -97,7 +97,7 @@ def test_rank_within_groups_matches_loop():
         np.testing.assert_array_equal(np.asarray(counts), np.bincount(g, minlength=5)[:4])
 
 
-@pytest.mark.parametrize("impl", ["blocks", "ragged"])
+@pytest.mark.parametrize("impl", ["blocks", "ragged", "capacity"])
 def test_local_equals_dense_oracle(impl):
     x = jax.random.normal(jax.random.key(0), (T, D))
     ids, w = make_routing(jax.random.key(1), skew=1.0)
@@ -111,10 +111,34 @@ def test_grouped_swiglu_skips_rows_and_all_in_one_expert():
     rows = jax.random.normal(jax.random.key(0), (40, D))
     experts = make_experts(jax.random.key(1))
     row_expert = jnp.array([3] * 30 + [E] * 10)  # one hot expert, 10 skipped rows
-    y = ex.grouped_swiglu(rows, row_expert, experts["gate"], experts["up"], experts["down"], impl="blocks")
     ref = ex.swiglu_experts(rows[None], experts["gate"][3:4], experts["up"][3:4], experts["down"][3:4])[0]
-    np.testing.assert_allclose(np.asarray(y[:30]), np.asarray(ref[:30]), rtol=1e-5, atol=1e-6)
-    assert np.all(np.asarray(y[30:]) == 0)
+    for impl in ("blocks", "capacity"):
+        y = ex.grouped_swiglu(rows, row_expert, experts["gate"], experts["up"], experts["down"], impl=impl)
+        np.testing.assert_allclose(np.asarray(y[:30]), np.asarray(ref[:30]), rtol=1e-5, atol=1e-6)
+        assert np.all(np.asarray(y[30:]) == 0)
+
+
+@pytest.mark.parametrize("skew", [0.0, 1.0, 6.0])  # 6.0: the busiest expert overflows every bucket
+def test_capacity_grouped_swiglu_values_and_grads_equal_blocks(skew):
+    x = jax.random.normal(jax.random.key(0), (T, D))
+    ids, w = make_routing(jax.random.key(1), skew=skew)
+    experts = make_experts(jax.random.key(2))
+    probe = jax.random.normal(jax.random.key(3), (T, D))
+    counts = np.bincount(np.asarray(ids).ravel(), minlength=E)
+    if skew == 6.0:
+        assert counts.max() > max(ex.capacity_buckets(T * K / E))  # exercises the multi-round path
+
+    def loss(x, w, experts, impl):
+        return jnp.sum(ex.local_moe(x, ids, w, experts, impl=impl)[0] * probe)
+
+    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)(x, w, experts, "capacity")
+    want = jax.value_and_grad(loss, argnums=(0, 1, 2))(x, w, experts, "blocks")
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5), got, want)
+
+
+def test_capacity_buckets_are_static_multiples_of_8():
+    b = ex.capacity_buckets(100.0)
+    assert b == tuple(sorted(b)) and all(c % 8 == 0 for c in b) and b[0] >= 100 and b[-1] >= 200
 
 
 def _ep(x, ids, w, experts, mesh, transport, cf=1.15):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import runpy
+import socket
 import sys
 import time
 from typing import Any, Iterator
@@ -112,7 +113,7 @@ def row_for(path: str, name: str | None = None, hash_: str | None = None) -> dic
         hash_ = hash_ or info.get("hash") or guessed_hash
     holder = None
     if lease is not None and not lease.released:
-        stale = leases.is_stale(lease, time.time(), __import__("socket").gethostname())
+        stale = leases.is_stale(lease, time.time(), socket.gethostname())
         holder = f"{lease.holder}{' (stale)' if stale else ''}"
     return {
         "name": name,

@@ -5,7 +5,8 @@ combine weights [T, k], and the routed experts' SwiGLU weights, and returns
     y [T, D] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t])      (dropped assignments contribute 0)
 plus drop counts. An "assignment" is one (token, expert) pair; a token has k of them.
 
-  local     one device: assignments sorted by expert, grouped matmul. The reference fast path.
+  local     one device: assignments sorted by expert, grouped matmul. The reference fast path (on CPU
+              `capacity_moe`: dispatch gather, batched SwiGLU and weighted combine in one custom VJP).
   fixed     all_to_all with static buffers sized by the capacity factor (the hero run's scheme):
               sender: per destination device a pooled buffer of ceil(cf * A / ep) slots; assignments
                       past it are dropped (sender-side drops);
@@ -132,7 +133,8 @@ block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
 
 
 # ---- capacity-padded grouped SwiGLU (CPU default) ---------------------------------------------
-CAPACITY_BUCKETS = (1.0625, 1.125, 1.25, 1.5, 2.0)  # per-expert buffer sizes, x the expected rows
+FUSED_LOCAL = True  # local_moe on CPU (impl None): the fused capacity_moe path
+CAPACITY_BUCKETS = (1.03125, 1.0625, 1.09375, 1.125, 1.1875, 1.25, 1.5, 2.0)  # per-expert buffer sizes, x the expected rows
 
 
 def capacity_buckets(expected_rows: float) -> tuple:
@@ -310,9 +312,104 @@ def combine(y_assign, weights):
     return jnp.sum(y_assign.reshape(t, k, -1) * weights.astype(y_assign.dtype)[:, :, None], axis=1)
 
 
+# ---- fused local routed path (capacity buffers filled from the tokens; weighted combine) --------
+def _fused_fwd_rounds(cap, x, weights, flat, rank, valid, n_rounds, w_gate, w_up, w_down):
+    t, k = weights.shape
+    d = x.shape[1]
+    n_exp, _, f = w_gate.shape
+
+    def body(r, carry):
+        y, g_rows, u_rows = carry
+        slot = _cap_slots(flat, rank, valid, n_exp, cap, r)
+        src = _slot_source(slot, n_exp * cap)  # assignment index per buffer row (t*k = none)
+        xb = jnp.take(x, src // k, axis=0, mode="fill", fill_value=0).reshape(n_exp, cap, d)
+        g = jnp.einsum("ecd,edf->ecf", xb, w_gate)
+        u = jnp.einsum("ecd,edf->ecf", xb, w_up)
+        yb = jnp.einsum("ecf,efd->ecd", jax.nn.silu(g) * u, w_down).reshape(-1, d)
+        ya = _from_buf(yb, slot).reshape(t, k, d)
+        y = y + jnp.sum(ya * weights[:, :, None], axis=1)
+        return (y, g_rows + _from_buf(g.reshape(-1, f), slot), u_rows + _from_buf(u.reshape(-1, f), slot))
+
+    refs = (x, weights, w_gate, w_up, w_down, flat, n_rounds)
+    init = tuple(_vary_like(jnp.zeros((n, c), x.dtype), *refs) for n, c in ((t, d), (t * k, f), (t * k, f)))
+    return jax.lax.fori_loop(0, n_rounds, body, init)
+
+
+def _fused_bwd_rounds(cap, x, weights, flat, rank, valid, n_rounds, w_gate, w_up, w_down, g_rows, u_rows, dy):
+    t, k = weights.shape
+    d = x.shape[1]
+    n_exp, _, f = w_gate.shape
+    wflat = weights.reshape(-1)
+
+    def body(r, carry):
+        dx, dwt, dwg, dwu, dwd = carry
+        slot = _cap_slots(flat, rank, valid, n_exp, cap, r)
+        src = _slot_source(slot, n_exp * cap)
+        tok = src // k
+        xb = jnp.take(x, tok, axis=0, mode="fill", fill_value=0).reshape(n_exp, cap, d)
+        dyb = jnp.take(dy, tok, axis=0, mode="fill", fill_value=0).reshape(n_exp, cap, d)
+        wb = jnp.take(wflat, src, axis=0, mode="fill", fill_value=0).reshape(n_exp, cap, 1)
+        g, u = (_to_buf(a, src).reshape(n_exp, cap, f) for a in (g_rows, u_rows))
+        sg = jax.nn.silu(g)
+        h = sg * u
+        dhu = jnp.einsum("ecd,efd->ecf", dyb, w_down)  # unweighted: d(y_assign) . w_down^T
+        dwb = jnp.sum(dhu * h, axis=-1)  # d weight of each buffer row
+        dwt = dwt + _from_buf(dwb.reshape(-1), slot)
+        dwd = dwd + jnp.einsum("ecf,ecd->efd", h * wb, dyb)
+        dh = dhu * wb
+        du = dh * sg
+        dg = dh * u * _silu_grad(g)
+        dwg = dwg + jnp.einsum("ecd,ecf->edf", xb, dg)
+        dwu = dwu + jnp.einsum("ecd,ecf->edf", xb, du)
+        dxb = jnp.einsum("ecf,edf->ecd", dg, w_gate) + jnp.einsum("ecf,edf->ecd", du, w_up)
+        dx = dx + jnp.sum(_from_buf(dxb.reshape(-1, d), slot).reshape(t, k, d), axis=1)
+        return dx, dwt, dwg, dwu, dwd
+
+    refs = (x, weights, w_gate, w_up, w_down, flat, n_rounds, g_rows, u_rows, dy)
+    init = (_vary_like(jnp.zeros_like(x), *refs), _vary_like(jnp.zeros((t * k,), x.dtype), *refs)) + tuple(
+        _vary_like(jnp.zeros_like(a), *refs) for a in (w_gate, w_up, w_down))
+    return jax.lax.fori_loop(0, n_rounds, body, init)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def capacity_moe(buckets, x, expert_ids, weights, w_gate, w_up, w_down):
+    """y [T, D] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) over capacity buffers (exact, dropless).
+
+    The whole routed path in one custom VJP: the per-expert buffers are filled straight from the
+    tokens x [T, D] by one gather (no [T*k, D] repeat), the combine is fused with the gather back,
+    and the backward reuses the same indices (gathers, no scatters of rows)."""
+    return _capacity_moe_fwd(buckets, x, expert_ids, weights, w_gate, w_up, w_down)[0]
+
+
+def _capacity_moe_fwd(buckets, x, expert_ids, weights, w_gate, w_up, w_down):
+    n_exp = w_gate.shape[0]
+    flat = expert_ids.reshape(-1).astype(jnp.int32)
+    rank, valid, idx, n_rounds = _cap_plan(buckets, flat, n_exp)
+    branches = [partial(_fused_fwd_rounds, c) for c in buckets]
+    y, g_rows, u_rows = jax.lax.switch(idx, branches, x, weights, flat, rank, valid, n_rounds, w_gate, w_up, w_down)
+    return y, (x, weights, flat, rank, valid, idx, n_rounds, w_gate, w_up, w_down, g_rows, u_rows)
+
+
+def _capacity_moe_bwd(buckets, res, dy):
+    x, weights, flat, rank, valid, idx, n_rounds, w_gate, w_up, w_down, g_rows, u_rows = res
+    branches = [partial(_fused_bwd_rounds, c) for c in buckets]
+    dx, dwt, dwg, dwu, dwd = jax.lax.switch(idx, branches, x, weights, flat, rank, valid, n_rounds,
+                                            w_gate, w_up, w_down, g_rows, u_rows, dy)
+    return (_sum_to_type_of(dx, x), None, _sum_to_type_of(dwt.reshape(weights.shape), weights),
+            _sum_to_type_of(dwg, w_gate), _sum_to_type_of(dwu, w_up), _sum_to_type_of(dwd, w_down))
+
+
+capacity_moe.defvjp(_capacity_moe_fwd, _capacity_moe_bwd)
+
+
 # ---- local ----------------------------------------------------------------------------------
 def local_moe(x, expert_ids, weights, experts, impl=None):
     t, k = expert_ids.shape
+    if impl == "fused" or (impl is None and FUSED_LOCAL and jax.default_backend() == "cpu"):
+        y = capacity_moe(capacity_buckets(t * k / experts["gate"].shape[0]), x, expert_ids,
+                         weights.astype(x.dtype), experts["gate"], experts["up"], experts["down"])
+        zero = jnp.zeros((), jnp.float32)
+        return y, {"send_drops": zero, "recv_drops": zero, "assignments": jnp.float32(t * k)}
     y = grouped_swiglu(jnp.repeat(x, k, axis=0), expert_ids.reshape(-1), experts["gate"], experts["up"], experts["down"], impl)
     zero = jnp.zeros((), jnp.float32)
     return combine(y, weights), {"send_drops": zero, "recv_drops": zero, "assignments": jnp.float32(t * k)}
@@ -506,5 +603,5 @@ def moe_experts(x, expert_ids, weights, experts, *, n_experts: int, transport: s
                   capacity_factor=capacity_factor, impl=impl)
 
 
-__all__ = ["moe_experts", "ep_moe", "local_moe", "grouped_swiglu", "capacity_swiglu", "swiglu_experts", "rank_within_groups",
+__all__ = ["moe_experts", "ep_moe", "local_moe", "grouped_swiglu", "capacity_swiglu", "capacity_moe", "swiglu_experts", "rank_within_groups",
            "sender_layout", "receiver_layout", "send_capacity", "recv_capacity", "DATA"]

@@ -97,7 +97,7 @@ def test_rank_within_groups_matches_loop():
         np.testing.assert_array_equal(np.asarray(counts), np.bincount(g, minlength=5)[:4])
 
 
-@pytest.mark.parametrize("impl", ["blocks", "ragged", "capacity"])
+@pytest.mark.parametrize("impl", ["blocks", "ragged", "capacity", "fused"])
 def test_local_equals_dense_oracle(impl):
     x = jax.random.normal(jax.random.key(0), (T, D))
     ids, w = make_routing(jax.random.key(1), skew=1.0)
@@ -118,8 +118,9 @@ def test_grouped_swiglu_skips_rows_and_all_in_one_expert():
         assert np.all(np.asarray(y[30:]) == 0)
 
 
+@pytest.mark.parametrize("impl", ["capacity", "fused"])
 @pytest.mark.parametrize("skew", [0.0, 1.0, 6.0])  # 6.0: the busiest expert overflows every bucket
-def test_capacity_grouped_swiglu_values_and_grads_equal_blocks(skew):
+def test_capacity_grouped_swiglu_values_and_grads_equal_blocks(skew, impl):
     x = jax.random.normal(jax.random.key(0), (T, D))
     ids, w = make_routing(jax.random.key(1), skew=skew)
     experts = make_experts(jax.random.key(2))
@@ -131,7 +132,7 @@ def test_capacity_grouped_swiglu_values_and_grads_equal_blocks(skew):
     def loss(x, w, experts, impl):
         return jnp.sum(ex.local_moe(x, ids, w, experts, impl=impl)[0] * probe)
 
-    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)(x, w, experts, "capacity")
+    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)(x, w, experts, impl)
     want = jax.value_and_grad(loss, argnums=(0, 1, 2))(x, w, experts, "blocks")
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5), got, want)
 

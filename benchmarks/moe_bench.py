@@ -1,20 +1,29 @@
 """MoE block and model-step benchmark.
 
     python benchmarks/moe_bench.py [--d-model 1024] [--experts 32] [--tokens 2048] [--reps 5] [--no-small]
+                                   [--no-large]
 
-Measures, on this machine (8 fake CPU devices for EP=8), at the headline size (HEADLINE) and again at
-the small reference size d=256 (SMALL):
+Measures, on this machine (8 fake CPU devices for EP=8), at the headline size (HEADLINE), again at the
+small reference size d=256 (SMALL) and, on 1 device only, at the d2048 rung's MoE widths (LARGE):
   1. MoE block forward+backward vs a dense SwiGLU MLP with the same matmul FLOPs per token, on 1 device
      and with EP=8 (fixed-buffer all_to_all; the dense MLP runs data-parallel on the same 8 devices);
   2. MoE block (sorted grouped matmul) vs a naive one-hot einsum dispatch (GShard-style [T, E, C] masks);
   3. MFU of a small full-model training step (fwd+bwd) against this CPU's measured matmul rate;
   4. on a GPU backend: MFU of a d2048-like model step against the chip's bf16 peak.
 Prints a table; the last line is one JSON object.
+
+The script restarts itself with marin.runtime's host allocator settings (MARIN_HOST_MALLOC=0 keeps
+glibc's defaults); both the MoE block and the dense baseline run under the same settings.
 """
 
 from __future__ import annotations
 
 import os
+
+if __name__ == "__main__":  # restart with the host allocator settings before JAX starts (marin.runtime)
+    from marin.runtime import reexec_with_host_malloc
+
+    reexec_with_host_malloc()
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
@@ -31,7 +40,9 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from marin.models import transformer as tf  # noqa: E402
 from marin.models.config import MoEConfig, flops_per_token  # noqa: E402
+from marin.parallel.expert import swiglu_experts  # noqa: E402
 from marin.parallel.mesh import TOKEN_AXES, make_mesh, param_shardings  # noqa: E402
+from marin.runtime import host_malloc_active  # noqa: E402
 
 
 def timeit(fn, *args, reps=5, warmup=2):
@@ -67,6 +78,7 @@ def timeit_pair(a, a_args, b, b_args, reps=5):
 # measured and reported (JSON keys d256_*).
 HEADLINE = (1024, 32, 2048)
 SMALL = (256, 32, 4096)
+LARGE = (2048, 32, 4096)  # the d2048 rung's MoE widths (latent = expert = shared width 1024); 1 device only
 
 
 def block_cfg(d_model: int = 256, n_experts: int = 32) -> MoEConfig:
@@ -95,6 +107,26 @@ def moe_block_step(cfg, mesh, transport):
 def dense_step():
     def loss(p, x, probe):
         return jnp.sum(tf.swiglu(x, p["gate"], p["up"], p["down"]) * probe)
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1)))
+
+
+def floor_step(cfg):
+    """The compute floor of any capacity-buffer MoE block on this backend: the same matmuls with every
+    expert given exactly T*k/E rows (no padding) and no routing, dispatch or combine (each token's
+    latent is simply repeated k times). Not a model; it shows how much of the gap is the batched
+    expert matmuls themselves."""
+
+    def loss(p, x, probe):
+        b, l, d = x.shape
+        t, e, k = b * l, cfg.n_experts, cfg.top_k
+        xf = x.reshape(t, d)
+        shared = tf.swiglu(xf, p["shared_gate"], p["shared_up"], p["shared_down"])
+        z = xf @ p["latent_down"]
+        zb = jnp.broadcast_to(z[None], (k,) + z.shape).reshape(e, t * k // e, -1)
+        yb = swiglu_experts(zb, p["expert_gate"], p["expert_up"], p["expert_down"])
+        y = jnp.sum(yb.reshape(k, t, -1), axis=0)
+        return jnp.sum((shared + y @ p["latent_up"]).reshape(x.shape) * probe)
 
     return jax.jit(jax.grad(loss, argnums=(0, 1)))
 
@@ -146,7 +178,7 @@ def model_step(cfg, batch, seq):
     return flops_per_token(cfg, seq) * batch * seq / secs, secs
 
 
-def block_times(cfg: MoEConfig, n_tok: int, reps: int, extras: bool = True) -> dict:
+def block_times(cfg: MoEConfig, n_tok: int, reps: int, extras: bool = True, ep8: bool = True) -> dict:
     """MoE block vs the same-FLOPs dense SwiGLU, fwd+bwd, on 1 device and with EP=8 (best-of wall and
     process-CPU times, measured alternately). extras: also the one-hot baseline and EP=8 dropless."""
     full = tf.init_params(cfg, jax.random.key(0))
@@ -165,6 +197,10 @@ def block_times(cfg: MoEConfig, n_tok: int, reps: int, extras: bool = True) -> d
         dense_step(), (dense, xd, pd), moe_block_step(cfg, None, "local"), (p, x, probe), reps=reps)
     if extras:
         r["onehot"] = timeit(onehot_step(cfg), p, x, probe, reps=1, warmup=1)  # slow: O(T^2) masks
+        (r["dense1_f"], r["floor1"]), _ = timeit_pair(dense_step(), (dense, xd, pd), floor_step(cfg), (p, x, probe),
+                                                      reps=reps)
+    if not ep8:
+        return r
 
     mesh = make_mesh(1, 8)
     tok = NamedSharding(mesh, P(TOKEN_AXES))
@@ -187,6 +223,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=HEADLINE[2], help="tokens per MoE block call")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-small", action="store_true", help="skip the d=256 reference size")
+    ap.add_argument("--no-large", action="store_true", help="skip the d=2048 size (about a minute)")
     args = ap.parse_args(argv)
 
     cfg = block_cfg(args.d_model, args.experts)
@@ -195,6 +232,9 @@ def main(argv=None) -> int:
     small_cfg = block_cfg(*SMALL[:2])
     small = None if args.no_small or (args.d_model, args.experts, n_tok) == SMALL else \
         block_times(small_cfg, SMALL[2], args.reps, extras=False)
+    large_cfg = block_cfg(*LARGE[:2])
+    large = None if args.no_large or (args.d_model, args.experts, n_tok) == LARGE else \
+        block_times(large_cfg, LARGE[2], min(args.reps, 3), extras=False, ep8=False)
 
     peak = matmul_rate()
     mcfg = MoEConfig(vocab_size=2048, d_model=256, n_layers=4, n_heads=4, n_kv_heads=1, head_dim=64,
@@ -207,6 +247,7 @@ def main(argv=None) -> int:
         "moe_vs_dense_1dev": round(r["moe1"] / r["dense1"], 3),
         "moe_vs_dense_ep8": round(r["moe8"] / r["dense8"], 3),
         "moe_vs_onehot_1dev": round(r["moe1"] / r["onehot"], 3),
+        "floor_vs_dense_1dev": round(r["floor1"] / r["dense1_f"], 3),
         "moe_vs_dense_1dev_cpu_time": round(r["c_moe1"] / r["c_dense1"], 3),
         "moe_vs_dense_ep8_cpu_time": round(r["c_moe8"] / r["c_dense8"], 3),
     }
@@ -217,6 +258,11 @@ def main(argv=None) -> int:
             "d256_moe_vs_dense_1dev_cpu_time": round(small["c_moe1"] / small["c_dense1"], 3),
             "d256_moe_vs_dense_ep8_cpu_time": round(small["c_moe8"] / small["c_dense8"], 3),
         })
+    if large is not None:
+        result.update({
+            "d2048_moe_vs_dense_1dev": round(large["moe1"] / large["dense1"], 3),
+            "d2048_moe_vs_dense_1dev_cpu_time": round(large["c_moe1"] / large["c_dense1"], 3),
+        })
     result.update({
         "cpu_mfu": round(cpu_mfu, 4),
         "cpu_matmul_gflops": round(peak / 1e9, 1),
@@ -225,6 +271,7 @@ def main(argv=None) -> int:
         "n_experts": cfg.n_experts,
         "tokens_per_block_call": n_tok,
         "backend": jax.default_backend(),
+        "host_malloc_tuned": host_malloc_active(),
     })
     if jax.default_backend() == "gpu":
         result.update(gpu_mfu())
@@ -233,24 +280,28 @@ def main(argv=None) -> int:
         print(f"MoE block ({name}): d={c.d_model} latent={c.latent_dim} E={c.n_experts} top-{c.top_k} "
               f"expert width {c.expert_width} shared={c.n_shared_experts}x{c.shared_width}; dense width "
               f"{res['width']}; {t} tokens; fwd+bwd")
-        print(f"  {'(best-of wall time)':<44} {'ms':>9}  {'x dense':>8}")
+        print(f"  {'(best-of wall time)':<48} {'ms':>9}  {'x dense':>8}")
         rows = [("dense SwiGLU (same FLOPs), 1 dev", res["dense1"], None),
                 ("MoE block local, 1 dev", res["moe1"], res["dense1"]),
                 ("MoE one-hot einsum dispatch, 1 dev", res.get("onehot"), res["dense1"]),
-                ("dense SwiGLU data-parallel, 8 fake dev", res["dense8"], None),
-                ("MoE block EP=8 fixed (cf 1.15)", res["moe8"], res["dense8"]),
-                ("MoE block EP=8 dropless (a2a worst case)", res.get("moe8_dl"), res["dense8"])]
+                ("MoE compute floor (balanced, no routing), 1 dev", res.get("floor1"), res.get("dense1_f")),
+                ("dense SwiGLU data-parallel, 8 fake dev", res.get("dense8"), None),
+                ("MoE block EP=8 fixed (cf 1.15)", res.get("moe8"), res.get("dense8")),
+                ("MoE block EP=8 dropless (a2a worst case)", res.get("moe8_dl"), res.get("dense8"))]
         for label, secs, base in rows:
             if secs is not None:
-                print(f"  {label:<44} {secs * 1e3:9.2f}  {'' if base is None else f'{secs / base:7.2f}x'}")
-        print(f"  MoE/dense ratio, process CPU time: 1 dev {res['c_moe1'] / res['c_dense1']:.2f}, "
-              f"EP=8 {res['c_moe8'] / res['c_dense8']:.2f}")
+                print(f"  {label:<48} {secs * 1e3:9.2f}  {'' if base is None else f'{secs / base:7.2f}x'}")
+        ep8 = f", EP=8 {res['c_moe8'] / res['c_dense8']:.2f}" if "c_moe8" in res else ""
+        print(f"  MoE/dense ratio, process CPU time: 1 dev {res['c_moe1'] / res['c_dense1']:.2f}{ep8}")
 
     table(cfg, n_tok, r, "headline")
     if small is not None:
         table(small_cfg, SMALL[2], small, "reference small size")
-    print(f"  {'CPU matmul rate (1024^3 f32)':<44} {peak / 1e9:9.1f} GFLOP/s")
-    print(f"  {'model step (4L d256 E16 top4, 8x256 tok)':<44} {step_s * 1e3:9.2f} ms  "
+    if large is not None:
+        table(large_cfg, LARGE[2], large, "d2048 rung widths")
+    print(f"  host allocator settings (marin.runtime): {'on' if host_malloc_active() else 'off'}")
+    print(f"  {'CPU matmul rate (1024^3 f32)':<48} {peak / 1e9:9.1f} GFLOP/s")
+    print(f"  {'model step (4L d256 E16 top4, 8x256 tok)':<48} {step_s * 1e3:9.2f} ms  "
           f"{achieved / 1e9:.1f} GFLOP/s  MFU {cpu_mfu:.1%}")
     print(json.dumps(result))
     return 0

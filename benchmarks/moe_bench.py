@@ -180,7 +180,8 @@ def model_step(cfg, batch, seq):
 
 def block_times(cfg: MoEConfig, n_tok: int, reps: int, extras: bool = True, ep8: bool = True) -> dict:
     """MoE block vs the same-FLOPs dense SwiGLU, fwd+bwd, on 1 device and with EP=8 (best-of wall and
-    process-CPU times, measured alternately). extras: also the one-hot baseline and EP=8 dropless."""
+    process-CPU times, measured alternately). extras: also the one-hot baseline, the compute floor and
+    EP=8 dropless; ep8=False: 1 device only."""
     full = tf.init_params(cfg, jax.random.key(0))
     p = jax.tree.map(lambda a: a[0], full["blocks"])
     x = jax.random.normal(jax.random.key(2), (n_tok // 128, 128, cfg.d_model))

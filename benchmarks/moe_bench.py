@@ -9,7 +9,8 @@ small reference size d=256 (SMALL) and, on 1 device only, at the d2048 rung's Mo
      and with EP=8 (fixed-buffer all_to_all; the dense MLP runs data-parallel on the same 8 devices);
   2. MoE block (sorted grouped matmul) vs a naive one-hot einsum dispatch (GShard-style [T, E, C] masks);
   3. MFU of a small full-model training step (fwd+bwd) against this CPU's measured matmul rate;
-  4. on a GPU backend: MFU of a d2048-like model step against the chip's bf16 peak.
+  4. the rate of one expert GEMM with marin's CPU grouped kernel, XLA's batched dot and XLA's 2-D dot;
+  5. on a GPU backend: MFU of a d2048-like model step against the chip's bf16 peak.
 Prints a table; the last line is one JSON object.
 
 The script restarts itself with marin.runtime's host allocator settings (MARIN_HOST_MALLOC=0 keeps
@@ -42,6 +43,7 @@ from marin.models import transformer as tf  # noqa: E402
 from marin.models.config import MoEConfig, flops_per_token  # noqa: E402
 from marin.parallel.expert import swiglu_experts  # noqa: E402
 from marin.parallel.mesh import TOKEN_AXES, make_mesh, param_shardings  # noqa: E402
+from marin.kernels.cpu import available as cpu_kernel_available  # noqa: E402
 from marin.runtime import host_malloc_active  # noqa: E402
 
 
@@ -169,6 +171,24 @@ def matmul_rate(n=1024, reps=5):
     return 2 * n**3 / timeit(f, a, b, reps=reps)
 
 
+def expert_gemm_rates(cfg: MoEConfig, n_tok: int, reps: int = 5) -> dict:
+    """GFLOP/s of one expert GEMM of the MoE block (each expert's T*k/E rows x latent x expert width)
+    three ways: marin's grouped kernel, XLA's batched dot (the einsum it replaces) and, for scale,
+    XLA's plain 2-D dot with the same FLOPs (the dense baseline's kind of matmul)."""
+    from marin.kernels import cpu
+
+    e, c = cfg.n_experts, n_tok * cfg.top_k // cfg.n_experts
+    a = jax.random.normal(jax.random.key(0), (e, c, cfg.latent_dim))
+    b = jax.random.normal(jax.random.key(1), (e, cfg.latent_dim, cfg.expert_width))
+    flops = 2 * e * c * cfg.latent_dim * cfg.expert_width
+    calls = {
+        "kernel": (jax.jit(cpu.grouped_matmul), (a, b)),
+        "xla_batched": (jax.jit(lambda a, b: jnp.einsum("gmk,gkn->gmn", a, b)), (a, b)),
+        "xla_dense2d": (jax.jit(jnp.matmul), (a.reshape(e * c, -1), b[0])),
+    }
+    return {k: flops / timeit(f, *args, reps=reps) / 1e9 for k, (f, args) in calls.items()}
+
+
 def model_step(cfg, batch, seq):
     params = tf.init_params(cfg, jax.random.key(0))
     bias = tf.init_router_bias(cfg)
@@ -238,6 +258,7 @@ def main(argv=None) -> int:
         block_times(large_cfg, LARGE[2], min(args.reps, 3), extras=False, ep8=False)
 
     peak = matmul_rate()
+    gemm = expert_gemm_rates(cfg, n_tok, args.reps)
     mcfg = MoEConfig(vocab_size=2048, d_model=256, n_layers=4, n_heads=4, n_kv_heads=1, head_dim=64,
                      max_seq_len=256, sliding_window=64, latent_dim=128, n_experts=16, top_k=4, expert_width=128,
                      n_shared_experts=2, shared_width=128, dtype="float32")
@@ -265,6 +286,8 @@ def main(argv=None) -> int:
             "d2048_moe_vs_dense_1dev_cpu_time": round(large["c_moe1"] / large["c_dense1"], 3),
         })
     result.update({
+        "cpu_grouped_gemm_kernel": cpu_kernel_available(),
+        **{f"expert_gemm_gflops_{k}": round(v, 1) for k, v in gemm.items()},
         "cpu_mfu": round(cpu_mfu, 4),
         "cpu_matmul_gflops": round(peak / 1e9, 1),
         "cpu_step_gflops": round(achieved / 1e9, 1),
@@ -300,7 +323,11 @@ def main(argv=None) -> int:
         table(small_cfg, SMALL[2], small, "reference small size")
     if large is not None:
         table(large_cfg, LARGE[2], large, "d2048 rung widths")
-    print(f"  host allocator settings (marin.runtime): {'on' if host_malloc_active() else 'off'}")
+    print(f"  host allocator settings (marin.runtime): {'on' if host_malloc_active() else 'off'}; "
+          f"CPU grouped GEMM kernel (marin.kernels.cpu): {'on' if cpu_kernel_available() else 'off'}")
+    print(f"  expert GEMM [{cfg.n_experts} x {n_tok * cfg.top_k // cfg.n_experts} x {cfg.latent_dim}] @ "
+          f"[{cfg.latent_dim} x {cfg.expert_width}], GFLOP/s: grouped kernel {gemm['kernel']:.0f}, XLA batched "
+          f"dot {gemm['xla_batched']:.0f}, XLA 2-D dot of the same FLOPs {gemm['xla_dense2d']:.0f}")
     print(f"  {'CPU matmul rate (1024^3 f32)':<48} {peak / 1e9:9.1f} GFLOP/s")
     print(f"  {'model step (4L d256 E16 top4, 8x256 tok)':<48} {step_s * 1e3:9.2f} ms  "
           f"{achieved / 1e9:.1f} GFLOP/s  MFU {cpu_mfu:.1%}")

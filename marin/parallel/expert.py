@@ -29,12 +29,15 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from marin.parallel.mesh import DATA, EXPERT, TOKEN_AXES
+from marin.kernels.cpu import grouped_matmul as gmm
+from marin.kernels.cpu import grouped_matmul_nn
+from marin.parallel.mesh import DATA, EXPERT, TOKEN_AXES, sum_to_type_of, vary_like
 
 EP_TRANSPORTS = ("fixed", "dropless", "ragged")
 
@@ -61,36 +64,15 @@ def rank_within_groups(group, n_groups: int, key=None):
 
 def swiglu_experts(x, w_gate, w_up, w_down):
     """Batched per-expert SwiGLU: x [E, C, D] -> [E, C, D]."""
-    g = jnp.einsum("ecd,edf->ecf", x, w_gate)
-    u = jnp.einsum("ecd,edf->ecf", x, w_up)
-    return jnp.einsum("ecf,efd->ecd", jax.nn.silu(g) * u, w_down)
+    g = grouped_matmul_nn(x, w_gate)
+    u = grouped_matmul_nn(x, w_up)
+    return grouped_matmul_nn(jax.nn.silu(g) * u, w_down)
 
 
 def _block_size(n_rows: int, n_groups: int) -> int:
     """Rows per block in the blocked grouped matmul: about an eighth of the mean group, 16..256."""
     b = max(1, n_rows // (8 * max(1, n_groups)))
     return int(min(256, max(16, 2 ** int(math.log2(b)))))
-
-
-def _varying(a) -> set:
-    """The shard_map mesh axes `a` varies over (empty outside shard_map)."""
-    t = jax.typeof(a)
-    mat = getattr(t, "manual_axis_type", None)  # jax 0.10; older releases call it .vma
-    return set(mat.varying) if mat is not None else set(getattr(t, "vma", ()))
-
-
-def _vary_like(x, *refs):
-    """Inside shard_map, mark a fresh array (e.g. a loop's zero init) as varying over the same mesh
-    axes as `refs`, so a fori_loop carry keeps one type."""
-    missing = tuple(sorted(set().union(*(_varying(r) for r in refs)) - _varying(x)))
-    return jax.lax.pcast(x, missing, to="varying") if missing else x
-
-
-def _sum_to_type_of(ct, primal):
-    """A cotangent varying over more mesh axes than its primal is summed over the extra ones (the
-    transpose of the implicit broadcast of a replicated input, e.g. expert weights over "data")."""
-    extra = tuple(sorted(_varying(ct) - _varying(primal)))
-    return jax.lax.psum(ct, extra) if extra else ct
 
 
 @jax.custom_vjp
@@ -105,7 +87,7 @@ def block_matmul(xb, block_expert, n_used, w):
     def body(i, out):
         return jax.lax.dynamic_update_index_in_dim(out, xb[i] @ w[block_expert[i]], i, 0)
 
-    out = _vary_like(jnp.zeros((n, blk, w.shape[-1]), xb.dtype), xb, w, block_expert, n_used)
+    out = vary_like(jnp.zeros((n, blk, w.shape[-1]), xb.dtype), xb, w, block_expert, n_used)
     return jax.lax.fori_loop(0, n_used, body, out)
 
 
@@ -124,9 +106,9 @@ def _block_matmul_bwd(res, dy):
         return dx, jax.lax.dynamic_update_index_in_dim(dw, dw_e, e, 0)
 
     refs = (xb, w, dy, block_expert, n_used)
-    init = (_vary_like(jnp.zeros_like(xb), *refs), _vary_like(jnp.zeros_like(w), *refs))
+    init = (vary_like(jnp.zeros_like(xb), *refs), vary_like(jnp.zeros_like(w), *refs))
     dx, dw = jax.lax.fori_loop(0, n_used, body, init)
-    return _sum_to_type_of(dx, xb), None, None, _sum_to_type_of(dw, w)
+    return sum_to_type_of(dx, xb), None, None, sum_to_type_of(dw, w)
 
 
 block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
@@ -147,10 +129,23 @@ def _silu_grad(g):
     return s * (1 + g * (1 - s))
 
 
-def _cap_slots(row_expert, rank, valid, n_exp, cap, r):
-    """Buffer row (in [E * cap]) of each row in round r (rank in [r*cap, (r+1)*cap)); E*cap if not."""
-    in_round = valid & (rank >= r * cap) & (rank < (r + 1) * cap)
-    return jnp.where(in_round, row_expert * cap + rank - r * cap, n_exp * cap)
+class _CapPlan(NamedTuple):
+    """Where rows go in the capacity buffers: each row's rank within its expert, whether it has an
+    expert, the rows per expert and the number of rounds (computed once, reused by the backward)."""
+
+    rank: jax.Array
+    valid: jax.Array
+    counts: jax.Array
+    n_rounds: jax.Array
+
+    def slots(self, row_expert, n_exp: int, cap: int, r):
+        """Buffer row (in [E * cap]) of each row in round r (rank in [r*cap, (r+1)*cap)); E*cap if not."""
+        in_round = self.valid & (self.rank >= r * cap) & (self.rank < (r + 1) * cap)
+        return jnp.where(in_round, row_expert * cap + self.rank - r * cap, n_exp * cap)
+
+    def filled(self, cap: int, r):
+        """Filled rows of each expert's buffer in round r (the rest is zero padding) [E]."""
+        return jnp.clip(self.counts - r * cap, 0, cap)
 
 
 def _slot_source(slot, n_slots):
@@ -168,60 +163,63 @@ def _from_buf(buf, slot):
     return jnp.take(buf, slot, axis=0, mode="fill", fill_value=0)
 
 
-def _cap_fwd_rounds(cap, rows, row_expert, rank, valid, n_rounds, w_gate, w_up, w_down):
-    n, d = rows.shape
-    n_exp, _, f = w_gate.shape
+def _sum_rounds(n_rounds, one_round):
+    """The sum over rounds r < n_rounds (traced, >= 1) of one_round(r), a tuple of arrays.
 
-    def body(r, carry):
-        y, g_rows, u_rows = carry
-        slot = _cap_slots(row_expert, rank, valid, n_exp, cap, r)
-        xb = _to_buf(rows, _slot_source(slot, n_exp * cap)).reshape(n_exp, cap, d)
-        g = jnp.einsum("ecd,edf->ecf", xb, w_gate)
-        u = jnp.einsum("ecd,edf->ecf", xb, w_up)
-        yb = jnp.einsum("ecf,efd->ecd", jax.nn.silu(g) * u, w_down)
-        return (y + _from_buf(yb.reshape(-1, d), slot), g_rows + _from_buf(g.reshape(-1, f), slot),
-                u_rows + _from_buf(u.reshape(-1, f), slot))
+    Round 0 is peeled off the loop: in the usual one-round case nothing is zero-filled and nothing
+    is accumulated (on XLA:CPU each of those is a full memory pass over [T*k, F]-sized arrays)."""
+    def body(r, acc):
+        return tuple(a + c for a, c in zip(acc, one_round(r)))
 
-    refs = (rows, w_gate, w_up, w_down, row_expert, n_rounds)
-    init = tuple(_vary_like(jnp.zeros((n, c), rows.dtype), *refs) for c in (d, f, f))
-    return jax.lax.fori_loop(0, n_rounds, body, init)
+    return jax.lax.fori_loop(1, n_rounds, body, one_round(0))
 
 
-def _cap_bwd_rounds(cap, rows, row_expert, rank, valid, n_rounds, w_gate, w_up, w_down, g_rows, u_rows, dy):
+def _cap_fwd_rounds(cap, rows, row_expert, plan, w_gate, w_up, w_down):
     d = rows.shape[1]
     n_exp, _, f = w_gate.shape
 
-    def body(r, carry):
-        dx, dwg, dwu, dwd = carry
-        slot = _cap_slots(row_expert, rank, valid, n_exp, cap, r)
+    def one_round(r):
+        slot, fill = plan.slots(row_expert, n_exp, cap, r), plan.filled(cap, r)
+        xb = _to_buf(rows, _slot_source(slot, n_exp * cap)).reshape(n_exp, cap, d)
+        g = gmm(xb, w_gate, rows=fill)
+        u = gmm(xb, w_up, rows=fill)
+        yb = gmm(jax.nn.silu(g) * u, w_down, rows=fill)
+        return tuple(_from_buf(a, slot) for a in (yb.reshape(-1, d), g.reshape(-1, f), u.reshape(-1, f)))
+
+    return _sum_rounds(plan.n_rounds, one_round)
+
+
+def _cap_bwd_rounds(cap, rows, row_expert, plan, w_gate, w_up, w_down, g_rows, u_rows, dy):
+    d = rows.shape[1]
+    n_exp, _, f = w_gate.shape
+
+    def one_round(r):
+        slot, fill = plan.slots(row_expert, n_exp, cap, r), plan.filled(cap, r)
         src = _slot_source(slot, n_exp * cap)
         xb, dyb = (_to_buf(a, src).reshape(n_exp, cap, d) for a in (rows, dy))
         g, u = (_to_buf(a, src).reshape(n_exp, cap, f) for a in (g_rows, u_rows))
         sg = jax.nn.silu(g)
-        dwd = dwd + jnp.einsum("ecf,ecd->efd", sg * u, dyb)
-        dh = jnp.einsum("ecd,efd->ecf", dyb, w_down)
+        dwd = gmm(sg * u, dyb, trans_a=True, rows=fill)
+        dh = gmm(dyb, w_down, trans_b=True, rows=fill)
         du = dh * sg
         dg = dh * u * _silu_grad(g)
-        dwg = dwg + jnp.einsum("ecd,ecf->edf", xb, dg)
-        dwu = dwu + jnp.einsum("ecd,ecf->edf", xb, du)
-        dxb = jnp.einsum("ecf,edf->ecd", dg, w_gate) + jnp.einsum("ecf,edf->ecd", du, w_up)
-        return dx + _from_buf(dxb.reshape(-1, d), slot), dwg, dwu, dwd
+        dwg = gmm(xb, dg, trans_a=True, rows=fill)
+        dwu = gmm(xb, du, trans_a=True, rows=fill)
+        dxb = gmm(dg, w_gate, trans_b=True, rows=fill) + gmm(du, w_up, trans_b=True, rows=fill)
+        return _from_buf(dxb.reshape(-1, d), slot), dwg, dwu, dwd
 
-    refs = (rows, w_gate, w_up, w_down, row_expert, n_rounds, g_rows, u_rows, dy)
-    init = (_vary_like(jnp.zeros_like(rows), *refs),) + tuple(
-        _vary_like(jnp.zeros_like(a), *refs) for a in (w_gate, w_up, w_down))
-    return jax.lax.fori_loop(0, n_rounds, body, init)
+    return _sum_rounds(plan.n_rounds, one_round)
 
 
-def _cap_plan(buckets, row_expert, n_exp):
-    """rank of each row within its expert, validity, the bucket index and the number of rounds."""
+def _cap_plan(buckets, row_expert, n_exp) -> tuple[jax.Array, _CapPlan]:
+    """The bucket index (which static buffer size) and the plan for filling it."""
     valid = row_expert < n_exp
     rank, counts = rank_within_groups(row_expert, n_exp)
     cmax = jnp.max(counts)
     caps = jnp.array(buckets, jnp.int32)
     idx = jnp.minimum(jnp.sum(cmax > caps), len(buckets) - 1)
     n_rounds = (cmax + caps[idx] - 1) // caps[idx]  # 1 unless cmax exceeds the largest bucket
-    return rank, valid, idx, n_rounds
+    return idx, _CapPlan(rank, valid, counts, n_rounds)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -238,19 +236,19 @@ def capacity_swiglu(buckets, rows, row_expert, w_gate, w_up, w_down):
 def _capacity_fwd(buckets, rows, row_expert, w_gate, w_up, w_down):
     n_exp = w_gate.shape[0]
     row_expert = row_expert.astype(jnp.int32)
-    rank, valid, idx, n_rounds = _cap_plan(buckets, row_expert, n_exp)
+    idx, plan = _cap_plan(buckets, row_expert, n_exp)
     branches = [partial(_cap_fwd_rounds, c) for c in buckets]
-    y, g_rows, u_rows = jax.lax.switch(idx, branches, rows, row_expert, rank, valid, n_rounds, w_gate, w_up, w_down)
-    return y, (rows, row_expert, rank, valid, idx, n_rounds, w_gate, w_up, w_down, g_rows, u_rows)
+    y, g_rows, u_rows = jax.lax.switch(idx, branches, rows, row_expert, plan, w_gate, w_up, w_down)
+    return y, (rows, row_expert, plan, idx, w_gate, w_up, w_down, g_rows, u_rows)
 
 
 def _capacity_bwd(buckets, res, dy):
-    rows, row_expert, rank, valid, idx, n_rounds, w_gate, w_up, w_down, g_rows, u_rows = res
+    rows, row_expert, plan, idx, w_gate, w_up, w_down, g_rows, u_rows = res
     branches = [partial(_cap_bwd_rounds, c) for c in buckets]
-    dx, dwg, dwu, dwd = jax.lax.switch(idx, branches, rows, row_expert, rank, valid, n_rounds,
-                                       w_gate, w_up, w_down, g_rows, u_rows, dy)
-    return (_sum_to_type_of(dx, rows), None, _sum_to_type_of(dwg, w_gate), _sum_to_type_of(dwu, w_up),
-            _sum_to_type_of(dwd, w_down))
+    dx, dwg, dwu, dwd = jax.lax.switch(idx, branches, rows, row_expert, plan, w_gate, w_up, w_down,
+                                       g_rows, u_rows, dy)
+    return (sum_to_type_of(dx, rows), None, sum_to_type_of(dwg, w_gate), sum_to_type_of(dwu, w_up),
+            sum_to_type_of(dwd, w_down))
 
 
 capacity_swiglu.defvjp(_capacity_fwd, _capacity_bwd)
@@ -313,37 +311,33 @@ def combine(y_assign, weights):
 
 
 # ---- fused local routed path (capacity buffers filled from the tokens; weighted combine) --------
-def _fused_fwd_rounds(cap, x, weights, flat, rank, valid, n_rounds, w_gate, w_up, w_down):
+def _fused_fwd_rounds(cap, x, weights, flat, plan, w_gate, w_up, w_down):
     t, k = weights.shape
     d = x.shape[1]
     n_exp, _, f = w_gate.shape
 
-    def body(r, carry):
-        y, g_rows, u_rows = carry
-        slot = _cap_slots(flat, rank, valid, n_exp, cap, r)
+    def one_round(r):
+        slot, fill = plan.slots(flat, n_exp, cap, r), plan.filled(cap, r)
         src = _slot_source(slot, n_exp * cap)  # assignment index per buffer row (t*k = none)
         xb = jnp.take(x, src // k, axis=0, mode="fill", fill_value=0).reshape(n_exp, cap, d)
-        g = jnp.einsum("ecd,edf->ecf", xb, w_gate)
-        u = jnp.einsum("ecd,edf->ecf", xb, w_up)
-        yb = jnp.einsum("ecf,efd->ecd", jax.nn.silu(g) * u, w_down).reshape(-1, d)
+        g = gmm(xb, w_gate, rows=fill)
+        u = gmm(xb, w_up, rows=fill)
+        yb = gmm(jax.nn.silu(g) * u, w_down, rows=fill).reshape(-1, d)
         ya = _from_buf(yb, slot).reshape(t, k, d)
-        y = y + jnp.sum(ya * weights[:, :, None], axis=1)
-        return (y, g_rows + _from_buf(g.reshape(-1, f), slot), u_rows + _from_buf(u.reshape(-1, f), slot))
+        y = jnp.sum(ya * weights[:, :, None], axis=1)
+        return y, _from_buf(g.reshape(-1, f), slot), _from_buf(u.reshape(-1, f), slot)
 
-    refs = (x, weights, w_gate, w_up, w_down, flat, n_rounds)
-    init = tuple(_vary_like(jnp.zeros((n, c), x.dtype), *refs) for n, c in ((t, d), (t * k, f), (t * k, f)))
-    return jax.lax.fori_loop(0, n_rounds, body, init)
+    return _sum_rounds(plan.n_rounds, one_round)
 
 
-def _fused_bwd_rounds(cap, x, weights, flat, rank, valid, n_rounds, w_gate, w_up, w_down, g_rows, u_rows, dy):
+def _fused_bwd_rounds(cap, x, weights, flat, plan, w_gate, w_up, w_down, g_rows, u_rows, dy):
     t, k = weights.shape
     d = x.shape[1]
     n_exp, _, f = w_gate.shape
     wflat = weights.reshape(-1)
 
-    def body(r, carry):
-        dx, dwt, dwg, dwu, dwd = carry
-        slot = _cap_slots(flat, rank, valid, n_exp, cap, r)
+    def one_round(r):
+        slot, fill = plan.slots(flat, n_exp, cap, r), plan.filled(cap, r)
         src = _slot_source(slot, n_exp * cap)
         tok = src // k
         xb = jnp.take(x, tok, axis=0, mode="fill", fill_value=0).reshape(n_exp, cap, d)
@@ -352,23 +346,20 @@ def _fused_bwd_rounds(cap, x, weights, flat, rank, valid, n_rounds, w_gate, w_up
         g, u = (_to_buf(a, src).reshape(n_exp, cap, f) for a in (g_rows, u_rows))
         sg = jax.nn.silu(g)
         h = sg * u
-        dhu = jnp.einsum("ecd,efd->ecf", dyb, w_down)  # unweighted: d(y_assign) . w_down^T
+        dhu = gmm(dyb, w_down, trans_b=True, rows=fill)  # unweighted: d(y_assign) . w_down^T
         dwb = jnp.sum(dhu * h, axis=-1)  # d weight of each buffer row
-        dwt = dwt + _from_buf(dwb.reshape(-1), slot)
-        dwd = dwd + jnp.einsum("ecf,ecd->efd", h * wb, dyb)
+        dwt = _from_buf(dwb.reshape(-1), slot)
+        dwd = gmm(h * wb, dyb, trans_a=True, rows=fill)
         dh = dhu * wb
         du = dh * sg
         dg = dh * u * _silu_grad(g)
-        dwg = dwg + jnp.einsum("ecd,ecf->edf", xb, dg)
-        dwu = dwu + jnp.einsum("ecd,ecf->edf", xb, du)
-        dxb = jnp.einsum("ecf,edf->ecd", dg, w_gate) + jnp.einsum("ecf,edf->ecd", du, w_up)
-        dx = dx + jnp.sum(_from_buf(dxb.reshape(-1, d), slot).reshape(t, k, d), axis=1)
+        dwg = gmm(xb, dg, trans_a=True, rows=fill)
+        dwu = gmm(xb, du, trans_a=True, rows=fill)
+        dxb = gmm(dg, w_gate, trans_b=True, rows=fill) + gmm(du, w_up, trans_b=True, rows=fill)
+        dx = jnp.sum(_from_buf(dxb.reshape(-1, d), slot).reshape(t, k, d), axis=1)
         return dx, dwt, dwg, dwu, dwd
 
-    refs = (x, weights, w_gate, w_up, w_down, flat, n_rounds, g_rows, u_rows, dy)
-    init = (_vary_like(jnp.zeros_like(x), *refs), _vary_like(jnp.zeros((t * k,), x.dtype), *refs)) + tuple(
-        _vary_like(jnp.zeros_like(a), *refs) for a in (w_gate, w_up, w_down))
-    return jax.lax.fori_loop(0, n_rounds, body, init)
+    return _sum_rounds(plan.n_rounds, one_round)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -384,19 +375,19 @@ def capacity_moe(buckets, x, expert_ids, weights, w_gate, w_up, w_down):
 def _capacity_moe_fwd(buckets, x, expert_ids, weights, w_gate, w_up, w_down):
     n_exp = w_gate.shape[0]
     flat = expert_ids.reshape(-1).astype(jnp.int32)
-    rank, valid, idx, n_rounds = _cap_plan(buckets, flat, n_exp)
+    idx, plan = _cap_plan(buckets, flat, n_exp)
     branches = [partial(_fused_fwd_rounds, c) for c in buckets]
-    y, g_rows, u_rows = jax.lax.switch(idx, branches, x, weights, flat, rank, valid, n_rounds, w_gate, w_up, w_down)
-    return y, (x, weights, flat, rank, valid, idx, n_rounds, w_gate, w_up, w_down, g_rows, u_rows)
+    y, g_rows, u_rows = jax.lax.switch(idx, branches, x, weights, flat, plan, w_gate, w_up, w_down)
+    return y, (x, weights, flat, plan, idx, w_gate, w_up, w_down, g_rows, u_rows)
 
 
 def _capacity_moe_bwd(buckets, res, dy):
-    x, weights, flat, rank, valid, idx, n_rounds, w_gate, w_up, w_down, g_rows, u_rows = res
+    x, weights, flat, plan, idx, w_gate, w_up, w_down, g_rows, u_rows = res
     branches = [partial(_fused_bwd_rounds, c) for c in buckets]
-    dx, dwt, dwg, dwu, dwd = jax.lax.switch(idx, branches, x, weights, flat, rank, valid, n_rounds,
-                                            w_gate, w_up, w_down, g_rows, u_rows, dy)
-    return (_sum_to_type_of(dx, x), None, _sum_to_type_of(dwt.reshape(weights.shape), weights),
-            _sum_to_type_of(dwg, w_gate), _sum_to_type_of(dwu, w_up), _sum_to_type_of(dwd, w_down))
+    dx, dwt, dwg, dwu, dwd = jax.lax.switch(idx, branches, x, weights, flat, plan, w_gate, w_up, w_down,
+                                            g_rows, u_rows, dy)
+    return (sum_to_type_of(dx, x), None, sum_to_type_of(dwt.reshape(weights.shape), weights),
+            sum_to_type_of(dwg, w_gate), sum_to_type_of(dwu, w_up), sum_to_type_of(dwd, w_down))
 
 
 capacity_moe.defvjp(_capacity_moe_fwd, _capacity_moe_bwd)

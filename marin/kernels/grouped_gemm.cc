@@ -81,8 +81,15 @@ ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
             out->typed_data()};
   if (groups == 0 || m == 0 || n == 0) return ffi::Error::Success();
 
-  // Contiguous, near-equal runs of groups per thread; the calling thread takes the first run.
-  const int64_t workers = std::max<int64_t>(1, std::min(threads, groups));
+  // Contiguous, near-equal runs of groups per thread; the calling thread takes the first run. A
+  // thread is only worth starting (tens of microseconds) for at least kMinFlopsPerThread of work.
+  constexpr double kMinFlopsPerThread = 16e6;
+  double flops = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    flops += 2.0 * std::clamp<int64_t>(gemm.rows[g], 0, trans_a ? k : m) * (trans_a ? m : k) * n;
+  }
+  const int64_t by_work = static_cast<int64_t>(flops / kMinFlopsPerThread);
+  const int64_t workers = std::max<int64_t>(1, std::min({threads, groups, by_work}));
   std::vector<std::thread> pool;
   pool.reserve(workers - 1);
   for (int64_t w = 1; w < workers; ++w) {

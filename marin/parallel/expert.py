@@ -580,12 +580,28 @@ def ep_moe(x, expert_ids, weights, experts, mesh, *, n_experts: int, transport: 
     return f(x, expert_ids, weights, experts["gate"], experts["up"], experts["down"])
 
 
+def _local_on_mesh(x, expert_ids, weights, experts, mesh, impl):
+    """`local_moe` per device inside shard_map: explicit per-device work, so the CPU kernel's custom
+    call (which the automatic partitioner cannot split) runs on each device's own tokens."""
+
+    def body(x, ids, w, gate, up, down):
+        y, stats = local_moe(x, ids, w, {"gate": gate, "up": up, "down": down}, impl)
+        return y, jax.tree.map(lambda s: jax.lax.psum(s, TOKEN_AXES), stats)
+
+    tok, rep = P(TOKEN_AXES), P()
+    f = jax.shard_map(body, mesh=mesh, in_specs=(tok, tok, tok, rep, rep, rep), out_specs=(tok, rep))
+    return f(x, expert_ids, weights, experts["gate"], experts["up"], experts["down"])
+
+
 def moe_experts(x, expert_ids, weights, experts, *, n_experts: int, transport: str, mesh=None,
                 capacity_factor: float = 1.15, impl: str | None = None):
-    """Dispatch to a transport. transport "local" ignores the mesh; an EP transport without a mesh runs
-    on a 1 x 1 mesh of the first device (same drop semantics with ep = 1)."""
+    """Dispatch to a transport. transport "local" on a mesh of several devices: every device runs all
+    experts on its own tokens (expert weights gathered; a data-parallel baseline, no EP); an EP
+    transport without a mesh runs on a 1 x 1 mesh of the first device (same drop semantics, ep = 1)."""
     if transport == "local":
-        return local_moe(x, expert_ids, weights, experts, impl)
+        if mesh is None or mesh.size == 1:
+            return local_moe(x, expert_ids, weights, experts, impl)
+        return _local_on_mesh(x, expert_ids, weights, experts, mesh, impl)
     if mesh is None:
         from marin.parallel.mesh import make_mesh
 

@@ -40,7 +40,12 @@ def cache_dir() -> Path:
 def _build_inputs() -> tuple[list[str], str]:
     """The compile command's flags (without source/output) and a key naming what the binary depends on."""
     import jaxlib
-    import scipy_openblas32 as openblas
+
+    try:
+        import scipy_openblas32 as openblas
+    except ImportError as e:
+        raise RuntimeError("the scipy-openblas32 wheel is missing; install marin's train extra "
+                           "(pip install -e '.[train]')") from e
 
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if cxx is None:
@@ -110,8 +115,8 @@ def grouped_matmul(a, b, trans_a: bool = False, trans_b: bool = False, rows=None
     g = a.shape[0]
     m = a.shape[2] if trans_a else a.shape[1]
     n = b.shape[1] if trans_b else b.shape[2]
-    if a.dtype != jnp.float32 or b.dtype != jnp.float32 or not available():
-        return _einsum(a, b, trans_a, trans_b)
+    if a.dtype != jnp.float32 or b.dtype != jnp.float32 or jax.default_backend() != "cpu" or not available():
+        return _einsum(a, b, trans_a, trans_b)  # (a GPU process never builds the kernel)
     rows = jnp.full((g,), a.shape[1], jnp.int32) if rows is None else rows.astype(jnp.int32)
 
     def cpu(a, b, rows):

@@ -35,8 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from marin.kernels.cpu import grouped_matmul as gmm
-from marin.kernels.cpu import grouped_matmul_nn
+from marin.kernels.cpu import grouped_matmul_nn, swiglu_bwd, swiglu_fwd
 from marin.parallel.mesh import DATA, EXPERT, TOKEN_AXES, sum_to_type_of, vary_like
 
 EP_TRANSPORTS = ("fixed", "dropless", "ragged")
@@ -124,11 +123,6 @@ def capacity_buckets(expected_rows: float) -> tuple:
     return tuple(sorted({max(8, -(-math.ceil(f * expected_rows) // 8) * 8) for f in CAPACITY_BUCKETS}))
 
 
-def _silu_grad(g):
-    s = jax.nn.sigmoid(g)
-    return s * (1 + g * (1 - s))
-
-
 class _CapPlan(NamedTuple):
     """Where rows go in the capacity buffers: each row's rank within its expert, whether it has an
     expert, the rows per expert and the number of rounds (computed once, reused by the backward)."""
@@ -181,9 +175,7 @@ def _cap_fwd_rounds(cap, rows, row_expert, plan, w_gate, w_up, w_down):
     def one_round(r):
         slot, fill = plan.slots(row_expert, n_exp, cap, r), plan.filled(cap, r)
         xb = _to_buf(rows, _slot_source(slot, n_exp * cap)).reshape(n_exp, cap, d)
-        g = gmm(xb, w_gate, rows=fill)
-        u = gmm(xb, w_up, rows=fill)
-        yb = gmm(jax.nn.silu(g) * u, w_down, rows=fill)
+        yb, g, u = swiglu_fwd(xb, w_gate, w_up, w_down, fill)
         return tuple(_from_buf(a, slot) for a in (yb.reshape(-1, d), g.reshape(-1, f), u.reshape(-1, f)))
 
     return _sum_rounds(plan.n_rounds, one_round)
@@ -198,14 +190,8 @@ def _cap_bwd_rounds(cap, rows, row_expert, plan, w_gate, w_up, w_down, g_rows, u
         src = _slot_source(slot, n_exp * cap)
         xb, dyb = (_to_buf(a, src).reshape(n_exp, cap, d) for a in (rows, dy))
         g, u = (_to_buf(a, src).reshape(n_exp, cap, f) for a in (g_rows, u_rows))
-        sg = jax.nn.silu(g)
-        dwd = gmm(sg * u, dyb, trans_a=True, rows=fill)
-        dh = gmm(dyb, w_down, trans_b=True, rows=fill)
-        du = dh * sg
-        dg = dh * u * _silu_grad(g)
-        dwg = gmm(xb, dg, trans_a=True, rows=fill)
-        dwu = gmm(xb, du, trans_a=True, rows=fill)
-        dxb = gmm(dg, w_gate, trans_b=True, rows=fill) + gmm(du, w_up, trans_b=True, rows=fill)
+        ones = jnp.ones((n_exp, cap), rows.dtype)  # a plain SwiGLU: every row's weight is 1
+        dxb, _, dwg, dwu, dwd = swiglu_bwd(xb, dyb, ones, g, u, w_gate, w_up, w_down, fill)
         return _from_buf(dxb.reshape(-1, d), slot), dwg, dwu, dwd
 
     return _sum_rounds(plan.n_rounds, one_round)
@@ -320,10 +306,8 @@ def _fused_fwd_rounds(cap, x, weights, flat, plan, w_gate, w_up, w_down):
         slot, fill = plan.slots(flat, n_exp, cap, r), plan.filled(cap, r)
         src = _slot_source(slot, n_exp * cap)  # assignment index per buffer row (t*k = none)
         xb = jnp.take(x, src // k, axis=0, mode="fill", fill_value=0).reshape(n_exp, cap, d)
-        g = gmm(xb, w_gate, rows=fill)
-        u = gmm(xb, w_up, rows=fill)
-        yb = gmm(jax.nn.silu(g) * u, w_down, rows=fill).reshape(-1, d)
-        ya = _from_buf(yb, slot).reshape(t, k, d)
+        yb, g, u = swiglu_fwd(xb, w_gate, w_up, w_down, fill)
+        ya = _from_buf(yb.reshape(-1, d), slot).reshape(t, k, d)
         y = jnp.sum(ya * weights[:, :, None], axis=1)
         return y, _from_buf(g.reshape(-1, f), slot), _from_buf(u.reshape(-1, f), slot)
 
@@ -342,20 +326,10 @@ def _fused_bwd_rounds(cap, x, weights, flat, plan, w_gate, w_up, w_down, g_rows,
         tok = src // k
         xb = jnp.take(x, tok, axis=0, mode="fill", fill_value=0).reshape(n_exp, cap, d)
         dyb = jnp.take(dy, tok, axis=0, mode="fill", fill_value=0).reshape(n_exp, cap, d)
-        wb = jnp.take(wflat, src, axis=0, mode="fill", fill_value=0).reshape(n_exp, cap, 1)
+        wb = jnp.take(wflat, src, axis=0, mode="fill", fill_value=0).reshape(n_exp, cap)
         g, u = (_to_buf(a, src).reshape(n_exp, cap, f) for a in (g_rows, u_rows))
-        sg = jax.nn.silu(g)
-        h = sg * u
-        dhu = gmm(dyb, w_down, trans_b=True, rows=fill)  # unweighted: d(y_assign) . w_down^T
-        dwb = jnp.sum(dhu * h, axis=-1)  # d weight of each buffer row
-        dwt = _from_buf(dwb.reshape(-1), slot)
-        dwd = gmm(h * wb, dyb, trans_a=True, rows=fill)
-        dh = dhu * wb
-        du = dh * sg
-        dg = dh * u * _silu_grad(g)
-        dwg = gmm(xb, dg, trans_a=True, rows=fill)
-        dwu = gmm(xb, du, trans_a=True, rows=fill)
-        dxb = gmm(dg, w_gate, trans_b=True, rows=fill) + gmm(du, w_up, trans_b=True, rows=fill)
+        dxb, dwb, dwg, dwu, dwd = swiglu_bwd(xb, dyb, wb, g, u, w_gate, w_up, w_down, fill)
+        dwt = _from_buf(dwb.reshape(-1), slot)  # d combine weight of each assignment
         dx = jnp.sum(_from_buf(dxb.reshape(-1, d), slot).reshape(t, k, d), axis=1)
         return dx, dwt, dwg, dwu, dwd
 

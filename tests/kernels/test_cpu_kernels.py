@@ -85,6 +85,45 @@ def test_nn_gradients_match_einsum():
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
 
 
+def capacity_buffers(rng, e=5, c=12, d=16, f=24):
+    """Per-expert buffers whose rows past rows[e] are zero, as the MoE's capacity path builds them."""
+    rows = np.array([0, 3, 12, 7, 40][:e], np.int32)  # empty, partial, full, partial, over-full
+    mask = (np.arange(c)[None, :] < np.minimum(rows, c)[:, None]).astype(np.float32)
+    x = rng.standard_normal((e, c, d)).astype(np.float32) * mask[..., None]
+    w = [rng.standard_normal(s).astype(np.float32) / np.sqrt(s[1]) for s in ((e, d, f), (e, d, f), (e, f, d))]
+    return x, w, rows, mask
+
+
+def swiglu_slow(x, w_gate, w_up, w_down):
+    g = jnp.einsum("ecd,edf->ecf", x, w_gate)
+    return jnp.einsum("ecf,efd->ecd", jax.nn.silu(g) * jnp.einsum("ecd,edf->ecf", x, w_up), w_down)
+
+
+def test_swiglu_fwd_matches_einsum():
+    x, w, rows, mask = capacity_buffers(np.random.default_rng(3))
+    y, g, u = jax.jit(cpu.swiglu_fwd)(x, *w, rows)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(swiglu_slow(x, *w)), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(jnp.einsum("ecd,edf->ecf", x, w[0])), rtol=1e-4, atol=1e-5)
+    assert not np.asarray(u)[mask == 0].any()  # padding rows of every output are zero
+
+
+def test_swiglu_bwd_matches_autodiff_of_the_weighted_forward():
+    """The fused backward against jax.grad of sum(dy * row_weight * SwiGLU(x)), written with einsums."""
+    rng = np.random.default_rng(4)
+    x, w, rows, mask = capacity_buffers(rng)
+    dy = rng.standard_normal(x.shape).astype(np.float32) * mask[..., None]
+    row_weight = rng.uniform(0.1, 1.0, mask.shape).astype(np.float32) * mask
+
+    def loss(x, row_weight, *w):
+        return jnp.sum(dy * row_weight[..., None] * swiglu_slow(x, *w))
+
+    want = jax.grad(loss, argnums=(0, 1, 2, 3, 4))(x, row_weight, *w)
+    _, g, u = cpu.swiglu_fwd(x, *w, rows)
+    got = jax.jit(cpu.swiglu_bwd)(x, dy, row_weight, g, u, *w, rows)
+    for name, a, b in zip(("dx", "d row_weight", "dw_gate", "dw_up", "dw_down"), got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
 PROBE = textwrap.dedent("""
     import warnings, numpy as np, jax, jax.numpy as jnp
     from marin.kernels import cpu

@@ -1,15 +1,18 @@
 """CPU kernels for the MoE hot path, as XLA FFI custom calls built on first use.
 
-`grouped_matmul(a, b)` computes out[g] = op(a[g]) @ op(b[g]) over a leading group (expert) axis.
-On CPU it runs `grouped_gemm.cc`: the groups are split across threads, each running single-threaded
-OpenBLAS SGEMMs on whole experts, instead of XLA:CPU's batched dot that splits every expert's small
-GEMM across all cores. On other platforms, or when the kernel is unavailable, it is the plain einsum
-(same values; the choice is made at lowering time by `jax.lax.platform_dependent`).
+`grouped_matmul(a, b)` computes out[g] = op(a[g]) @ op(b[g]) over a leading group (expert) axis;
+`swiglu_fwd` / `swiglu_bwd` are the routed experts' whole SwiGLU forward and backward over capacity
+buffers (the MoE's CPU path, marin.parallel.expert). On CPU they run `grouped_gemm.cc`: the experts
+are split across threads, each running single-threaded OpenBLAS SGEMMs and the elementwise work on
+whole experts in cache, instead of XLA:CPU's batched dot that splits every expert's small GEMM across
+all cores. All of them compute only the filled rows of each expert's buffer. On other platforms, or
+when the kernel is unavailable, the same formulas run as einsums (the `*_reference` functions; the
+choice is made at lowering time by `jax.lax.platform_dependent`).
 
-The kernel is compiled once per (source, jaxlib, OpenBLAS) version with the system C++ compiler into
-$MARIN_KERNEL_CACHE (default ~/.cache/marin/kernels) and loaded from there afterwards. If it cannot
-be built (no compiler, the `scipy-openblas32` wheel of the `train` extra missing) a warning says so
-once and the einsum is used. MARIN_CPU_KERNELS=0 turns the kernel off.
+The library is compiled once per (source, jaxlib, OpenBLAS, CPU model) with the system C++ compiler
+(-march=native) into $MARIN_KERNEL_CACHE (default ~/.cache/marin/kernels) and loaded from there
+afterwards. If it cannot be built (no compiler, the `scipy-openblas32` wheel of the `train` extra
+missing) a warning says so once and the einsums are used. MARIN_CPU_KERNELS=0 turns it off.
 """
 
 from __future__ import annotations

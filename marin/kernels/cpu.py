@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from marin.parallel.mesh import sum_to_type_of, vary_like
+from marin.parallel.mesh import vary_like
 
 SOURCE = Path(__file__).with_name("grouped_gemm.cc")
 TARGET = "marin_grouped_gemm"
@@ -153,7 +153,7 @@ def grouped_matmul(a, b, trans_a: bool = False, trans_b: bool = False, rows=None
     rows (int [G], optional): a's axis 1 is a buffer whose first rows[g] rows are filled and whose
     other rows are zero. The kernel then skips the padding (the results are the same either way:
     zero rows give zero output rows, or add nothing to a contraction over them).
-    Not differentiable by itself: use `grouped_matmul_nn`, or write the VJP with it."""
+    Not differentiable by itself: callers write the VJP with it."""
     if not _use_kernel(a, b):
         return _einsum(a, b, trans_a, trans_b)
     g = a.shape[0]
@@ -229,22 +229,3 @@ def swiglu_bwd(x, dy, row_weight, g, u, w_gate, w_up, w_down, rows):
 
     return jax.lax.platform_dependent(x, dy, row_weight, g, u, w_gate, w_up, w_down, rows.astype(jnp.int32),
                                       cpu=cpu, default=_swiglu_bwd_reference)
-
-
-@jax.custom_vjp
-def grouped_matmul_nn(a, b):
-    """Differentiable out[g] = a[g] @ b[g]: both the forward and the VJP run the grouped kernel."""
-    return grouped_matmul(a, b)
-
-
-def _nn_fwd(a, b):
-    return grouped_matmul(a, b), (a, b)
-
-
-def _nn_bwd(res, dout):
-    a, b = res
-    return (sum_to_type_of(grouped_matmul(dout, b, trans_b=True), a),
-            sum_to_type_of(grouped_matmul(a, dout, trans_a=True), b))
-
-
-grouped_matmul_nn.defvjp(_nn_fwd, _nn_bwd)

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from marin.kernels.cpu import grouped_matmul_nn, swiglu_bwd, swiglu_fwd
+from marin.kernels.cpu import swiglu_bwd, swiglu_fwd
 from marin.parallel.mesh import DATA, EXPERT, TOKEN_AXES, sum_to_type_of, vary_like
 
 EP_TRANSPORTS = ("fixed", "dropless", "ragged")
@@ -61,11 +61,30 @@ def rank_within_groups(group, n_groups: int, key=None):
     return rank, counts[:n_groups]
 
 
+@jax.custom_vjp
 def swiglu_experts(x, w_gate, w_up, w_down):
-    """Batched per-expert SwiGLU: x [E, C, D] -> [E, C, D]."""
-    g = grouped_matmul_nn(x, w_gate)
-    u = grouped_matmul_nn(x, w_up)
-    return grouped_matmul_nn(jax.nn.silu(g) * u, w_down)
+    """Batched per-expert SwiGLU: x [E, C, D] -> [E, C, D] (every row computed). Forward and
+    backward are one kernel call each on CPU (marin.kernels.cpu.swiglu_fwd / swiglu_bwd)."""
+    return _swiglu_experts_fwd(x, w_gate, w_up, w_down)[0]
+
+
+def _all_rows(x):
+    return jnp.full((x.shape[0],), x.shape[1], jnp.int32)
+
+
+def _swiglu_experts_fwd(x, w_gate, w_up, w_down):
+    y, g, u = swiglu_fwd(x, w_gate, w_up, w_down, _all_rows(x))
+    return y, (x, g, u, w_gate, w_up, w_down)
+
+
+def _swiglu_experts_bwd(res, dy):
+    x, g, u, w_gate, w_up, w_down = res
+    ones = jnp.ones(x.shape[:2], x.dtype)  # no combine weight inside the block
+    dx, _, dwg, dwu, dwd = swiglu_bwd(x, dy, ones, g, u, w_gate, w_up, w_down, _all_rows(x))
+    return tuple(sum_to_type_of(ct, p) for ct, p in ((dx, x), (dwg, w_gate), (dwu, w_up), (dwd, w_down)))
+
+
+swiglu_experts.defvjp(_swiglu_experts_fwd, _swiglu_experts_bwd)
 
 
 def _block_size(n_rows: int, n_groups: int) -> int:

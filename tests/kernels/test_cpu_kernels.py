@@ -71,18 +71,20 @@ def test_zero_sized_operands():
     np.testing.assert_array_equal(np.asarray(got), np.zeros((3, 4, 5)))
 
 
-def test_nn_gradients_match_einsum():
+def test_swiglu_experts_gradients_match_einsum():
+    """swiglu_experts (the fixed transport's receivers) differentiates through the fused kernels."""
+    from marin.parallel.expert import swiglu_experts
+
     rng = np.random.default_rng(2)
-    a, b = operands(rng, 4, 9, 6, 7, False, False)
-    probe = rng.standard_normal((4, 9, 7)).astype(np.float32)
+    x = rng.standard_normal((4, 9, 6)).astype(np.float32)
+    w = [rng.standard_normal(s).astype(np.float32) for s in ((4, 6, 5), (4, 6, 5), (4, 5, 6))]
+    probe = rng.standard_normal((4, 9, 6)).astype(np.float32)
 
-    def loss(mm):
-        return jax.jit(jax.grad(lambda a, b: jnp.sum(mm(a, b) * probe), argnums=(0, 1)))
+    def grads(f):
+        return jax.jit(jax.grad(lambda *a: jnp.sum(f(*a) * probe), argnums=(0, 1, 2, 3)))(x, *w)
 
-    got = loss(cpu.grouped_matmul_nn)(a, b)
-    want = loss(lambda a, b: jnp.einsum("gmk,gkn->gmn", a, b))(a, b)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
+    for g, want in zip(grads(swiglu_experts), grads(swiglu_slow)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-4, atol=1e-4)
 
 
 def capacity_buffers(rng, e=5, c=12, d=16, f=24):

@@ -171,7 +171,7 @@ def grouped_matmul(a, b, trans_a: bool = False, trans_b: bool = False, rows=None
 
 
 # ---- per-expert SwiGLU over capacity buffers ---------------------------------------------------
-def silu_grad(g):
+def _silu_grad(g):
     s = jax.nn.sigmoid(g)
     return s * (1 + g * (1 - s))
 
@@ -205,7 +205,7 @@ def _swiglu_bwd_reference(x, dy, row_weight, g, u, w_gate, w_up, w_down, rows):
     d_row_weight = jnp.sum(dhu * h, axis=-1)
     dh = dhu * row_weight[..., None]
     du = dh * sg
-    dg = dh * u * silu_grad(g)
+    dg = dh * u * _silu_grad(g)
     dw_down = _einsum(h * row_weight[..., None], dy, True, False)
     dw_gate = _einsum(x, dg, True, False)
     dw_up = _einsum(x, du, True, False)
@@ -217,7 +217,7 @@ def swiglu_bwd(x, dy, row_weight, g, u, w_gate, w_up, w_down, rows):
     """Backward of y[e, i] = row_weight[e, i] * SwiGLU_e(x[e, i]) over capacity buffers (first
     rows[e] rows filled), given dy = dL/dy and the forward's g, u. row_weight [E, C] is the combine
     weight of each buffer row (ones for a plain SwiGLU). Returns dx, d row_weight [E, C],
-    dw_gate, dw_up, dw_down. On CPU one kernel call per round does the six GEMMs and the
+    dw_gate, dw_up, dw_down. On CPU one kernel call does the six GEMMs and the
     elementwise derivative per expert, in cache."""
     if not _use_kernel(x, dy, row_weight, g, u, w_gate, w_up, w_down):
         return _swiglu_bwd_reference(x, dy, row_weight, g, u, w_gate, w_up, w_down, rows)

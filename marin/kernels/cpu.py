@@ -130,7 +130,7 @@ def _einsum(a, b, trans_a: bool, trans_b: bool):
     return jnp.einsum(f"{'gkm' if trans_a else 'gmk'},{'gnk' if trans_b else 'gkn'}->gmn", a, b)
 
 
-def _use_kernel(*arrays) -> bool:
+def use_kernel(*arrays) -> bool:
     """f32 operands in a CPU process with the kernel built (a GPU process never builds it)."""
     return (all(a.dtype == jnp.float32 for a in arrays) and jax.default_backend() == "cpu"
             and available())
@@ -154,7 +154,7 @@ def grouped_matmul(a, b, trans_a: bool = False, trans_b: bool = False, rows=None
     other rows are zero. The kernel then skips the padding (the results are the same either way:
     zero rows give zero output rows, or add nothing to a contraction over them).
     Not differentiable by itself: callers write the VJP with it."""
-    if not _use_kernel(a, b):
+    if not use_kernel(a, b):
         return _einsum(a, b, trans_a, trans_b)
     g = a.shape[0]
     m = a.shape[2] if trans_a else a.shape[1]
@@ -176,6 +176,11 @@ def _silu_grad(g):
     return s * (1 + g * (1 - s))
 
 
+def swiglu_reference(x, w_gate, w_up, w_down):
+    """Per-expert SwiGLU as einsums: x [E, C, D] -> [E, C, D]."""
+    return _swiglu_fwd_reference(x, w_gate, w_up, w_down, None)[0]
+
+
 def _swiglu_fwd_reference(x, w_gate, w_up, w_down, rows):
     g = _einsum(x, w_gate, False, False)
     u = _einsum(x, w_up, False, False)
@@ -186,7 +191,7 @@ def swiglu_fwd(x, w_gate, w_up, w_down, rows):
     """Per-expert SwiGLU over capacity buffers x [E, C, D] whose first rows[e] rows are filled (the
     rest zero): returns y [E, C, D] and the pre-activations g, u [E, C, F] for `swiglu_bwd`. On CPU
     one kernel call does all three GEMMs and the activation per expert, in cache."""
-    if not _use_kernel(x, w_gate, w_up, w_down):
+    if not use_kernel(x, w_gate, w_up, w_down):
         return _swiglu_fwd_reference(x, w_gate, w_up, w_down, rows)
     e, c, d = x.shape
     f = w_gate.shape[2]
@@ -219,7 +224,7 @@ def swiglu_bwd(x, dy, row_weight, g, u, w_gate, w_up, w_down, rows):
     weight of each buffer row (ones for a plain SwiGLU). Returns dx, d row_weight [E, C],
     dw_gate, dw_up, dw_down. On CPU one kernel call does the six GEMMs and the
     elementwise derivative per expert, in cache."""
-    if not _use_kernel(x, dy, row_weight, g, u, w_gate, w_up, w_down):
+    if not use_kernel(x, dy, row_weight, g, u, w_gate, w_up, w_down):
         return _swiglu_bwd_reference(x, dy, row_weight, g, u, w_gate, w_up, w_down, rows)
     e, c, d = x.shape
     f = w_gate.shape[2]

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from marin.kernels.cpu import swiglu_bwd, swiglu_fwd
+from marin.kernels.cpu import swiglu_bwd, swiglu_fwd, swiglu_reference, use_kernel
 from marin.parallel.mesh import DATA, EXPERT, TOKEN_AXES, sum_to_type_of, vary_like
 
 EP_TRANSPORTS = ("fixed", "dropless", "ragged")
@@ -61,10 +61,18 @@ def rank_within_groups(group, n_groups: int, key=None):
     return rank, counts[:n_groups]
 
 
-@jax.custom_vjp
 def swiglu_experts(x, w_gate, w_up, w_down):
-    """Batched per-expert SwiGLU: x [E, C, D] -> [E, C, D] (every row computed). Forward and
-    backward are one kernel call each on CPU (marin.kernels.cpu.swiglu_fwd / swiglu_bwd)."""
+    """Batched per-expert SwiGLU: x [E, C, D] -> [E, C, D] (every row computed).
+
+    With the CPU kernels, forward and backward are one kernel call each (a custom VJP). Elsewhere it
+    is plain einsums under autodiff, so remat policies such as "dots" still see and save the dots."""
+    if use_kernel(x, w_gate, w_up, w_down):
+        return _swiglu_experts_kernel(x, w_gate, w_up, w_down)
+    return swiglu_reference(x, w_gate, w_up, w_down)
+
+
+@jax.custom_vjp
+def _swiglu_experts_kernel(x, w_gate, w_up, w_down):
     return _swiglu_experts_fwd(x, w_gate, w_up, w_down)[0]
 
 
@@ -84,7 +92,7 @@ def _swiglu_experts_bwd(res, dy):
     return tuple(sum_to_type_of(ct, p) for ct, p in ((dx, x), (dwg, w_gate), (dwu, w_up), (dwd, w_down)))
 
 
-swiglu_experts.defvjp(_swiglu_experts_fwd, _swiglu_experts_bwd)
+_swiglu_experts_kernel.defvjp(_swiglu_experts_fwd, _swiglu_experts_bwd)
 
 
 def _block_size(n_rows: int, n_groups: int) -> int:

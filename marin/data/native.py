@@ -2,11 +2,8 @@
 
 The kernel is plain C (no Python C API), kept in this module as a string so it ships with the package.
 It is compiled on first use with the system C compiler (``$CC`` or ``cc``; ``-O3 -shared -fPIC``) into
-a per-user cache, ``$XDG_CACHE_HOME/marin/native`` (default ``~/.cache/marin/native``), under a name
-keyed by the sha256 of the source, the compiler command, the flags and the platform, so a changed
-kernel or compiler builds a new library and old ones are never reused. The library is built in a
-private temporary directory next to the cache and moved into place with an atomic ``os.replace``:
-concurrent processes (Ray workers) either find a complete library or build their own identical one.
+marin's native cache under a name keyed by the sha256 of the source, the compiler command, the flags
+and the platform, atomically (the rules shared by every native kernel are in :mod:`marin.nativebuild`).
 It is loaded with :mod:`ctypes` and checked against the numpy reference on a small random batch.
 
 When there is no compiler, the build or the check fails, or the platform is unsupported, one warning
@@ -25,21 +22,19 @@ import hashlib
 import logging
 import os
 import platform
-import shlex
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
 import numpy as np
 
+from marin import nativebuild
+from marin.nativebuild import DISABLE_ENV, native_disabled  # noqa: F401  (re-exported for callers and tests)
+
 logger = logging.getLogger(__name__)
 
 ABI_VERSION = 1
 CFLAGS = ("-O3", "-shared", "-fPIC")
-DISABLE_ENV = "MARIN_DISABLE_NATIVE"
 
 C_SOURCE = r"""
 /* marin loader kernel: copy token windows into a batch and write segment ids in the same pass.
@@ -196,20 +191,9 @@ void marin_segment_ids(int64_t n_rows, int64_t row_len, const uint32_t *tokens, 
 """
 
 
-def native_disabled() -> bool:
-    """True when ``MARIN_DISABLE_NATIVE`` is set to anything but empty, 0, false, no or off."""
-    return os.environ.get(DISABLE_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
 def compiler_command() -> list[str]:
     """The C compiler command: ``$CC`` (split like a shell would) or ``cc``."""
-    return shlex.split(os.environ.get("CC", "").strip() or "cc")
-
-
-def cache_dir() -> Path:
-    """Where built kernels live: ``$XDG_CACHE_HOME/marin/native`` or ``~/.cache/marin/native``."""
-    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "marin" / "native"
+    return nativebuild.compiler_command("c")
 
 
 def build_key(cc: list[str]) -> str:
@@ -307,22 +291,17 @@ def _self_test(k: NativeKernel) -> None:
             raise RuntimeError("self-test: native result differs from numpy")
 
 
-def _compile(cc: list[str], directory: Path, target: Path) -> None:
-    """Build the library into ``target`` via a private temporary directory and an atomic rename."""
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=directory))
-    try:
-        src = tmp / "loader.c"
+def _compile(cc: list[str], target: Path) -> None:
+    """Build the library into ``target`` (atomically, see :mod:`marin.nativebuild`); the C source is
+    kept next to it, for reading and debugging."""
+
+    def build(workdir: Path, output: Path) -> None:
+        src = workdir / "loader.c"
         src.write_text(C_SOURCE)
-        so = tmp / target.name
-        proc = subprocess.run([*cc, *CFLAGS, "-o", str(so), str(src)], capture_output=True, text=True, timeout=120,
-                              check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{shlex.join(cc)} exited with {proc.returncode}: {proc.stderr.strip()[-2000:]}")
-        os.replace(src, target.with_suffix(".c"))  # kept next to the library, for reading and debugging
-        os.replace(so, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        nativebuild.run_build_command([*cc, *CFLAGS, "-o", str(output), str(src)])
+        os.replace(src, target.with_suffix(".c"))
+
+    nativebuild.build_cached(target, build)
 
 
 def _load(path: Path, force_level: int) -> NativeKernel:
@@ -341,22 +320,14 @@ def build_and_load(force_level: int = 0) -> NativeKernel:
     if sys.byteorder != "little":
         raise RuntimeError("token stores are little-endian; the kernel copies raw bytes")
     cc = compiler_command()
-    name = f"loader-{build_key(cc)}.so"
-    try:
-        directory = cache_dir()
-        directory.mkdir(parents=True, exist_ok=True)
-        if not os.access(directory, os.W_OK):
-            raise OSError(f"{directory} is not writable")
-    except OSError:
-        # read-only home: a private, per-process directory (rebuilt by every process)
-        directory = Path(tempfile.mkdtemp(prefix="marin-native-"))
-    target = directory / name
+    target = nativebuild.writable_cache_dir() / f"loader-{build_key(cc)}.so"
     if target.exists():
         try:
             return _load(target, force_level)
         except Exception as e:  # noqa: BLE001  (a broken cached file, whatever the error: rebuild it once)
             logger.debug("cached native kernel %s unusable (%s); rebuilding", target, e)
-    _compile(cc, directory, target)
+            target.unlink(missing_ok=True)
+    _compile(cc, target)
     return _load(target, force_level)
 
 
@@ -386,8 +357,7 @@ def _init() -> NativeKernel | None:
                 _KERNEL = build_and_load()
                 logger.debug("native loader kernel: %s (%s)", _KERNEL.path, _KERNEL.isa)
             except Exception as e:  # noqa: BLE001  (any failure means: use the numpy path)
-                logger.warning("marin native loader kernel unavailable, using the numpy path (same results, "
-                               "slower): %s. Set %s=1 to skip the build.", e, DISABLE_ENV)
+                nativebuild.warn_unavailable("native loader kernel", "the numpy path", e)
                 _KERNEL = None
         return _KERNEL  # type: ignore[return-value]
 

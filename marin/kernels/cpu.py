@@ -10,9 +10,10 @@ when the kernel is unavailable, the same formulas run as einsums (the `*_referen
 choice is made at lowering time by `jax.lax.platform_dependent`).
 
 The library is compiled once per (source, jaxlib, OpenBLAS, CPU model) with the system C++ compiler
-(-march=native) into $MARIN_KERNEL_CACHE (default ~/.cache/marin/kernels) and loaded from there
-afterwards. If it cannot be built (no compiler, the `scipy-openblas32` wheel of the `train` extra
-missing) a warning says so once and the einsums are used. MARIN_CPU_KERNELS=0 turns it off.
+(-march=native) into marin's native cache and loaded from there afterwards (compiler, cache,
+atomic build and the off switch MARIN_DISABLE_NATIVE=1 follow :mod:`marin.nativebuild`). If it cannot
+be built (no compiler, the `scipy-openblas32` wheel of the `train` extra missing) a warning says so
+once and the einsums are used.
 """
 
 from __future__ import annotations
@@ -21,10 +22,6 @@ import ctypes
 import functools
 import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
-import warnings
 from pathlib import Path
 
 import jax
@@ -32,15 +29,12 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from marin.parallel.mesh import vary_like
+from marin import nativebuild
+from marin.jaxcompat import vary_like
 
 SOURCE = Path(__file__).with_name("grouped_gemm.cc")
 TARGET = "marin_grouped_gemm"
 TARGETS = {TARGET: "MarinGroupedGemm", "marin_swiglu_fwd": "MarinSwigluFwd", "marin_swiglu_bwd": "MarinSwigluBwd"}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("MARIN_KERNEL_CACHE", Path.home() / ".cache" / "marin" / "kernels"))
 
 
 def _cpu_identity() -> str:
@@ -66,15 +60,13 @@ def _build_inputs() -> tuple[list[str], list[str], list[str], str]:
         raise RuntimeError("the scipy-openblas32 wheel is missing; install marin's train extra "
                            "(pip install -e '.[train]')") from e
 
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        raise RuntimeError("no C++ compiler (c++/g++) on PATH; set CXX")
+    cxx = nativebuild.compiler_command("c++")
     lib_dir = openblas.get_lib_dir()
     # -ffast-math for the vectorised exp of the SwiGLU loops; the link step goes without it, so
     # crtfastmath (flush-to-zero for the whole process) is never linked in.
-    compile_flags = [cxx, "-O3", "-march=native", "-ffast-math", "-std=c++17", "-fPIC",
+    compile_flags = [*cxx, "-O3", "-march=native", "-ffast-math", "-std=c++17", "-fPIC",
                      f"-I{jax.ffi.include_dir()}", f"-I{openblas.get_include_dir()}"]
-    link_flags = [cxx, "-shared", "-pthread"]  # then the object file, then the libraries it needs
+    link_flags = [*cxx, "-shared", "-pthread"]  # then the object file, then the libraries it needs
     libs = [f"-L{lib_dir}", f"-l{openblas.get_library()}", f"-Wl,-rpath,{lib_dir}", "-lmvec", "-lm"]
     key = hashlib.sha256("\0".join([SOURCE.read_text(), jaxlib.__version__, openblas.__version__,
                                     _cpu_identity(), *compile_flags, *link_flags, *libs]).encode()).hexdigest()[:16]
@@ -84,39 +76,26 @@ def _build_inputs() -> tuple[list[str], list[str], list[str], str]:
 def build() -> Path:
     """Compile the kernel library (or find it in the cache). Raises with the compiler's message."""
     compile_flags, link_flags, libs, key = _build_inputs()
-    out = cache_dir() / f"grouped_gemm-{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # compile to a private name, then rename: concurrent builders (Ray workers) never see half a file
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    obj = tmp[:-3] + ".o"
-    try:
-        for cmd in ([*compile_flags, "-c", str(SOURCE), "-o", obj], [*link_flags, obj, *libs, "-o", tmp]):
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                raise RuntimeError(f"building {SOURCE.name} failed:\n{proc.stderr.strip()[-2000:]}")
-        os.replace(tmp, out)
-    finally:
-        for leftover in (tmp, obj):
-            if os.path.exists(leftover):
-                os.unlink(leftover)
-    return out
+
+    def compile_and_link(workdir: Path, output: Path) -> None:
+        obj = workdir / "grouped_gemm.o"
+        nativebuild.run_build_command([*compile_flags, "-c", str(SOURCE), "-o", str(obj)])
+        nativebuild.run_build_command([*link_flags, str(obj), *libs, "-o", str(output)])
+
+    return nativebuild.build_cached(nativebuild.writable_cache_dir() / f"grouped_gemm-{key}.so", compile_and_link)
 
 
 @functools.cache
 def available() -> bool:
     """Build (once per process), load and register the kernel; False (with one warning) if that fails."""
-    if os.environ.get("MARIN_CPU_KERNELS", "1") == "0":
+    if nativebuild.native_disabled():
         return False
     try:
         lib = ctypes.CDLL(str(build()))
         for target, symbol in TARGETS.items():
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     except Exception as e:  # noqa: BLE001 - any failure means: use the einsum
-        warnings.warn(f"marin CPU grouped GEMM kernel unavailable, using XLA's batched dot (slower for "
-                      f"MoE experts): {e}", RuntimeWarning, stacklevel=2)
+        nativebuild.warn_unavailable("CPU grouped GEMM kernel", "XLA's batched dot for the MoE experts", e)
         return False
     return True
 

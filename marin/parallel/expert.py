@@ -35,8 +35,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from marin.jaxcompat import sum_to_type_of, vary_like
 from marin.kernels.cpu import swiglu_bwd, swiglu_fwd, swiglu_reference, use_kernel
-from marin.parallel.mesh import DATA, EXPERT, TOKEN_AXES, sum_to_type_of, vary_like
+from marin.parallel.mesh import DATA, EXPERT, TOKEN_AXES
 
 EP_TRANSPORTS = ("fixed", "dropless", "ragged")
 

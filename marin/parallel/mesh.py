@@ -48,30 +48,5 @@ def param_shardings(params, mesh: Mesh):
     return jax.tree_util.tree_map_with_path(spec, params)
 
 
-def shard_params(params, mesh: Mesh):
-    return jax.device_put(params, param_shardings(params, mesh))
-
-
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
-
-
-def varying_axes(a) -> set:
-    """The shard_map mesh axes `a` varies over (empty outside shard_map)."""
-    t = jax.typeof(a)
-    mat = getattr(t, "manual_axis_type", None)  # jax 0.10; older releases call it .vma
-    return set(mat.varying) if mat is not None else set(getattr(t, "vma", ()))
-
-
-def vary_like(x, *refs):
-    """Inside shard_map, mark a fresh array (e.g. a loop's zero init, a custom call's operand) as
-    varying over the same mesh axes as `refs`, so that values meeting in one op have one type."""
-    missing = tuple(sorted(set().union(*(varying_axes(r) for r in refs)) - varying_axes(x)))
-    return jax.lax.pcast(x, missing, to="varying") if missing else x
-
-
-def sum_to_type_of(ct, primal):
-    """A cotangent varying over more mesh axes than its primal is summed over the extra ones (the
-    transpose of the implicit broadcast of a replicated input, e.g. expert weights over "data")."""
-    extra = tuple(sorted(varying_axes(ct) - varying_axes(primal)))
-    return jax.lax.psum(ct, extra) if extra else ct

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from marin import nativebuild
 from marin.data import native
 from marin.data.mixture import MixtureConfig, MixtureLoader, segment_ids_from_eos
 
@@ -30,6 +31,7 @@ def fresh_native(monkeypatch, tmp_path):
     """A private kernel cache and no remembered kernel, before and after the test."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv(native.DISABLE_ENV, raising=False)
+    monkeypatch.delenv(nativebuild.CACHE_ENV, raising=False)
     native.reset()
     yield tmp_path / "xdg" / "marin" / "native"
     native.reset()
@@ -203,7 +205,7 @@ def test_remote_path_segment_ids(loaders, kernel, monkeypatch):
 def test_disable_env_forces_fallback(fresh_native, monkeypatch, loaders, caplog):
     monkeypatch.setenv(native.DISABLE_ENV, "1")
     monkeypatch.setattr(native, "build_and_load", lambda *a: pytest.fail("must not build when disabled"))
-    with caplog.at_level(logging.WARNING, logger="marin.data.native"):
+    with caplog.at_level(logging.WARNING, logger="marin.nativebuild"):
         assert native.kernel() is None
         b = loaders[0].batch(0, 4, 64)
     assert not caplog.records
@@ -214,7 +216,7 @@ def test_disable_env_forces_fallback(fresh_native, monkeypatch, loaders, caplog)
 def test_missing_or_failing_compiler_falls_back_with_one_warning(fresh_native, monkeypatch, loaders, caplog, cc):
     monkeypatch.setenv("CC", cc)
     loader = loaders[1]
-    with caplog.at_level(logging.WARNING, logger="marin.data.native"):
+    with caplog.at_level(logging.WARNING, logger="marin.nativebuild"):
         assert native.kernel() is None
         got = [loader.batch(s, 4, 500) for s in range(3)]
         assert native.kernel() is None
@@ -238,7 +240,7 @@ def test_build_is_cached_by_source_hash(fresh_native, monkeypatch):
     assert {p.name for p in fresh_native.iterdir()} == {k.path.name, k.path.with_suffix(".c").name}  # no temp dirs
     # A second process (here: a reset) loads the cached library without compiling.
     native.reset()
-    monkeypatch.setattr(native.subprocess, "run", lambda *a, **kw: pytest.fail("compiled although cached"))
+    monkeypatch.setattr(nativebuild.subprocess, "run", lambda *a, **kw: pytest.fail("compiled although cached"))
     assert native.kernel().path == k.path
     # Another source or compiler gets another file.
     assert native.build_key(["cc"]) != native.build_key(["clang"])
@@ -249,6 +251,7 @@ def test_build_is_cached_by_source_hash(fresh_native, monkeypatch):
 def _run_python(code: str, xdg: Path, **env_extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "XDG_CACHE_HOME": str(xdg), **env_extra}
     env.pop(native.DISABLE_ENV, None)
+    env.pop(nativebuild.CACHE_ENV, None)
     root = str(Path(native.__file__).resolve().parents[2])
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=False, env=env, cwd=root, capture_output=True,
                           text=True, timeout=180)
@@ -276,6 +279,7 @@ def test_concurrent_builds_in_separate_processes(tmp_path):
     code = "from marin.data import native; print(native.build_and_load().path)"
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
     env.pop(native.DISABLE_ENV, None)
+    env.pop(nativebuild.CACHE_ENV, None)
     root = str(Path(native.__file__).resolve().parents[2])
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, cwd=root, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]

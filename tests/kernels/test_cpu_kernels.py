@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from marin import nativebuild
 from marin.kernels import cpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,8 +40,8 @@ def reference(a, b, trans_a, trans_b, rows=None):
 
 def test_kernel_is_built_and_used_here():
     """This machine has the compiler and the train extra: the MoE must really run the kernel."""
-    assert cpu.available(), "the grouped GEMM kernel did not build (see the RuntimeWarning)"
-    assert cpu.build().parent == cpu.cache_dir()
+    assert cpu.available(), "the grouped GEMM kernel did not build (see the warning)"
+    assert cpu.build().parent == nativebuild.cache_dir()
     f = jax.jit(lambda a, b: cpu.grouped_matmul(a, b))
     hlo = f.lower(jnp.ones((2, 3, 4)), jnp.ones((2, 4, 5))).compile().as_text()
     assert cpu.TARGET in hlo
@@ -143,7 +144,7 @@ PROBE = textwrap.dedent("""
 
 
 def run_probe(tmp_path, **env):
-    full = {**os.environ, "MARIN_KERNEL_CACHE": str(tmp_path / "cache"), **env}
+    full = {**os.environ, "MARIN_NATIVE_CACHE": str(tmp_path / "cache"), **env}
     return subprocess.Popen([sys.executable, "-c", PROBE], env=full, cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
@@ -158,7 +159,7 @@ def test_without_a_compiler_it_warns_and_falls_back(tmp_path):
 
 
 def test_switched_off_by_env(tmp_path):
-    proc = run_probe(tmp_path, MARIN_CPU_KERNELS="0")
+    proc = run_probe(tmp_path, MARIN_DISABLE_NATIVE="1")
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert "AVAILABLE False" in out and "WARNING" not in out

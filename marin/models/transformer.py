@@ -179,11 +179,6 @@ def forward(params, router_bias, inputs, cfg: MoEConfig, *, mesh=None, transport
     return logits, stats
 
 
-def z_loss(logits):
-    """mean over tokens of logsumexp(logits)^2 (the squared log-normaliser)."""
-    return jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
-
-
 def loss_and_stats(params, router_bias, tokens, cfg: MoEConfig, *, mesh=None, transport: str | None = None,
                    segment_ids=None):
     """tokens int32 [B, L+1] -> (mean CE + z_loss_weight * z_loss, stats). Differentiable w.r.t. params;

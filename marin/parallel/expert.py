@@ -37,9 +37,10 @@ from jax.sharding import PartitionSpec as P
 
 from marin.jaxcompat import sum_to_type_of, vary_like
 from marin.kernels.cpu import swiglu_bwd, swiglu_fwd, swiglu_reference, use_kernel
+from marin.models.config import TRANSPORTS
 from marin.parallel.mesh import DATA, EXPERT, TOKEN_AXES
 
-EP_TRANSPORTS = ("fixed", "dropless", "ragged")
+EP_TRANSPORTS = tuple(t for t in TRANSPORTS if t != "local")  # the ones that move tokens between devices
 
 
 # ---- small pure helpers ---------------------------------------------------------------------
@@ -142,7 +143,6 @@ block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
 
 
 # ---- capacity-padded grouped SwiGLU (CPU default) ---------------------------------------------
-FUSED_LOCAL = True  # local_moe on CPU (impl None): the fused capacity_moe path
 CAPACITY_BUCKETS = (1.03125, 1.0625, 1.09375, 1.125, 1.1875, 1.25, 1.5, 2.0)  # per-expert buffer sizes, x the expected rows
 
 
@@ -398,7 +398,7 @@ capacity_moe.defvjp(_capacity_moe_fwd, _capacity_moe_bwd)
 # ---- local ----------------------------------------------------------------------------------
 def local_moe(x, expert_ids, weights, experts, impl=None):
     t, k = expert_ids.shape
-    if impl == "fused" or (impl is None and FUSED_LOCAL and jax.default_backend() == "cpu"):
+    if impl == "fused" or (impl is None and jax.default_backend() == "cpu"):  # CPU: the fused capacity path
         y = capacity_moe(capacity_buckets(t * k / experts["gate"].shape[0]), x, expert_ids,
                          weights.astype(x.dtype), experts["gate"], experts["up"], experts["down"])
         zero = jnp.zeros((), jnp.float32)

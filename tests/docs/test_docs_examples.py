@@ -19,15 +19,33 @@ def _python_block(doc: str, first_line: str) -> str:
     raise AssertionError(f"{doc} has no python block starting with {first_line!r}")
 
 
-def test_user_guide_first_experiment_runs_and_reruns_as_noop(tmp_path):
-    script = tmp_path / "my_first.py"
-    script.write_text(_python_block("docs/user-guide.md", "# experiments/my_first.py"))
+def test_user_guide_shows_the_tutorial_as_it_is():
+    """The guide walks through experiments/tutorial.py; its listing must be the file (less the docstring)."""
+    block = _python_block("docs/user-guide.md", "# experiments/tutorial.py")
+    source = (REPO / "experiments" / "tutorial.py").read_text()
+    assert block.split("\n", 1)[1] == source[source.index("import dataclasses"):]
+
+
+def test_tutorial_runs_reruns_as_noop_and_explains_a_change(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-    cmd = [sys.executable, str(script), "--prefix", str(tmp_path / "store"), "--progress", "false"]
+    store = tmp_path / "store"
+    cmd = [sys.executable, "-m", "marin.cli", "run", str(REPO / "experiments" / "tutorial.py"),
+           "--prefix", str(store), "--progress", "false"]
     first = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "Steps: 2 succeeded" in first.stderr
-    [out] = (tmp_path / "store" / "my_first").glob("sum-*/sum.json")
+    [out] = (store / "tutorial").glob("sum-*/sum.json")
     assert out.read_text() == '{"sum": %d}' % sum(range(10, 1000))
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert again.returncode == 0 and "Nothing to run: all 2 steps already succeeded" in again.stderr
+
+    # The guide's suggested edit: a new min_value re-runs only the sum, and explain says why.
+    edited = tmp_path / "tutorial.py"
+    edited.write_text((REPO / "experiments" / "tutorial.py").read_text().replace("versioned(10)", "versioned(20)"))
+    explain = subprocess.run([sys.executable, "-m", "marin.cli", "explain", str(edited), "--prefix", str(store)],
+                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert explain.returncode == 0, explain.stderr[-2000:]
+    lines = explain.stdout.splitlines()
+    assert any(ln.startswith("skip tutorial/numbers-") for ln in lines), explain.stdout
+    assert any(ln.startswith("RUN  tutorial/sum-") for ln in lines), explain.stdout
+    assert "min_value" in explain.stdout and "10" in explain.stdout and "20" in explain.stdout, explain.stdout

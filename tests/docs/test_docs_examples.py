@@ -49,3 +49,11 @@ def test_tutorial_runs_reruns_as_noop_and_explains_a_change(tmp_path):
     assert any(ln.startswith("skip tutorial/numbers-") for ln in lines), explain.stdout
     assert any(ln.startswith("RUN  tutorial/sum-") for ln in lines), explain.stdout
     assert "min_value" in explain.stdout and "10" in explain.stdout and "20" in explain.stdout, explain.stdout
+
+
+def test_model_api_example_runs(capsys):
+    """docs/model.md's public-API example, as written (the test session has 8 fake CPU devices)."""
+    code = _python_block("docs/model.md", "# the model API on 8 (fake) devices")
+    exec(compile(code, "docs/model.md", "exec"), {"__name__": "docs_example"})
+    out = capsys.readouterr().out
+    assert out.startswith("loss ") and "training FLOPs per token" in out, out

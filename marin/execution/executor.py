@@ -29,7 +29,7 @@ from marin.execution import status as st
 from marin.execution import storage
 from marin.execution.fingerprint import code_fingerprint, drift
 from marin.execution.hashing import canonical_json, sha256_hex
-from marin.execution.jsonable import mask_leaves, to_jsonable
+from marin.execution.jsonable import mask_argv, mask_leaves, mask_text, to_jsonable
 from marin.execution.plan import Plan, PlannedStep, resolve_config
 from marin.execution.status import StepStatus
 
@@ -120,11 +120,11 @@ def write_experiment_record(plan: Plan, opts: RunOptions, outcome: dict[str, str
     path = experiment_record_path(plan, opts.script)
     record = {
         "script": opts.script,
-        "description": opts.description,
+        "description": mask_text(opts.description or "") or None,
         "prefix": plan.prefix,
         "updated": time.time(),
         "host": socket.gethostname(),
-        "argv": [a if not re.search(r"(?i)(key|secret|token|password)=", a) else "***" for a in sys.argv],
+        "argv": mask_argv(sys.argv),
         "steps": [
             {
                 "name": s.name,
@@ -364,6 +364,7 @@ class _Runner:
         return lease
 
     def _record_failure(self, s: PlannedStep, error: str, tb: str) -> None:
+        error, tb = mask_text(error), mask_text(tb)  # an error message may quote the config
         info = self.info.get(s) or {"name": s.name, "output_path": s.output_path}
         info.update(end_time=time.time(), error=error, traceback=tb)
         try:

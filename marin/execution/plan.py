@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import posixpath
+import re
 import types
 from typing import Any, Iterator
 
@@ -251,7 +252,8 @@ def plan_steps(steps: list[ExecutorStep], prefix: str) -> Plan:
         dep_digests = {f"{d.name}-{d.digest}": d.digest for d in [*deps.values(), *nonblocking.values()]}
         digest = version_digest(step.name, leaves, dep_digests)
         key = (step.name, digest)
-        if key in by_key:  # the same step declared twice: one node
+        if key in by_key:  # the same step declared twice: one node, if nothing unversioned differs
+            _refuse_unversioned_difference(by_key[key], step, by_id)
             by_id[id(step)] = by_key[key]
             continue
         ps = PlannedStep(
@@ -270,6 +272,51 @@ def plan_steps(steps: list[ExecutorStep], prefix: str) -> Plan:
         by_key[key] = by_id[id(step)] = by_path[ps.output_path] = ps
         planned.append(ps)
     return Plan(prefix=prefix, steps=planned, _by_id=by_id)
+
+
+def unversioned_view(step: ExecutorStep, by_id: dict[int, PlannedStep]) -> dict[str, str]:
+    """Field path -> rendered value of every leaf of ``step``'s config, placeholders by identity.
+
+    Two declarations of one step (same name and version) must agree on this view; otherwise they
+    would share one output directory although they would write different things."""
+    from marin.execution.jsonable import to_jsonable
+
+    leaves: dict[str, str] = {}
+
+    def visit(value: Any, path: FieldPath) -> Any:
+        if isinstance(value, VersionedValue):
+            rendered: Any = "<versioned>"  # equal digests: equal versioned values
+        elif isinstance(value, InputName):
+            up = by_id.get(id(value.step))
+            rendered = f"<output of {value.step.name}-{up.hash if up else '?'}>/{value.name or ''}"
+        elif isinstance(value, OutputName):
+            rendered = f"<this output>/{value.name or ''}"
+        elif container_kind(value) is not None and not (isinstance(value, (dict, list, tuple)) and not value):
+            return DESCEND
+        else:
+            rendered = to_jsonable(value, field_name=path.name)
+        leaves[path.describe()] = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(rendered))
+        return None
+
+    walk(step.config, visit, lambda *_: None)
+    fn = step.fn
+    leaves["<fn>"] = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+    return leaves
+
+
+def _refuse_unversioned_difference(first: PlannedStep, again: ExecutorStep, by_id: dict[int, PlannedStep]) -> None:
+    if again.config is first.step.config and again.fn is first.step.fn:
+        return
+    a, b = unversioned_view(first.step, by_id), unversioned_view(again, by_id)
+    if a == b:
+        return
+    diffs = [f"{p}: {a.get(p, '<absent>')} vs {b.get(p, '<absent>')}" for p in sorted(set(a) | set(b)) if a.get(p) != b.get(p)]
+    shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+    raise PlanError(
+        f"step {again.name!r} is declared twice with the same version ({first.hash}) but different unversioned "
+        f"config ({shown}); both would use {first.output_path} and only one would run. Wrap the field in "
+        "versioned(...) if it changes the output, or give the two steps different names"
+    )
 
 
 def resolve_config(ps: PlannedStep, plan: Plan) -> Any:

@@ -215,3 +215,20 @@ def test_secrets_never_reach_info_records_or_logs(tmp_path):
             assert secret not in text, f"{secret} leaked into {where}"
     (ok_dir,) = prefix.glob("ok-*")
     assert (ok_dir / "out.txt").read_text() == "done" and "SUCCESS" in (ok_dir / ".executor_status").read_text()
+
+
+# -------------------------------------------------------------------------------- declared twice
+
+
+def test_same_step_declared_twice_with_different_unversioned_config_is_refused():
+    a1 = ExecutorStep("a", noop, {"n": versioned(1), "x": 1})
+    a2 = ExecutorStep("a", noop, {"n": versioned(1), "x": 2})
+    with pytest.raises(PlanError) as e:
+        plan_steps([a1, a2], "/tmp/p")
+    msg = str(e.value)
+    assert "declared twice" in msg and "x: 1 vs 2" in msg and "versioned(...)" in msg
+    # identical declarations (even as separate objects, with equal upstreams) are still one step
+    up1, up2 = ExecutorStep("up", noop, {"k": versioned(1)}), ExecutorStep("up", noop, {"k": versioned(1)})
+    b1 = ExecutorStep("b", noop, {"in": output_path_of(up1), "x": [1, {"y": "z"}], "f": noop})
+    b2 = ExecutorStep("b", noop, {"in": output_path_of(up2), "x": [1, {"y": "z"}], "f": noop})
+    assert [s.name for s in plan_steps([b1, b2], "/tmp/p").steps] == ["up", "b"]

@@ -232,3 +232,42 @@ def test_same_step_declared_twice_with_different_unversioned_config_is_refused()
     b1 = ExecutorStep("b", noop, {"in": output_path_of(up1), "x": [1, {"y": "z"}], "f": noop})
     b2 = ExecutorStep("b", noop, {"in": output_path_of(up2), "x": [1, {"y": "z"}], "f": noop})
     assert [s.name for s in plan_steps([b1, b2], "/tmp/p").steps] == ["up", "b"]
+
+
+# -------------------------------------------------------------------------------- step names
+
+
+@pytest.mark.parametrize("name", ["a/./b", "./a", "a//b", "a/"])
+def test_names_with_empty_or_dot_parts_are_refused_with_their_one_spelling(name):
+    from marin.execution import InvalidStepError
+
+    with pytest.raises(InvalidStepError, match="empty or '.' part; write it as"):
+        ExecutorStep(name, noop, {})
+
+
+BAD_NAME_EXPERIMENT = textwrap.dedent(
+    '''
+    from marin.execution import ExecutorStep, executor_main
+
+    def work(cfg):
+        pass
+
+    step = ExecutorStep("NAME", work, {})
+    if __name__ == "__main__":
+        executor_main(steps=[step])
+    '''
+)
+
+
+@pytest.mark.parametrize("name", ["a/./b", "white space", ".."])
+def test_invalid_step_name_in_an_experiment_file_is_one_line_not_a_traceback(tmp_path, name):
+    exp = tmp_path / "exp.py"
+    exp.write_text(BAD_NAME_EXPERIMENT.replace("NAME", name))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for cmd in ([sys.executable, str(exp)], [sys.executable, "-m", "marin.cli", "run", str(exp)]):
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+        assert r.returncode == 1, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("marin: error: step name") and "Traceback" not in r.stderr
+        assert lines[0].endswith("(at exp.py:7)"), lines[0]
+    assert not (tmp_path / "local_store").exists()

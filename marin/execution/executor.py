@@ -500,6 +500,11 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
         print_dry_run(plan, statuses, todo)
         return RunResult(plan, outcome, None)
 
+    problem = storage.writable_problem(f"{plan.prefix}/experiments")
+    if problem:
+        raise ExecutorError(
+            f"cannot write under the prefix {plan.prefix} ({problem}); choose a writable --prefix or $MARIN_PREFIX"
+        )
     if not todo:
         print(f"Nothing to run: all {len(plan.steps)} steps already succeeded under {plan.prefix}", file=sys.stderr)
         return RunResult(plan, outcome, write_experiment_record(plan, opts, outcome))

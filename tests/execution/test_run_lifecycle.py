@@ -1,0 +1,91 @@
+"""A run's life as a user sees it, in real subprocesses: a prefix that cannot be written, Ctrl-C in the
+middle of a step and the resume after it, joining a separately started Ray cluster, and the local
+cluster being gone when the run is over."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+EXPERIMENT = textwrap.dedent(
+    '''
+    import dataclasses, os, time
+    from marin.execution import ExecutorStep, executor_main, output_path_of, this_output_path, versioned
+
+    @dataclasses.dataclass(frozen=True)
+    class Cfg:
+        out: str
+        n: int
+        inp: str | None = None
+
+    def work(cfg):
+        if cfg.n == 2 and os.environ.get("TEST_BLOCK"):
+            open(os.environ["TEST_BLOCK"], "w").close()
+            time.sleep(600)
+        with open(os.path.join(cfg.out, "out.txt"), "w") as f:
+            f.write(str(cfg.n))
+
+    first = ExecutorStep("first", work, Cfg(this_output_path(), versioned(1)))
+    second = ExecutorStep("second", work, Cfg(this_output_path(), versioned(2), output_path_of(first)))
+    if __name__ == "__main__":
+        executor_main(steps=[second])
+    '''
+)
+
+# Runs the experiment file in-process and reports whether Ray was ever imported.
+DRIVER = "import runpy, sys\nsys.argv = sys.argv[1:]\ntry:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nfinally:\n" \
+         "    print('ray imported:', 'ray' in sys.modules)\n"
+
+
+def env_for(tmp_path: Path, **extra: str) -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+            **extra}
+
+
+def write_experiment(tmp_path: Path) -> Path:
+    exp = tmp_path / "exp.py"
+    exp.write_text(EXPERIMENT)
+    return exp
+
+
+def run(args: list[str], tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, env=env_for(tmp_path, **extra), cwd=tmp_path,
+                          timeout=240)
+
+
+def test_unwritable_prefix_is_one_line_before_ray_starts_and_keeps_outputs(tmp_path):
+    exp = write_experiment(tmp_path)
+    not_a_dir = tmp_path / "plain-file"
+    not_a_dir.write_text("x")
+    # a fresh prefix that cannot be created (a regular file is in the way: fails for root too)
+    r = run([sys.executable, "-c", DRIVER, str(exp), "--prefix", str(not_a_dir / "store")], tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        f"marin: error: cannot write under the prefix {not_a_dir}/store (Not a directory: {not_a_dir}/store); "
+        "choose a writable --prefix or $MARIN_PREFIX"]
+    assert "ray imported: False" in r.stdout
+    # a prefix whose steps all succeeded, where the experiment records can no longer be written
+    store = tmp_path / "store"
+    r = run([sys.executable, str(exp), "--prefix", str(store), "--progress", "false"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    outputs = {p: p.read_text() for p in store.glob("*/out.txt")}
+    assert len(outputs) == 2
+    for record in (store / "experiments").iterdir():
+        record.unlink()
+    (store / "experiments").rmdir()
+    (store / "experiments").write_text("in the way")
+    r = run([sys.executable, "-c", DRIVER, str(exp), "--prefix", str(store)], tmp_path)
+    assert r.returncode == 1 and "ray imported: False" in r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"marin: error: cannot write under the prefix {store} ("), lines
+    assert {p: p.read_text() for p in store.glob("*/out.txt")} == outputs

@@ -17,6 +17,8 @@ import json
 import logging
 import os
 import re
+import shlex
+import signal
 import socket
 import sys
 import threading
@@ -38,6 +40,10 @@ logger = logging.getLogger("marin.execution")
 
 class ExecutorError(RuntimeError):
     """One or more steps failed; the message names each, with its error and remote traceback."""
+
+
+class ExecutorInterrupted(ExecutorError):
+    """The user stopped the run (Ctrl-C); running steps were marked INTERRUPTED and their leases released."""
 
 
 class PreviouslyFailedError(ExecutorError):
@@ -410,6 +416,39 @@ class _Runner:
         self._release(s)
         self._finish(s, "succeeded")
 
+    def interrupt(self) -> None:
+        """Ctrl-C: stop every step this driver holds, mark it INTERRUPTED, release its lease.
+
+        Signals are ignored meanwhile so a second Ctrl-C cannot leave a step RUNNING with a dead
+        holder (the next run would then wait for the holder's lease to expire)."""
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if threading.current_thread() is threading.main_thread() else None
+        try:
+            import ray
+
+            for ref in list(self.running):
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # already finished or the cluster is going away: nothing to stop
+                    pass
+            with self.lock:
+                held = list(self.held)
+            for s in held:
+                try:
+                    record = st.read_status(s.output_path)
+                    if st.current_status(record) == StepStatus.RUNNING:
+                        info = self.info.get(s)
+                        if info is not None:
+                            st.write_info(s.output_path, {**info, "end_time": time.time(), "interrupted": True})
+                        st.write_status(s.output_path, StepStatus.INTERRUPTED, holder=self.holder,
+                                        message="the run was interrupted (Ctrl-C)", previous=record)
+                except Exception as e:  # pragma: no cover - store unreachable
+                    logger.error("step %s: could not record the interruption: %s", s.name, e)
+                self._release(s)
+                self.outcome[s.output_path] = "interrupted"
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
     def _check_waiting(self) -> None:
         now = time.monotonic()
         for s, since in list(self.waiting.items()):
@@ -460,6 +499,9 @@ class _Runner:
                 elif self.waiting and not self.ready:
                     time.sleep(min(self.opts.poll_interval, 0.2))
                 self.bar.set_postfix(running=len(self.running), waiting=len(self.waiting), refresh=False)
+        except KeyboardInterrupt:
+            self.interrupt()
+            raise
         finally:
             self.stop.set()
             for s in list(self.held):
@@ -510,10 +552,14 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
         return RunResult(plan, outcome, write_experiment_record(plan, opts, outcome))
 
     storage.makedirs(plan.prefix)
-    ensure_ray(opts.address)
-    record = write_experiment_record(plan, opts, outcome)
     runner = _Runner(plan, todo, statuses, opts)
-    runner.loop()
+    try:
+        ensure_ray(opts.address)
+        record = write_experiment_record(plan, opts, outcome)
+        runner.loop()
+    except KeyboardInterrupt:
+        outcome.update(runner.outcome)
+        raise _interrupted(plan, opts, outcome, runner) from None
     outcome.update(runner.outcome)
     record = write_experiment_record(plan, opts, outcome)
     result = RunResult(plan, outcome, record, runner.errors)
@@ -534,6 +580,28 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
         err.result = result  # type: ignore[attr-defined]
         raise err
     return result
+
+
+def _interrupted(plan: Plan, opts: RunOptions, outcome: dict[str, str], runner: "_Runner") -> ExecutorInterrupted:
+    """The message (and record) for a run stopped by Ctrl-C: what stopped, what is kept, how to resume."""
+    try:
+        record = write_experiment_record(plan, opts, outcome)
+    except Exception:  # the record is a convenience; the statuses are what the next run reads
+        record = None
+    stopped = [s for s in plan.steps if outcome.get(s.output_path) == "interrupted"]
+    done = sum(1 for v in outcome.values() if v in ("succeeded", "reused"))
+    lines = ["interrupted (Ctrl-C)."]
+    if stopped:
+        lines.append(f"{len(stopped)} running step(s) stopped and marked INTERRUPTED, their leases released:")
+        lines += [f"  {s.name} ({s.output_path})" for s in stopped]
+    else:
+        lines.append("No step was running.")
+    lines.append(f"{done} step(s) finished in this run and are kept" + (f" (record: {record})." if record else "."))
+    command = shlex.join(mask_argv([os.path.basename(sys.executable), *sys.argv]))
+    lines.append(f"To resume, run the same command again: {command}")
+    err = ExecutorInterrupted("\n".join(lines))
+    err.result = RunResult(plan, outcome, record, runner.errors)  # type: ignore[attr-defined]
+    return err
 
 
 def print_dry_run(plan: Plan, statuses: dict, todo: list[PlannedStep]) -> None:

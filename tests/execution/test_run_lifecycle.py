@@ -89,3 +89,35 @@ def test_unwritable_prefix_is_one_line_before_ray_starts_and_keeps_outputs(tmp_p
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"marin: error: cannot write under the prefix {store} ("), lines
     assert {p: p.read_text() for p in store.glob("*/out.txt")} == outputs
+
+
+def test_ctrl_c_marks_the_running_step_interrupted_and_the_next_run_resumes_it(tmp_path):
+    exp = write_experiment(tmp_path)
+    store, started = tmp_path / "store", tmp_path / "second-started"
+    proc = subprocess.Popen([sys.executable, str(exp), "--prefix", str(store), "--progress", "false"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env=env_for(tmp_path, TEST_BLOCK=str(started)), start_new_session=True)
+    deadline = time.time() + 120
+    while not started.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert started.exists(), proc.communicate(timeout=30)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    (second,) = store.glob("second-*")
+    (first,) = store.glob("first-*")
+    assert "marin: interrupted (Ctrl-C)." in err and f"  second ({second})" in err
+    assert "1 step(s) finished in this run and are kept" in err and "To resume, run the same command again:" in err
+    status = json.loads((second / ".executor_status").read_text())
+    assert status["status"] == "INTERRUPTED"
+    lease = json.loads((second / ".executor_lease").read_text())
+    assert lease["released"] is True
+    assert (first / "out.txt").read_text() == "1"
+    # the next run resumes the interrupted step without --force_run_failed and keeps the finished one
+    r = run([sys.executable, str(exp), "--prefix", str(store), "--progress", "false"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "1 cached" in r.stderr and "1 succeeded" in r.stderr
+    assert (second / "out.txt").read_text() == "2"
+    events = [e["status"] for e in json.loads((second / ".executor_status").read_text())["events"]]
+    assert events == ["RUNNING", "INTERRUPTED", "RUNNING", "SUCCESS"]

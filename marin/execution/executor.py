@@ -173,18 +173,87 @@ def step_info(ps: PlannedStep, config: Any, holder: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------- #
 
 
-def ensure_ray(address: str | None) -> None:
-    """Join ``address`` (or ``RAY_ADDRESS``), or start a fresh local cluster: the embedded default."""
+def ensure_ray(address: str | None) -> bool:
+    """Join ``address`` (or ``RAY_ADDRESS``), or start a fresh local cluster: the embedded default.
+
+    Returns True when this call started a local cluster, which the caller then owns and shuts down
+    (:func:`shutdown_local_ray`)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
-    else:
-        ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+        return False
+    ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    return True
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (read from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children[ppid].append(int(entry))
+    out, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def shutdown_local_ray(grace_s: float = 5.0) -> None:
+    """Stop the local cluster this process started, including the agents its raylet spawned.
+
+    ``ray.shutdown`` stops the processes ``ray.init`` started (GCS, raylet, ...), but the dashboard
+    and runtime-env agents are the raylet's children and notice its death only by polling, so they
+    would outlive the run by minutes. They are ours (started for this run), so we stop them by pid."""
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    owned: list[int] = []
+    if node is not None:
+        for name in ("raylet", "gcs_server"):
+            for info in node.all_processes.get(name, []):
+                if info.process is not None:
+                    owned += _descendants(info.process.pid)
+    ray.shutdown(wait_for_processes=True)
+    deadline = time.monotonic() + grace_s
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for pid in owned:
+            try:
+                os.kill(pid, sig)
+                alive.append(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+        while alive and time.monotonic() < deadline:
+            alive = [p for p in alive if os.path.exists(f"/proc/{p}") and not _is_zombie(p)]
+            time.sleep(0.05)
+        if not alive:
+            return
+        owned, deadline = alive, time.monotonic() + 1.0
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def _execute_step(fn: Any, config: Any, output_path: str) -> None:
@@ -553,13 +622,17 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
 
     storage.makedirs(plan.prefix)
     runner = _Runner(plan, todo, statuses, opts)
+    started = False
     try:
-        ensure_ray(opts.address)
+        started = ensure_ray(opts.address)
         record = write_experiment_record(plan, opts, outcome)
         runner.loop()
     except KeyboardInterrupt:
         outcome.update(runner.outcome)
         raise _interrupted(plan, opts, outcome, runner) from None
+    finally:
+        if started:  # a cluster we started ends with the run, agents included
+            shutdown_local_ray()
     outcome.update(runner.outcome)
     record = write_experiment_record(plan, opts, outcome)
     result = RunResult(plan, outcome, record, runner.errors)

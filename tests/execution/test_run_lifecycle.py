@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,28 @@ def run(args: list[str], tmp_path: Path, **extra: str) -> subprocess.CompletedPr
                           timeout=240)
 
 
-def test_unwritable_prefix_is_one_line_before_ray_starts_and_keeps_outputs(tmp_path):
+def _processes_with_marker(marker: str) -> list[str]:
+    """Live (non-zombie) processes whose environment holds ``marker``: everything a run spawned."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marker.encode() not in f.read():
+                    continue
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{entry}: {cmdline[:100]}")
+        except OSError:
+            continue
+    return found
+
+
+def test_unwritable_prefix_is_one_line_before_ray_starts_and_the_cluster_ends_with_the_run(tmp_path):
     exp = write_experiment(tmp_path)
     not_a_dir = tmp_path / "plain-file"
     not_a_dir.write_text("x")
@@ -76,10 +98,17 @@ def test_unwritable_prefix_is_one_line_before_ray_starts_and_keeps_outputs(tmp_p
     assert "ray imported: False" in r.stdout
     # a prefix whose steps all succeeded, where the experiment records can no longer be written
     store = tmp_path / "store"
-    r = run([sys.executable, str(exp), "--prefix", str(store), "--progress", "false"], tmp_path)
+    marker = f"marin-test-{uuid.uuid4().hex}"
+    r = run([sys.executable, str(exp), "--prefix", str(store), "--progress", "false"], tmp_path,
+            MARIN_TEST_MARKER=marker)
     assert r.returncode == 0, r.stderr
     outputs = {p: p.read_text() for p in store.glob("*/out.txt")}
     assert len(outputs) == 2
+    # the local cluster started for the run ended with it, the raylet's agents included
+    deadline = time.time() + 5
+    while _processes_with_marker(marker) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _processes_with_marker(marker) == []
     for record in (store / "experiments").iterdir():
         record.unlink()
     (store / "experiments").rmdir()
@@ -121,39 +150,3 @@ def test_ctrl_c_marks_the_running_step_interrupted_and_the_next_run_resumes_it(t
     assert (second / "out.txt").read_text() == "2"
     events = [e["status"] for e in json.loads((second / ".executor_status").read_text())["events"]]
     assert events == ["RUNNING", "INTERRUPTED", "RUNNING", "SUCCESS"]
-
-
-def _processes_with_marker(marker: str) -> list[str]:
-    """Live (non-zombie) processes whose environment holds ``marker``: everything a run spawned."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if marker.encode() not in f.read():
-                    continue
-            with open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            found.append(f"{entry}: {cmdline[:100]}")
-        except OSError:
-            continue
-    return found
-
-
-def test_local_cluster_and_its_agents_are_gone_when_the_run_ends(tmp_path):
-    import uuid
-
-    exp = write_experiment(tmp_path)
-    marker = f"marin-test-{uuid.uuid4().hex}"
-    r = run([sys.executable, str(exp), "--prefix", str(tmp_path / "store"), "--progress", "false"], tmp_path,
-            MARIN_TEST_MARKER=marker)
-    assert r.returncode == 0, r.stderr
-    assert len(list((tmp_path / "store").glob("*/out.txt"))) == 2
-    deadline = time.time() + 5
-    while _processes_with_marker(marker) and time.time() < deadline:
-        time.sleep(0.2)
-    assert _processes_with_marker(marker) == []

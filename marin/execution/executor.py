@@ -185,10 +185,62 @@ def ensure_ray(address: str | None) -> bool:
         return False
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+        token = use_ray_token_if_present()
+        try:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+        except Exception as e:
+            raise ExecutorError(_join_failure(address, token, e)) from None
         return False
     ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
     return True
+
+
+RAY_TOKEN_FILE = os.path.join("~", ".ray", "auth_token")
+"""Where ``ray start`` and ``ray get-auth-token --generate`` keep the cluster token by default."""
+
+
+def ray_token_source() -> str | None:
+    """Where a Ray authentication token is available to this process (env var or file), else None."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "$RAY_AUTH_TOKEN"
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if path and os.path.isfile(path):
+        return path
+    default = os.path.expanduser(RAY_TOKEN_FILE)
+    return default if os.path.isfile(default) else None
+
+
+def use_ray_token_if_present() -> str | None:
+    """Turn on Ray's token authentication for this driver when a token is available; return its source.
+
+    Ray clusters use token authentication by default, but a driver given an explicit address only
+    sends its token when ``RAY_AUTH_MODE=token``. An explicit ``RAY_AUTH_MODE`` is left alone."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None:
+        return ray_token_source() if mode.lower() == "token" else None
+    source = ray_token_source()
+    if source is None:
+        return None
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if "ray._raylet" in sys.modules:  # Ray read its config already: make it see the new mode
+        try:
+            from ray._raylet import AuthenticationTokenLoader, Config
+
+            Config.initialize("")
+            AuthenticationTokenLoader.instance().reset_cache()
+        except Exception as e:  # pragma: no cover - a Ray without these internals
+            logger.debug("could not refresh Ray's auth config: %s", e)
+    return source
+
+
+def _join_failure(address: str, token: str | None, exc: BaseException) -> str:
+    cause = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if token:
+        return (f"could not join the Ray cluster at {address} ({cause}) using the token from {token}: check that "
+                "the cluster is up and that the token matches `ray get-auth-token` on its head node")
+    return (f"could not join the Ray cluster at {address} ({cause}); if it uses token authentication (Ray's "
+            "default), put the output of `ray get-auth-token` on its head node into ~/.ray/auth_token "
+            "(or set RAY_AUTH_TOKEN) and rerun")
 
 
 def _descendants(pid: int) -> list[int]:

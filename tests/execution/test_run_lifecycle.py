@@ -150,3 +150,68 @@ def test_ctrl_c_marks_the_running_step_interrupted_and_the_next_run_resumes_it(t
     assert (second / "out.txt").read_text() == "2"
     events = [e["status"] for e in json.loads((second / ".executor_status").read_text())["events"]]
     assert events == ["RUNNING", "INTERRUPTED", "RUNNING", "SUCCESS"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_address_joins_a_cluster_started_with_token_authentication(tmp_path):
+    """`ray start --head` with Ray's secure default, then `marin run --address`: the token is used when
+    this machine has one, and a machine without one is told in one line what to set."""
+    import shutil
+    import tempfile
+
+    from marin.execution.executor import _descendants
+
+    exp = write_experiment(tmp_path)
+    home, empty_home = tmp_path / "home", tmp_path / "empty-home"
+    home.mkdir()
+    empty_home.mkdir()
+    base = {k: v for k, v in env_for(tmp_path).items() if not k.startswith("RAY_AUTH")}
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    subprocess.run([ray_bin, "get-auth-token", "--generate"], env={**base, "HOME": str(home)}, check=True,
+                   capture_output=True, timeout=120)
+    assert (home / ".ray" / "auth_token").exists()
+    port, temp_dir = _free_port(), tempfile.mkdtemp(prefix="mr", dir="/tmp")  # short: Ray's socket paths
+    head_log = tmp_path / "head.log"
+    with open(head_log, "w") as log:
+        head = subprocess.Popen([ray_bin, "start", "--head", "--port", str(port), "--temp-dir", temp_dir,
+                                 "--include-dashboard", "false", "--num-cpus", "2", "--block"],
+                                env={**base, "HOME": str(home)}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while "--block" not in head_log.read_text() and time.time() < deadline and head.poll() is None:
+            time.sleep(0.5)
+        assert "Token authentication is enabled" in head_log.read_text(), head_log.read_text()
+        address = f"127.0.0.1:{port}"
+        marin_run = [sys.executable, "-m", "marin.cli", "run", str(exp), "--address", address, "--progress", "false"]
+        r = subprocess.run([*marin_run, "--prefix", str(tmp_path / "store")], env={**base, "HOME": str(home)},
+                           cwd=tmp_path, capture_output=True, text=True, timeout=240)
+        assert r.returncode == 0, r.stderr
+        assert sorted(p.read_text() for p in (tmp_path / "store").glob("*/out.txt")) == ["1", "2"]
+        r = subprocess.run([*marin_run, "--prefix", str(tmp_path / "other")], env={**base, "HOME": str(empty_home)},
+                           cwd=tmp_path, capture_output=True, text=True, timeout=240)
+        assert r.returncode == 1
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"marin: error: could not join the Ray cluster at {address}") and \
+            "~/.ray/auth_token" in last and "RAY_AUTH_TOKEN" in last, r.stderr
+        assert not list((tmp_path / "other").glob("*/out.txt"))
+    finally:
+        spawned = _descendants(head.pid)
+        head.terminate()
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        for pid in spawned:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(temp_dir, ignore_errors=True)

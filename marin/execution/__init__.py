@@ -3,6 +3,7 @@
 Importing this package never imports JAX (nor Ray: Ray is started only when a step must run).
 """
 
+from marin.execution.errors import install_excepthook
 from marin.execution.executor import ExecutorError, PreviouslyFailedError, RunResult
 from marin.execution.hashing import UnhashableConfigError
 from marin.execution.main import ExecutorMainConfig, executor_main
@@ -18,6 +19,8 @@ from marin.execution.step import (
     this_output_path,
     versioned,
 )
+
+install_excepthook()
 
 __all__ = [
     "ExecutorError",

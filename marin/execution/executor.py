@@ -17,6 +17,8 @@ import json
 import logging
 import os
 import re
+import shlex
+import signal
 import socket
 import sys
 import threading
@@ -29,7 +31,7 @@ from marin.execution import status as st
 from marin.execution import storage
 from marin.execution.fingerprint import code_fingerprint, drift
 from marin.execution.hashing import canonical_json, sha256_hex
-from marin.execution.jsonable import mask_leaves, to_jsonable
+from marin.execution.jsonable import mask_argv, mask_leaves, mask_text, to_jsonable
 from marin.execution.plan import Plan, PlannedStep, resolve_config
 from marin.execution.status import StepStatus
 
@@ -38,6 +40,10 @@ logger = logging.getLogger("marin.execution")
 
 class ExecutorError(RuntimeError):
     """One or more steps failed; the message names each, with its error and remote traceback."""
+
+
+class ExecutorInterrupted(ExecutorError):
+    """The user stopped the run (Ctrl-C); running steps were marked INTERRUPTED and their leases released."""
 
 
 class PreviouslyFailedError(ExecutorError):
@@ -120,11 +126,11 @@ def write_experiment_record(plan: Plan, opts: RunOptions, outcome: dict[str, str
     path = experiment_record_path(plan, opts.script)
     record = {
         "script": opts.script,
-        "description": opts.description,
+        "description": mask_text(opts.description or "") or None,
         "prefix": plan.prefix,
         "updated": time.time(),
         "host": socket.gethostname(),
-        "argv": [a if not re.search(r"(?i)(key|secret|token|password)=", a) else "***" for a in sys.argv],
+        "argv": mask_argv(sys.argv),
         "steps": [
             {
                 "name": s.name,
@@ -167,18 +173,139 @@ def step_info(ps: PlannedStep, config: Any, holder: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------- #
 
 
-def ensure_ray(address: str | None) -> None:
-    """Join ``address`` (or ``RAY_ADDRESS``), or start a fresh local cluster: the embedded default."""
+def ensure_ray(address: str | None) -> bool:
+    """Join ``address`` (or ``RAY_ADDRESS``), or start a fresh local cluster: the embedded default.
+
+    Returns True when this call started a local cluster, which the caller then owns and shuts down
+    (:func:`shutdown_local_ray`)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
-    else:
-        ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+        token = use_ray_token_if_present()
+        try:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+        except Exception as e:
+            raise ExecutorError(_join_failure(address, token, e)) from None
+        return False
+    ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    return True
+
+
+RAY_TOKEN_FILE = os.path.join("~", ".ray", "auth_token")
+"""Where ``ray start`` and ``ray get-auth-token --generate`` keep the cluster token by default."""
+
+
+def ray_token_source() -> str | None:
+    """Where a Ray authentication token is available to this process (env var or file), else None."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "$RAY_AUTH_TOKEN"
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if path and os.path.isfile(path):
+        return path
+    default = os.path.expanduser(RAY_TOKEN_FILE)
+    return default if os.path.isfile(default) else None
+
+
+def use_ray_token_if_present() -> str | None:
+    """Turn on Ray's token authentication for this driver when a token is available; return its source.
+
+    Ray clusters use token authentication by default, but a driver given an explicit address only
+    sends its token when ``RAY_AUTH_MODE=token``. An explicit ``RAY_AUTH_MODE`` is left alone."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None:
+        return ray_token_source() if mode.lower() == "token" else None
+    source = ray_token_source()
+    if source is None:
+        return None
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if "ray._raylet" in sys.modules:  # Ray read its config already: make it see the new mode
+        try:
+            from ray._raylet import AuthenticationTokenLoader, Config
+
+            Config.initialize("")
+            AuthenticationTokenLoader.instance().reset_cache()
+        except Exception as e:  # pragma: no cover - a Ray without these internals
+            logger.debug("could not refresh Ray's auth config: %s", e)
+    return source
+
+
+def _join_failure(address: str, token: str | None, exc: BaseException) -> str:
+    cause = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if token:
+        return (f"could not join the Ray cluster at {address} ({cause}) using the token from {token}: check that "
+                "the cluster is up and that the token matches `ray get-auth-token` on its head node")
+    return (f"could not join the Ray cluster at {address} ({cause}); if it uses token authentication (Ray's "
+            "default), put the output of `ray get-auth-token` on its head node into ~/.ray/auth_token "
+            "(or set RAY_AUTH_TOKEN) and rerun")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (read from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children[ppid].append(int(entry))
+    out, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def shutdown_local_ray(grace_s: float = 5.0) -> None:
+    """Stop the local cluster this process started, including the agents its raylet spawned.
+
+    ``ray.shutdown`` stops the processes ``ray.init`` started (GCS, raylet, ...), but the dashboard
+    and runtime-env agents are the raylet's children and notice its death only by polling, so they
+    would outlive the run by minutes. They are ours (started for this run), so we stop them by pid."""
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    owned: list[int] = []
+    if node is not None:
+        for name in ("raylet", "gcs_server"):
+            for info in node.all_processes.get(name, []):
+                if info.process is not None:
+                    owned += _descendants(info.process.pid)
+    ray.shutdown(wait_for_processes=True)
+    deadline = time.monotonic() + grace_s
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for pid in owned:
+            try:
+                os.kill(pid, sig)
+                alive.append(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+        while alive and time.monotonic() < deadline:
+            alive = [p for p in alive if os.path.exists(f"/proc/{p}") and not _is_zombie(p)]
+            time.sleep(0.05)
+        if not alive:
+            return
+        owned, deadline = alive, time.monotonic() + 1.0
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def _execute_step(fn: Any, config: Any, output_path: str) -> None:
@@ -364,6 +491,7 @@ class _Runner:
         return lease
 
     def _record_failure(self, s: PlannedStep, error: str, tb: str) -> None:
+        error, tb = mask_text(error), mask_text(tb)  # an error message may quote the config
         info = self.info.get(s) or {"name": s.name, "output_path": s.output_path}
         info.update(end_time=time.time(), error=error, traceback=tb)
         try:
@@ -408,6 +536,39 @@ class _Runner:
             return
         self._release(s)
         self._finish(s, "succeeded")
+
+    def interrupt(self) -> None:
+        """Ctrl-C: stop every step this driver holds, mark it INTERRUPTED, release its lease.
+
+        Signals are ignored meanwhile so a second Ctrl-C cannot leave a step RUNNING with a dead
+        holder (the next run would then wait for the holder's lease to expire)."""
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if threading.current_thread() is threading.main_thread() else None
+        try:
+            import ray
+
+            for ref in list(self.running):
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # already finished or the cluster is going away: nothing to stop
+                    pass
+            with self.lock:
+                held = list(self.held)
+            for s in held:
+                try:
+                    record = st.read_status(s.output_path)
+                    if st.current_status(record) == StepStatus.RUNNING:
+                        info = self.info.get(s)
+                        if info is not None:
+                            st.write_info(s.output_path, {**info, "end_time": time.time(), "interrupted": True})
+                        st.write_status(s.output_path, StepStatus.INTERRUPTED, holder=self.holder,
+                                        message="the run was interrupted (Ctrl-C)", previous=record)
+                except Exception as e:  # pragma: no cover - store unreachable
+                    logger.error("step %s: could not record the interruption: %s", s.name, e)
+                self._release(s)
+                self.outcome[s.output_path] = "interrupted"
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
 
     def _check_waiting(self) -> None:
         now = time.monotonic()
@@ -459,6 +620,9 @@ class _Runner:
                 elif self.waiting and not self.ready:
                     time.sleep(min(self.opts.poll_interval, 0.2))
                 self.bar.set_postfix(running=len(self.running), waiting=len(self.waiting), refresh=False)
+        except KeyboardInterrupt:
+            self.interrupt()
+            raise
         finally:
             self.stop.set()
             for s in list(self.held):
@@ -499,15 +663,28 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
         print_dry_run(plan, statuses, todo)
         return RunResult(plan, outcome, None)
 
+    problem = storage.writable_problem(f"{plan.prefix}/experiments")
+    if problem:
+        raise ExecutorError(
+            f"cannot write under the prefix {plan.prefix} ({problem}); choose a writable --prefix or $MARIN_PREFIX"
+        )
     if not todo:
         print(f"Nothing to run: all {len(plan.steps)} steps already succeeded under {plan.prefix}", file=sys.stderr)
         return RunResult(plan, outcome, write_experiment_record(plan, opts, outcome))
 
     storage.makedirs(plan.prefix)
-    ensure_ray(opts.address)
-    record = write_experiment_record(plan, opts, outcome)
     runner = _Runner(plan, todo, statuses, opts)
-    runner.loop()
+    started = False
+    try:
+        started = ensure_ray(opts.address)
+        record = write_experiment_record(plan, opts, outcome)
+        runner.loop()
+    except KeyboardInterrupt:
+        outcome.update(runner.outcome)
+        raise _interrupted(plan, opts, outcome, runner) from None
+    finally:
+        if started:  # a cluster we started ends with the run, agents included
+            shutdown_local_ray()
     outcome.update(runner.outcome)
     record = write_experiment_record(plan, opts, outcome)
     result = RunResult(plan, outcome, record, runner.errors)
@@ -528,6 +705,28 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
         err.result = result  # type: ignore[attr-defined]
         raise err
     return result
+
+
+def _interrupted(plan: Plan, opts: RunOptions, outcome: dict[str, str], runner: "_Runner") -> ExecutorInterrupted:
+    """The message (and record) for a run stopped by Ctrl-C: what stopped, what is kept, how to resume."""
+    try:
+        record = write_experiment_record(plan, opts, outcome)
+    except Exception:  # the record is a convenience; the statuses are what the next run reads
+        record = None
+    stopped = [s for s in plan.steps if outcome.get(s.output_path) == "interrupted"]
+    done = sum(1 for v in outcome.values() if v in ("succeeded", "reused"))
+    lines = ["interrupted (Ctrl-C)."]
+    if stopped:
+        lines.append(f"{len(stopped)} running step(s) stopped and marked INTERRUPTED, their leases released:")
+        lines += [f"  {s.name} ({s.output_path})" for s in stopped]
+    else:
+        lines.append("No step was running.")
+    lines.append(f"{done} step(s) finished in this run and are kept" + (f" (record: {record})." if record else "."))
+    command = shlex.join(mask_argv([os.path.basename(sys.executable), *sys.argv]))
+    lines.append(f"To resume, run the same command again: {command}")
+    err = ExecutorInterrupted("\n".join(lines))
+    err.result = RunResult(plan, outcome, record, runner.errors)  # type: ignore[attr-defined]
+    return err
 
 
 def print_dry_run(plan: Plan, statuses: dict, todo: list[PlannedStep]) -> None:

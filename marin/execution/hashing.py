@@ -16,18 +16,21 @@ Python value              canonical JSON
 ``tuple``                 ``{"tuple": [...]}``
 ``list``                  ``[...]``
 ``dict`` (str keys)       ``{"dict": {key: value, ...}}`` (keys sorted)
+``dict`` (other keys)     ``{"dict_items": [[key, value], ...]}`` (sorted by the key's encoding)
+``set``, ``frozenset``    ``{"set": [...]}`` (sorted by each member's encoding)
 dataclass instance        ``{"dataclass": "<qualname>", "fields": {name: value, ...}}``
 ========================  =======================================================================
 
-Tags keep ``1``, ``1.0``, ``True`` and ``"1"`` apart, and a tuple apart from a list. The JSON text is
-produced with sorted keys and no whitespace, then hashed with SHA-256. Anything else (sets, arrays,
-callables, dicts with non-str keys, ...) is refused with an :class:`UnhashableConfigError` that
-names the field path, because silently hashing ``repr`` would give different hashes across runs.
+Tags keep ``1``, ``1.0``, ``True`` and ``"1"`` apart, and a tuple apart from a list. Sets and dict
+keys are ordered by their canonical encoding, never by Python's hash order (which changes with
+``PYTHONHASHSEED``). The JSON text is produced with sorted keys and no whitespace, then hashed with
+SHA-256. Anything else (arrays, callables, arbitrary objects, ...) is refused with an
+:class:`UnhashableConfigError` that names the field path, because silently hashing ``repr`` would
+give different hashes across runs. The traversal is :mod:`marin.execution.walker`'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import hashlib
 import json
@@ -35,16 +38,28 @@ import math
 import pathlib
 from typing import Any
 
+from marin.execution.walker import (  # noqa: F401  (join_* and the errors are re-exported)
+    DESCEND,
+    KEY,
+    ConfigStructureError,
+    FieldPath,
+    UnhashableConfigError,
+    container_kind,
+    join_attr,
+    join_key,
+    walk,
+)
+
 HASH_CHARS = 10
 """Number of hex characters of the SHA-256 used in output directory names."""
 
 
-class UnhashableConfigError(TypeError):
-    """A versioned config value has no canonical encoding (wrong type, NaN, non-str dict key)."""
-
-
-def encode(value: Any, path: str = "") -> Any:
+def encode(value: Any, path: FieldPath | str = "") -> Any:
     """Return the canonical JSON-able form of ``value``; ``path`` names it in error messages."""
+    return walk(value, _encode_leaf, _encode_container, path)
+
+
+def _encode_leaf(value: Any, path: FieldPath) -> Any:
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, enum.Enum):
@@ -54,50 +69,39 @@ def encode(value: Any, path: str = "") -> Any:
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
             raise UnhashableConfigError(
-                f"config field {path or '<root>'!s} is {value!r}: NaN and infinity cannot be versioned "
+                f"config field {path.describe()} is {value!r}: NaN and infinity cannot be versioned "
                 "(they have no stable meaning as a version); use a finite number or None"
             )
         return {"float": repr(value)}
     if isinstance(value, pathlib.PurePath):
         return {"path": value.as_posix()}
-    if isinstance(value, tuple):
-        return {"tuple": [encode(v, f"{path}[{i}]") for i, v in enumerate(value)]}
-    if isinstance(value, list):
-        return [encode(v, f"{path}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise UnhashableConfigError(
-                    f"config field {path or '<root>'} has a dict key {k!r} of type {type(k).__name__}; "
-                    "versioned dicts must have str keys"
-                )
-            out[k] = encode(v, join_key(path, k))
-        return {"dict": out}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {
-            f.name: encode(getattr(value, f.name), join_attr(path, f.name)) for f in dataclasses.fields(value)
-        }
-        return {"dataclass": type(value).__qualname__, "fields": fields}
+    if container_kind(value) is not None:
+        return DESCEND
     raise UnhashableConfigError(
-        f"config field {path or '<root>'} has type {type(value).__module__}.{type(value).__qualname__}, "
+        f"config field {path.describe()} has type {type(value).__module__}.{type(value).__qualname__}, "
         "which has no canonical encoding; versioned values may be str, int, float, bool, None, enums, "
-        "pathlib paths, tuples, lists, dicts with str keys or dataclasses of those"
+        "pathlib paths, tuples, lists, sets, dicts or dataclasses of those"
     )
 
 
-def join_attr(path: str, name: str) -> str:
-    """Field path of attribute ``name`` under ``path`` (``model.d_model``)."""
-    return f"{path}.{name}" if path else name
-
-
-def join_key(path: str, key: str) -> str:
-    """Field path of dict key ``key`` under ``path`` (``weights["web code"]``); unambiguous for any key.
-
-    Keys of a top-level dict config read like attributes (``opt``) when they are identifiers."""
-    if not path and key.isidentifier():
-        return key
-    return f"{path}[{json.dumps(key)}]"
+def _encode_container(value: Any, kind: str, items: list[tuple[str, Any, Any]], path: FieldPath) -> Any:
+    if kind == "list":
+        return [v for _, _, v in items]
+    if kind == "tuple":
+        return {"tuple": [v for _, _, v in items]}
+    if kind == "dataclass":
+        return {"dataclass": type(value).__qualname__, "fields": {k: v for _, k, v in items}}
+    if kind == "set":
+        return {"set": sorted((v for _, _, v in items), key=canonical_json)}
+    if all(isinstance(k, str) for _, k, _ in items):
+        return {"dict": {k: v for _, k, v in items}}
+    pairs = []
+    for _, k, v in items:
+        try:
+            pairs.append([encode(k, path.child(KEY, k)), v])
+        except UnhashableConfigError as e:
+            raise UnhashableConfigError(f"config field {path.describe()} has a dict key that cannot be versioned: {e}") from None
+    return {"dict_items": sorted(pairs, key=lambda kv: canonical_json(kv[0]))}
 
 
 def canonical_json(value: Any) -> str:

@@ -1,21 +1,50 @@
-"""Turn resolved configs into JSON for step info and experiment records, masking secrets.
+"""Turn configs into JSON for step info, experiment records, logs and W&B, masking secrets.
 
 This is for humans and review tools, not for hashing (see :mod:`marin.execution.hashing`): any value
-is accepted and unknown types fall back to ``repr``.
+is accepted and unknown types fall back to ``repr``. It walks configs with the same traversal as
+hashing and placeholder resolution (:mod:`marin.execution.walker`).
+
+The masking rule, the one used everywhere a config or an error message leaves the process:
+
+* a field (dataclass attribute or dict key) whose name has a word meaning secret (``api_key``,
+  ``hfToken``, ``db_password``, ``aws_secret_access_key``, ``credentials``) is replaced by ``***``
+  whatever its value (words are whole: ``tokenizer`` and ``tokens_per_step`` are not secrets);
+* any string, under any field, has credential-looking parts replaced by ``***``: AWS access key ids
+  (``AKIA``/``ASIA`` + 16 upper-case letters or digits), W&B API keys (40 hex digits; a git commit
+  id reads the same and is masked too), ``sk-...``, ``hf_...``, ``ghp_...`` style tokens, and
+  40-character base64 AWS secret keys under a field whose name mentions aws/access/auth/cred.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import math
 import pathlib
 import re
 from typing import Any
 
+from marin.execution.walker import DESCEND, FieldPath, container_kind, key_text, walk
+from marin.execution.walker import UnhashableConfigError as _Unencodable
+
 MASK = "***"
 _SECRET_WORDS = {"key", "secret", "token", "password", "passwd", "apikey", "credential", "credentials"}
+_KEYISH_WORDS = _SECRET_WORDS | {"aws", "access", "auth", "cred", "creds", "s3", "env", "environment"}
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+
+_CREDENTIAL_RE = re.compile(
+    r"(?<![A-Za-z0-9])(?:"
+    r"(?:AKIA|ASIA)[A-Z0-9]{16}"  # AWS access key id
+    r"|[0-9a-f]{40}"  # W&B API key
+    r"|sk-[A-Za-z0-9_\-]{16,}"  # OpenAI-style secret keys
+    r"|hf_[A-Za-z0-9]{20,}"  # Hugging Face tokens
+    r"|gh[pousr]_[A-Za-z0-9]{30,}"  # GitHub tokens
+    r")(?![A-Za-z0-9])"
+)
+_AWS_SECRET_RE = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+
+
+def _words(name: str) -> set[str]:
+    return {w.lower() for w in _WORD_SPLIT.split(name) if w}
 
 
 def is_secret_field(name: str) -> bool:
@@ -23,37 +52,123 @@ def is_secret_field(name: str) -> bool:
 
     Matching is by whole word so ``tokenizer`` or ``tokens_per_step`` are not masked.
     """
-    words = {w.lower() for w in _WORD_SPLIT.split(name) if w}
-    return bool(words & _SECRET_WORDS)
+    return bool(_words(name) & _SECRET_WORDS)
 
 
-def to_jsonable(value: Any, *, field_name: str = "") -> Any:
-    """A JSON-compatible rendering of ``value`` with secret-named fields replaced by ``***``."""
-    if field_name and is_secret_field(field_name) and value is not None:
+def mask_text(text: str, field_name: str = "", *, keyish: bool | None = None) -> str:
+    """``text`` with every credential-looking part replaced by ``***`` (see the module docstring).
+
+    Use it on anything free-form that may quote a config: error messages, tracebacks, argv.
+    ``keyish`` (default: whether ``field_name`` mentions aws/access/auth/cred/...) also masks
+    40-character base64 strings, the shape of an AWS secret access key."""
+    if not text:
+        return text
+    out = _CREDENTIAL_RE.sub(MASK, text)
+    if keyish is None:
+        keyish = bool(field_name) and bool(_words(field_name) & _KEYISH_WORDS)
+    if keyish:
+        out = _AWS_SECRET_RE.sub(lambda m: MASK if _mixed(m.group(0)) else m.group(0), out)
+    return out
+
+
+def _keyish_path(path: FieldPath) -> bool:
+    """Whether any field on ``path`` has a name mentioning credentials (``aws.base``, ``auth["x"]``)."""
+    node: FieldPath | None = path
+    while node is not None:
+        if node.name and _words(node.name) & _KEYISH_WORDS:
+            return True
+        node = node.parent
+    return False
+
+
+def _mask_str(text: str, path: FieldPath) -> str:
+    keyish = _AWS_SECRET_RE.search(text) is not None and _keyish_path(path)
+    return mask_text(text, keyish=keyish)
+
+
+def _mixed(s: str) -> bool:
+    """A random base64 secret has upper, lower and digits; a word or a path does not, usually."""
+    return any(c.isupper() for c in s) and any(c.islower() for c in s) and any(c.isdigit() for c in s)
+
+
+def _render_leaf(value: Any, path: FieldPath) -> Any:
+    name = path.name
+    if name and value is not None and is_secret_field(name):
         return MASK
-    if value is None or isinstance(value, (bool, int, str)):
+    if value is None or isinstance(value, (bool, int)) and not isinstance(value, enum.Enum):
         return value
+    if isinstance(value, str):
+        return _mask_str(value, path)
     if isinstance(value, float):
         return value if math.isfinite(value) else repr(value)
     if isinstance(value, enum.Enum):
         return f"{type(value).__name__}.{value.name}"
     if isinstance(value, pathlib.PurePath):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v, field_name=str(k)) for k, v in value.items()}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_jsonable(getattr(value, f.name), field_name=f.name) for f in dataclasses.fields(value)}
+        return _mask_str(str(value), path)
+    if container_kind(value) is not None:
+        return DESCEND
     if callable(value) and hasattr(value, "__qualname__"):
         return f"{getattr(value, '__module__', '?')}.{value.__qualname__}"
-    return repr(value)
+    return _mask_str(repr(value), path)
+
+
+def _render_container(value: Any, kind: str, items: list[tuple[str, Any, Any]], path: FieldPath) -> Any:
+    if kind in ("dataclass", "dict"):
+        return {(k if isinstance(k, str) else _key_text(k)): v for _, k, v in items}
+    if kind == "set":
+        return sorted((v for _, _, v in items), key=repr)
+    return [v for _, _, v in items]
+
+
+def _key_text(key: Any) -> str:
+    try:
+        return mask_text(key_text(key))
+    except _Unencodable:
+        return mask_text(repr(key))
+
+
+def to_jsonable(value: Any, *, field_name: str = "") -> Any:
+    """A JSON-compatible rendering of ``value`` with secrets masked (the rule in the module docstring).
+
+    ``field_name`` is the name ``value`` sits under, if any (a secret name masks it whole)."""
+    path = FieldPath.root().child("key", field_name) if field_name else FieldPath.root()
+    return walk(value, _render_leaf, _render_container, path)
+
+
+mask_secrets = to_jsonable
+"""The public name for callers outside the executor (trainer config records, W&B config)."""
 
 
 def mask_leaves(leaves: dict[str, Any]) -> dict[str, Any]:
-    """Mask encoded versioned leaves whose last path component names a secret."""
+    """Mask encoded versioned leaves (field path -> encoded value) by the same rule.
+
+    The last component of the path is the field name; string parts of the encoding are scanned for
+    credential-looking values. Masking a record never changes a hash: hashes are computed before."""
     out = {}
     for path, value in leaves.items():
-        last = re.split(r"[.\[\]\"]+", path.strip('"]'))[-1] if path else ""
-        out[path] = MASK if last and is_secret_field(last) else value
+        last = re.split(r"[.\[\]\"{}]+", path.strip('"]}'))[-1] if path else ""
+        out[path] = to_jsonable(value, field_name=last)
+    return out
+
+
+def mask_argv(argv: list[str]) -> list[str]:
+    """A command line with secret flags (``--api_key X``, ``--hf_token=X``) and credential-looking
+    values masked, for experiment records and logs."""
+    out: list[str] = []
+    secret_next = False
+    for arg in argv:
+        if secret_next:
+            out.append(MASK)
+            secret_next = False
+            continue
+        name, eq, value = arg.partition("=")
+        flag = name.lstrip("-")
+        if arg.startswith("-") and flag and is_secret_field(flag):
+            if eq:
+                out.append(f"{name}={MASK}")
+            else:
+                out.append(arg)
+                secret_next = True
+            continue
+        out.append(mask_text(arg, flag if eq else ""))
     return out

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Sequence
 
-from marin.execution.executor import ExecutorError, RunOptions, RunResult, run_plan
+from marin.execution.executor import ExecutorError, ExecutorInterrupted, RunOptions, RunResult, run_plan
 from marin.execution.hashing import UnhashableConfigError
 from marin.execution.lease import DEFAULT_TTL_S
 from marin.execution.plan import PlanError, plan_steps
@@ -114,5 +114,8 @@ def executor_main(
     except (PlanError, InvalidStepError, UnhashableConfigError, ExecutorError) as e:
         if not from_cli:
             raise
+        if isinstance(e, ExecutorInterrupted):
+            print(f"marin: {e}", file=sys.stderr)
+            raise SystemExit(130) from None  # the shell's convention for "stopped by SIGINT"
         print(f"marin: error: {e}", file=sys.stderr)
         raise SystemExit(1) from None

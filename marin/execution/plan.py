@@ -8,18 +8,15 @@ collapses identical declarations, and assigns output paths.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import posixpath
+import re
+import types
 from typing import Any, Iterator
 
-from marin.execution.hashing import (
-    HASH_CHARS,
-    UnhashableConfigError,
-    encode,
-    join_attr,
-    join_key,
-    version_digest,
-)
+from marin.execution.hashing import HASH_CHARS, UnhashableConfigError, encode, version_digest
 from marin.execution.step import ExecutorStep, InputName, InvalidStepError, OutputName, VersionedValue
+from marin.execution.walker import DESCEND, ConfigStructureError, FieldPath, container_kind, walk
 
 
 class PlanError(ValueError):
@@ -79,29 +76,73 @@ class Plan:
         return out
 
 
-def walk_placeholders(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
-    """Yield ``(field path, placeholder)`` for every placeholder in a config, depth first.
+_PLACEHOLDERS = (VersionedValue, InputName, OutputName, ExecutorStep)
+
+
+def _is_plain_object(value: Any) -> bool:
+    """An instance of a user class that the executor cannot rebuild (not a dataclass or container)."""
+    return (
+        hasattr(value, "__dict__")
+        and not isinstance(value, (type, types.ModuleType, types.FunctionType, types.MethodType,
+                                   types.BuiltinFunctionType, functools.partial))
+        and container_kind(value) is None
+    )
+
+
+def walk_placeholders(value: Any, path: FieldPath | str = "") -> list[tuple[FieldPath, Any]]:
+    """``(field path, placeholder)`` for every placeholder in a config, depth first.
 
     Placeholders are ``VersionedValue``, ``InputName``, ``OutputName`` and (an error the caller
-    reports) a bare ``ExecutorStep``. Containers walked: dataclasses, dicts, lists, tuples.
+    reports) a bare ``ExecutorStep``. Containers are those of :mod:`marin.execution.walker`. A
+    placeholder inside anything else (a plain object, a dict key) could never be replaced, so it is
+    refused here with a :class:`PlanError`, before anything runs.
     """
-    if isinstance(value, (VersionedValue, InputName, OutputName, ExecutorStep)):
-        yield path, value
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for f in dataclasses.fields(value):
-            yield from walk_placeholders(getattr(value, f.name), join_attr(path, f.name))
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield from walk_placeholders(v, join_key(path, k) if isinstance(k, str) else f"{path}[{k!r}]")
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            yield from walk_placeholders(v, f"{path}[{i}]")
+    found: list[tuple[FieldPath, Any]] = []
+
+    def visit(v: Any, p: FieldPath) -> Any:
+        if isinstance(v, _PLACEHOLDERS):
+            found.append((p, v))
+            return None
+        if isinstance(v, dict):
+            for k in v:
+                if isinstance(k, _PLACEHOLDERS):
+                    raise PlanError(f"config field {p.describe()} has a placeholder ({type(k).__name__}) as a dict "
+                                    "key; placeholders may only be values")
+        if container_kind(v) is not None:
+            return DESCEND
+        if _is_plain_object(v):
+            _refuse_placeholders_in_object(v, p)
+        return None
+
+    walk(value, visit, lambda *_: None, path)
+    return found
+
+
+def _refuse_placeholders_in_object(obj: Any, path: FieldPath) -> None:
+    """Raise PlanError if a plain object's attributes hold a placeholder (the executor cannot replace it)."""
+    try:
+        inner = walk_placeholders(dict(vars(obj)), path)
+    except ConfigStructureError:
+        return  # a deep or cyclic object graph (a client, a model): not a config, nothing to resolve
+    if inner:
+        where, ph = inner[0]
+        cls = type(obj).__qualname__
+        raise PlanError(
+            f"config field {path.describe()} is a {cls} object, which is not a dataclass, dict, list or tuple, "
+            f"and its attribute {where.describe()} holds a {type(ph).__name__} placeholder that the executor "
+            f"cannot replace there; make {cls} a @dataclasses.dataclass (or pass a dict)"
+        )
 
 
 def _inputs_of(step: ExecutorStep) -> list[tuple[str, Any]]:
-    found = list(walk_placeholders(step.config))
+    try:
+        found = walk_placeholders(step.config)
+    except UnhashableConfigError as e:
+        raise type(e)(f"step {step.name!r}: {e}") from None
+    except PlanError as e:
+        raise PlanError(f"step {step.name!r}: {e}") from None
     for path, ph in found:
-        where = f"step {step.name!r}, config field {path or '<root>'}"
+        where = f"step {step.name!r}, config field {path.describe()}"
         if isinstance(ph, ExecutorStep):
             raise PlanError(f"{where} holds the step {ph.name!r} itself; use output_path_of(step) to depend on it")
         if isinstance(ph, InputName) and not isinstance(ph.step, ExecutorStep):
@@ -190,12 +231,15 @@ def plan_steps(steps: list[ExecutorStep], prefix: str) -> Plan:
         leaves: dict[str, Any] = {}
         deps: dict[int, PlannedStep] = {}
         nonblocking: dict[int, PlannedStep] = {}
-        for path, ph in inputs[id(step)]:
+        for field, ph in inputs[id(step)]:
+            try:
+                path = str(field)
+                if isinstance(ph, VersionedValue):
+                    leaves[path] = encode(ph.value, field)
+            except UnhashableConfigError as e:
+                raise UnhashableConfigError(f"step {step.name!r}: config field {field.describe()}: {e}") from None
             if isinstance(ph, VersionedValue):
-                try:
-                    leaves[path] = encode(ph.value, path)
-                except UnhashableConfigError as e:
-                    raise UnhashableConfigError(f"step {step.name!r}: {e}") from None
+                pass
             elif isinstance(ph, InputName):
                 up = by_id[id(ph.step)]
                 leaves[path] = {"input": up.digest, "subpath": ph.name}
@@ -208,7 +252,8 @@ def plan_steps(steps: list[ExecutorStep], prefix: str) -> Plan:
         dep_digests = {f"{d.name}-{d.digest}": d.digest for d in [*deps.values(), *nonblocking.values()]}
         digest = version_digest(step.name, leaves, dep_digests)
         key = (step.name, digest)
-        if key in by_key:  # the same step declared twice: one node
+        if key in by_key:  # the same step declared twice: one node, if nothing unversioned differs
+            _refuse_unversioned_difference(by_key[key], step, by_id)
             by_id[id(step)] = by_key[key]
             continue
         ps = PlannedStep(
@@ -229,37 +274,83 @@ def plan_steps(steps: list[ExecutorStep], prefix: str) -> Plan:
     return Plan(prefix=prefix, steps=planned, _by_id=by_id)
 
 
+def unversioned_view(step: ExecutorStep, by_id: dict[int, PlannedStep]) -> dict[str, str]:
+    """Field path -> rendered value of every leaf of ``step``'s config, placeholders by identity.
+
+    Two declarations of one step (same name and version) must agree on this view; otherwise they
+    would share one output directory although they would write different things."""
+    from marin.execution.jsonable import to_jsonable
+
+    leaves: dict[str, str] = {}
+
+    def visit(value: Any, path: FieldPath) -> Any:
+        if isinstance(value, VersionedValue):
+            rendered: Any = "<versioned>"  # equal digests: equal versioned values
+        elif isinstance(value, InputName):
+            up = by_id.get(id(value.step))
+            rendered = f"<output of {value.step.name}-{up.hash if up else '?'}>/{value.name or ''}"
+        elif isinstance(value, OutputName):
+            rendered = f"<this output>/{value.name or ''}"
+        elif container_kind(value) is not None and not (isinstance(value, (dict, list, tuple)) and not value):
+            return DESCEND
+        else:
+            rendered = to_jsonable(value, field_name=path.name)
+        leaves[path.describe()] = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(rendered))
+        return None
+
+    walk(step.config, visit, lambda *_: None)
+    fn = step.fn
+    leaves["<fn>"] = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+    return leaves
+
+
+def _refuse_unversioned_difference(first: PlannedStep, again: ExecutorStep, by_id: dict[int, PlannedStep]) -> None:
+    if again.config is first.step.config and again.fn is first.step.fn:
+        return
+    a, b = unversioned_view(first.step, by_id), unversioned_view(again, by_id)
+    if a == b:
+        return
+    diffs = [f"{p}: {a.get(p, '<absent>')} vs {b.get(p, '<absent>')}" for p in sorted(set(a) | set(b)) if a.get(p) != b.get(p)]
+    shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+    raise PlanError(
+        f"step {again.name!r} is declared twice with the same version ({first.hash}) but different unversioned "
+        f"config ({shown}); both would use {first.output_path} and only one would run. Wrap the field in "
+        "versioned(...) if it changes the output, or give the two steps different names"
+    )
+
+
 def resolve_config(ps: PlannedStep, plan: Plan) -> Any:
     """``ps``'s config with placeholders replaced by concrete paths and versioned values unwrapped."""
 
     def sub(base: str, name: str | None) -> str:
         return base if not name else f"{base}/{name.lstrip('/')}"
 
-    def go(value: Any) -> Any:
+    def visit(value: Any, path: FieldPath) -> Any:
         if isinstance(value, VersionedValue):
-            return go(value.value)
+            return walk(value.value, visit, rebuild, path)
         if isinstance(value, InputName):
             return sub(plan.planned(value.step).output_path, value.name)
         if isinstance(value, OutputName):
             return sub(ps.output_path, value.name)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            changes = {}
-            for f in dataclasses.fields(value):
-                if not f.init:
-                    continue
-                old = getattr(value, f.name)
-                new = go(old)
-                if new is not old:
-                    changes[f.name] = new
-            return dataclasses.replace(value, **changes) if changes else value
-        if isinstance(value, dict):
-            items = {k: go(v) for k, v in value.items()}
-            return items if any(items[k] is not value[k] for k in value) else value
-        if isinstance(value, (list, tuple)):
-            items = [go(v) for v in value]
-            if all(a is b for a, b in zip(items, value)):
-                return value
-            return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
-        return value
+        return DESCEND if container_kind(value) is not None else value
 
-    return go(ps.step.config)
+    return walk(ps.step.config, visit, rebuild)
+
+
+def rebuild(value: Any, kind: str, items: list[tuple[str, Any, Any]], path: FieldPath) -> Any:
+    """``value`` with its children replaced by ``items`` (``value`` itself when nothing changed)."""
+    if kind == "dataclass":
+        init = {f.name for f in dataclasses.fields(value) if f.init}
+        changes = {k: v for _, k, v in items if k in init and v is not getattr(value, k)}
+        return dataclasses.replace(value, **changes) if changes else value
+    if kind == "dict":
+        if all(v is value[k] for _, k, v in items):
+            return value
+        out = {k: v for _, k, v in items}
+        return out if type(value) is dict else type(value)(out)
+    new = [v for _, _, v in items]
+    if kind == "set":
+        return value if all(a is b for a, b in zip(new, (k for _, k, _ in items))) else type(value)(new)
+    if all(a is b for a, b in zip(new, value)):
+        return value
+    return type(value)(new) if not hasattr(value, "_fields") else type(value)(*new)

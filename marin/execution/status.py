@@ -20,10 +20,15 @@ INFO_FILE = ".executor_info.json"
 
 
 class StepStatus(str, enum.Enum):
+    """A step's state. Only SUCCESS means finished; the next run resumes every other state except
+    FAILED, which needs ``--force_run_failed`` (a failure deserves a look first)."""
+
     RUNNING = "RUNNING"
     SUCCESS = "SUCCESS"
     FAILED = "FAILED"
     DEP_FAILED = "DEP_FAILED"
+    INTERRUPTED = "INTERRUPTED"
+    """The run was stopped by the user (Ctrl-C) while the step ran; not a failure of the step."""
 
 
 class IllegalTransition(RuntimeError):
@@ -32,7 +37,10 @@ class IllegalTransition(RuntimeError):
 
 _ALLOWED: dict[StepStatus | None, set[StepStatus]] = {
     None: {StepStatus.RUNNING, StepStatus.DEP_FAILED},
-    StepStatus.RUNNING: {StepStatus.RUNNING, StepStatus.SUCCESS, StepStatus.FAILED, StepStatus.DEP_FAILED},
+    StepStatus.RUNNING: {
+        StepStatus.RUNNING, StepStatus.SUCCESS, StepStatus.FAILED, StepStatus.DEP_FAILED, StepStatus.INTERRUPTED,
+    },
+    StepStatus.INTERRUPTED: {StepStatus.RUNNING, StepStatus.DEP_FAILED},
     StepStatus.FAILED: {StepStatus.RUNNING, StepStatus.DEP_FAILED},  # RUNNING only with --force_run_failed
     StepStatus.DEP_FAILED: {StepStatus.RUNNING, StepStatus.DEP_FAILED},
     StepStatus.SUCCESS: set(),

@@ -135,6 +135,11 @@ def validate_step_name(name: str) -> None:
         raise InvalidStepError(f"step name {name!r} is an absolute path; names are relative to the prefix")
     if ".." in name.split("/"):
         raise InvalidStepError(f"step name {name!r} contains '..', which would escape the prefix")
+    if "." in name.split("/") or "" in name.split("/"):
+        raise InvalidStepError(
+            f"step name {name!r} has an empty or '.' part; write it as {'/'.join(p for p in name.split('/') if p not in ('', '.'))!r}"
+            " (each name has one spelling, so one step has one output directory)"
+        )
     if not _NAME_RE.match(name):
         raise InvalidStepError(
             f"step name {name!r} has characters outside [A-Za-z0-9_.-] (with '/' between parts)"

@@ -92,6 +92,25 @@ def makedirs(path: str) -> None:
     # object stores have no directories
 
 
+def writable_problem(directory: str) -> str | None:
+    """Why files cannot be created in ``directory`` (creating it if needed), or None if they can.
+
+    Checked for real (create and remove a probe file) on local disk, because permission bits do not
+    tell the whole story (read-only mounts, a regular file where a directory should be, root). Object
+    stores are not probed: their permissions show up at the first write, with the store's message."""
+    if not is_local(directory):
+        return None
+    d = _local(directory)
+    try:
+        os.makedirs(d, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=d)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"{e.strerror or type(e).__name__}: {e.filename or d}"
+    return None
+
+
 def list_dir(path: str) -> list[str]:
     """Full paths of the entries directly under ``path`` (empty if it does not exist)."""
     if is_local(path):

@@ -1,0 +1,58 @@
+"""One-line errors for mistakes in experiment files, wherever they are raised.
+
+A bad step name or config is usually found while the experiment file is being imported (at
+``ExecutorStep(...)``), before ``executor_main`` can catch anything. Importing
+:mod:`marin.execution` installs :func:`excepthook`, which prints such an uncaught error as
+``marin: error: <message> (at exp.py:12)`` instead of a traceback into the executor's internals.
+Every other exception keeps Python's usual report; ``MARIN_TRACEBACK=1`` shows the full traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from types import TracebackType
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """Errors that mean "the experiment file is wrong", each with a message that says how."""
+    from marin.execution.plan import PlanError
+    from marin.execution.step import InvalidStepError
+    from marin.execution.walker import UnhashableConfigError
+
+    return (InvalidStepError, PlanError, UnhashableConfigError)
+
+
+def user_location(tb: TracebackType | None) -> str | None:
+    """``file:line`` of the innermost frame outside the marin package (the user's line), if any."""
+    where = None
+    for frame in traceback.extract_tb(tb):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(_PACKAGE_DIR + os.sep) and not frame.filename.startswith("<") and "runpy" not in path:
+            where = f"{os.path.relpath(path) if not os.path.relpath(path).startswith('..') else path}:{frame.lineno}"
+    return where
+
+
+def excepthook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None,
+               _previous=sys.excepthook) -> None:
+    if issubclass(kind, user_error_types()) and not os.environ.get("MARIN_TRACEBACK"):
+        where = user_location(tb)
+        print(f"marin: error: {exc}" + (f" (at {where})" if where else ""), file=sys.stderr)
+        return
+    _previous(kind, exc, tb)
+
+
+def install_excepthook() -> None:
+    """Install :func:`excepthook` once (keeping whatever hook was there for other exceptions)."""
+    if getattr(sys.excepthook, "__module__", None) == __name__:
+        return
+    previous = sys.excepthook
+
+    def hook(kind, exc, tb):
+        excepthook(kind, exc, tb, previous)
+
+    hook.__module__ = __name__
+    sys.excepthook = hook

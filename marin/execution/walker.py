@@ -1,0 +1,192 @@
+"""The one traversal of step configs.
+
+Hashing (:func:`marin.execution.hashing.encode`), rendering for humans with secrets masked
+(:func:`marin.execution.jsonable.to_jsonable`), finding placeholders and resolving them
+(:mod:`marin.execution.plan`) all walk a config the same way, so they all agree on:
+
+* which values are containers: dataclass instances, dicts, lists, tuples (named tuples included),
+  sets and frozensets; everything else is a leaf the caller handles;
+* the field path that names a value in messages and in a step's version (``model.d_model``,
+  ``weights["web code"]``, ``layers[3]``); a non-str dict key is written as its canonical encoding,
+  so the path is the same in every process (never a ``repr`` that depends on ``PYTHONHASHSEED``);
+* the limits: a config nested deeper than :data:`MAX_DEPTH` or one that contains itself is refused
+  with a :class:`ConfigStructureError` naming the field, never a raw ``RecursionError``.
+
+A walk is ``walk(value, visit, build)``: ``visit(value, path)`` is called first on every value and
+returns either a result or :data:`DESCEND`; for a container that it descends into, the children are
+walked and ``build(value, kind, children, path)`` combines their results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable
+
+MAX_DEPTH = 100
+"""Deepest nesting a config may have. Real configs are a few levels deep; a deeper one is almost
+certainly a mistake (or a cycle) and would otherwise end in a RecursionError."""
+
+DESCEND = object()
+"""Returned by a visitor to say "walk into this container"."""
+
+# edge kinds of a field path
+ATTR, KEY, INDEX, MEMBER = "attr", "key", "index", "member"
+
+
+class UnhashableConfigError(TypeError):
+    """A versioned config value has no canonical encoding (wrong type, NaN, unencodable dict key)."""
+
+
+class ConfigStructureError(UnhashableConfigError):
+    """A config is nested too deeply or contains itself."""
+
+
+class FieldPath:
+    """Where a value sits in a config: a linked list of edges, rendered to text only when needed.
+
+    ``str(path)`` gives ``opt.lr``, ``weights["web code"]``, ``layers[3]``; the root is ``""`` (or
+    the text prefix it was created with). Rendering raises :class:`UnhashableConfigError` when an edge
+    is a dict key without a canonical encoding, because such a path cannot name a versioned value.
+    """
+
+    __slots__ = ("parent", "kind", "key", "depth", "_text")
+
+    def __init__(self, parent: "FieldPath | None" = None, kind: str = "", key: Any = None, text: str | None = None):
+        self.parent, self.kind, self.key = parent, kind, key
+        self.depth = 0 if parent is None else parent.depth + 1
+        self._text = text
+
+    @staticmethod
+    def root(text: str = "") -> "FieldPath":
+        return FieldPath(text=text)
+
+    def child(self, kind: str, key: Any) -> "FieldPath":
+        return FieldPath(self, kind, key)
+
+    @property
+    def name(self) -> str:
+        """The last component as a plain name (attribute or str key), else ``""``: what masking reads."""
+        if self.kind == ATTR or (self.kind == KEY and isinstance(self.key, str)):
+            return self.key
+        return ""
+
+    def __str__(self) -> str:
+        if self._text is None:
+            self._text = _join(str(self.parent), self.kind, self.key)
+        return self._text
+
+    def describe(self) -> str:
+        """The path for messages: never raises, ``<root>`` for the root, long paths shortened."""
+        try:
+            text = str(self) or "<root>"
+        except UnhashableConfigError:
+            parent = self.parent.describe() if self.parent is not None else ""
+            text = f"{'' if parent == '<root>' else parent}[{self.key!r:.60}]"
+        return text if len(text) <= 160 else f"{text[:80]}...{text[-60:]}"
+
+    def __repr__(self) -> str:
+        return f"FieldPath({self.describe()!r})"
+
+
+def join_attr(path: str, name: str) -> str:
+    """Field path of attribute ``name`` under ``path`` (``model.d_model``)."""
+    return f"{path}.{name}" if path else name
+
+
+def join_key(path: str, key: str) -> str:
+    """Field path of dict key ``key`` under ``path`` (``weights["web code"]``); unambiguous for any key.
+
+    Keys of a top-level dict config read like attributes (``opt``) when they are identifiers."""
+    if not path and key.isidentifier():
+        return key
+    return f"{path}[{json.dumps(key)}]"
+
+
+def key_text(key: Any) -> str:
+    """Canonical text of a dict key: JSON of a str, else the canonical encoding of the key.
+
+    Raises UnhashableConfigError for keys without one (objects whose only text is ``repr``)."""
+    if isinstance(key, str):
+        return json.dumps(key)
+    from marin.execution.hashing import canonical_json, encode  # hashing builds on this module
+
+    try:
+        return canonical_json(encode(key))
+    except UnhashableConfigError as e:
+        raise UnhashableConfigError(
+            f"dict key {key!r:.80} of type {type(key).__name__} has no canonical encoding ({e}); a versioned "
+            "value under it would be named differently in each process: use str, int, tuple or frozenset keys"
+        ) from None
+
+
+def _join(parent: str, kind: str, key: Any) -> str:
+    if kind == ATTR:
+        return join_attr(parent, key)
+    if kind == KEY:
+        if isinstance(key, str):
+            return join_key(parent, key)
+        return f"{parent}[{key_text(key)}]"
+    if kind == INDEX:
+        return f"{parent}[{key}]"
+    return f"{parent}{{{key_text(key)}}}"  # MEMBER of a set, named by its own encoding
+
+
+def container_kind(value: Any) -> str | None:
+    """``"dataclass" | "dict" | "list" | "tuple" | "set"``, or None for a leaf."""
+    if isinstance(value, dict):
+        return "dict"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, tuple):
+        return "tuple"
+    if isinstance(value, (set, frozenset)):
+        return "set"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return "dataclass"
+    return None
+
+
+def children(value: Any, kind: str) -> list[tuple[str, Any, Any]]:
+    """``(edge kind, key, child)`` of a container, in a deterministic order (sets: by encoding later)."""
+    if kind == "dataclass":
+        return [(ATTR, f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+    if kind == "dict":
+        return [(KEY, k, v) for k, v in value.items()]
+    if kind in ("list", "tuple"):
+        return [(INDEX, i, v) for i, v in enumerate(value)]
+    return [(MEMBER, v, v) for v in value]
+
+
+Visit = Callable[[Any, FieldPath], Any]
+Build = Callable[[Any, str, list[tuple[str, Any, Any]], FieldPath], Any]
+
+
+def walk(value: Any, visit: Visit, build: Build, path: FieldPath | str | None = None) -> Any:
+    """Walk ``value`` depth first (see the module docstring); ``path`` names ``value`` itself."""
+    if not isinstance(path, FieldPath):
+        path = FieldPath.root(path or "")
+    return _walk(value, visit, build, path, set())
+
+
+def _walk(value: Any, visit: Visit, build: Build, path: FieldPath, on_stack: set[int]) -> Any:
+    result = visit(value, path)
+    if result is not DESCEND:
+        return result
+    kind = container_kind(value)
+    if kind is None:
+        raise TypeError(f"visitor asked to descend into a {type(value).__name__}, which is not a container")
+    if path.depth >= MAX_DEPTH:
+        raise ConfigStructureError(
+            f"config field {path.describe()} is nested more than {MAX_DEPTH} levels deep; flatten the config "
+            "(deeply nested configs are refused so that hashing and rendering stay predictable)"
+        )
+    if id(value) in on_stack:
+        raise ConfigStructureError(f"config field {path.describe()} contains itself (a reference cycle)")
+    on_stack.add(id(value))
+    try:
+        out = [(edge, key, _walk(child, visit, build, path.child(edge, key), on_stack))
+               for edge, key, child in children(value, kind)]
+    finally:
+        on_stack.discard(id(value))
+    return build(value, kind, out, path)

@@ -168,6 +168,10 @@ def default_train(
     weight_decay: float = 0.1,
     grad_clip: float = 1.0,
     compute_dtype: str | None = None,
+    beta1: float = 0.9,
+    beta2: float = 0.95,
+    adam_eps: float = 1e-8,
+    final_lr_fraction: float | None = None,
     seed: int = 0,
     pool: str = "local-cpu",
     lr_replans: _Sequence = (),
@@ -187,9 +191,15 @@ def default_train(
     new_total_steps)`` pairs; ``transport_switches`` are ``(step, transport)`` pairs, e.g.
     ``((0, "fixed"), (81716, "dropless"))``. ``mixture`` may also be a
     ``marin.training.SyntheticDataConfig`` for tests.
+
+    The step's version holds the resolved model (every ``MoEConfig`` field after the preset,
+    ``model_overrides`` and ``compute_dtype``; z-loss weight, router-bias update and rate, capacity
+    factor, dtype and remat policy are set through ``model_overrides``), so editing a preset re-runs
+    the steps that use it. ``final_lr_fraction`` None keeps the schedule's default.
     """
     from marin.execution import ExecutorStep, this_output_path, versioned
-    from marin.training.config import TrainConfig
+    from marin.training.config import TrainConfig, resolve_model
+    from marin.training.schedule import DEFAULT_FINAL_LR_FRACTION
     from marin.training.pools import get_pool
     from marin.training.steps import train
 
@@ -198,21 +208,27 @@ def default_train(
     get_pool(pool)  # fail at declaration time on a typo, not inside a Ray task
     # default_mixture versions its own fields; a synthetic stream is versioned whole.
     data = versioned(mixture) if isinstance(mixture, SyntheticDataConfig) else mixture
+    phases = tuple((float(f), int(n)) for f, n in seq_len_phases)
+    resolved = resolve_model(model, dict(model_overrides or {}), compute_dtype, phases)
     config = TrainConfig(
         output_path=this_output_path(),
         data=data,
-        model=versioned(model),
-        model_overrides=versioned(dict(model_overrides or {})),
+        # one versioned leaf per field, so `marin explain` names the field that changed (model.n_layers)
+        model=_versioned_fields(resolved),
+        preset=versioned(model),
         pool=pool,
         seed=versioned(seed),
         train_steps=versioned(train_steps),
         tokens_per_step=versioned(tokens_per_step),
-        seq_len_phases=versioned(tuple((float(f), int(n)) for f, n in seq_len_phases)),
+        seq_len_phases=versioned(phases),
         peak_lr=versioned(peak_lr),
         warmup_steps=versioned(warmup_steps),
+        final_lr_fraction=versioned(DEFAULT_FINAL_LR_FRACTION if final_lr_fraction is None else final_lr_fraction),
         weight_decay=versioned(weight_decay),
+        beta1=versioned(beta1),
+        beta2=versioned(beta2),
+        adam_eps=versioned(adam_eps),
         grad_clip=versioned(grad_clip),
-        compute_dtype=versioned(compute_dtype),
         lr_replans=tuple((int(a), int(t)) for a, t in lr_replans),
         transport_switches=tuple((int(s), str(t)) for s, t in transport_switches),
         checkpoint_every_steps=checkpoint_every_steps,
@@ -231,6 +247,20 @@ def default_train(
         # pool's hosts need.
         resources={"num_cpus": 0},
     )
+
+
+def _versioned_fields(obj):
+    """A copy of dataclass ``obj`` with every field wrapped in ``versioned``: each field becomes its
+    own leaf of the step's version. Built without ``__init__`` (its checks need plain values); the
+    executor rebuilds it through ``__init__`` when it resolves the placeholders."""
+    import dataclasses
+
+    from marin.execution import versioned
+
+    out = object.__new__(type(obj))
+    for f in dataclasses.fields(obj):
+        object.__setattr__(out, f.name, versioned(getattr(obj, f.name)))
+    return out
 
 
 # --- review (health of a run against the seed's healthy ranges) --------------------------------

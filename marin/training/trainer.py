@@ -83,21 +83,14 @@ def make_batch_fn(data: Any) -> tuple[BatchFn, int]:
 
 # ---- model and optimizer --------------------------------------------------------------------------
 def model_config(config: TrainConfig, vocab_size: int | None = None):
-    """The MoEConfig of a run: preset + overrides (+ compute dtype, + the data's vocabulary)."""
-    from marin.models.config import get_preset
-
-    overrides = dict(config.model_overrides)
-    if config.compute_dtype is not None:
-        overrides["dtype"] = config.compute_dtype
-    cfg = get_preset(config.model, **overrides)
+    """The MoEConfig of a run: exactly ``config.model`` (resolved when the config was built, so what
+    runs is what the step's version names), checked against the data's vocabulary."""
+    cfg = config.model
     if vocab_size is not None and cfg.vocab_size < vocab_size:
         raise ValueError(
-            f"model {config.model!r} has vocab_size {cfg.vocab_size} but the data's tokenizer has {vocab_size}; "
-            f"pass model_overrides={{'vocab_size': {vocab_size}}} (or a larger value)"
+            f"model {config.preset or 'config'!r} has vocab_size {cfg.vocab_size} but the data's tokenizer has "
+            f"{vocab_size}; pass model_overrides={{'vocab_size': {vocab_size}}} (or a larger value)"
         )
-    max_len = max(int(n) for _, n in config.seq_len_phases)
-    if cfg.max_seq_len < max_len:
-        cfg = cfg.replace(max_seq_len=max_len)
     return cfg
 
 

@@ -16,7 +16,6 @@ saved, so the last good checkpoint stays untouched.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -210,18 +209,11 @@ def _run_id(output_path: str) -> str:
 
 
 def _config_record(config: TrainConfig) -> dict[str, Any]:
-    def enc(x):
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            return {f.name: enc(getattr(x, f.name)) for f in dataclasses.fields(x)}
-        if isinstance(x, (list, tuple)):
-            return [enc(v) for v in x]
-        if isinstance(x, dict):
-            return {str(k): enc(v) for k, v in x.items()}
-        if isinstance(x, (str, int, float, bool)) or x is None:
-            return x
-        return str(x)
+    """The run's config as JSON for W&B and checkpoint metadata, through the executor's one
+    rendering, so secret-looking fields are masked exactly as in the step's records."""
+    from marin.execution.jsonable import to_jsonable
 
-    return enc(config)
+    return to_jsonable(config)
 
 
 def _agree(decision: bool, ctx: HostContext) -> bool:

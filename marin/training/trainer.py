@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from marin.training.checkpoint import CheckpointManager
+from marin.training.checkpoint import CheckpointManager, CheckpointMismatchError
 from marin.training.config import SyntheticDataConfig, TrainConfig
 from marin.training.metrics import (
     MetricsWriter,
@@ -48,6 +48,10 @@ logger = logging.getLogger(__name__)
 
 class TrainingDiverged(NonRetryableError):
     """Loss or gradient norm became NaN/Inf; retrying the same config would diverge again."""
+
+
+class IncompatibleCheckpoint(NonRetryableError):
+    """The step's checkpoints were written by a different model structure; a retry cannot fix it."""
 
 
 BatchFn = Callable[[int, int, int], dict[str, np.ndarray]]
@@ -248,10 +252,14 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
     ckpts = CheckpointManager(config.output_path, config.checkpoint_policy(), is_writer=is_writer)
     host_state = init_host_state(config, cfg)
     shardings = state_shardings(host_state, mesh)
-    start = ckpts.latest_step()
+    try:
+        restored = ckpts.restore_latest(template=host_state)
+    except CheckpointMismatchError as e:
+        raise IncompatibleCheckpoint(str(e)) from None
+    start = None if restored is None else restored[0]
     tokens_seen = 0
-    if start is not None:
-        host_state, meta = ckpts.restore(start, template=host_state)
+    if restored is not None:
+        start, host_state, meta = restored
         tokens_seen = int(meta["tokens"])
         ckpts.mark_restored(start)
         logger.info("resumed %s from step %d", config.output_path, start)

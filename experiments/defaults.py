@@ -7,8 +7,8 @@ file top to bottom to learn what a default pipeline does.
 # --- data track (default_tokenize and friends) -------------------------------------------------
 # A data pipeline is: corpus (a K40-layout root, or the miniature generator) -> tokenizer (trained
 # or a tokenizer.json path) -> tokenize (one token store per step) -> a MixtureConfig that the
-# training step embeds. Everything that changes the tokens is versioned(); sizes of shards and
-# batches of work are not part of a store's identity except shard_max_tokens, which changes its files.
+# training step embeds. Every config field is versioned (it may change what is written) except the
+# placeholders and the fields listed as unversioned next to each builder.
 
 from collections.abc import Mapping as _Mapping
 from collections.abc import Sequence as _Sequence
@@ -30,37 +30,53 @@ def default_k40_miniature(
 ):
     """A deterministic K40-shaped corpus (40 domains x 5 quality buckets) of about ``total_bytes``."""
     from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
-    from marin.execution import ExecutorStep, this_output_path, versioned
+    from marin.execution import ExecutorStep, this_output_path
 
     return ExecutorStep(
         name=name,
         fn=generate_k40_miniature,
-        config=SyntheticK40Config(
+        config=_versioned_config(SyntheticK40Config(
             output_path=this_output_path(),
-            total_bytes=versioned(total_bytes),
-            seed=versioned(seed),
-            domains=versioned(None if domains is None else tuple(domains)),
-            files_per_source=versioned(files_per_source),
-        ),
+            total_bytes=total_bytes,
+            seed=seed,
+            domains=None if domains is None else tuple(domains),
+            files_per_source=files_per_source,
+        ), keep=("output_path",)),
         description=f"K40-shaped miniature corpus, ~{total_bytes:,} bytes, seed {seed}",
         resources={"num_cpus": 1},
     )
 
 
-def default_tokenizer(name: str, corpus, vocab_size: int = 8192, max_bytes: int = 50_000_000):
-    """Train a byte-level BPE tokenizer (``tokenizer.json`` in the step output) on ``corpus``."""
+def default_tokenizer(
+    name: str,
+    corpus,
+    vocab_size: int = 8192,
+    max_bytes: int = 50_000_000,
+    text_field: str = "text",
+    min_frequency: int = 2,
+    on_corrupt: str = "skip",
+    max_corrupt_fraction: float = 0.01,
+):
+    """Train a byte-level BPE tokenizer (``tokenizer.json`` in the step output) on ``corpus``.
+
+    ``on_corrupt="skip"`` leaves corrupt files out (listed in ``tokenizer_info.json``) while at most
+    ``max_corrupt_fraction`` of them are corrupt; ``"fail"`` stops on the first one."""
     from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
-    from marin.execution import ExecutorStep, this_output_path, versioned
+    from marin.execution import ExecutorStep, this_output_path
 
     return ExecutorStep(
         name=name,
         fn=train_tokenizer,
-        config=TrainTokenizerConfig(
+        config=_versioned_config(TrainTokenizerConfig(
             input_path=_data_input(corpus),
             output_path=this_output_path(),
-            vocab_size=versioned(vocab_size),
-            max_bytes=versioned(max_bytes),
-        ),
+            vocab_size=vocab_size,
+            max_bytes=max_bytes,
+            text_field=text_field,
+            min_frequency=min_frequency,
+            on_corrupt=on_corrupt,
+            max_corrupt_fraction=max_corrupt_fraction,
+        ), keep=("input_path", "output_path")),
         description=f"byte-level BPE, vocab {vocab_size}",
         resources={"num_cpus": 1},
     )
@@ -74,25 +90,31 @@ def default_tokenize(
     text_field: str = "text",
     max_doc_bytes: int = 8_000_000,
     shard_max_tokens: int = 64 * 1024 * 1024,
+    on_corrupt: str = "skip",
+    max_corrupt_fraction: float = 0.01,
 ):
     """Tokenize the documents under ``source`` (a step or a path) with ``tokenizer`` (a step or a
     path to tokenizer.json / its directory) into a token store. ``sources`` maps source names to
-    locations under ``source``; None discovers one source per directory (K40 layout: domain/bucket)."""
+    locations under ``source``; None discovers one source per directory (K40 layout: domain/bucket).
+    ``on_corrupt="skip"`` leaves corrupt files out of the store (listed in its manifest) while at most
+    ``max_corrupt_fraction`` of them are corrupt; ``"fail"`` fails the step on any corrupt file."""
     from marin.data.tokenize import TokenizeConfig, tokenize
-    from marin.execution import ExecutorStep, this_output_path, versioned
+    from marin.execution import ExecutorStep, this_output_path
 
     return ExecutorStep(
         name=name,
         fn=tokenize,
-        config=TokenizeConfig(
+        config=_versioned_config(TokenizeConfig(
             input_path=_data_input(source),
             tokenizer=_data_input(tokenizer),
             output_path=this_output_path(),
-            sources=versioned(None if sources is None else dict(sources)),
-            text_field=versioned(text_field),
-            max_doc_bytes=versioned(max_doc_bytes),
-            shard_max_tokens=versioned(shard_max_tokens),
-        ),
+            sources=None if sources is None else dict(sources),
+            text_field=text_field,
+            max_doc_bytes=max_doc_bytes,
+            shard_max_tokens=shard_max_tokens,
+            on_corrupt=on_corrupt,
+            max_corrupt_fraction=max_corrupt_fraction,
+        ), keep=TOKENIZE_UNVERSIONED),
         description=f"tokenize {name}",
         resources={"num_cpus": 1},
     )
@@ -113,17 +135,16 @@ def default_mixture(
     versioned so changing the mixture changes the training step's hash, never the stores'."""
     from marin.data.mixture import MixtureConfig
 
-    return MixtureConfig(
+    return _versioned_config(MixtureConfig(
         stores=tuple(_data_input(t) for t in tokenized),
-        domain_weights=_versioned_or_none(domain_weights),
-        quality_weights=_versioned_or_none(quality_weights),
-        domain_quality_weights=_versioned_or_none(
-            {d: dict(w) for d, w in domain_quality_weights.items()} if domain_quality_weights else {}),
-        stages=_versioned_or_none(tuple(stages)) or (),
-        seed=_versioned_or_none(seed),
-        validation_fraction=_versioned_or_none(validation_fraction),
-        validation_max_documents=_versioned_or_none(validation_max_documents),
-    )
+        domain_weights=None if domain_weights is None else dict(domain_weights),
+        quality_weights=None if quality_weights is None else dict(quality_weights),
+        domain_quality_weights={d: dict(w) for d, w in (domain_quality_weights or {}).items()},
+        stages=tuple(stages),
+        seed=seed,
+        validation_fraction=validation_fraction,
+        validation_max_documents=validation_max_documents,
+    ), keep=("stores",))
 
 
 def default_mixture_report(name: str, mixture, total_tokens: int | None = None):
@@ -140,10 +161,27 @@ def default_mixture_report(name: str, mixture, total_tokens: int | None = None):
     )
 
 
-def _versioned_or_none(x):
+# What a data step may leave out of its version: how the work is spread, never what it writes (the
+# output is byte-identical with or without Ray, whatever the CPUs per task). batch_docs is versioned:
+# shards are cut at batch boundaries, so it changes the files.
+TOKENIZE_UNVERSIONED = ("input_path", "tokenizer", "output_path", "num_cpus_per_task", "show_progress", "use_ray")
+
+
+def _versioned_config(config, keep: _Sequence[str] = ()):
+    """``config`` (a dataclass) with every field wrapped in ``versioned`` except those in ``keep``
+    (placeholders and settings that do not change what the step writes). Versioning by default means
+    a field added to a config later is in the version unless someone decides otherwise. Built
+    without ``__init__`` (checks there need plain values); the executor rebuilds the config through
+    ``__init__`` when it resolves the placeholders, so each field is its own leaf (``model.n_layers``)."""
+    import dataclasses
+
     from marin.execution import versioned
 
-    return None if x is None else versioned(dict(x) if isinstance(x, _Mapping) else x)
+    out = object.__new__(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        object.__setattr__(out, f.name, value if f.name in keep else versioned(value))
+    return out
 
 
 # --- training track (default_train and friends) ------------------------------------------------
@@ -168,6 +206,10 @@ def default_train(
     weight_decay: float = 0.1,
     grad_clip: float = 1.0,
     compute_dtype: str | None = None,
+    beta1: float = 0.9,
+    beta2: float = 0.95,
+    adam_eps: float = 1e-8,
+    final_lr_fraction: float | None = None,
     seed: int = 0,
     pool: str = "local-cpu",
     lr_replans: _Sequence = (),
@@ -187,9 +229,15 @@ def default_train(
     new_total_steps)`` pairs; ``transport_switches`` are ``(step, transport)`` pairs, e.g.
     ``((0, "fixed"), (81716, "dropless"))``. ``mixture`` may also be a
     ``marin.training.SyntheticDataConfig`` for tests.
+
+    The step's version holds the resolved model (every ``MoEConfig`` field after the preset,
+    ``model_overrides`` and ``compute_dtype``; z-loss weight, router-bias update and rate, capacity
+    factor, dtype and remat policy are set through ``model_overrides``), so editing a preset re-runs
+    the steps that use it. ``final_lr_fraction`` None keeps the schedule's default.
     """
     from marin.execution import ExecutorStep, this_output_path, versioned
-    from marin.training.config import TrainConfig
+    from marin.training.config import TrainConfig, resolve_model
+    from marin.training.schedule import DEFAULT_FINAL_LR_FRACTION
     from marin.training.pools import get_pool
     from marin.training.steps import train
 
@@ -198,21 +246,27 @@ def default_train(
     get_pool(pool)  # fail at declaration time on a typo, not inside a Ray task
     # default_mixture versions its own fields; a synthetic stream is versioned whole.
     data = versioned(mixture) if isinstance(mixture, SyntheticDataConfig) else mixture
+    phases = tuple((float(f), int(n)) for f, n in seq_len_phases)
+    resolved = resolve_model(model, dict(model_overrides or {}), compute_dtype, phases)
     config = TrainConfig(
         output_path=this_output_path(),
         data=data,
-        model=versioned(model),
-        model_overrides=versioned(dict(model_overrides or {})),
+        # one versioned leaf per field, so `marin explain` names the field that changed (model.n_layers)
+        model=_versioned_config(resolved),
+        preset=versioned(model),
         pool=pool,
         seed=versioned(seed),
         train_steps=versioned(train_steps),
         tokens_per_step=versioned(tokens_per_step),
-        seq_len_phases=versioned(tuple((float(f), int(n)) for f, n in seq_len_phases)),
+        seq_len_phases=versioned(phases),
         peak_lr=versioned(peak_lr),
         warmup_steps=versioned(warmup_steps),
+        final_lr_fraction=versioned(DEFAULT_FINAL_LR_FRACTION if final_lr_fraction is None else final_lr_fraction),
         weight_decay=versioned(weight_decay),
+        beta1=versioned(beta1),
+        beta2=versioned(beta2),
+        adam_eps=versioned(adam_eps),
         grad_clip=versioned(grad_clip),
-        compute_dtype=versioned(compute_dtype),
         lr_replans=tuple((int(a), int(t)) for a, t in lr_replans),
         transport_switches=tuple((int(s), str(t)) for s, t in transport_switches),
         checkpoint_every_steps=checkpoint_every_steps,

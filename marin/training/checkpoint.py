@@ -38,6 +38,16 @@ _INDEX = "index.json"
 _COMMIT = "COMMIT"
 
 
+class CorruptCheckpointError(OSError):
+    """A committed checkpoint whose files do not verify against its COMMIT (for example
+    ``arrays.bin`` truncated by a kill during a copy, or a lost file)."""
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint whose leaves do not fit the state being restored: the model's structure (or the
+    optimizer's) differs from the one that wrote it."""
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckpointPolicy:
     """When to save and what to keep.
@@ -163,23 +173,65 @@ def read_metadata(path: str) -> dict[str, Any]:
     return json.loads(fs.cat_file(f"{root}/{_INDEX}"))["metadata"]
 
 
+def _describe(dtype: Any, shape: Any) -> str:
+    return f"{np.dtype(dtype).name}{list(shape)}"
+
+
+def check_template(path: str, entries: list[dict[str, Any]], template: Any) -> None:
+    """Raise :class:`CheckpointMismatchError` naming every leaf whose presence, shape or dtype differs
+    between the checkpoint's index and ``template`` (before any array is read)."""
+    keys, leaves, _ = _flatten(template)
+    saved = {e["key"]: e for e in entries}
+    wanted = dict(zip(keys, leaves, strict=True))
+    problems = []
+    for k, leaf in wanted.items():
+        want = _describe(leaf.dtype, np.shape(leaf))
+        if k not in saved:
+            problems.append(f"{k}: missing from the checkpoint (model wants {want})")
+            continue
+        have = _describe(_dtype(saved[k]["dtype"]), saved[k]["shape"])
+        if have != want:
+            problems.append(f"{k}: checkpoint {have}, model wants {want}")
+    problems += [f"{k}: in the checkpoint ({_describe(_dtype(e['dtype']), e['shape'])}) but not in the model"
+                 for k, e in saved.items() if k not in wanted]
+    if problems:
+        # parameters first: optimizer moments mirror them and only repeat the story
+        problems.sort(key=lambda p: not p.startswith("['params']"))
+        shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
+        raise CheckpointMismatchError(
+            f"checkpoint {path} does not match the model being trained ({len(problems)} of {len(wanted)} leaves "
+            f"differ): {shown}. It was written by a different model configuration; train into a new output "
+            "path (change a versioned field) or remove its checkpoints/ directory to start over"
+        )
+
+
 def read_checkpoint(path: str, template: Any = None, *, verify: bool = True) -> tuple[Any, dict[str, Any]]:
     """Read a committed checkpoint; returns ``(tree, metadata)``.
 
     With ``template`` (a pytree of the same structure, e.g. freshly initialised state) the leaves are
-    matched by key path and checked for shape and dtype, and the result has the template's structure.
-    Without it, the result is a flat ``{key path: numpy array}`` dict (enough for evaluation scripts).
+    matched by key path and checked for shape and dtype (:class:`CheckpointMismatchError` names every
+    difference), and the result has the template's structure. Without it, the result is a flat
+    ``{key path: numpy array}`` dict (enough for evaluation scripts). Files that do not verify against
+    COMMIT raise :class:`CorruptCheckpointError`.
     """
     fs, root = fsspec.core.url_to_fs(path)
     commit = read_commit(path)
     if commit is None:
         raise FileNotFoundError(f"{path} is not a committed checkpoint (no valid {_COMMIT})")
-    blob = fs.cat_file(f"{root}/{_ARRAYS}")
+    try:
+        index = json.loads(fs.cat_file(f"{root}/{_INDEX}"))
+    except (FileNotFoundError, json.JSONDecodeError) as e:
+        raise CorruptCheckpointError(f"{path}: {_INDEX} is missing or unreadable ({type(e).__name__})") from None
+    if template is not None:
+        check_template(path, index["leaves"], template)
+    try:
+        blob = fs.cat_file(f"{root}/{_ARRAYS}")
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"{path}: {_ARRAYS} is missing") from None
     if len(blob) != commit["nbytes"]:
-        raise OSError(f"{path}: {_ARRAYS} has {len(blob)} bytes, COMMIT says {commit['nbytes']}")
+        raise CorruptCheckpointError(f"{path}: {_ARRAYS} has {len(blob)} bytes, COMMIT says {commit['nbytes']}")
     if verify and hashlib.sha256(blob).hexdigest() != commit["sha256"]:
-        raise OSError(f"{path}: {_ARRAYS} does not match the sha256 in COMMIT")
-    index = json.loads(fs.cat_file(f"{root}/{_INDEX}"))
+        raise CorruptCheckpointError(f"{path}: {_ARRAYS} does not match the sha256 in COMMIT")
     arrays = {}
     for e in index["leaves"]:
         raw = blob[e["offset"] : e["offset"] + e["nbytes"]]
@@ -188,17 +240,8 @@ def read_checkpoint(path: str, template: Any = None, *, verify: bool = True) -> 
         return arrays, index["metadata"]
     import jax
 
-    keys, leaves, treedef = _flatten(template)
-    missing = [k for k in keys if k not in arrays]
-    if missing:
-        raise KeyError(f"{path} lacks leaves {missing[:5]} of the template")
-    out = []
-    for k, leaf in zip(keys, leaves, strict=True):
-        a = arrays[k]
-        if tuple(a.shape) != tuple(np.shape(leaf)) or a.dtype != np.dtype(leaf.dtype):
-            raise ValueError(f"{path}: leaf {k} is {a.dtype}{list(a.shape)}, template wants {leaf.dtype}{list(np.shape(leaf))}")
-        out.append(a)
-    return jax.tree_util.tree_unflatten(treedef, out), index["metadata"]
+    keys, _, treedef = _flatten(template)
+    return jax.tree_util.tree_unflatten(treedef, [arrays[k] for k in keys]), index["metadata"]
 
 
 def _delete_dir(fs: Any, root: str) -> None:
@@ -268,6 +311,35 @@ class CheckpointManager:
 
     def restore(self, step: int, template: Any = None) -> tuple[Any, dict[str, Any]]:
         return read_checkpoint(self.path_for(step), template)
+
+    def restore_latest(self, template: Any = None) -> tuple[int, Any, dict[str, Any]] | None:
+        """``(step, tree, metadata)`` of the newest checkpoint that verifies, or None if there is none.
+
+        A committed checkpoint that fails verification (a kill during a copy, a lost file) is logged,
+        moved aside to ``step-N.corrupt-<unix time>`` (kept for inspection, ignored by discovery and
+        retention) and the next older one is tried: one damaged checkpoint costs the steps since the
+        previous save, not the run. A structural mismatch is not damage and is raised as is.
+        """
+        for step in reversed(self.committed_steps()):
+            try:
+                tree, meta = self.restore(step, template)
+            except (CorruptCheckpointError, FileNotFoundError) as e:
+                aside = f"{self.path_for(step)}.corrupt-{int(time.time())}"
+                logger.warning("checkpoint at step %d does not verify (%s); moving it to %s and trying the previous "
+                               "one", step, e, aside)
+                if self.is_writer:
+                    self._move_aside(step, aside)
+                continue
+            return step, tree, meta
+        return None
+
+    def _move_aside(self, step: int, aside_url: str) -> None:
+        src = f"{self.root}/{step_dirname(step)}"
+        dst = fsspec.core.url_to_fs(aside_url)[1]
+        try:
+            self.fs.mv(src, dst, recursive=True)
+        except FileNotFoundError:  # another process of the pool moved it first
+            pass
 
     def mark_restored(self, step: int) -> None:
         """Start the wall-time clock from a restore, as if that checkpoint had just been written."""

@@ -3,7 +3,9 @@
 A :class:`TrainConfig` is what ``default_train`` puts into the executor step; everything the run needs
 is in it. Fields that are part of the run's identity are wrapped in ``versioned`` by the experiment
 layer; the horizon re-plans (``lr_replans``) deliberately are not, so that re-planning a running
-step keeps its output path and resumes from its checkpoints (the seed's contingency).
+step keeps its output path and resumes from its checkpoints. The model is carried fully resolved
+(every :class:`~marin.models.config.MoEConfig` field after preset, overrides and compute dtype), so
+editing a preset changes the version of every run that uses it; the trainer builds exactly that model.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from marin.models.config import MoEConfig, get_preset
 from marin.training.checkpoint import CheckpointPolicy
 from marin.training.schedule import (
     DEFAULT_FINAL_LR_FRACTION,
@@ -36,18 +39,38 @@ class SyntheticDataConfig:
     noise: float = 0.05
 
 
+def resolve_model(
+    preset: str,
+    overrides: dict[str, Any] | None = None,
+    compute_dtype: str | None = None,
+    seq_len_phases: tuple[tuple[float, int], ...] = (),
+) -> MoEConfig:
+    """The model a run trains: ``preset`` + ``overrides`` (+ ``compute_dtype``), with ``max_seq_len``
+    raised to the longest sequence phase. Resolved once, when the config is built, so the version of a
+    step names the model itself rather than a preset name whose meaning can change."""
+    overrides = dict(overrides or {})
+    if compute_dtype is not None:
+        overrides["dtype"] = compute_dtype
+    cfg = get_preset(preset, **overrides)
+    longest = max((int(n) for _, n in seq_len_phases), default=0)
+    return cfg.replace(max_seq_len=longest) if cfg.max_seq_len < longest else cfg
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """One training run.
 
     ``data`` is a ``marin.data.mixture.MixtureConfig`` for real runs (the trainer reads it with
-    ``MixtureLoader``) or a :class:`SyntheticDataConfig`. ``model_overrides`` replaces fields of the
-    model preset. ``train_steps`` is the original horizon; ``lr_replans`` moves it later on.
+    ``MixtureLoader``) or a :class:`SyntheticDataConfig`. ``model`` is the resolved
+    :class:`MoEConfig` the run trains; a preset name is accepted too and resolved at construction
+    (with ``model_overrides`` and ``compute_dtype`` applied, see :func:`resolve_model`), after which
+    ``preset`` keeps the name for readability. ``train_steps`` is the original horizon;
+    ``lr_replans`` moves it later on.
     """
 
     output_path: str
     data: Any
-    model: str = "tiny-ep"
+    model: MoEConfig | str = "tiny-ep"
     model_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     pool: str = "local-cpu"
     seed: int = 0
@@ -79,6 +102,25 @@ class TrainConfig:
     wandb_project: str | None = "marin"
     run_name: str | None = None
     progress_every_s: float = 10.0
+    # the preset ``model`` was resolved from (readability only: ``model`` is what is trained)
+    preset: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, str):
+            object.__setattr__(self, "preset", self.preset or self.model)
+            object.__setattr__(self, "model", resolve_model(self.model, self.model_overrides, self.compute_dtype,
+                                                            tuple(self.seq_len_phases)))
+        elif self.model_overrides or self.compute_dtype is not None:
+            # e.g. dataclasses.replace(config, model_overrides=...) on a resolved config: never ignore it
+            wanted = dict(self.model_overrides)
+            if self.compute_dtype is not None:
+                wanted["dtype"] = self.compute_dtype
+            differ = {k: v for k, v in wanted.items() if getattr(self.model, k, v) != v}
+            if differ:
+                raise ValueError(
+                    f"model_overrides/compute_dtype {differ} disagree with the resolved model; the model is "
+                    "resolved once, so pass model=<preset name> (or a MoEConfig with these values) to change it"
+                )
 
     def lr_schedule(self) -> LRSchedule:
         return LRSchedule(

@@ -243,6 +243,15 @@ def _unwrap(error: BaseException) -> BaseException:
     return cause if isinstance(cause, BaseException) else error
 
 
+def _one_line(error: BaseException) -> str:
+    """``Type: message`` on one line: the last non-empty line of the message that is not a traceback
+    frame (Ray's task errors put the remote traceback first and the cause last)."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    cause = next((ln for ln in reversed(lines) if not ln.startswith(("File ", "Traceback", "^", "~"))), "")
+    name = type(error).__name__
+    return (cause if cause.startswith(f"{name}:") else f"{name}: {cause}" if cause else name)[:400]
+
+
 def launch(pool: PoolSpec, fn: Callable[..., Any], args: Sequence[Any] = (), *, max_retries: int | None = None) -> list[Any]:
     """Run ``fn(ctx, *args)`` once per host of ``pool``; returns the per-host results in host order.
 
@@ -256,6 +265,7 @@ def launch(pool: PoolSpec, fn: Callable[..., Any], args: Sequence[Any] = (), *, 
     retries = pool.max_retries if max_retries is None else max_retries
     host_cls = ray.remote(_Host)
     errors: list[str] = []
+    last_cause = ""
     for attempt in range(retries + 1):
         groups = _placement_groups(pool)
         actors: list[Any] = []
@@ -298,6 +308,7 @@ def launch(pool: PoolSpec, fn: Callable[..., Any], args: Sequence[Any] = (), *, 
             if isinstance(inner, NonRetryableError):
                 raise inner from None
             errors.append(f"attempt {attempt + 1}: {type(inner).__name__}: {inner}")
+            last_cause = _one_line(inner)
             logger.warning("pool %s failed (attempt %d/%d): %s", pool.name, attempt + 1, retries + 1, inner)
         finally:
             for a in actors:
@@ -305,7 +316,9 @@ def launch(pool: PoolSpec, fn: Callable[..., Any], args: Sequence[Any] = (), *, 
             for g in groups:
                 remove_placement_group(g)
         time.sleep(min(5.0, 0.5 * (attempt + 1)))
-    raise PoolLaunchError(f"pool {pool.name} failed after {retries + 1} attempt(s):\n" + "\n".join(errors))
+    # The first line is what a step's recorded failure reason shows: it must carry the cause itself.
+    raise PoolLaunchError(f"pool {pool.name} failed after {retries + 1} attempt(s); last: {last_cause}\n"
+                          + "\n".join(errors))
 
 
 def run_local(pool: PoolSpec, fn: Callable[..., Any], args: Sequence[Any] = ()) -> Any:

@@ -16,7 +16,6 @@ saved, so the last good checkpoint stays untouched.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -30,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from marin.training.checkpoint import CheckpointManager
+from marin.training.checkpoint import CheckpointManager, CheckpointMismatchError
 from marin.training.config import SyntheticDataConfig, TrainConfig
 from marin.training.metrics import (
     MetricsWriter,
@@ -49,6 +48,10 @@ logger = logging.getLogger(__name__)
 
 class TrainingDiverged(NonRetryableError):
     """Loss or gradient norm became NaN/Inf; retrying the same config would diverge again."""
+
+
+class IncompatibleCheckpoint(NonRetryableError):
+    """The step's checkpoints were written by a different model structure; a retry cannot fix it."""
 
 
 BatchFn = Callable[[int, int, int], dict[str, np.ndarray]]
@@ -83,21 +86,14 @@ def make_batch_fn(data: Any) -> tuple[BatchFn, int]:
 
 # ---- model and optimizer --------------------------------------------------------------------------
 def model_config(config: TrainConfig, vocab_size: int | None = None):
-    """The MoEConfig of a run: preset + overrides (+ compute dtype, + the data's vocabulary)."""
-    from marin.models.config import get_preset
-
-    overrides = dict(config.model_overrides)
-    if config.compute_dtype is not None:
-        overrides["dtype"] = config.compute_dtype
-    cfg = get_preset(config.model, **overrides)
+    """The MoEConfig of a run: exactly ``config.model`` (resolved when the config was built, so what
+    runs is what the step's version names), checked against the data's vocabulary."""
+    cfg = config.model
     if vocab_size is not None and cfg.vocab_size < vocab_size:
         raise ValueError(
-            f"model {config.model!r} has vocab_size {cfg.vocab_size} but the data's tokenizer has {vocab_size}; "
-            f"pass model_overrides={{'vocab_size': {vocab_size}}} (or a larger value)"
+            f"model {config.preset or 'config'!r} has vocab_size {cfg.vocab_size} but the data's tokenizer has "
+            f"{vocab_size}; pass model_overrides={{'vocab_size': {vocab_size}}} (or a larger value)"
         )
-    max_len = max(int(n) for _, n in config.seq_len_phases)
-    if cfg.max_seq_len < max_len:
-        cfg = cfg.replace(max_seq_len=max_len)
     return cfg
 
 
@@ -217,18 +213,11 @@ def _run_id(output_path: str) -> str:
 
 
 def _config_record(config: TrainConfig) -> dict[str, Any]:
-    def enc(x):
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            return {f.name: enc(getattr(x, f.name)) for f in dataclasses.fields(x)}
-        if isinstance(x, (list, tuple)):
-            return [enc(v) for v in x]
-        if isinstance(x, dict):
-            return {str(k): enc(v) for k, v in x.items()}
-        if isinstance(x, (str, int, float, bool)) or x is None:
-            return x
-        return str(x)
+    """The run's config as JSON for W&B and checkpoint metadata, through the executor's one
+    rendering, so secret-looking fields are masked exactly as in the step's records."""
+    from marin.execution.jsonable import to_jsonable
 
-    return enc(config)
+    return to_jsonable(config)
 
 
 def _agree(decision: bool, ctx: HostContext) -> bool:
@@ -263,10 +252,14 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
     ckpts = CheckpointManager(config.output_path, config.checkpoint_policy(), is_writer=is_writer)
     host_state = init_host_state(config, cfg)
     shardings = state_shardings(host_state, mesh)
-    start = ckpts.latest_step()
+    try:
+        restored = ckpts.restore_latest(template=host_state)
+    except CheckpointMismatchError as e:
+        raise IncompatibleCheckpoint(str(e)) from None
+    start = None if restored is None else restored[0]
     tokens_seen = 0
-    if start is not None:
-        host_state, meta = ckpts.restore(start, template=host_state)
+    if restored is not None:
+        start, host_state, meta = restored
         tokens_seen = int(meta["tokens"])
         ckpts.mark_restored(start)
         logger.info("resumed %s from step %d", config.output_path, start)

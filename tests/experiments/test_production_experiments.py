@@ -26,7 +26,7 @@ def _train_configs(name: str, prefix: str):
 def test_hero_matches_the_published_run(tmp_path):
     plan, trains = _train_configs("hero", str(tmp_path))
     [(name, cfg)] = trains.items()
-    assert cfg.model == "hero" and cfg.pool == "gb200-11racks"
+    assert cfg.preset == "hero" and cfg.model.n_layers == 48 and cfg.pool == "gb200-11racks"
     assert cfg.train_steps == 390_139 and cfg.tokens_per_step == 11_264 * 4096 == 46_137_344
     assert round(cfg.train_steps * cfg.tokens_per_step / 1e12, 1) == 18.0  # steps x batch, not 18.75T
     assert [s for _, s in cfg.seq_len_phases] == [4096, 8192, 65536]

@@ -1,0 +1,56 @@
+"""Resuming a training step over damaged or foreign checkpoints (real JAX training, in this process)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from marin.training.checkpoint import CheckpointManager
+from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.metrics import read_metrics
+from marin.training.trainer import IncompatibleCheckpoint, run_training
+
+
+def _config(path, **kw) -> TrainConfig:
+    base = dict(output_path=str(path), data=SyntheticDataConfig(vocab_size=512), model="tiny", pool="local-cpu-1",
+                train_steps=4, tokens_per_step=128, seq_len_phases=((0.0, 16),), warmup_steps=1,
+                checkpoint_every_steps=2, checkpoint_every_minutes=None, keep_last_checkpoints=2,
+                wandb_project=None, progress_every_s=0.0)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("runs") / "done"
+    run_training(_config(path), use_ray=False)
+    return path
+
+
+def test_truncated_latest_checkpoint_falls_back_to_the_previous_one(finished_run, tmp_path, caplog):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    blob = run / "checkpoints" / "step-00000004" / "arrays.bin"
+    blob.write_bytes(blob.read_bytes()[:1000])  # kill -9 while the file was being copied
+    (run / "train_summary.json").unlink()
+
+    with caplog.at_level("WARNING"):
+        summary = run_training(_config(run), use_ray=False)
+    assert summary["resumed_from"] == 2 and summary["final_step"] == 4
+    assert "checkpoint at step 4 does not verify" in caplog.text
+    assert [p.name for p in (run / "checkpoints").iterdir() if ".corrupt-" in p.name]
+    assert CheckpointManager(str(run), _config(run).checkpoint_policy()).committed_steps() == [2, 4]
+    # steps 3 and 4 were trained again from step 2's state: one metrics record per step, same losses
+    again = read_metrics(str(run))
+    assert [r["step"] for r in again] == [1, 2, 3, 4]
+    assert [r["loss"] for r in again] == [r["loss"] for r in read_metrics(str(finished_run))]
+
+
+def test_resuming_a_different_model_names_the_mismatching_parameters(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    with pytest.raises(IncompatibleCheckpoint) as err:
+        run_training(_config(run, train_steps=6, model_overrides={"n_layers": 2}), use_ray=False)
+    msg = str(err.value)
+    assert msg.startswith(f"checkpoint {run}/checkpoints/step-00000004 does not match the model being trained")
+    assert "['params']['blocks']" in msg and "checkpoint float32[4, " in msg and "model wants float32[2, " in msg

@@ -19,10 +19,21 @@ from __future__ import annotations
 
 from experiments.defaults import default_health_report, default_train
 from experiments.harrier_k40 import harrier_k40_mixture
-from experiments.hero import HERO_BATCH_SEQUENCES, HERO_SEQ_LEN_PHASES, HERO_STEPS, HERO_WARMUP_STEPS
+from experiments.hero import (
+    HERO_BATCH_SEQUENCES,
+    HERO_SEQ_LEN_PHASES,
+    HERO_STEPS,
+    HERO_WARMUP_STEPS,
+)
 from marin.execution import executor_main
 from marin.models.config import get_preset
-from marin.scaling.recipe import RunShape, format_ladder, ladder_rungs, model_overrides, run_flops
+from marin.scaling.recipe import (
+    RunShape,
+    format_ladder,
+    ladder_rungs,
+    model_overrides,
+    run_flops,
+)
 
 SEQ_LEN = 4096
 HERO = get_preset("hero")

@@ -19,6 +19,7 @@ Pure functions, no JAX: experiment files call them at declaration time.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 
 from marin.models.config import MoEConfig, count_params, flops_per_token
@@ -53,7 +54,7 @@ class RunShape:
 
     @staticmethod
     def of_run(seq_len_phases: Sequence[tuple[float, int]], warmup_steps: int, train_steps: int,
-               final_lr_fraction: float = 0.05) -> "RunShape":
+               final_lr_fraction: float = 0.05) -> RunShape:
         """The shape of a concrete run (e.g. the hero's 2,000 warmup steps of 390,139)."""
         return RunShape(tuple((float(f), int(n)) for f, n in seq_len_phases), warmup_steps / train_steps,
                         final_lr_fraction)
@@ -136,7 +137,7 @@ def phase_steps(train_steps: int, seq_len_phases: Sequence[tuple[float, int]]) -
     """``(steps, seq_len)`` per phase, with the trainer's own rule for where a phase starts."""
     starts = [phase_start_step(float(f), train_steps) for f, _ in seq_len_phases] + [train_steps]
     return [(max(0, min(b, train_steps) - min(a, train_steps)), int(n))
-            for (a, b), (_, n) in zip(zip(starts[:-1], starts[1:]), seq_len_phases)]
+            for (a, b), (_, n) in zip(itertools.pairwise(starts), seq_len_phases)]
 
 
 def run_flops(model: MoEConfig, train_steps: int, tokens_per_step: int,
@@ -199,13 +200,14 @@ def ladder_rungs(
 
 def format_ladder(rungs: Sequence[Rung], target_flops: float, target_name: str = "hero") -> str:
     """A table of the rungs and their share of the target's compute (and the ladder's total share)."""
-    lines = [f"{'rung':>8} {'layers':>6} {'active':>9} {'total':>9} {'batch':>7} {'steps':>9} {'tokens':>9} "
-             f"{'tok/param':>9} {'FLOPs':>9} {'% ' + target_name:>8}"]
+    header = (f"{'rung':>8} {'layers':>6} {'active':>9} {'total':>9} {'batch':>7} {'steps':>9} {'tokens':>9} "
+              f"{'tok/param':>9} {'FLOPs':>9} {'% ' + target_name:>8}")
+    lines = [header]
     for r in rungs:
+        note = "" if r.budget_published else "  (budget assumed)"
         lines.append(f"{r.name:>8} {r.model.n_layers:>6} {r.active_params / 1e9:>8.3g}B {r.total_params / 1e9:>8.3g}B "
                      f"{r.batch_sequences:>7,} {r.train_steps:>9,} {r.tokens:>9.3g} {r.tokens / r.active_params:>9.0f} "
-                     f"{r.flops:>9.3g} {100 * r.flops / target_flops:>7.3f}%"
-                     + ("" if r.budget_published else "  (budget assumed)"))
+                     f"{r.flops:>9.3g} {100 * r.flops / target_flops:>7.3f}%{note}")
     total = sum(r.flops for r in rungs)
     lines.append(f"ladder total {total:.3g} FLOPs = {100 * total / target_flops:.2f}% of the {target_name}'s "
                  f"{target_flops:.3g}")

@@ -177,7 +177,7 @@ def fit_power_law(c: Sequence[float], y: Sequence[float], *, n_boot: int = 400, 
             continue
     boot_arr = np.array(boot) if boot else np.zeros((0, 3))
     a_flops = boot_arr[:, 1] * c_ref ** boot_arr[:, 2] if len(boot_arr) else np.array([])
-    sd = (lambda v: float(np.std(v)) if len(v) > 1 else float("nan"))  # noqa: E731
+    sd = (lambda v: float(np.std(v)) if len(v) > 1 else float("nan"))
     return PowerLawFit(
         form=form, why=why, E=float(p[0]), A=float(p[1] * c_ref ** p[2]), alpha=float(p[2]),
         E_std=sd(boot_arr[:, 0]) if len(boot_arr) else float("nan"), A_std=sd(a_flops),

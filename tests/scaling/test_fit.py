@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from marin.scaling.fit import FitError, fit_power_law, leave_largest_out, linear_trend, trend_predict
+from marin.scaling.fit import (
+    FitError,
+    fit_power_law,
+    leave_largest_out,
+    linear_trend,
+    trend_predict,
+)
 
 E, A, ALPHA = 1.8, 2.0e3, 0.25
 

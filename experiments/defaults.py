@@ -147,15 +147,16 @@ def default_mixture(
     ), keep=("stores",))
 
 
-def default_mixture_report(name: str, mixture, total_tokens: int | None = None):
-    """A step writing ``mixture_report.json``: effective shares per stage, held-out sizes, epochs."""
+def default_mixture_report(name: str, mixture, total_tokens: int | None = None, total_steps: int | None = None):
+    """A step writing ``mixture_report.json``: effective shares per stage, held-out sizes, epochs.
+    ``total_steps`` places stages that start at fractions of the run."""
     from marin.data.mixture import MixtureReportConfig, mixture_report
     from marin.execution import ExecutorStep, this_output_path, versioned
 
     return ExecutorStep(
         name=name,
         fn=mixture_report,
-        config=MixtureReportConfig(mixture, this_output_path(), versioned(total_tokens)),
+        config=MixtureReportConfig(mixture, this_output_path(), versioned(total_tokens), versioned(total_steps)),
         description="effective token shares of a mixture",
         resources={"num_cpus": 1},
     )

@@ -39,19 +39,21 @@ tokenized = {
     for d in K40_DOMAINS
 }
 
-# Stage 1 (uniform within each domain) from step 0; stage 2 (quality-weighted) from 30% of the
-# hero's 390,139 steps. The quality weights are a starting point to tune on the ladder.
+# Stage 1 (uniform within each domain) from the start; stage 2 (quality-weighted) from 30% of
+# every run that uses the mixture (step 117,042 of the hero's 390,139; the same 30% of each ladder
+# rung). The quality weights are a starting point to tune on the ladder.
 QUALITY_WEIGHTS = {"q1": 0.25, "q2": 0.5, "q3": 1.0, "q4": 2.0, "q5": 4.0}
+STAGE2_FRACTION = 0.3
 
 
-def harrier_k40_mixture(stage2_step: int = 117_042):
-    """The hero's mixture: K40 domain shares; quality-weighted from ``stage2_step`` on."""
+def harrier_k40_mixture(stage2_fraction: float = STAGE2_FRACTION):
+    """The hero's mixture: K40 domain shares; quality-weighted from ``stage2_fraction`` of the run on."""
     from marin.data.mixture import MixtureStage
 
     return default_mixture(
         list(tokenized.values()),
         domain_weights=published_shares(),
-        stages=(MixtureStage(start_step=stage2_step, quality_weights=QUALITY_WEIGHTS),),
+        stages=(MixtureStage(start_fraction=stage2_fraction, quality_weights=QUALITY_WEIGHTS),),
     )
 
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from experiments.defaults import default_health_report, default_train
 from experiments.harrier_k40 import harrier_k40_mixture
-from experiments.ladder import HERO_SEQ_LEN_PHASES
 from marin.execution import executor_main
 
 HERO_STEPS = 390_139
 HERO_BATCH_SEQUENCES = 11_264
 HERO_TOKENS_PER_STEP = HERO_BATCH_SEQUENCES * 4096  # 46,137,344
+HERO_SEQ_LEN_PHASES = ((0.0, 4096), (0.5, 8192), (0.95, 65536))  # 4K -> 8K at 50% -> 65K at 95%
+HERO_WARMUP_STEPS = 2_000
 FIXED_TO_DROPLESS_STEP = 81_716
 
 hero = default_train(
@@ -35,7 +36,7 @@ hero = default_train(
     tokens_per_step=HERO_TOKENS_PER_STEP,
     seq_len_phases=HERO_SEQ_LEN_PHASES,
     peak_lr=2.2e-4,
-    warmup_steps=2_000,
+    warmup_steps=HERO_WARMUP_STEPS,
     compute_dtype="bfloat16",
     transport_switches=((0, "fixed"), (FIXED_TO_DROPLESS_STEP, "dropless")),
     checkpoint_every_steps=500,

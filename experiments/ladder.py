@@ -4,75 +4,81 @@ compute), to catch bugs and fit scaling laws of loss, grad norm and drop fractio
     python experiments/ladder.py --dry_run true                         # plan; no network needed
     marin run experiments/ladder.py --address ray://head:10001 --prefix s3://bucket/marin
 
-Original script name: experiments/grug/moe_hero_ep/launch_scaling_ladder.py. Rungs and budgets
-(SPEC "Scaling ladder"): d768 on 1 rack at batch 1,024 x 4,096 for 5.5e19 FLOPs, d2048 on 11 racks at
+Original script name: experiments/grug/moe_hero_ep/launch_scaling_ladder.py. The rungs come from
+``marin.scaling.recipe.ladder_rungs``: the hero's ratios (head size, GQA, latent = expert width =
+shared width = d/2, 384 experts top-8 + 2 shared, attention pattern) at each width, and the hero's
+schedule shape (4K -> 8K at 50% -> 65K at 95%, warmup and stage-2 mixture at the same fractions).
+Published budgets: d768 on 1 rack at batch 1,024 x 4,096 for 5.5e19 FLOPs, d2048 on 11 racks at
 11,264 x 4,096 for 9.2e21 FLOPs. d3072 and d4096 are not published: their budgets below are
-assumptions (the remainder of ~1% of the hero's 2.7e24, split 1:2).
+assumptions (the remainder of ~1% of the hero's compute, split 1:2), which gives them far fewer
+tokens per parameter than the published rungs (the printed table shows it). Depths are fitted to
+the published total parameter counts (d3072/d4096 interpolated).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 from experiments.defaults import default_health_report, default_train
 from experiments.harrier_k40 import harrier_k40_mixture
+from experiments.hero import (
+    HERO_BATCH_SEQUENCES,
+    HERO_SEQ_LEN_PHASES,
+    HERO_STEPS,
+    HERO_WARMUP_STEPS,
+)
 from marin.execution import executor_main
-from marin.models.config import flops_per_token, get_preset
-
-SEQ_LEN = 4096
-HERO_SEQ_LEN_PHASES = ((0.0, 4096), (0.5, 8192), (0.95, 65536))  # 4K -> 8K at 50% -> 65K at 95%
-
-
-@dataclasses.dataclass(frozen=True)
-class Rung:
-    preset: str
-    pool: str
-    batch_sequences: int
-    flops_budget: float
-    published: bool
-
-
-RUNGS = (
-    Rung("d768", "gb200-rack", 1_024, 5.5e19, published=True),
-    Rung("d2048", "gb200-11racks", 11_264, 9.2e21, published=True),
-    Rung("d3072", "gb200-11racks", 11_264, 5.9e21, published=False),
-    Rung("d4096", "gb200-11racks", 11_264, 1.18e22, published=False),
+from marin.models.config import get_preset
+from marin.scaling.recipe import (
+    RunShape,
+    format_ladder,
+    ladder_rungs,
+    model_overrides,
+    run_flops,
 )
 
+SEQ_LEN = 4096
+HERO = get_preset("hero")
+HERO_SHAPE = RunShape.of_run(HERO_SEQ_LEN_PHASES, HERO_WARMUP_STEPS, HERO_STEPS)
+HERO_FLOPS = run_flops(HERO, HERO_STEPS, HERO_BATCH_SEQUENCES * SEQ_LEN, HERO_SEQ_LEN_PHASES)
 
-def rung_steps(rung: Rung) -> int:
-    """Optimizer steps that spend the rung's FLOP budget at its batch (FLOPs per token from the
-    model config, including the attention term at 4K)."""
-    tokens_per_step = rung.batch_sequences * SEQ_LEN
-    return max(1, round(rung.flops_budget / (flops_per_token(get_preset(rung.preset), SEQ_LEN) * tokens_per_step)))
+POOLS = {768: "gb200-rack", 2048: "gb200-11racks", 3072: "gb200-11racks", 4096: "gb200-11racks"}
+RUNGS = ladder_rungs(
+    HERO,
+    (768, 2048, 3072, 4096),
+    shape=HERO_SHAPE,
+    depths={768: 8, 2048: 22, 3072: 28, 4096: 36},
+    batch_sequences={768: 1_024, 2048: 11_264, 3072: 11_264, 4096: 11_264},
+    budgets={768: 5.5e19, 2048: 9.2e21, 3072: 5.9e21, 4096: 1.18e22},
+    published=(768, 2048),
+)
 
 
 def ladder_steps():
     mixture = harrier_k40_mixture()
     out = []
     for rung in RUNGS:
-        steps = rung_steps(rung)
         train = default_train(
-            f"ladder/{rung.preset}",
+            f"ladder/{rung.name}",
             mixture=mixture,
-            model=rung.preset,
-            pool=rung.pool,
-            train_steps=steps,
-            tokens_per_step=rung.batch_sequences * SEQ_LEN,
-            seq_len_phases=HERO_SEQ_LEN_PHASES,
+            model="hero",
+            model_overrides=model_overrides(HERO, rung.model),
+            pool=POOLS[rung.model.d_model],
+            train_steps=rung.train_steps,
+            tokens_per_step=rung.tokens_per_step,
+            seq_len_phases=rung.shape.seq_len_phases,
             peak_lr=3e-4,
-            warmup_steps=min(2000, max(1, steps // 20)),
+            warmup_steps=rung.warmup_steps,
             compute_dtype="bfloat16",
             transport_switches=((0, "fixed"),),
             checkpoint_every_steps=1000,
             keep_every_steps=10_000,
             wandb_project="marin-ladder",
-            description=f"ladder rung {rung.preset}: {steps:,} steps, {rung.flops_budget:.2g} FLOPs"
-            + ("" if rung.published else " (budget assumed)"),
+            description=f"ladder rung {rung.name}: {rung.train_steps:,} steps, {rung.flops:.2g} FLOPs"
+            + ("" if rung.budget_published else " (budget assumed)"),
         )
-        out += [train, default_health_report(f"ladder/{rung.preset}-health", train, total_steps=steps)]
+        out += [train, default_health_report(f"ladder/{rung.name}-health", train, total_steps=rung.train_steps)]
     return out
 
 
 if __name__ == "__main__":
+    print(format_ladder(RUNGS, HERO_FLOPS))
     executor_main(steps=ladder_steps(), description="MoE scaling ladder (hero recipe, ~1% of hero compute)")

@@ -14,8 +14,9 @@ Semantics (also in docs/data.md):
   bucket's share is its share of the domain's tokens); stage 2 multiplies each bucket's tokens by its
   quality weight (``quality_weights``, optionally overridden per domain). The resulting per-source
   probabilities are the *effective token shares*, reported by :meth:`MixtureLoader.effective_shares`.
-  ``stages`` switch weights at given steps (e.g. uniform first, quality-weighted later) without
-  re-tokenizing anything.
+  ``stages`` switch weights at given fractions of the run (e.g. uniform first, quality-weighted from
+  30%) or at absolute steps, without re-tokenizing anything. A fraction moves with the run's length,
+  so every rung of a scaling ladder sees the same schedule shape as the run it predicts.
 * **Batches**: row r of batch ``step`` is a window of ``seq_len + 1`` consecutive tokens from one
   source, the source drawn with its effective share and the start drawn uniformly over that source's
   training tokens (treated as a ring, so every token is equally likely at every position). Documents
@@ -46,11 +47,36 @@ class MixtureError(ValueError):
 
 @dataclass(frozen=True)
 class MixtureStage:
-    """From ``start_step`` on, use these weights (None: keep the config's top-level ones)."""
+    """From ``start_fraction`` of the run's steps (or the absolute ``start_step``) on, use these weights
+    (None: keep the config's top-level ones). Give exactly one of the two starts.
 
-    start_step: int
+    Prefer ``start_fraction``: an absolute step means the same point only for one run length (the
+    hero's 117,042 is 30% of its run and beyond the end of every ladder rung). A fraction starts at
+    ``ceil(fraction x total_steps)``, the same rule as the sequence-length phases.
+    """
+
+    start_step: int | None = None
     domain_weights: dict[str, float] | None = None
     quality_weights: dict[str, float] | None = None
+    start_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.start_step is None) == (self.start_fraction is None):
+            raise MixtureError(f"MixtureStage needs exactly one of start_step and start_fraction, got "
+                               f"start_step={self.start_step}, start_fraction={self.start_fraction}")
+        if self.start_fraction is not None and not 0.0 <= self.start_fraction <= 1.0:
+            raise MixtureError(f"MixtureStage.start_fraction must be in [0, 1], got {self.start_fraction}")
+
+    def resolved_start(self, total_steps: int | None) -> int:
+        """The first step of this stage in a run of ``total_steps`` steps."""
+        if self.start_fraction is None:
+            return int(self.start_step)
+        if total_steps is None:
+            raise MixtureError(f"a mixture stage starts at {self.start_fraction:.0%} of the run, but the run's "
+                               f"total_steps was not given to the mixture loader")
+        from marin.training.schedule import phase_start_step
+
+        return phase_start_step(self.start_fraction, total_steps)
 
 
 @dataclass(frozen=True)
@@ -272,9 +298,14 @@ class _ShardMaps(dict):
 
 
 class MixtureLoader:
-    """Training and validation batches from a :class:`MixtureConfig` (see module docstring)."""
+    """Training and validation batches from a :class:`MixtureConfig` (see module docstring).
 
-    def __init__(self, config: MixtureConfig):
+    ``total_steps`` (the run's horizon) places stages given as fractions of the run; without it such
+    a config still builds (validation batches and shares by stage need no horizon), but asking which
+    stage a step is in raises a clear error.
+    """
+
+    def __init__(self, config: MixtureConfig, total_steps: int | None = None):
         if isinstance(config.stores, str):
             raise MixtureError(f"MixtureConfig.stores must be a tuple of store paths, got the string {config.stores!r}; "
                                f"write stores=({config.stores!r},)")
@@ -314,11 +345,18 @@ class MixtureLoader:
             self.train_tokens[i] = r.token_offset_of_document(r.num_documents - nv) if r.num_documents else 0
             self.total_tokens[i] = r.num_tokens
 
-        starts = sorted(st.start_step for st in config.stages)
-        if len(set(starts)) != len(starts) or any(s < 0 for s in starts):
-            raise MixtureError(f"stages: start_step values must be distinct and >= 0, got {starts}")
-        self._stages = sorted(config.stages, key=lambda st: st.start_step)
-        self._stage_starts = [st.start_step for st in self._stages]
+        self.total_steps = total_steps
+        resolvable = total_steps is not None or all(st.start_fraction is None for st in config.stages)
+        if resolvable:
+            starts = sorted(st.resolved_start(total_steps) for st in config.stages)
+            if len(set(starts)) != len(starts) or any(s < 0 for s in starts):
+                raise MixtureError(f"stages: start steps must be distinct and >= 0, got {starts}")
+            self._stages = sorted(config.stages, key=lambda st: st.resolved_start(total_steps))
+            self._stage_starts: list[int] | None = [st.resolved_start(total_steps) for st in self._stages]
+        else:  # fractions without a horizon: order is known, steps are not
+            self._stages = sorted(config.stages, key=lambda st: (st.start_fraction is None, st.start_fraction or 0.0,
+                                                                  st.start_step or 0))
+            self._stage_starts = None
         # One table of all shards of all sources, so a whole batch is located with one searchsorted.
         sizes = np.array([r.num_tokens for r in self.readers], dtype=np.int64)
         self._source_base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
@@ -350,6 +388,8 @@ class MixtureLoader:
         return source_probabilities(self.source_names, list(self.train_tokens), dw, qw, c.domain_quality_weights)
 
     def _stage_index(self, step: int) -> int:
+        if self._stage_starts is None:
+            self._stages[0].resolved_start(None)  # raises: which stage a step is in needs the horizon
         return bisect.bisect_right(self._stage_starts, step)  # = searchsorted(side="right"), without numpy overhead
 
     def effective_shares(self, step: int = 0) -> dict[str, float]:
@@ -593,6 +633,8 @@ class MixtureReportConfig:
     output_path: str
     total_tokens: int | None = None
     """Planned training tokens; with it the report shows expected epochs per source."""
+    total_steps: int | None = None
+    """The run's steps; needed when stages start at fractions of the run."""
 
 
 def mixture_report(config: MixtureReportConfig) -> None:
@@ -601,16 +643,20 @@ def mixture_report(config: MixtureReportConfig) -> None:
 
     import fsspec
 
-    loader = MixtureLoader(config.mixture)
-    stage_steps = [0] + [st.start_step for st in loader._stages]
+    loader = MixtureLoader(config.mixture, total_steps=config.total_steps)
+    if loader._stage_starts is None:
+        raise MixtureError("the mixture has stages at fractions of the run: give the report total_steps")
+    stage_steps = [0] + list(loader._stage_starts)
+    fractions = [0.0] + [st.start_fraction for st in loader._stages]
     report = {
         "stores": list(config.mixture.stores),
         "tokenizer_identity": loader.tokenizer_identity,
         "vocab_size": loader.vocab_size,
+        "total_steps": config.total_steps,
         "stages": [
-            {"start_step": s, "domain_shares": loader.effective_domain_shares(s),
+            {"start_step": s, "start_fraction": f, "domain_shares": loader.effective_domain_shares(s),
              "sources": loader.describe(config.total_tokens, s)}
-            for s in stage_steps
+            for s, f in zip(stage_steps, fractions)
         ],
     }
     with fsspec.open(f"{config.output_path.rstrip('/')}/mixture_report.json", "w") as f:

@@ -74,13 +74,14 @@ def synthetic_batch(cfg: SyntheticDataConfig, step: int, batch_size: int, seq_le
     return {"tokens": x.astype(np.int32), "segment_ids": np.ones_like(x, dtype=np.int32)}
 
 
-def make_batch_fn(data: Any) -> tuple[BatchFn, int]:
-    """``(batch(step, B, L), vocab_size)`` for a data config: synthetic, or the mixture loader."""
+def make_batch_fn(data: Any, total_steps: int | None = None) -> tuple[BatchFn, int]:
+    """``(batch(step, B, L), vocab_size)`` for a data config: synthetic, or the mixture loader
+    (``total_steps`` places mixture stages given as fractions of the run)."""
     if isinstance(data, SyntheticDataConfig):
         return (lambda step, b, l: synthetic_batch(data, step, b, l)), data.vocab_size
     from marin.data.mixture import MixtureLoader
 
-    loader = MixtureLoader(data)
+    loader = MixtureLoader(data, total_steps=total_steps)
     return loader.batch, int(loader.vocab_size)
 
 
@@ -241,7 +242,7 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
 
     pool = ctx.pool
     is_writer = ctx.process_id == 0
-    batch_fn, vocab = make_batch_fn(config.data)
+    batch_fn, vocab = make_batch_fn(config.data, config.total_steps)
     cfg = model_config(config, vocab)
     mesh = make_mesh(*pool.mesh)
     lr_sched = config.lr_schedule()

@@ -169,6 +169,30 @@ def test_stages_switch_weights_at_their_step(mini_store):
         MixtureLoader(MixtureConfig(stores=(mini_store,), stages=(MixtureStage(100, quality_weights={"gold": 1}),)))
 
 
+def test_stages_at_a_fraction_of_the_run_follow_its_length(mini_store):
+    """A stage at 30% of the run starts at 30% of every run length (ceil, like seq-len phases); an
+    absolute step keeps working; a fractional stage without the run's horizon is a clear error."""
+    qw = {"q1": 0.0, "q2": 0.0, "q3": 0.0, "q4": 1.0, "q5": 3.0}
+    stage = MixtureStage(start_fraction=0.3, quality_weights=qw)
+    cfg = MixtureConfig(stores=(mini_store,), stages=(stage,))
+    for total, first in [(10, 3), (100, 30), (390_139, 117_042), (7, 3)]:
+        ld = MixtureLoader(cfg, total_steps=total)
+        assert any(n.endswith("/q1") for n in ld.effective_shares(first - 1)), total
+        assert {n[-2:] for n in ld.effective_shares(first)} == {"q4", "q5"}, total
+    unplaced = MixtureLoader(cfg)  # builds (weights validated), but cannot say which stage a step is in
+    with pytest.raises(MixtureError, match="30% of the run, but the run's total_steps was not given"):
+        unplaced.plan(0, 4)
+    with pytest.raises(MixtureError, match="exactly one of start_step and start_fraction"):
+        MixtureStage(start_step=5, start_fraction=0.5)
+    with pytest.raises(MixtureError, match="exactly one of start_step and start_fraction"):
+        MixtureStage(quality_weights=qw)
+    with pytest.raises(MixtureError, match=r"start_fraction must be in \[0, 1\]"):
+        MixtureStage(start_fraction=30.0)
+    absolute = MixtureLoader(MixtureConfig(stores=(mini_store,), stages=(MixtureStage(117_042, quality_weights=qw),)),
+                             total_steps=1_000)
+    assert absolute.effective_shares(999) == absolute.effective_shares(0)  # never reached: stays stage 1
+
+
 # ------------------------------------------------------------------------------------------------
 # validation split
 

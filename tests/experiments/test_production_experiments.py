@@ -32,19 +32,29 @@ def test_hero_matches_the_published_run(tmp_path):
     assert [s for _, s in cfg.seq_len_phases] == [4096, 8192, 65536]
     assert cfg.transport_switches == ((0, "fixed"), (81_716, "dropless"))
     assert len(cfg.data.stores) == 40  # one token store per K40 domain
+
+    [stage] = cfg.data.stages  # stage 2 at 30% of the run: step 117,042 of the hero's 390,139
+    assert stage.resolved_start(cfg.train_steps) == 117_042
     assert len(plan.steps) == 1 + 40 + 1 + 1  # tokenizer, 40 tokenize steps, train, health
 
 
 def test_ladder_rungs_spend_their_published_budgets(tmp_path):
     from experiments.ladder import RUNGS
-    from marin.models.config import flops_per_token, get_preset
+    from marin.models.config import get_preset
+    from marin.scaling.recipe import run_flops
 
     _, trains = _train_configs("ladder", str(tmp_path))
-    assert sorted(trains) == sorted(f"ladder/{r.preset}" for r in RUNGS)
+    assert sorted(trains) == sorted(f"ladder/{r.name}" for r in RUNGS)
     for rung in RUNGS:
-        cfg = trains[f"ladder/{rung.preset}"]
-        spent = cfg.train_steps * cfg.tokens_per_step * flops_per_token(get_preset(rung.preset), 4096)
+        cfg = trains[f"ladder/{rung.name}"]
+        model = get_preset(cfg.model, **cfg.model_overrides)
+        assert model == rung.model and model.d_model == int(rung.name[1:])
+        spent = run_flops(model, cfg.train_steps, cfg.tokens_per_step, cfg.seq_len_phases)
         assert spent == pytest.approx(rung.flops_budget, rel=0.01)
+        assert cfg.seq_len_phases == ((0.0, 4096), (0.5, 8192), (0.95, 65536))  # the hero's schedule shape
+        # the quality-weighted stage starts at 30% of every rung, not at the hero's step 117,042
+        [stage] = cfg.data.stages
+        assert stage.start_fraction == 0.3 and stage.start_step is None
     assert trains["ladder/d768"].pool == "gb200-rack" and trains["ladder/d768"].tokens_per_step == 1024 * 4096
 
 

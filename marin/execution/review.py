@@ -18,24 +18,15 @@ from marin.execution import lease as leases
 from marin.execution import status as st
 from marin.execution import storage
 from marin.execution.fingerprint import code_fingerprint, drift
-from marin.execution.plan import Plan, PlannedStep, normalize_prefix, plan_steps
+from marin.execution.main import ExperimentLoaded, capturing
+from marin.execution.plan import Plan, PlannedStep, plan_steps
+from marin.execution.prefix import resolve_prefix
 from marin.execution.status import StepStatus
 from marin.execution.step import ExecutorStep
 
 
 class ExperimentFileError(FileNotFoundError):
     pass
-
-
-_captured: list[tuple[list[ExecutorStep], str | None]] | None = None
-
-
-def capture(steps: list[ExecutorStep], description: str | None) -> bool:
-    """Called by ``executor_main``: True (and steps recorded) while :func:`load_experiment` runs."""
-    if _captured is None:
-        return False
-    _captured.append((list(steps), description))
-    return True
 
 
 @contextlib.contextmanager
@@ -58,25 +49,24 @@ def check_experiment_file(path: str) -> str:
 
 
 def load_experiment(path: str) -> tuple[list[ExecutorStep], str | None]:
-    """Execute an experiment file with ``executor_main`` capturing its steps instead of running them."""
-    global _captured
+    """The steps (and description) an experiment file passes to ``executor_main``, without running them.
+
+    The file runs as ``__main__`` with its folder first on ``sys.path``, exactly as ``python FILE`` and
+    ``marin run FILE`` run it (so ``from common import ...`` of a sibling module works), and stops at
+    its ``executor_main`` call, so its post-run code never runs.
+    """
     path = check_experiment_file(path)
-    _captured = []
+    folder = os.path.dirname(path)
+    sys.path.insert(0, folder)
     try:
-        with _argv([path]):
+        with _argv([path]), capturing():
             runpy.run_path(path, run_name="__main__")
-        if not _captured:
-            raise ExperimentFileError(f"{path} never called executor_main(steps=[...]) under __main__")
-        steps = [s for group, _ in _captured for s in group]
-        return steps, _captured[-1][1]
+    except ExperimentLoaded as loaded:
+        return loaded.steps, loaded.description
     finally:
-        _captured = None
-
-
-def resolve_prefix(prefix: str | None) -> str:
-    from marin.execution.main import DEFAULT_PREFIX
-
-    return normalize_prefix(prefix or os.environ.get("MARIN_PREFIX") or DEFAULT_PREFIX)
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+    raise ExperimentFileError(f"{path} never called executor_main(steps=[...]) under __main__")
 
 
 def step_dirs(prefix: str) -> list[str]:

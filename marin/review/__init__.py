@@ -22,76 +22,16 @@ import socket
 import time
 from typing import Any, Iterator
 
-from marin.execution import lease as leases
 from marin.execution import status as st
 from marin.execution import storage
 from marin.execution.prefix import resolve_prefix
+from marin.execution.review import CATEGORIES, StepState, step_state, train_horizon
 
-__all__ = ["Experiment", "Step", "StepState", "load", "step_state"]
+__all__ = ["CATEGORIES", "Experiment", "Step", "StepState", "load", "load_file", "load_prefix", "step_state"]
 
 # --------------------------------------------------------------------------------------------- #
 # what a step's files say about its state                                                         #
 # --------------------------------------------------------------------------------------------- #
-
-CATEGORIES = ("succeeded", "reused", "failed", "running", "interrupted", "not run")
-"""How the report colours a step. ``reused``: SUCCESS found from an earlier run, nothing recomputed."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StepState:
-    status: str
-    """The status file's value (SUCCESS, FAILED, RUNNING, DEP_FAILED, ...) or NOT_RUN."""
-    category: str
-    """One of :data:`CATEGORIES`."""
-    label: str
-    """What a person reads: ``SUCCESS``, ``RUNNING``, ``INTERRUPTED (holder gone)``, ..."""
-    lease_holder: str | None
-    lease_age_s: float | None
-    """Seconds since the holder last renewed its lease (heartbeat age)."""
-    advice: str | None
-    """What to do about it, when something needs doing."""
-
-
-def step_state(step_dir: str, record: dict | None = None, outcome: str | None = None,
-               now: float | None = None) -> StepState:
-    """The state of one step directory, judged from its status record, its lease and the run's outcome.
-
-    A RUNNING status is only true while a live holder keeps the lease: a released, expired or
-    dead-process lease means the run was interrupted (SIGINT, kill, crash) and the step resumes on the
-    next run. Status values this code does not know (a newer executor's) are shown as they are.
-    """
-    now = time.time() if now is None else now
-    record = st.read_status(step_dir) if record is None else record
-    lease = leases.read_lease(step_dir)
-    status = record["status"] if record else "NOT_RUN"
-    holder, age, stale = None, None, True
-    if lease is not None and not lease.released:
-        stale = leases.is_stale(lease, now, socket.gethostname())
-        holder = lease.holder
-        from marin.execution.lease import DEFAULT_TTL_S
-
-        age = max(0.0, now - (lease.expiry - DEFAULT_TTL_S))
-    resume = "rerun the experiment (same command) to resume it under a new lease"
-    if status == "SUCCESS":
-        category = "reused" if outcome == "cached" else "succeeded"
-        return StepState(status, category, status, None, None, None)
-    if status in ("FAILED", "DEP_FAILED"):
-        advice = ("see the error with `marin show`, fix the cause, then rerun with --force_run_failed true"
-                  if status == "FAILED" else "fix the failed dependency, then rerun")
-        return StepState(status, "failed", status, None, None, advice)
-    if status == "NOT_RUN":
-        return StepState(status, "not run", "NOT_RUN", None, None, None)
-    if status == "RUNNING":
-        if not stale:
-            return StepState(status, "running", "RUNNING", holder, age, None)
-        why = ("holder " + holder + " is gone") if holder else "no live holder"
-        return StepState(status, "interrupted", f"INTERRUPTED ({why})", holder, age,
-                         f"the run stopped without finishing this step; {resume}")
-    # a status value from a newer executor (INTERRUPTED, ...): show it as written
-    category = "interrupted" if "INTERRUPT" in status or "LOST" in status else "not run"
-    return StepState(status, category, status, holder if not stale else None, age,
-                     resume if category == "interrupted" else None)
-
 
 def _duration(record: dict | None, now: float) -> tuple[float | None, float | None, float | None]:
     """(duration, start, end) of the latest attempt in a status record."""
@@ -297,22 +237,6 @@ class Step:
     def horizon(self) -> int | None:
         """A training step's total steps, from its config (never from how far it got)."""
         return train_horizon(self.config)
-
-
-def train_horizon(config: Any) -> int | None:
-    """``train_steps`` (or ``total_steps``) of a training config as recorded, wherever it sits."""
-    if not isinstance(config, dict):
-        return None
-    for key in ("train_steps", "total_steps", "num_train_steps"):
-        v = config.get(key)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    for v in config.values():
-        if isinstance(v, dict):
-            found = train_horizon(v)
-            if found is not None:
-                return found
-    return None
 
 
 def _size(path: str) -> int:

@@ -19,7 +19,7 @@ import time
 from typing import Any, Iterable
 
 from marin.execution import storage
-from marin.execution.jsonable import MASK, is_secret_field
+from marin.execution.review import config_leaves, is_versioned
 from marin.review import CATEGORIES, Experiment, Step
 from marin.review import dag as dagmod
 from marin.review.plots import line_plot
@@ -126,29 +126,6 @@ def _num(v: Any) -> str:
 
 def _badge(category: str, label: str | None = None) -> str:
     return f'<span class="badge b-{category.replace(" ", "-")}">{_e(label or category)}</span>'
-
-
-def config_leaves(value: Any, path: str = "") -> Iterable[tuple[str, Any]]:
-    """``(field path, value)`` of every leaf of a JSON config, with the executor's path spelling
-    (``model.n_layers``, ``weights["web code"]``, ``stores[0]``); secret-named leaves masked."""
-    if isinstance(value, dict) and value:
-        for k, v in value.items():
-            k = str(k)
-            sub = (f"{path}.{k}" if path else k) if k.isidentifier() else f"{path}[{json.dumps(k)}]"
-            if is_secret_field(k) and v is not None:
-                yield sub, MASK
-            else:
-                yield from config_leaves(v, sub)
-    elif isinstance(value, list) and value:
-        for i, v in enumerate(value):
-            yield from config_leaves(v, f"{path}[{i}]")
-    else:
-        yield path, value
-
-
-def is_versioned(path: str, versioned: Iterable[str]) -> bool:
-    """Whether a leaf path is (inside) one of the versioned field paths."""
-    return any(path == v or path.startswith(v + ".") or path.startswith(v + "[") for v in versioned)
 
 
 # --------------------------------------------------------------------------------------------- #

@@ -448,3 +448,46 @@ def write_report(exp: Experiment, path: str) -> str:
         os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
     storage.write_text(path, text)
     return path
+
+
+# --------------------------------------------------------------------------------------------- #
+# as an executor step                                                                              #
+# --------------------------------------------------------------------------------------------- #
+
+import dataclasses  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportConfig:
+    name: str
+    """The experiment's name in the report's header."""
+    step_paths: list[str]
+    """Output paths of the steps to report (their upstream steps are found from their records)."""
+    output_path: str
+    description: str | None = None
+
+
+def experiment_from_steps(name: str, step_paths: list[str], prefix: str | None = None,
+                          description: str | None = None) -> Experiment:
+    """An experiment of ``step_paths`` and every step they read, found from the steps' own records."""
+    from marin.review import _dependency_order
+
+    seen: dict[str, Step] = {}
+    todo = list(step_paths)
+    while todo:
+        p = todo.pop().rstrip("/")
+        if p in seen:
+            continue
+        seen[p] = Step(p)
+        todo.extend(seen[p].dependencies)
+    steps = _dependency_order(list(seen.values()))
+    if prefix is None:
+        prefix = os.path.commonpath([s.output_path for s in steps]) if steps and all(
+            storage.is_local(s.output_path) for s in steps) else (steps[0].output_path.rsplit("/", 2)[0] if steps else "")
+    return Experiment(name, prefix, steps, description)
+
+
+def report_step(config: ReportConfig) -> str:
+    """Write ``report.html`` for the given steps into the step's output (the ``default_report`` step)."""
+    exp = experiment_from_steps(config.name, config.step_paths, description=config.description)
+    return write_report(exp, f"{config.output_path}/report.html")

@@ -132,10 +132,19 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _print_content(content: dict[str, Any]) -> None:
     """What a step's report files say (health checklist, mixture shares, token store counts, eval)."""
-    if content.get("health_report"):
+    report = content.get("health_report")
+    if report:
         from marin.monitoring.health import format_report
 
-        print("\nhealth checklist (health.json):\n" + format_report(content["health_report"]))
+        try:
+            text = format_report(report)
+        except (KeyError, TypeError, ValueError):  # another writer's checklist: show its checks as written
+            checks = report.get("checks") or []
+            text = "\n".join(f"  [{'clear' if c.get('ok') else 'ALERT'}] {c.get('name')}: {c.get('detail', '')}"
+                              for c in checks if isinstance(c, dict))
+            if "ok" in report:
+                text += "\noverall: " + ("clear" if report["ok"] else "needs a look")
+        print("\nhealth checklist (health.json):\n" + text)
     for stage in content.get("mixture_shares") or []:
         shares = sorted((stage.get("domain_shares") or {}).items(), key=lambda kv: -kv[1])
         print(f"\neffective domain shares from step {stage['start_step']} (mixture_report.json):")

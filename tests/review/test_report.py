@@ -147,3 +147,23 @@ def test_dag_layers_follow_dependencies():
     assert dagmod.group_key("tokenized/harrier_k40/web_q1", 1) == "tokenized/harrier_k40/*"
     assert dagmod.group_key("tokenized/harrier_k40/web_q1", 2) == "tokenized/*"
     assert dagmod.group_key("solo", 1) == "solo"
+
+
+def test_downsample_numpy_path_matches_the_plain_one():
+    from marin.review.plots import _downsample_numpy
+
+    rng = random.Random(1)
+    ys = [rng.random() for _ in range(5_000)] + [float("inf"), None] + [rng.random() for _ in range(3_001)]
+    xs = list(range(len(ys)))
+    plain = downsample_minmax(xs, ys, 100_000 // 20 + 1)  # below the numpy threshold: the plain loop
+    assert plain[0] == [x for x, y in zip(xs, ys) if isinstance(y, float) and y != float("inf")]
+    fast = _downsample_numpy(xs, ys, 50)
+    finite = [(x, y) for x, y in zip(xs, ys) if isinstance(y, float) and y != float("inf")]
+    n = len(finite)
+    expected = []
+    for b in range(50):  # the plain definition, bucket by bucket
+        chunk = list(range(b * n // 50, (b + 1) * n // 50))
+        lo = min(chunk, key=lambda i: (finite[i][1], i))
+        hi = max(chunk, key=lambda i: (finite[i][1], -i))
+        expected.extend(finite[i][0] for i in sorted({lo, hi}))
+    assert fast[0] == expected

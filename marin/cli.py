@@ -82,14 +82,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not rows:
         print(describe_prefix(args.prefix))
         return 0
-    print(_table(rows, [("name", "step"), ("hash", "hash"), ("status", "status"), ("lease_holder", "lease holder"),
+    print(_table(rows, [("name", "step"), ("hash", "hash"), ("label", "status"), ("lease_holder", "lease holder"),
                         ("duration", "duration")]))
     for r in rows:
         if r.get("category") == "interrupted" and r.get("advice"):
-            print(f"{r['name']}: {r['status']}: {r['advice']}")
+            print(f"{r['name']}: {r['label']}: {r['advice']}")
     counts: dict[str, int] = {}
     for r in rows:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
+        key = r["label"].split(" ")[0]
+        counts[key] = counts.get(key, 0) + 1
     print("\n" + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
     return 0
 
@@ -102,7 +103,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(json.dumps(d, indent=1, default=repr))
         return 0
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["start_time"])) if d.get("start_time") else "-"
-    print(f"step      {d['name']}-{d['hash']}\nstatus    {d['status']}  (started {when}, "
+    print(f"step      {d['name']}-{d['hash']}\nstatus    {d['label']}  (started {when}, "
           f"duration {_fmt_duration(d['duration_s'])}, host {d.get('host')})\npath      {d['output_path']}\n"
           f"fn        {d.get('fn')}")
     if d.get("description"):

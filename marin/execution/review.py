@@ -189,7 +189,8 @@ def row_for(path: str, name: str | None = None, hash_: str | None = None) -> dic
     return {
         "name": name,
         "hash": hash_,
-        "status": state.label,
+        "status": state.status,
+        "label": state.label,
         "category": state.category,
         "lease_holder": holder,
         "lease_age_s": state.lease_age_s,

@@ -84,13 +84,14 @@ def snapshot(prefix: str | None = None, now: float | None = None) -> tuple[str, 
     running = False
     for d in dirs:
         row = row_for(d)
-        counts[row["status"].split(" ")[0]] = counts.get(row["status"].split(" ")[0], 0) + 1
+        key = row["label"].split(" ")[0]
+        counts[key] = counts.get(key, 0) + 1
         if row["category"] not in ("running", "interrupted"):
             continue
         running |= row["category"] == "running"
         holder = row["lease_holder"] or "no holder"
         age = f", heartbeat {row['lease_age_s']:.0f}s ago" if row["lease_age_s"] is not None else ""
-        lines.append(f"{row['status']:<12} {row['name']}-{row['hash']}  [{holder}{age}]")
+        lines.append(f"{row['label']:<12} {row['name']}-{row['hash']}  [{holder}{age}]")
         records = last_train_records(d)
         if records:
             horizon = train_horizon((st.read_info(d) or {}).get("config"))

@@ -445,7 +445,8 @@ def write_report(exp: Experiment, path: str) -> str:
     """Write the report to ``path`` (local or object store) atomically; returns the path."""
     text = render(exp)
     if storage.is_local(path):
-        os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+        path = os.path.abspath(path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
     storage.write_text(path, text)
     return path
 

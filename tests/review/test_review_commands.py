@@ -147,8 +147,11 @@ def test_status_of_a_prefix_without_steps_says_what_is_there(tmp_path, capsys):
     assert "holds 1 entries: notes.txt" in capsys.readouterr().out
 
 
-def test_report_command_writes_one_file(small_experiment, tmp_path, capsys):
+def test_report_command_writes_one_file(small_experiment, tmp_path, capsys, monkeypatch):
     prefix, built = small_experiment
+    monkeypatch.chdir(tmp_path)
+    assert marin(["report", "--prefix", prefix]) == 0  # default -o report.html, relative to here
+    assert (tmp_path / "report.html").stat().st_size > 10_000
     out = tmp_path / "r.html"
     assert marin(["report", "--prefix", prefix, "--experiment", "small", "-o", str(out)]) == 0
     assert "9 steps" in capsys.readouterr().out and out.read_text().startswith("<!DOCTYPE html>")

@@ -167,3 +167,25 @@ def test_downsample_numpy_path_matches_the_plain_one():
         hi = max(chunk, key=lambda i: (finite[i][1], -i))
         expected.extend(finite[i][0] for i in sorted({lo, hi}))
     assert fast[0] == expected
+
+
+def test_default_report_step_depends_on_its_steps_and_writes_the_report(small_experiment, tmp_path):
+    from experiments.defaults import default_report
+    from marin.execution import plan_steps, resolve_config
+    from marin.review.report import report_step
+
+    prefix, built = small_experiment
+    plan = built["plan"]
+    evals = next(ps.step for ps in plan.steps if ps.name == "small/eval")
+    broken = next(ps.step for ps in plan.steps if ps.name == "small/broken")
+    step = default_report("small/report", [evals, broken], description="fixture")
+    rplan = plan_steps([step], prefix)
+    ps = rplan.planned(step)
+    assert {d.name for d in ps.dependencies} == {"small/eval", "small/broken"}
+    config = resolve_config(ps, rplan)
+    path = report_step(config)
+    assert path == f"{ps.output_path}/report.html"
+    text = open(path).read()
+    for name in ("small/corpus", "small/tokenized", "small/train", "small/eval", "small/broken"):
+        assert f">{name}</a>" in text, name  # the reported steps and everything upstream of them
+    assert "small/ladder-fit</a>" not in text  # not upstream of either

@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import os
 import sys
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from marin.execution.executor import ExecutorError, RunOptions, RunResult, run_plan
 from marin.execution.hashing import UnhashableConfigError

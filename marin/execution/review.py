@@ -14,13 +14,14 @@ import runpy
 import socket
 import sys
 import time
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from marin.execution import lease as leases
-from marin.execution.jsonable import MASK, is_secret_field, to_jsonable
 from marin.execution import status as st
 from marin.execution import storage
 from marin.execution.fingerprint import code_fingerprint, drift
+from marin.execution.jsonable import MASK, is_secret_field, to_jsonable
 from marin.execution.main import ExperimentLoaded, capturing
 from marin.execution.plan import Plan, PlannedStep, plan_steps, resolve_config
 from marin.execution.prefix import resolve_prefix
@@ -329,7 +330,7 @@ def config_leaves(value: Any, path: str = "") -> Iterable[tuple[str, Any]]:
 
 def is_versioned(path: str, versioned: Iterable[str]) -> bool:
     """Whether a leaf path is (inside) one of the versioned field paths."""
-    return any(path == v or path.startswith(v + ".") or path.startswith(v + "[") for v in versioned)
+    return any(path == v or path.startswith((v + ".", v + "[")) for v in versioned)
 
 
 def unversioned_changes(recorded: Any, current: Any, versioned: Iterable[str]) -> list[str]:

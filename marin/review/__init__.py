@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from marin.execution import status as st
 from marin.execution import storage

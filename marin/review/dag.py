@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from typing import Sequence
+from collections.abc import Sequence
 
 MAX_NODES = 150
 COLORS = {"succeeded": "#2e9e44", "reused": "#8fcf9a", "failed": "#d83b3b", "running": "#2f7fd8",
@@ -99,8 +99,8 @@ def draw(nodes: Sequence[Node]) -> str:
     pos = {n.id: (20 + depth[n.id] * (NODE_W + COL_GAP), 20 + row[n.id] * (NODE_H + ROW_GAP)) for n in nodes}
     width = 40 + (max(cols) + 1) * (NODE_W + COL_GAP) - COL_GAP if cols else 100
     height = 40 + max((len(c) for c in cols.values()), default=1) * (NODE_H + ROW_GAP)
-    out = [f'<svg id="dag" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}">']
+    out = [(f'<svg id="dag" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}">')]
     for n in nodes:
         x, y = pos[n.id]
         for d in n.deps:

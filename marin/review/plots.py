@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 
@@ -112,8 +113,8 @@ def line_plot(title: str, series: dict[str, tuple[Sequence[float], Sequence[floa
     def py(y: float) -> float:
         return top + (1 - (y - y0) / (y1 - y0)) * ph
 
-    parts = [f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" role="img"><title>{html.escape(title)}</title>',
+    parts = [(f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+              f'viewBox="0 0 {width} {height}" role="img"><title>{html.escape(title)}</title>'),
              f'<text x="{left}" y="14" class="pt">{html.escape(title)}</text>',
              f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" class="pf"/>']
     for frac in (0, 0.5, 1):

@@ -16,7 +16,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Iterable
+from typing import Any
 
 from marin.execution import storage
 from marin.execution.review import config_leaves, is_versioned
@@ -356,8 +356,8 @@ def _config(step: Step) -> str:
 def _step_section(step: Step, exp: Experiment, dependents: dict[str, list[str]], group: str | None) -> str:
     by_path = exp.by_path()
     st = step.state
-    out = [f'<section class="step" id="{_anchor(step)}"><h3>{_e(step.name)} '
-           f'<span class=mono>{_e(step.hash)}</span> {_badge(st.category, st.label)}</h3>']
+    out = [(f'<section class="step" id="{_anchor(step)}"><h3>{_e(step.name)} '
+            f'<span class=mono>{_e(step.hash)}</span> {_badge(st.category, st.label)}</h3>')]
     facts = {"output path": step.output_path, "function": step.fn or "-", "duration": _dur(step.duration_s),
              "started": _when(step.start_time), "ended": _when(step.end_time)}
     if step.description:
@@ -455,7 +455,7 @@ def write_report(exp: Experiment, path: str) -> str:
 # as an executor step                                                                              #
 # --------------------------------------------------------------------------------------------- #
 
-import dataclasses  # noqa: E402
+import dataclasses
 
 
 @dataclasses.dataclass(frozen=True)

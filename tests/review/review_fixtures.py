@@ -15,7 +15,14 @@ import os
 import subprocess
 import traceback
 
-from marin.execution import ExecutorStep, output_path_of, plan_steps, resolve_config, this_output_path, versioned
+from marin.execution import (
+    ExecutorStep,
+    output_path_of,
+    plan_steps,
+    resolve_config,
+    this_output_path,
+    versioned,
+)
 from marin.execution import lease as leases
 from marin.execution import status as st
 from marin.execution.executor import RunOptions, step_info, write_experiment_record
@@ -107,8 +114,7 @@ def build_small(prefix: str) -> dict:
                       open(f"{out}/manifest.json", "w"))
         if s is train:
             with open(f"{out}/metrics.jsonl", "w") as f:
-                for r in train_records(60, transport_switch=40, seq_switch=30):
-                    f.write(json.dumps(r) + "\n")
+                f.writelines(json.dumps(r) + "\n" for r in train_records(60, transport_switch=40, seq_switch=30))
         if s is evals:
             json.dump({"step": 60, "checkpoint": f"{p[train].output_path}/checkpoints/step-60",
                        "sets": {"web": {"documents": 10, "tokens": 900, "bytes": 2000, "loss": 2.1, "perplexity": 8.2,
@@ -139,8 +145,7 @@ def build_small(prefix: str) -> dict:
     # a live training step: our own (live) process holds its lease
     _succeed(p[live], plan, holder=leases.new_holder_id())
     with open(f"{p[live].output_path}/metrics.jsonl", "w") as f:
-        for r in train_records(40, transport_switch=100, seq_switch=100):
-            f.write(json.dumps(r) + "\n")
+        f.writelines(json.dumps(r) + "\n" for r in train_records(40, transport_switch=100, seq_switch=100))
 
     # an interrupted step: RUNNING, its holder's process is gone
     _succeed(p[stopped], plan)

@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def readme_review_commands() -> list[str]:
     text = open(os.path.join(REPO, "README.md")).read()
     section = text.split("## Review what it produced", 1)[1]
-    block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.DOTALL).group(1)
     return [line for line in block.splitlines() if line.strip() and not line.startswith("source ")]
 
 

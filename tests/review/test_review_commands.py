@@ -8,8 +8,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from marin.cli import main as marin
 from marin.execution import plan_steps, resolve_config
 from marin.execution import status as st

@@ -38,7 +38,9 @@ def test_report_in_headless_chromium(playwright, small_experiment, tmp_path):
     path = write_report(exp, str(tmp_path / "report.html"))
     browser = _launch(playwright)
     try:
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        # bypass_csp: the report's own Content-Security-Policy would block requests before the router
+        # sees them; without it, any request the page attempts reaches the router and fails the test
+        page = browser.new_page(viewport={"width": 1280, "height": 900}, bypass_csp=True)
         attempted, failed, console_errors = [], [], []
 
         def route(r):

@@ -425,6 +425,8 @@ def explain(experiment: str, prefix: str | None = None) -> list[dict[str, Any]]:
                 reasons.append("interrupted or still running (RUNNING without SUCCESS); resumes under a new lease")
             elif status == StepStatus.DEP_FAILED:
                 reasons.append("a dependency failed in an earlier run")
+            elif status is not None:  # a state this code does not name (INTERRUPTED, ...): it did not finish
+                reasons.append(f"{status.value} in an earlier run (not finished); resumes under a new lease")
             else:
                 reasons.append("no previous output at this hash")
                 prev = _previous_run(prefix, ps)

@@ -422,7 +422,11 @@ def explain(experiment: str, prefix: str | None = None) -> list[dict[str, Any]]:
                 reasons.append(f"FAILED earlier ({(info or {}).get('error') or 'see marin show'}); "
                                "needs --force_run_failed")
             elif status == StepStatus.RUNNING:
-                reasons.append("interrupted or still running (RUNNING without SUCCESS); resumes under a new lease")
+                state = step_state(ps.output_path, record)
+                if state.category == "running":
+                    reasons.append(f"running now under {state.lease_holder}; a new run waits for it and reuses its output")
+                else:
+                    reasons.append(f"{state.label}: the run stopped before this step finished; resumes under a new lease")
             elif status == StepStatus.DEP_FAILED:
                 reasons.append("a dependency failed in an earlier run")
             elif status is not None:  # a state this code does not name (INTERRUPTED, ...): it did not finish

@@ -107,13 +107,13 @@ def test_unknown_status_values_are_shown_as_written(small_experiment):
 
 def test_large_dag_is_grouped_by_name_prefix(tmp_path):
     prefix = str(tmp_path / "fan")
-    build_fanout(prefix, 1000)
+    build_fanout(prefix, 400)  # past the 150-node limit (benchmarks/report_bench.py times 1,000)
     exp = mr.load(prefix=prefix)
-    assert len(exp.steps) == 1020
+    assert len(exp.steps) == 408
     text = render(exp)
     doc = _Collect()
     doc.feed(text)
-    assert len(doc.nodes) == 21  # twenty fan/g<k>/* groups and summary/*, not 1,020 nodes
+    assert len(doc.nodes) == 9  # eight fan/g<k>/* groups and summary/*, not 408 nodes
     assert "#group-fan_g0__" in doc.nodes
     assert "fan/g0/* (50)" in text
     assert len(text) < 5_000_000

@@ -304,3 +304,22 @@ def default_health_report(name: str, train_step, total_steps: int | None = None)
         description=f"health of {train_step.name}",
         resources={"num_cpus": 1},
     )
+
+
+def default_report(name: str, steps, description: str | None = None):
+    """A step writing ``report.html`` (the ``marin report`` page) for ``steps`` and everything they read.
+
+    It depends on every step it reports, so it runs after them and is made again whenever one of
+    them changes (their hashes are part of its version).
+    """
+    from marin.execution import ExecutorStep, output_path_of, this_output_path
+    from marin.review.report import ReportConfig, report_step
+
+    return ExecutorStep(
+        name=name,
+        fn=report_step,
+        config=ReportConfig(name=name, step_paths=[output_path_of(s) for s in steps], output_path=this_output_path(),
+                            description=description),
+        description=f"report of {', '.join(s.name for s in steps)}",
+        resources={"num_cpus": 1},
+    )

@@ -73,5 +73,6 @@ if __name__ == "__main__":
         f"  marin status --prefix {result.plan.prefix}\n"
         f"  marin show quickstart/train-tiny-moe --prefix {result.plan.prefix}\n"
         f"  marin show quickstart/health --prefix {result.plan.prefix}\n"
+        f"  marin report --prefix {result.plan.prefix} -o report.html\n"
         f"  python operations/health_report.py {result.plan.planned(train).output_path}"
     )

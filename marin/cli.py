@@ -4,6 +4,8 @@
     marin status [--prefix P] [EXPERIMENT.py]    table of steps: name, hash, status, lease holder, duration
     marin show STEP [--prefix P]                 config, version tree, dependencies, outputs, error
     marin explain EXPERIMENT.py [--prefix P]     which steps would run, and why
+    marin report [EXPERIMENT.py] [--prefix P] [-o report.html]   one self-contained HTML report
+    marin watch [--prefix P]                     live status (same as marin status --watch)
     marin model-info PRESET [--json]             parameter and FLOP counts of a model preset
 
 Every command takes --help; status, show and explain take --json for scripts.
@@ -65,8 +67,12 @@ def cmd_run(argv: list[str]) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from marin.execution.review import status_rows
+    from marin.execution.review import describe_prefix, status_rows
 
+    if getattr(args, "watch", False):
+        from marin.review.live import watch
+
+        return watch(args.prefix, args.interval, args.count)
     rows = status_rows(args.prefix, args.experiment)
     if args.json:
         print(json.dumps(rows, indent=1))
@@ -74,13 +80,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     for r in rows:
         r["duration"] = _fmt_duration(r["duration_s"])
     if not rows:
-        print("no steps found")
+        print(describe_prefix(args.prefix))
         return 0
-    print(_table(rows, [("name", "step"), ("hash", "hash"), ("status", "status"), ("lease_holder", "lease holder"),
+    print(_table(rows, [("name", "step"), ("hash", "hash"), ("label", "status"), ("lease_holder", "lease holder"),
                         ("duration", "duration")]))
+    for r in rows:
+        if r.get("category") == "interrupted" and r.get("advice"):
+            print(f"{r['name']}: {r['label']}: {r['advice']}")
     counts: dict[str, int] = {}
     for r in rows:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
+        key = r["label"].split(" ")[0]
+        counts[key] = counts.get(key, 0) + 1
     print("\n" + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
     return 0
 
@@ -93,7 +103,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(json.dumps(d, indent=1, default=repr))
         return 0
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["start_time"])) if d.get("start_time") else "-"
-    print(f"step      {d['name']}-{d['hash']}\nstatus    {d['status']}  (started {when}, "
+    print(f"step      {d['name']}-{d['hash']}\nstatus    {d['label']}  (started {when}, "
           f"duration {_fmt_duration(d['duration_s'])}, host {d.get('host')})\npath      {d['output_path']}\n"
           f"fn        {d.get('fn')}")
     if d.get("description"):
@@ -109,12 +119,70 @@ def cmd_show(args: argparse.Namespace) -> int:
     if not version.get("dependencies"):
         print("  (none)")
     print("\noutputs:\n" + ("\n".join(f"  {o}" for o in d["outputs"]) or "  (none)"))
+    if d.get("advice"):
+        print(f"\nwhat to do: {d['advice']}")
     if d.get("health"):
         from marin.monitoring.health import format_report
 
         print("\ntraining health (metrics.jsonl):\n" + format_report(d["health"]))
+    _print_content(d.get("content") or {})
     if d.get("error"):
         print(f"\nerror: {d['error']}\n{d.get('traceback') or ''}")
+    return 0
+
+
+def _print_content(content: dict[str, Any]) -> None:
+    """What a step's report files say (health checklist, mixture shares, token store counts, eval)."""
+    report = content.get("health_report")
+    if report:
+        from marin.monitoring.health import format_report
+
+        try:
+            text = format_report(report)
+        except (KeyError, TypeError, ValueError):  # another writer's checklist: show its checks as written
+            checks = report.get("checks") or []
+            text = "\n".join(f"  [{'clear' if c.get('ok') else 'ALERT'}] {c.get('name')}: {c.get('detail', '')}"
+                              for c in checks if isinstance(c, dict))
+            if "ok" in report:
+                text += "\noverall: " + ("clear" if report["ok"] else "needs a look")
+        print("\nhealth checklist (health.json):\n" + text)
+    for stage in content.get("mixture_shares") or []:
+        shares = sorted((stage.get("domain_shares") or {}).items(), key=lambda kv: -kv[1])
+        print(f"\neffective domain shares from step {stage['start_step']} (mixture_report.json):")
+        for name, share in shares:
+            print(f"  {name:<24} {100 * share:6.2f}%")
+    store = content.get("token_store")
+    if store:
+        t = store["totals"]
+        skipped = ", ".join(f"{k} {v}" for k, v in (t.get("skipped") or {}).items()) or "none"
+        print(f"\ntoken store (manifest.json): {t.get('documents', 0):,} documents, {t.get('tokens', 0):,} tokens "
+              f"from {t.get('files', 0)} files; skipped documents: {skipped} ({t.get('skipped_bytes', 0):,} bytes)")
+        for source, counts in store["skipped_by_source"].items():
+            print(f"  {source}: skipped {json.dumps(counts)}")
+    ev = content.get("eval")
+    if ev:
+        print(f"\nevaluation (eval.json) at step {ev.get('step')}: macro bpb {ev.get('macro_bpb')}, "
+              f"micro bpb {ev.get('micro_bpb')}")
+        for name, v in (ev.get("sets") or {}).items():
+            print(f"  {name:<24} bpb {v.get('bpb')}  loss {v.get('loss')}  tokens {v.get('tokens')}")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    import marin.review as mr
+    from marin.review.report import write_report
+
+    if args.experiment:
+        exp = mr.load_file(args.experiment, args.prefix)
+    else:
+        exp = mr.load_prefix(args.prefix, args.name)
+        if not exp.steps:
+            from marin.execution.review import describe_prefix
+
+            raise FileNotFoundError(describe_prefix(args.prefix))
+    t0 = time.time()
+    path = write_report(exp, args.output)
+    print(f"wrote {path} ({len(exp.steps)} steps, {os.path.getsize(path) / 1e6:.2f} MB, {time.time() - t0:.1f}s)"
+          if os.path.exists(path) else f"wrote {path}")
     return 0
 
 
@@ -136,6 +204,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_watch(args: argparse.Namespace) -> int:
+    from marin.review.live import watch
+
+    return watch(args.prefix, args.interval, args.count)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="marin", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -149,6 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("experiment", nargs="?", help="experiment file (optional)")
     p.add_argument("--prefix", help=prefix_help)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--watch", action="store_true",
+                   help="refresh every --interval seconds while a pipeline runs (Ctrl-C to stop): running steps "
+                        "with lease holder and heartbeat age, training progress, loss, tokens/s and ETA")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes with --watch")
+    p.add_argument("--count", type=int, default=None, help="stop after this many refreshes (default: until Ctrl-C)")
     p = sub.add_parser("show", help="everything about one step",
                        description="Show a step's config, versioned fields, dependencies, outputs and error. "
                                    "STEP is a step directory or a step name (latest run of that name).")
@@ -162,6 +241,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("experiment")
     p.add_argument("--prefix", help=prefix_help)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("watch", help="live status of the steps under a prefix (marin status --watch)")
+    p.add_argument("--prefix", help=prefix_help)
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    p.add_argument("--count", type=int, default=None, help="stop after this many refreshes (default: until Ctrl-C)")
+    p = sub.add_parser("report", help="one self-contained HTML report of an experiment",
+                       description="Write one HTML file (no network access needed to open it): the DAG coloured by "
+                                   "status, a step table, results (health, evaluation, ladder fits), and per step its "
+                                   "config, inputs, files, plots and errors. Give an experiment file, or a --prefix "
+                                   "(every experiment record under it, or one with --experiment NAME).")
+    p.add_argument("experiment", nargs="?", help="experiment file (optional with --prefix)")
+    p.add_argument("--prefix", help=prefix_help)
+    p.add_argument("--experiment", dest="name", help="with --prefix: the experiment record to report (e.g. quickstart)")
+    p.add_argument("-o", "--output", default="report.html", help="where to write the report (default: report.html)")
     sub.add_parser("model-info", help="parameter and FLOP counts of a model preset", add_help=False)
     return parser
 
@@ -180,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         return model_info_main(argv[1:])
     args = parser.parse_args(argv)
     try:
-        return {"status": cmd_status, "show": cmd_show, "explain": cmd_explain}[args.command](args)
+        return {"status": cmd_status, "show": cmd_show, "explain": cmd_explain, "report": cmd_report,
+                "watch": _cmd_watch}[args.command](args)
     except (FileNotFoundError, ValueError) as e:
         print(f"marin: error: {e}", file=sys.stderr)
         return 2

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
-from typing import Sequence
+from collections.abc import Iterator, Sequence
 
 from marin.execution.executor import ExecutorError, ExecutorInterrupted, RunOptions, RunResult, run_plan
 from marin.execution.hashing import UnhashableConfigError
 from marin.execution.lease import DEFAULT_TTL_S
 from marin.execution.plan import PlanError, plan_steps
+from marin.execution.prefix import DEFAULT_PREFIX, resolve_prefix
 from marin.execution.step import ExecutorStep, InvalidStepError
 
-DEFAULT_PREFIX = "local_store"
+__all__ = ["DEFAULT_PREFIX", "ExecutorMainConfig", "ExperimentLoaded", "executor_main", "parse_executor_args"]
 
 
 @dataclasses.dataclass
@@ -74,30 +76,76 @@ def _script_name() -> str:
     return os.path.basename(getattr(main, "__file__", None) or sys.argv[0] or "experiment")
 
 
+class ExperimentLoaded(BaseException):
+    """Raised by ``executor_main`` while a review tool loads an experiment file (see :func:`capturing`).
+
+    A BaseException, like SystemExit, so an experiment's own ``except Exception`` cannot swallow it:
+    loading a file for review stops at its ``executor_main`` call and never runs its post-run code.
+    """
+
+    def __init__(self, steps: list[ExecutorStep], description: str | None) -> None:
+        super().__init__("experiment loaded for review")
+        self.steps = steps
+        self.description = description
+
+
+_capturing = False
+_script_calls: list[str] = []
+"""Where ``executor_main`` was called from, in command-line mode, in this process (one call per file)."""
+
+
+@contextlib.contextmanager
+def capturing() -> Iterator[None]:
+    """While active, ``executor_main`` raises :class:`ExperimentLoaded` with its steps instead of running."""
+    global _capturing
+    old, _capturing = _capturing, True
+    try:
+        yield
+    finally:
+        _capturing = old
+
+
+def _caller() -> str:
+    frame = sys._getframe(2)
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
 def executor_main(
     config: ExecutorMainConfig | None = None,
     steps: list[ExecutorStep] | None = None,
     description: str | None = None,
     argv: Sequence[str] | None = None,
 ) -> RunResult:
-    """Plan and run ``steps`` (and everything they depend on).
+    """Plan and run ``steps`` (and everything they depend on); returns the :class:`RunResult`.
 
-    With ``config=None`` the flags are parsed from ``argv`` (default ``sys.argv[1:]``) and bad input
-    ends the process with a one-paragraph error and exit status 1, as a command-line tool should;
-    with an explicit ``config`` errors are raised, for use from Python.
+    With ``config=None`` (an experiment file run as a script) the flags are parsed from ``argv``
+    (default ``sys.argv[1:]``) and bad input ends the process with a one-paragraph error and exit
+    status 1, as a command-line tool should; with an explicit ``config`` errors are raised, for use
+    from Python.
+
+    The contract an experiment file can rely on: code after ``executor_main`` runs only after the
+    steps ran, so it may read their outputs without guards. In the two modes where nothing runs the
+    file ends at this call: a command-line dry run prints the plan and exits with status 0, and a
+    review tool (``marin status | explain | report``, :mod:`marin.review`) loading the file gets the
+    steps through :class:`ExperimentLoaded`. A file declares its whole DAG in one call: a second
+    command-line call in the same process is refused, since review tools and dry runs see only the
+    first and a second record would split one experiment in two.
     """
-    from marin.execution import review
-
-    if steps is not None and review.capture(steps, description):
-        return None  # type: ignore[return-value]  # being loaded by `marin status/explain`
+    if _capturing:
+        raise ExperimentLoaded(list(steps or []), description)
     from_cli = config is None
-    if config is None:
+    if from_cli:
+        here = _caller()
+        if _script_calls:
+            print(f"marin: error: executor_main called twice in one file ({_script_calls[0]} and {here}); "
+                  "pass every step to one call: executor_main(steps=[...])", file=sys.stderr)
+            raise SystemExit(1)
+        _script_calls.append(here)
         config = parse_executor_args(sys.argv[1:] if argv is None else argv)
     try:
         if not steps:
             raise PlanError("executor_main() got no steps; pass steps=[...]")
-        prefix = config.prefix or os.environ.get("MARIN_PREFIX") or DEFAULT_PREFIX
-        plan = plan_steps(list(steps), prefix)
+        plan = plan_steps(list(steps), resolve_prefix(config.prefix))
         opts = RunOptions(
             prefix=plan.prefix,
             dry_run=config.dry_run,
@@ -110,7 +158,7 @@ def executor_main(
             script=_script_name(),
             progress=config.progress,
         )
-        return run_plan(plan, opts)
+        result = run_plan(plan, opts)
     except (PlanError, InvalidStepError, UnhashableConfigError, ExecutorError) as e:
         if not from_cli:
             raise
@@ -119,3 +167,6 @@ def executor_main(
             raise SystemExit(130) from None  # the shell's convention for "stopped by SIGINT"
         print(f"marin: error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+    if from_cli and config.dry_run:
+        raise SystemExit(0)  # nothing ran, so the file's post-run code has nothing to read
+    return result

@@ -7,35 +7,30 @@ Everything here reads the files the executor wrote (``.executor_status``, ``.exe
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import runpy
 import socket
 import sys
 import time
-from typing import Any, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from marin.execution import lease as leases
 from marin.execution import status as st
 from marin.execution import storage
 from marin.execution.fingerprint import code_fingerprint, drift
-from marin.execution.plan import Plan, PlannedStep, normalize_prefix, plan_steps
+from marin.execution.jsonable import MASK, is_secret_field, to_jsonable
+from marin.execution.main import ExperimentLoaded, capturing
+from marin.execution.plan import Plan, PlannedStep, plan_steps, resolve_config
+from marin.execution.prefix import resolve_prefix
 from marin.execution.status import StepStatus
 from marin.execution.step import ExecutorStep
 
 
 class ExperimentFileError(FileNotFoundError):
     pass
-
-
-_captured: list[tuple[list[ExecutorStep], str | None]] | None = None
-
-
-def capture(steps: list[ExecutorStep], description: str | None) -> bool:
-    """Called by ``executor_main``: True (and steps recorded) while :func:`load_experiment` runs."""
-    if _captured is None:
-        return False
-    _captured.append((list(steps), description))
-    return True
 
 
 @contextlib.contextmanager
@@ -58,25 +53,86 @@ def check_experiment_file(path: str) -> str:
 
 
 def load_experiment(path: str) -> tuple[list[ExecutorStep], str | None]:
-    """Execute an experiment file with ``executor_main`` capturing its steps instead of running them."""
-    global _captured
+    """The steps (and description) an experiment file passes to ``executor_main``, without running them.
+
+    The file runs as ``__main__`` with its folder first on ``sys.path``, exactly as ``python FILE`` and
+    ``marin run FILE`` run it (so ``from common import ...`` of a sibling module works), and stops at
+    its ``executor_main`` call, so its post-run code never runs.
+    """
     path = check_experiment_file(path)
-    _captured = []
+    folder = os.path.dirname(path)
+    sys.path.insert(0, folder)
     try:
-        with _argv([path]):
+        with _argv([path]), capturing():
             runpy.run_path(path, run_name="__main__")
-        if not _captured:
-            raise ExperimentFileError(f"{path} never called executor_main(steps=[...]) under __main__")
-        steps = [s for group, _ in _captured for s in group]
-        return steps, _captured[-1][1]
+    except ExperimentLoaded as loaded:
+        return loaded.steps, loaded.description
     finally:
-        _captured = None
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+    raise ExperimentFileError(f"{path} never called executor_main(steps=[...]) under __main__")
 
 
-def resolve_prefix(prefix: str | None) -> str:
-    from marin.execution.main import DEFAULT_PREFIX
+# ------------------------------------------------------------------------------------------- #
+# what a step's files say about its state                                                       #
+# ------------------------------------------------------------------------------------------- #
 
-    return normalize_prefix(prefix or os.environ.get("MARIN_PREFIX") or DEFAULT_PREFIX)
+CATEGORIES = ("succeeded", "reused", "failed", "running", "interrupted", "not run")
+"""How the report colours a step. ``reused``: SUCCESS found from an earlier run, nothing recomputed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepState:
+    status: str
+    """The status file's value (SUCCESS, FAILED, RUNNING, DEP_FAILED, ...) or NOT_RUN."""
+    category: str
+    """One of :data:`CATEGORIES`."""
+    label: str
+    """What a person reads: ``SUCCESS``, ``RUNNING``, ``INTERRUPTED (holder gone)``, ..."""
+    lease_holder: str | None
+    lease_age_s: float | None
+    """Seconds since the holder last renewed its lease (heartbeat age)."""
+    advice: str | None
+    """What to do about it, when something needs doing."""
+
+
+def step_state(step_dir: str, record: dict | None = None, outcome: str | None = None,
+               now: float | None = None) -> StepState:
+    """The state of one step directory, judged from its status record, its lease and the run's outcome.
+
+    A RUNNING status is only true while a live holder keeps the lease: a released, expired or
+    dead-process lease means the run was interrupted (SIGINT, kill, crash) and the step resumes on the
+    next run. Status values this code does not know (a newer executor's) are shown as they are.
+    """
+    now = time.time() if now is None else now
+    record = st.read_status(step_dir) if record is None else record
+    lease = leases.read_lease(step_dir)
+    status = record["status"] if record else "NOT_RUN"
+    holder, age, stale = None, None, True
+    if lease is not None and not lease.released:
+        stale = leases.is_stale(lease, now, socket.gethostname())
+        holder = lease.holder
+        age = max(0.0, now - (lease.expiry - leases.DEFAULT_TTL_S))
+    resume = "rerun the experiment (same command) to resume it under a new lease"
+    if status == "SUCCESS":
+        category = "reused" if outcome == "cached" else "succeeded"
+        return StepState(status, category, status, None, None, None)
+    if status in ("FAILED", "DEP_FAILED"):
+        advice = ("see the error with `marin show`, fix the cause, then rerun with --force_run_failed true"
+                  if status == "FAILED" else "fix the failed dependency, then rerun")
+        return StepState(status, "failed", status, None, None, advice)
+    if status == "NOT_RUN":
+        return StepState(status, "not run", "NOT_RUN", None, None, None)
+    if status == "RUNNING":
+        if not stale:
+            return StepState(status, "running", "RUNNING", holder, age, None)
+        why = ("holder " + holder + " is gone") if holder else "no live holder"
+        return StepState(status, "interrupted", f"INTERRUPTED ({why})", holder, age,
+                         f"the run stopped without finishing this step; {resume}")
+    # a status value from a newer executor (INTERRUPTED, ...): show it as written
+    category = "interrupted" if "INTERRUPT" in status or "LOST" in status else "not run"
+    return StepState(status, category, status, holder if not stale else None, age,
+                     resume if category == "interrupted" else None)
 
 
 def step_dirs(prefix: str) -> list[str]:
@@ -102,24 +158,44 @@ def _duration(record: dict | None) -> float | None:
     return end - starts[-1]
 
 
+def train_horizon(config: Any) -> int | None:
+    """``train_steps`` (or ``total_steps``) of a training config as recorded, wherever it sits."""
+    if not isinstance(config, dict):
+        return None
+    for key in ("train_steps", "total_steps", "num_train_steps"):
+        v = config.get(key)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    for v in config.values():
+        if isinstance(v, dict):
+            found = train_horizon(v)
+            if found is not None:
+                return found
+    return None
+
+
 def row_for(path: str, name: str | None = None, hash_: str | None = None) -> dict[str, Any]:
+    """One status-table row of a step directory; a RUNNING step without a live holder reads INTERRUPTED."""
     record = st.read_status(path)
-    lease = leases.read_lease(path)
     base = path.rstrip("/").rsplit("/", 1)[-1]
     if name is None or hash_ is None:
         guessed_name, _, guessed_hash = base.rpartition("-")
         info = st.read_info(path) or {}
         name = name or info.get("name") or guessed_name
         hash_ = hash_ or info.get("hash") or guessed_hash
-    holder = None
-    if lease is not None and not lease.released:
-        stale = leases.is_stale(lease, time.time(), socket.gethostname())
-        holder = f"{lease.holder}{' (stale)' if stale else ''}"
+    state = step_state(path, record)
+    holder = state.lease_holder
+    if holder and state.category == "interrupted":
+        holder += " (stale)"
     return {
         "name": name,
         "hash": hash_,
-        "status": record["status"] if record else "NOT_RUN",
+        "status": state.status,
+        "label": state.label,
+        "category": state.category,
         "lease_holder": holder,
+        "lease_age_s": state.lease_age_s,
+        "advice": state.advice,
         "duration_s": _duration(record),
         "output_path": path,
     }
@@ -133,6 +209,20 @@ def status_rows(prefix: str | None = None, experiment: str | None = None) -> lis
         plan = plan_steps(steps, prefix)
         return [row_for(s.output_path, s.name, s.hash) for s in plan.steps]
     return [row_for(p) for p in step_dirs(prefix)]
+
+
+def describe_prefix(prefix: str | None = None) -> str:
+    """Why a prefix shows no steps: whether it exists, and what it holds instead."""
+    prefix = resolve_prefix(prefix)
+    if not storage.exists(prefix):
+        return (f"no steps: {prefix} does not exist (run an experiment with --prefix {prefix}, or pass the "
+                "--prefix it ran with; the default is $MARIN_PREFIX, else ./local_store)")
+    entries = [e.rstrip("/").rsplit("/", 1)[-1] for e in storage.list_dir(prefix)]
+    if not entries:
+        return f"no steps: {prefix} exists and is empty"
+    shown = ", ".join(sorted(entries)[:10]) + (f" and {len(entries) - 10} more" if len(entries) > 10 else "")
+    return (f"no steps: {prefix} exists but holds no step directory (none has a {st.STATUS_FILE} file); "
+            f"it holds {len(entries)} entries: {shown}")
 
 
 def find_step(target: str, prefix: str | None = None) -> str:
@@ -150,8 +240,39 @@ def find_step(target: str, prefix: str | None = None) -> str:
     return max(matches, key=lambda p: (st.read_info(p) or {}).get("start_time") or 0)
 
 
+def _read_json(path: str) -> Any:
+    text = storage.read_text(path)
+    try:
+        return json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return None
+
+
+def step_content(path: str, outputs: list[str]) -> dict[str, Any]:
+    """What a step's report files say, for ``marin show``: a health checklist, a mixture's effective
+    shares, a token store's document counts and skipped documents, an evaluation's results."""
+    out: dict[str, Any] = {}
+    if "health.json" in outputs:
+        out["health_report"] = _read_json(f"{path}/health.json")
+    if "mixture_report.json" in outputs:
+        rep = _read_json(f"{path}/mixture_report.json") or {}
+        out["mixture_shares"] = [{"start_step": s.get("start_step", 0), "domain_shares": s.get("domain_shares")}
+                                 for s in rep.get("stages", [])]
+    if "manifest.json" in outputs:
+        man = _read_json(f"{path}/manifest.json") or {}
+        if "totals" in man:
+            out["token_store"] = {
+                "totals": man["totals"],
+                "skipped_by_source": {n: s["skipped"] for n, s in (man.get("sources") or {}).items()
+                                      if s.get("skipped")},
+            }
+    if "eval.json" in outputs:
+        out["eval"] = _read_json(f"{path}/eval.json")
+    return out
+
+
 def show(target: str, prefix: str | None = None) -> dict[str, Any]:
-    """Config, version tree, dependencies, outputs and error of one step."""
+    """Config, version tree, dependencies, outputs, report content and error of one step."""
     path = find_step(target, prefix)
     info = st.read_info(path) or {}
     record = st.read_status(path) or {}
@@ -161,14 +282,18 @@ def show(target: str, prefix: str | None = None) -> dict[str, Any]:
         if not base.startswith(".executor") and not base.startswith(".tmp-"):
             outputs.append(base)
     health = None
+    horizon = train_horizon(info.get("config"))
     if "metrics.jsonl" in outputs:  # a training step: summarise its telemetry against healthy ranges
         from marin.monitoring.health import health as run_health
         from marin.training.metrics import read_metrics
 
-        health = run_health(read_metrics(path))
+        records = [r for r in read_metrics(path) if r.get("kind", "train") == "train"]
+        health = run_health(records, horizon)
     return {
         **row_for(path, info.get("name"), info.get("hash")),
         "health": health,
+        "horizon": horizon,
+        "content": step_content(path, outputs),
         "description": info.get("description"),
         "fn": info.get("fn"),
         "config": info.get("config"),
@@ -183,6 +308,50 @@ def show(target: str, prefix: str | None = None) -> dict[str, Any]:
         "traceback": info.get("traceback"),
         "events": record.get("events", []),
     }
+
+
+def config_leaves(value: Any, path: str = "") -> Iterable[tuple[str, Any]]:
+    """``(field path, value)`` of every leaf of a JSON config, with the executor's path spelling
+    (``model.n_layers``, ``weights["web code"]``, ``stores[0]``); secret-named leaves masked."""
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            k = str(k)
+            sub = (f"{path}.{k}" if path else k) if k.isidentifier() else f"{path}[{json.dumps(k)}]"
+            if is_secret_field(k) and v is not None:
+                yield sub, MASK
+            else:
+                yield from config_leaves(v, sub)
+    elif isinstance(value, list) and value:
+        for i, v in enumerate(value):
+            yield from config_leaves(v, f"{path}[{i}]")
+    else:
+        yield path, value
+
+
+def is_versioned(path: str, versioned: Iterable[str]) -> bool:
+    """Whether a leaf path is (inside) one of the versioned field paths."""
+    return any(path == v or path.startswith((v + ".", v + "[")) for v in versioned)
+
+
+def unversioned_changes(recorded: Any, current: Any, versioned: Iterable[str]) -> list[str]:
+    """Config fields outside the version that differ between the recorded run and the experiment now.
+
+    They do not change the hash, so the recorded output is reused as it is: worth saying, since the
+    new value has no effect on that step.
+    """
+    versioned = list(versioned)
+    old, new = dict(config_leaves(recorded)), dict(config_leaves(current))
+    out = []
+    for path in sorted(set(old) | set(new)):
+        if is_versioned(path, versioned) or old.get(path) == new.get(path):
+            continue
+        if path not in old:
+            out.append(f"{path} added ({_short(new[path])})")
+        elif path not in new:
+            out.append(f"{path} removed (was {_short(old[path])})")
+        else:
+            out.append(f"{path}: {_short(old[path])} -> {_short(new[path])}")
+    return out
 
 
 def _previous_run(prefix: str, ps: PlannedStep) -> dict[str, Any] | None:
@@ -253,15 +422,25 @@ def explain(experiment: str, prefix: str | None = None) -> list[dict[str, Any]]:
                 reasons.append(f"FAILED earlier ({(info or {}).get('error') or 'see marin show'}); "
                                "needs --force_run_failed")
             elif status == StepStatus.RUNNING:
-                reasons.append("interrupted or still running (RUNNING without SUCCESS); resumes under a new lease")
+                state = step_state(ps.output_path, record)
+                if state.category == "running":
+                    reasons.append(f"running now under {state.lease_holder}; a new run waits for it and reuses its output")
+                else:
+                    reasons.append(f"{state.label}: the run stopped before this step finished; resumes under a new lease")
             elif status == StepStatus.DEP_FAILED:
                 reasons.append("a dependency failed in an earlier run")
+            elif status is not None:  # a state this code does not name (INTERRUPTED, ...): it did not finish
+                reasons.append(f"{status.value} in an earlier run (not finished); resumes under a new lease")
             else:
                 reasons.append("no previous output at this hash")
                 prev = _previous_run(prefix, ps)
                 if prev and prev.get("version"):
                     changes = version_changes(prev["version"], ps, plan)
                     reasons.extend(changes or ["hash changed (previous run at " + str(prev.get("output_path")) + ")"])
+        if info and "config" in info:
+            changed = unversioned_changes(info["config"], to_jsonable(resolve_config(ps, plan)),
+                                          (info.get("version") or {}).get("config") or {})
+            reasons.extend(f"not versioned, reused: {c}" for c in changed)
         if info:
             msg = drift(info.get("code_fingerprint"), code_fingerprint(ps.step.fn))
             if msg:

@@ -1,0 +1,494 @@
+"""``marin report``: one self-contained HTML file per experiment (inline CSS, script and SVG; no
+network request when opened), to look at a pipeline rather than read it, and to share it as a file.
+
+Sections: header (experiment, description, prefix, when, run records, code fingerprint), the DAG
+coloured by status, the step table, results (health checklists, evaluation tables, ladder fits), and
+one section per step (config with versioned fields marked, inputs and dependents, files, content of
+the step's report files, training plots, error and traceback).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import math
+import os
+import time
+from typing import Any
+
+from marin.execution import storage
+from marin.execution.review import config_leaves, is_versioned
+from marin.review import CATEGORIES, Experiment, Step
+from marin.review import dag as dagmod
+from marin.review.plots import line_plot
+
+MAX_INLINE_IMAGE = 1_500_000
+"""Bytes: larger PNG outputs are listed, not embedded, so the report stays a file one can attach."""
+
+TRAIN_PLOTS: list[tuple[str, list[str]]] = [
+    ("loss", ["loss", "ce_loss"]),
+    ("grad norm", ["grad_norm"]),
+    ("learning rate", ["lr"]),
+    ("token drop fraction", ["drop_frac_send", "drop_frac_recv"]),
+    ("expert load (max / mean of per-layer max, relative to uniform)", ["expert_load_max", "expert_load_mean"]),
+    ("tokens/s", ["tokens_per_s"]),
+    ("MFU", ["mfu"]),
+]
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d1d1f;background:#fff}
+main{max-width:1200px;margin:0 auto;padding:16px 24px 80px}
+h1{font-size:22px;margin:8px 0}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+h3{font-size:15px;margin:16px 0 6px}
+table{border-collapse:collapse;margin:6px 0;font-size:13px}td,th{border:1px solid #e2e2e2;padding:2px 7px;
+text-align:left;vertical-align:top}th{background:#f6f6f6}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:420px;font-size:12px}
+code,.mono{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
+.badge{display:inline-block;padding:0 6px;border-radius:8px;font-size:12px;color:#fff}
+.b-succeeded{background:#2e9e44}.b-reused{background:#5fae6c}.b-failed{background:#d83b3b}
+.b-running{background:#2f7fd8}.b-interrupted{background:#e59a1c}.b-not-run{background:#999}
+.legend span{margin-right:10px}
+#dagwrap{overflow:auto;border:1px solid #ddd;max-height:720px}
+#dag .edge{fill:none;stroke:#9a9a9a;stroke-width:1}#dag .nl{font:11px system-ui,sans-serif;fill:#111}
+#dag a.node:hover rect{stroke:#000;stroke-width:2}
+section.step{border-left:4px solid #ddd;padding:2px 12px;margin:18px 0}
+section.step:target,section.step.hl{border-left-color:#2f7fd8;background:#f3f8ff}
+tr.v td:first-child::after{content:" \\2713";color:#2e9e44}
+.kv td:first-child{color:#555}
+.plot{margin:4px 8px 4px 0;border:1px solid #eee}.plot .pt{font:12px system-ui,sans-serif;font-weight:600}
+.plot .pf{fill:none;stroke:#ccc}.plot .yl{font:10px sans-serif;text-anchor:end;fill:#555}
+.plot .xl{font:10px sans-serif;text-anchor:middle;fill:#555}.plot .mk{stroke:#e59a1c;stroke-dasharray:3 3}
+.plot .ml{font:10px sans-serif;fill:#b36b00}.plot .lg{font:11px sans-serif;text-anchor:end}
+.ok{color:#2e9e44;font-weight:600}.alert{color:#d83b3b;font-weight:600}
+.muted{color:#777}
+"""
+
+SCRIPT = """
+(function(){
+  function show(id){
+    var el=document.getElementById(id); if(!el) return;
+    document.querySelectorAll('section.hl').forEach(function(s){s.classList.remove('hl');});
+    el.classList.add('hl');
+    el.querySelectorAll('details').forEach(function(d){d.open=true;});
+    el.scrollIntoView({block:'start'});
+  }
+  window.addEventListener('hashchange',function(){show(location.hash.slice(1));});
+  if(location.hash) show(location.hash.slice(1));
+})();
+"""
+
+
+def _e(v: Any) -> str:
+    return html.escape(str(v), quote=True)
+
+
+def _anchor(step: Step) -> str:
+    raw = f"{step.name}-{step.hash}"
+    return "step-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in raw)
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def _dur(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{s / 60:.1f}m"
+    return f"{s / 3600:.1f}h"
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _num(v: Any) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return _e(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
+
+
+def _badge(category: str, label: str | None = None) -> str:
+    return f'<span class="badge b-{category.replace(" ", "-")}">{_e(label or category)}</span>'
+
+
+# --------------------------------------------------------------------------------------------- #
+# sections                                                                                         #
+# --------------------------------------------------------------------------------------------- #
+
+
+def _header(exp: Experiment) -> str:
+    fps = sorted(json.dumps(s.info.get("code_fingerprint"), sort_keys=True) for s in exp.steps if s.info)
+    fingerprint = hashlib.sha256("\n".join(fps).encode()).hexdigest()[:12] if fps else "-"
+    ended = [s.end_time for s in exp.steps if s.end_time]
+    when = exp.updated or (max(ended) if ended else None)
+    rows = [("experiment", exp.name), ("description", exp.description or "-"), ("prefix", exp.prefix),
+            ("when it ran", _when(when)), ("code fingerprint", fingerprint + "  (digest of every step's code)"),
+            ("generated", _when(time.time()))]
+    if exp.source:
+        rows.insert(1, ("file", exp.source))
+    for rec in exp.records[-3:]:
+        rows.append(("run record", f"{rec.get('script')} on {rec.get('host')} at {_when(rec.get('updated'))}: "
+                                   + " ".join(rec.get("argv") or [])))
+    counts: dict[str, int] = {}
+    for s in exp.steps:
+        counts[s.state.category] = counts.get(s.state.category, 0) + 1
+    rows.append(("steps", f"{len(exp.steps)}: " + ", ".join(f"{k} {counts[k]}" for k in CATEGORIES if k in counts)))
+    body = "".join(f"<tr><td>{_e(k)}<td>{_e(v)}" for k, v in rows)
+    return f'<h1>{_e(exp.name)}</h1><table class="kv">{body}</table>'
+
+
+def _dag(exp: Experiment) -> tuple[str, dict[str, str]]:
+    nodes = [dagmod.Node(_anchor(s), s.name, [], {s.state.category: 1}, title=f"{s.name}-{s.hash}")
+             for s in exp.steps]
+    anchor_of = {s.output_path: _anchor(s) for s in exp.steps}
+    for n, s in zip(nodes, exp.steps):
+        n.deps = [anchor_of[d] for d in s.dependencies if d in anchor_of]
+    member_of: dict[str, str] = {}
+    if len(nodes) > dagmod.MAX_NODES:
+        nodes, member_of = dagmod.group_nodes(nodes, {n.id: n.label for n in nodes})
+        note = (f"<p class=muted>{len(exp.steps)} steps drawn as {len(nodes)} groups by name prefix; "
+                "a group's bar shows its steps' statuses, and its link lists them.</p>")
+    else:
+        note = ""
+    legend = '<p class="legend">' + "".join(
+        f'<span>{_badge(c)}</span>' for c in CATEGORIES) + "</p>"
+    return f'<h2 id="dag-section">DAG</h2>{legend}{note}<div id="dagwrap">{dagmod.draw(nodes)}</div>', member_of
+
+
+def _step_table(exp: Experiment) -> str:
+    rows = []
+    for s in exp.steps:
+        st = s.state
+        holder = st.lease_holder or "-"
+        if st.lease_holder and st.lease_age_s is not None:
+            holder += f" ({_dur(st.lease_age_s)} since heartbeat)"
+        rows.append(f'<tr><td><a href="#{_anchor(s)}">{_e(s.name)}</a><td>{_badge(st.category, st.label)}'
+                    f'<td class=mono>{_e(s.hash)}<td class=num>{_dur(s.duration_s)}<td>{_when(s.start_time)}'
+                    f'<td>{_when(s.end_time)}<td>{_e(holder)}<td class=mono>{_e(s.output_path)}')
+    return ('<h2 id="steps">Steps</h2><table><tr><th>step<th>status<th>hash<th>duration<th>start<th>end'
+            '<th>lease holder<th>output path' + "".join(rows) + "</table>")
+
+
+def _checklist(report: dict[str, Any]) -> str:
+    out = []
+    if "ok" in report:
+        out.append(f'<p>overall: <span class="{"ok" if report["ok"] else "alert"}">'
+                   f'{"clear" if report["ok"] else "needs a look"}</span></p>')
+    checks = report.get("checks") or report.get("checklist") or []
+    if isinstance(checks, dict):
+        checks = [{"name": k, **(v if isinstance(v, dict) else {"ok": bool(v), "detail": v})} for k, v in checks.items()]
+    if checks:
+        out.append("<table><tr><th>check<th>state<th>detail")
+        for c in checks:
+            ok = c.get("ok")
+            state = "clear" if ok else ("ALERT" if ok is not None else "-")
+            out.append(f'<tr><td>{_e(c.get("name"))}<td class="{"ok" if ok else "alert"}">{state}'
+                       f'<td>{_e(c.get("detail", ""))}')
+        out.append("</table>")
+    summary = report.get("summary")
+    if isinstance(summary, dict) and summary:
+        out.append(_kv(summary))
+    return "".join(out)
+
+
+def _kv(d: dict[str, Any]) -> str:
+    return '<table class="kv">' + "".join(
+        f"<tr><td>{_e(k)}<td>{_num(v) if not isinstance(v, (dict, list)) else _e(json.dumps(v))}"
+        for k, v in d.items()) + "</table>"
+
+
+def _eval_table(ev: dict[str, Any]) -> str:
+    sets = ev.get("sets") or {}
+    cols = ["documents", "tokens", "bytes", "loss", "perplexity", "bpb"]
+    head = f'<p>step {_e(ev.get("step", "-"))}, checkpoint <code>{_e(ev.get("checkpoint", "-"))}</code></p>'
+    rows = "".join(f"<tr><td>{_e(name)}" + "".join(f"<td class=num>{_num(v.get(c))}" for c in cols)
+                   for name, v in sets.items())
+    foot = (f'<tr><th>macro<td colspan=5><td class=num>{_num(ev.get("macro_bpb"))}'
+            f'<tr><th>micro<td colspan=5><td class=num>{_num(ev.get("micro_bpb"))}')
+    return head + "<table><tr><th>set" + "".join(f"<th>{c}" for c in cols) + rows + foot + "</table>"
+
+
+def _fit(fit: dict[str, Any]) -> str:
+    out = []
+    if fit.get("target") is not None:
+        out.append(f"<p>target: <b>{_e(fit['target'])}</b></p>")
+    preds = fit.get("predictions") or {}
+    if preds:
+        out.append("<table><tr><th>fraction<th>loss<th>bpb<th>low<th>high")
+        for frac, p in preds.items():
+            p = p if isinstance(p, dict) else {"loss": p}
+            out.append(f"<tr><td>{_e(frac)}" + "".join(f"<td class=num>{_num(p.get(k))}"
+                                                      for k in ("loss", "bpb", "low", "high")))
+        out.append("</table>")
+    if fit.get("params"):
+        out.append("<h3>parameters</h3>" + _kv(fit["params"]))
+    if fit.get("loo_rel_error") is not None:
+        out.append(f"<p>leave-one-out relative error: {_num(fit['loo_rel_error'])}</p>")
+    return "".join(out)
+
+
+def _mixture(rep: dict[str, Any]) -> str:
+    out = []
+    for i, stage in enumerate(rep.get("stages") or []):
+        out.append(f"<h3>stage {i} (from step {_e(stage.get('start_step', 0))})</h3>")
+        if stage.get("domain_shares"):
+            out.append("<p>effective domain shares</p><table><tr><th>domain<th>share")
+            out.extend(f"<tr><td>{_e(k)}<td class=num>{100 * v:.2f}%" for k, v in
+                       sorted(stage["domain_shares"].items(), key=lambda kv: -kv[1]))
+            out.append("</table>")
+        srcs = [s for s in stage.get("sources") or [] if s.get("share")]
+        if srcs:
+            out.append("<details><summary>sources with a share</summary><table><tr><th>source<th>share"
+                       "<th>train tokens<th>epochs")
+            out.extend(f"<tr><td>{_e(s.get('source'))}<td class=num>{100 * s['share']:.2f}%"
+                       f"<td class=num>{_num(s.get('train_tokens'))}<td class=num>{_num(s.get('epochs'))}"
+                       for s in sorted(srcs, key=lambda s: -s["share"]))
+            out.append("</table></details>")
+    return "".join(out)
+
+
+def _manifest(man: dict[str, Any]) -> str:
+    t = man.get("totals") or {}
+    out = [_kv({k: v for k, v in t.items() if k != "skipped"})]
+    skipped = t.get("skipped") or {}
+    out.append("<p>skipped documents: " + (", ".join(f"{_e(k)} {v:,}" for k, v in skipped.items()) or "none")
+               + "</p>")
+    bad = [(n, s) for n, s in (man.get("sources") or {}).items() if s.get("skipped")]
+    if bad:
+        out.append("<table><tr><th>source<th>skipped")
+        out.extend(f"<tr><td>{_e(n)}<td>{_e(json.dumps(s['skipped']))}" for n, s in bad)
+        out.append("</table>")
+    return "".join(out)
+
+
+def _changes(records: list[dict[str, Any]], key: str) -> list[tuple[float, str]]:
+    out, prev = [], None
+    for r in records:
+        v = r.get(key)
+        if v is not None and v != prev:
+            if prev is not None:
+                out.append((r["step"], f"{key.replace('seq_len', 'L')}={v}"))
+            prev = v
+    return out
+
+
+def training_plots(records: list[dict[str, Any]], horizon: int | None) -> str:
+    """Plots of a training step's records: loss, grad norm, LR, drops, expert load, tokens/s, MFU,
+    with sequence-length and transport changes marked; eval curves when eval records exist."""
+    train = [r for r in records if r.get("kind", "train") == "train" and "step" in r]
+    evals = [r for r in records if r.get("kind") == "eval" and "step" in r]
+    markers = _changes(train, "seq_len") + _changes(train, "transport")
+    out = []
+    if train:
+        last = train[-1]
+        of = f" of {horizon} ({100 * last['step'] / horizon:.1f}% of horizon)" if horizon else ""
+        out.append(f"<p>{len(train):,} records, last step {last['step']}{of}"
+                   + (f", L={_e(last.get('seq_len'))} {_e(last.get('transport', ''))}" if 'seq_len' in last else "")
+                   + "</p>")
+    xs = [r["step"] for r in train]
+    for title, keys in TRAIN_PLOTS:
+        series = {k: (xs, [r.get(k) for r in train]) for k in keys if any(k in r for r in train[:50] + train[-50:])}
+        if series:
+            out.append(line_plot(title, series, markers=markers))
+    eval_keys = sorted({k for r in evals for k in r if k.startswith("eval/")})
+    if eval_keys:
+        ex = [r["step"] for r in evals]
+        macro = [k for k in eval_keys if "macro" in k or "micro" in k]
+        per_set = [k for k in eval_keys if k not in macro and k.endswith("/bpb")]
+        for title, keys in (("eval bits per byte (macro / micro)", macro), ("eval bits per byte per set", per_set)):
+            if keys:
+                out.append(line_plot(title, {k: (ex, [r.get(k) for r in evals]) for k in keys[:8]}, markers=markers))
+    return "".join(out)
+
+
+def _files(step: Step) -> tuple[str, list[tuple[str, int | None]]]:
+    files = step.files()
+    if not files:
+        return "<p class=muted>no output files</p>", files
+    rows = "".join(f"<tr><td class=mono>{_e(n)}<td class=num>{_size(sz)}" for n, sz in files)
+    return f"<details><summary>files ({len(files)})</summary><table>{rows}</table></details>", files
+
+
+def _images(step: Step, files: list[tuple[str, int | None]]) -> str:
+    out = []
+    for name, size in files:
+        if name.endswith(".png") and size is not None and size <= MAX_INLINE_IMAGE:
+            with storage.filesystem(step.output_path).open(f"{step.output_path}/{name}", "rb") as f:
+                data = base64.b64encode(f.read()).decode()
+            out.append(f'<figure><img alt="{_e(name)}" src="data:image/png;base64,{data}" style="max-width:100%">'
+                       f"<figcaption>{_e(name)}</figcaption></figure>")
+    return "".join(out)
+
+
+def _config(step: Step) -> str:
+    config = step.config
+    if config is None:
+        return "<p class=muted>no recorded config</p>"
+    versioned = list(step.versioned_fields)
+    rows = []
+    for path, value in config_leaves(config):
+        v = is_versioned(path, versioned)
+        text = json.dumps(value) if not isinstance(value, str) else value
+        if len(text) > 300:
+            text = text[:297] + "..."
+        rows.append(f'<tr{" class=v" if v else ""}><td class=mono>{_e(path or "(config)")}<td class=mono>{_e(text)}')
+    return (f"<details><summary>config ({len(rows)} fields; ✓ = versioned, part of the hash)</summary>"
+            f"<table>{''.join(rows)}</table></details>")
+
+
+def _step_section(step: Step, exp: Experiment, dependents: dict[str, list[str]], group: str | None) -> str:
+    by_path = exp.by_path()
+    st = step.state
+    out = [(f'<section class="step" id="{_anchor(step)}"><h3>{_e(step.name)} '
+            f'<span class=mono>{_e(step.hash)}</span> {_badge(st.category, st.label)}</h3>')]
+    facts = {"output path": step.output_path, "function": step.fn or "-", "duration": _dur(step.duration_s),
+             "started": _when(step.start_time), "ended": _when(step.end_time)}
+    if step.description:
+        facts["about"] = step.description
+    if st.lease_holder:
+        facts["lease holder"] = st.lease_holder
+    if st.advice:
+        facts["what to do"] = st.advice
+    out.append('<table class="kv">' + "".join(f"<tr><td>{_e(k)}<td>{_e(v)}" for k, v in facts.items()) + "</table>")
+
+    def links(paths: list[str]) -> str:
+        items = []
+        for p in paths:
+            s = by_path.get(p)
+            items.append(f'<a href="#{_anchor(s)}">{_e(s.name)}</a>' if s else f"<code>{_e(p)}</code>")
+        return ", ".join(items) or "none"
+
+    out.append(f"<p>inputs: {links(step.dependencies)}<br>read by: {links(dependents.get(step.output_path, []))}"
+               + (f'<br>group: <a href="#{group}">{_e(group[6:])}</a>' if group else "") + "</p>")
+    out.append(_config(step))
+    files_html, files = _files(step)
+    out.append(files_html)
+    names = {n for n, _ in files}
+    if "health.json" in names and (h := step.health()):
+        out.append("<h3>health checklist</h3>" + _checklist(h))
+    if "eval.json" in names and (ev := step.eval_results()):
+        out.append("<h3>evaluation</h3>" + _eval_table(ev))
+    if "fit.json" in names and (fit := step.ladder_fit()):
+        out.append("<h3>ladder fit</h3>" + _fit(fit))
+    if "mixture_report.json" in names and (rep := step.mixture_report()):
+        out.append("<h3>mixture</h3>" + _mixture(rep))
+    if "manifest.json" in names and (man := step.manifest()) and "totals" in man:
+        out.append("<h3>token store</h3>" + _manifest(man))
+    if "train_summary.json" in names and (ts := step.train_summary()):
+        out.append("<details><summary>training summary</summary>" + _kv(
+            {k: v for k, v in ts.items() if not isinstance(v, (dict, list))}) + "</details>")
+    if "metrics.jsonl" in names:
+        out.append("<h3>training</h3>" + training_plots(step.metric_records(), step.horizon))
+    out.append(_images(step, files))
+    if step.error or st.category == "failed":
+        out.append(f"<h3>error</h3><pre>{_e(step.error or '(no error recorded; see a dependency)')}\n"
+                   f"{_e(step.traceback or '')}</pre>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def _results(exp: Experiment) -> str:
+    """Health, evaluation and ladder results gathered at the top (each also in its step's section)."""
+    out = []
+    for s in exp.steps:
+        if s.state.category not in ("succeeded", "reused"):
+            continue
+        for fname, title, render in (("health.json", "health checklist", _checklist),
+                                     ("eval.json", "evaluation", _eval_table), ("fit.json", "ladder fit", _fit)):
+            data = s.read_json(fname) if storage.exists(f"{s.output_path}/{fname}") else None
+            if isinstance(data, dict):
+                out.append(f'<h3>{title}: <a href="#{_anchor(s)}">{_e(s.name)}</a></h3>{render(data)}')
+    return ('<h2 id="results">Results</h2>' + "".join(out)) if out else ""
+
+
+def render(exp: Experiment) -> str:
+    """The report's HTML text (one self-contained document)."""
+    dependents = exp.dependents()
+    dag_html, member_of = _dag(exp)
+    group_of = {s.output_path: member_of.get(_anchor(s)) for s in exp.steps}
+    groups: dict[str, list[Step]] = {}
+    for s in exp.steps:
+        if group_of[s.output_path]:
+            groups.setdefault(group_of[s.output_path], []).append(s)
+    group_html = "".join(
+        f'<section class="step" id="{g}"><h3>group {_e(g[6:])} ({len(members)} steps)</h3><p>'
+        + ", ".join(f'<a href="#{_anchor(s)}">{_e(s.name)}</a> {_badge(s.state.category)}' for s in members)
+        + "</p></section>" for g, members in groups.items())
+    sections = "".join(_step_section(s, exp, dependents, group_of[s.output_path]) for s in exp.steps)
+    return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; "
+            "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">"
+            f"<title>marin report: {_e(exp.name)}</title><style>{CSS}</style></head><body><main>"
+            f"{_header(exp)}{dag_html}{_step_table(exp)}{_results(exp)}"
+            + (f"<h2>Groups</h2>{group_html}" if group_html else "")
+            + f"<h2>Step details</h2>{sections}</main><script>{SCRIPT}</script></body></html>")
+
+
+def write_report(exp: Experiment, path: str) -> str:
+    """Write the report to ``path`` (local or object store) atomically; returns the path."""
+    text = render(exp)
+    if storage.is_local(path):
+        path = os.path.abspath(path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    storage.write_text(path, text)
+    return path
+
+
+# --------------------------------------------------------------------------------------------- #
+# as an executor step                                                                              #
+# --------------------------------------------------------------------------------------------- #
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportConfig:
+    name: str
+    """The experiment's name in the report's header."""
+    step_paths: list[str]
+    """Output paths of the steps to report (their upstream steps are found from their records)."""
+    output_path: str
+    description: str | None = None
+
+
+def experiment_from_steps(name: str, step_paths: list[str], prefix: str | None = None,
+                          description: str | None = None) -> Experiment:
+    """An experiment of ``step_paths`` and every step they read, found from the steps' own records."""
+    from marin.review import _dependency_order
+
+    seen: dict[str, Step] = {}
+    todo = list(step_paths)
+    while todo:
+        p = todo.pop().rstrip("/")
+        if p in seen:
+            continue
+        seen[p] = Step(p)
+        todo.extend(seen[p].dependencies)
+    steps = _dependency_order(list(seen.values()))
+    if prefix is None:
+        prefix = os.path.commonpath([s.output_path for s in steps]) if steps and all(
+            storage.is_local(s.output_path) for s in steps) else (steps[0].output_path.rsplit("/", 2)[0] if steps else "")
+    return Experiment(name, prefix, steps, description)
+
+
+def report_step(config: ReportConfig) -> str:
+    """Write ``report.html`` for the given steps into the step's output (the ``default_report`` step)."""
+    exp = experiment_from_steps(config.name, config.step_paths, description=config.description)
+    return write_report(exp, f"{config.output_path}/report.html")

@@ -1,0 +1,50 @@
+"""Every command of the README's "Review what it produced" section, as written, on a quickstart
+finished by the README's own command. Slow: it runs the quickstart (about two minutes)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def readme_review_commands() -> list[str]:
+    text = open(os.path.join(REPO, "README.md")).read()
+    section = text.split("## Review what it produced", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.DOTALL).group(1)
+    return [line for line in block.splitlines() if line.strip() and not line.startswith("source ")]
+
+
+def test_readme_lists_review_commands():
+    cmds = readme_review_commands()
+    assert any(c.startswith("marin status") for c in cmds) and any(c.startswith("marin report") for c in cmds)
+
+
+@pytest.mark.slow
+def test_readme_review_commands_run_on_a_finished_quickstart(tmp_path):
+    work = tmp_path / "checkout"  # a working directory laid out like the repository's root
+    work.mkdir()
+    for name in ("experiments", "operations"):
+        os.symlink(os.path.join(REPO, name), work / name)
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PYTHONPATH": REPO, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0",
+           "WANDB_MODE": "offline"}
+    env.pop("MARIN_PREFIX", None)
+    first = subprocess.run([sys.executable, "experiments/quickstart.py", "--progress", "false"], cwd=work, env=env,
+                           capture_output=True, text=True, timeout=1200)
+    assert first.returncode == 0, first.stderr[-3000:]
+    for line in readme_review_commands():
+        r = subprocess.run(["bash", "-c", line], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, f"{line}\n{r.stdout[-1500:]}\n{r.stderr[-3000:]}"
+        assert "Traceback" not in r.stderr, f"{line}\n{r.stderr[-3000:]}"
+        if line.startswith("marin status"):
+            assert r.stdout.rstrip().endswith("6 SUCCESS")
+        if line.startswith("marin explain"):
+            assert "0 of 6 steps would run" in r.stdout
+        if line.startswith("marin report"):
+            assert (work / "report.html").stat().st_size > 10_000

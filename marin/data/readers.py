@@ -6,6 +6,11 @@ Two kinds of badness are kept apart on purpose:
   not JSON) is yielded with a ``skip`` reason so callers count it and carry on;
 * a corrupt *file* (truncated gzip, broken zstd frame, unreadable parquet) raises
   :class:`CorruptInputError` naming the file, because nothing after the damage can be trusted.
+
+What a step does with a corrupt file is its ``on_corrupt`` policy (:func:`check_corrupt_policy`):
+``"skip"`` leaves the whole file out (listed with its reason) as long as at most
+``max_corrupt_fraction`` of the files are corrupt; ``"fail"`` fails the step on any corrupt file.
+With millions of files one damaged file is normal, so the default is skip with a small budget.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ SKIP_EMPTY = "empty"
 SKIP_TOO_LARGE = "too_large"
 
 
+ON_CORRUPT = ("fail", "skip")
+DEFAULT_ON_CORRUPT = "skip"
+DEFAULT_MAX_CORRUPT_FRACTION = 0.01
+
+
 class CorruptInputError(RuntimeError):
     """An input file cannot be read past some point. The message names the file."""
 
@@ -35,6 +45,31 @@ class CorruptInputError(RuntimeError):
         self.path = path
         detail = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
         super().__init__(f"corrupt input file {path}: {detail}")
+
+
+class TooManyCorruptFilesError(RuntimeError):
+    """More input files are corrupt than the step's policy allows; the message names them."""
+
+
+def validate_corrupt_policy(on_corrupt: str, max_corrupt_fraction: float) -> None:
+    """Refuse a policy that is not one (before any file is read)."""
+    if on_corrupt not in ON_CORRUPT:
+        raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
+    if not 0.0 <= max_corrupt_fraction <= 1.0:
+        raise ValueError(f"max_corrupt_fraction must be in [0, 1], got {max_corrupt_fraction!r}")
+
+
+def corrupt_policy_violation(n_corrupt: int, n_files: int, on_corrupt: str, max_corrupt_fraction: float) -> str | None:
+    """Why ``n_corrupt`` corrupt files out of ``n_files`` fail the step under the policy, or None if
+    the corrupt files may be skipped."""
+    if n_corrupt == 0:
+        return None
+    if on_corrupt == "fail":
+        return "on_corrupt='fail'"
+    if n_corrupt > max_corrupt_fraction * n_files:
+        return (f"{n_corrupt / n_files:.1%} of the files are corrupt, more than max_corrupt_fraction="
+                f"{max_corrupt_fraction} allows with on_corrupt='skip'")
+    return None
 
 
 @dataclass(frozen=True)
@@ -149,12 +184,56 @@ def _iter_parquet(f, text_field: str, max_doc_bytes: int | None) -> Iterator[Rec
             index += 1
 
 
+class _CheckedZstdReader:
+    """``read(n)`` over a (multi-frame) zstd stream that raises if the file ends inside a frame.
+
+    zstandard's stream reader reports a clean end of file on a truncated file, which would silently
+    drop everything after the cut; a truncated download must be a corrupt file instead."""
+
+    def __init__(self, raw) -> None:
+        import zstandard
+
+        self._raw = raw
+        self._dctx = zstandard.ZstdDecompressor()
+        self._frame = self._dctx.decompressobj()
+        self._in_frame = False
+        self._buf = b""
+
+    def read(self, n: int = -1) -> bytes:
+        import zstandard
+
+        while n < 0 or len(self._buf) < n:
+            chunk = self._raw.read(1 << 20)
+            if not chunk:
+                if self._in_frame:
+                    raise zstandard.ZstdError("truncated zstd stream: the file ends inside a frame")
+                break
+            while chunk:
+                self._in_frame = True
+                self._buf += self._frame.decompress(chunk)
+                if not self._frame.eof:
+                    break
+                chunk = self._frame.unused_data  # the next frame, if any
+                self._frame = self._dctx.decompressobj()
+                self._in_frame = False
+        if n < 0:
+            out, self._buf = self._buf, b""
+        else:
+            out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+
 def iter_documents(path: str, text_field: str = "text", max_doc_bytes: int | None = None) -> Iterator[Record]:
     """Yield every record of one file in order; raise :class:`CorruptInputError` if the file is damaged."""
     errors = _corruption_errors()
+    name = path.rsplit("/", 1)[-1]
     try:
+        if name.endswith(".zst") and ".parquet" not in name:
+            with fsspec.open(path, "rb") as raw:
+                yield from _iter_jsonl(_CheckedZstdReader(raw), text_field, max_doc_bytes)
+            return
         with fsspec.open(path, "rb", compression="infer") as f:
-            if ".parquet" in path.rsplit("/", 1)[-1]:
+            if ".parquet" in name:
                 yield from _iter_parquet(f, text_field, max_doc_bytes)
             else:
                 yield from _iter_jsonl(f, text_field, max_doc_bytes)

@@ -9,9 +9,13 @@ its ``.json`` is written after its data, so:
   simply rewritten.
 
 Bad documents are counted per reason and never fatal. A corrupt file fails only its own task; the
-step finishes every other file, writes ``tokenize_failures.json`` and then raises
-:class:`TokenizeError` naming each failed file, so the executor marks the step FAILED and a rerun
-redoes only what is missing. ``manifest.json`` is written last, only when every file succeeded.
+step finishes every other file, then applies its ``on_corrupt`` policy: with ``"skip"`` (the
+default) corrupt files are left out of the store, listed in the manifest's ``skipped_files`` with
+the reason and counted in its totals, as long as at most ``max_corrupt_fraction`` of the files are
+corrupt. Otherwise (``"fail"``, too many corrupt files, or any other error) it writes
+``tokenize_failures.json`` and raises :class:`TokenizeError` naming each failed file, so the
+executor marks the step FAILED and a rerun redoes only what is missing. ``manifest.json`` is
+written last, only when the step succeeds (and a stale ``tokenize_failures.json`` is then removed).
 """
 
 from __future__ import annotations
@@ -27,7 +31,15 @@ from dataclasses import dataclass
 import fsspec
 import numpy as np
 
-from marin.data.readers import CorruptInputError, iter_documents, list_document_files
+from marin.data.readers import (
+    DEFAULT_MAX_CORRUPT_FRACTION,
+    DEFAULT_ON_CORRUPT,
+    CorruptInputError,
+    corrupt_policy_violation,
+    iter_documents,
+    list_document_files,
+    validate_corrupt_policy,
+)
 from marin.data.store import MANIFEST, STORE_FORMAT, source_dir, write_shard
 from marin.data.tokenizer import DEFAULT_EOS, load_tokenizer
 
@@ -56,6 +68,10 @@ class TokenizeConfig:
     max_doc_bytes: int = 8_000_000
     shard_max_tokens: int = 64 * 1024 * 1024
     eos_token: str = DEFAULT_EOS
+    on_corrupt: str = DEFAULT_ON_CORRUPT
+    """"skip": leave corrupt files out (listed in the manifest) while at most ``max_corrupt_fraction``
+    of the files are corrupt; "fail": any corrupt file fails the step."""
+    max_corrupt_fraction: float = DEFAULT_MAX_CORRUPT_FRACTION
     batch_docs: int = 512
     num_cpus_per_task: float = 1.0
     show_progress: bool = True
@@ -178,7 +194,8 @@ def tokenize_file(task: FileTask, stop_after_shards: int | None = None) -> dict:
     ``stop_after_shards`` stops (as a kill would) after writing that many new shards; tests use it.
     Returns {"source", "input_file", "shards": [meta...], "error": str | None, "new_tokens": int}.
     """
-    result = {"source": task.source, "input_file": task.input_file, "shards": [], "error": None, "new_tokens": 0}
+    result = {"source": task.source, "input_file": task.input_file, "shards": [], "error": None, "corrupt": False,
+              "new_tokens": 0}
     try:
         tok = load_tokenizer(task.tokenizer, task.eos_token)
         fs, fpath = fsspec.core.url_to_fs(task.input_file)
@@ -252,6 +269,7 @@ def tokenize_file(task: FileTask, stop_after_shards: int | None = None) -> dict:
         flush(max(next_index, shard_start), last=True)
     except Exception as e:  # noqa: BLE001 - reported per file, raised by the step with every file named
         result["error"] = str(e) if isinstance(e, CorruptInputError) else f"{type(e).__name__}: {e}"
+        result["corrupt"] = isinstance(e, CorruptInputError)
     return result
 
 
@@ -262,7 +280,11 @@ def tokenize_file(task: FileTask, stop_after_shards: int | None = None) -> dict:
 def build_manifest(config: TokenizeConfig, results: list[dict], tok) -> dict:
     """Aggregate per-shard stats into the store manifest (per source and in total)."""
     sources: dict[str, dict] = {}
+    skipped_files = [{"source": r["source"], "input_file": r["input_file"], "reason": r["error"]}
+                     for r in results if r["error"]]
     for r in results:
+        if r["error"]:  # a corrupt file skipped by the policy: none of its shards are in the store
+            continue
         e = sources.setdefault(r["source"], {"documents": 0, "tokens": 0, "bytes": 0, "skipped": Counter(),
                                              "skipped_bytes": 0, "files": 0, "shards": []})
         e["files"] += 1
@@ -278,6 +300,7 @@ def build_manifest(config: TokenizeConfig, results: list[dict], tok) -> dict:
         e["skipped"] = dict(sorted(e["skipped"].items()))
     totals = {k: sum(e[k] for e in sources.values()) for k in ("documents", "tokens", "bytes", "skipped_bytes", "files")}
     totals["skipped"] = dict(sum((Counter(e["skipped"]) for e in sources.values()), Counter()))
+    totals["skipped_files"] = len(skipped_files)
     return {
         "format": STORE_FORMAT,
         "tokenizer": {"identity": tok.identity, "path": tok.path, "vocab_size": tok.vocab_size,
@@ -286,7 +309,10 @@ def build_manifest(config: TokenizeConfig, results: list[dict], tok) -> dict:
         "input_path": config.input_path,
         "text_field": config.text_field,
         "max_doc_bytes": config.max_doc_bytes,
+        "on_corrupt": config.on_corrupt,
+        "max_corrupt_fraction": config.max_corrupt_fraction,
         "totals": totals,
+        "skipped_files": skipped_files,
         "sources": dict(sorted(sources.items())),
     }
 
@@ -330,6 +356,7 @@ def _run_tasks(tasks: list[FileTask], config: TokenizeConfig) -> list[dict]:
 
 def tokenize(config: TokenizeConfig) -> None:
     """Executor step: write the token store at ``config.output_path`` (see module docstring)."""
+    validate_corrupt_policy(config.on_corrupt, config.max_corrupt_fraction)
     tok = load_tokenizer(config.tokenizer, config.eos_token)
     plan = discover_sources(config.input_path, config.sources)
     tasks = [
@@ -341,20 +368,28 @@ def tokenize(config: TokenizeConfig) -> None:
     results = sorted(_run_tasks(tasks, config), key=lambda r: order[(r["source"], r["input_file"])])
     out = config.output_path.rstrip("/")
     failed = [r for r in results if r["error"]]
-    if failed:
+    corrupt = [r for r in failed if r["corrupt"]]
+    why = corrupt_policy_violation(len(corrupt), len(results), config.on_corrupt, config.max_corrupt_fraction)
+    if len(corrupt) < len(failed) or why:
         with fsspec.open(f"{out}/tokenize_failures.json", "w") as f:
             json.dump([{"input_file": r["input_file"], "source": r["source"], "error": r["error"]} for r in failed],
                       f, indent=1)
         lines = "\n".join(f"  {r['error']}" if r["input_file"] in r["error"] else f"  {r['input_file']}: {r['error']}"
                           for r in failed)
+        policy = f"; {len(corrupt)} corrupt: {why}" if why else ""
         raise TokenizeError(
-            f"{len(failed)} of {len(results)} input files failed to tokenize (finished shards are kept; "
+            f"{len(failed)} of {len(results)} input files failed to tokenize{policy} (finished shards are kept; "
             f"a rerun redoes only the failed files):\n{lines}"
         )
     manifest = build_manifest(config, results, tok)
     with fsspec.open(f"{out}/{MANIFEST}", "w") as f:
         json.dump(manifest, f, indent=1)
+    fs, root = fsspec.core.url_to_fs(out)
+    if fs.exists(f"{root}/tokenize_failures.json"):  # left by an earlier, failed attempt: no longer true
+        fs.rm_file(f"{root}/tokenize_failures.json")
     t = manifest["totals"]
-    logger.info("token store %s: %d sources, %d documents, %d tokens, skipped %s",
-                out, len(manifest["sources"]), t["documents"], t["tokens"], t["skipped"] or "none")
-
+    for r in corrupt:
+        logger.warning("skipped corrupt file (on_corrupt='skip'): %s", r["error"])
+    logger.info("token store %s: %d sources, %d documents, %d tokens, skipped %s, %d corrupt files skipped",
+                out, len(manifest["sources"]), t["documents"], t["tokens"], t["skipped"] or "none",
+                t["skipped_files"])

@@ -122,25 +122,58 @@ class TrainTokenizerConfig:
     text_field: str = "text"
     min_frequency: int = 2
     eos_token: str = DEFAULT_EOS
+    on_corrupt: str = "skip"
+    """"skip": leave a corrupt file out (recorded in tokenizer_info.json) while at most
+    ``max_corrupt_fraction`` of the files are corrupt; "fail": stop on the first corrupt file."""
+    max_corrupt_fraction: float = 0.01
 
 
-def _sample_texts(config: TrainTokenizerConfig) -> Iterator[str]:
-    """Round-robin over files so a byte budget still sees every source, not just the first few."""
-    from marin.data.readers import iter_documents, list_document_files
+def _sample_texts(config: TrainTokenizerConfig, report: dict) -> Iterator[str]:
+    """Each file's share of the byte budget, file after file, so a budget still sees every source.
 
+    A file's texts are held back until the file has been read up to its share without damage, so a
+    skipped corrupt file contributes nothing (not the part before the damage). ``report`` receives
+    the file count and the skipped files."""
+    from marin.data.readers import (
+        CorruptInputError,
+        TooManyCorruptFilesError,
+        corrupt_policy_violation,
+        iter_documents,
+        list_document_files,
+        validate_corrupt_policy,
+    )
+
+    validate_corrupt_policy(config.on_corrupt, config.max_corrupt_fraction)
     files = list_document_files(config.input_path)
     if not files:
         raise TokenizerError(f"no document files (jsonl/ndjson/parquet) under {config.input_path}")
+    report["files"] = len(files)
+    skipped = report.setdefault("skipped_files", [])
     per_file = max(1, config.max_bytes // len(files))
     for path in files:
         used = 0
-        for rec in iter_documents(path, config.text_field):
-            if rec.text is None:
-                continue
-            yield rec.text
-            used += len(rec.text)
-            if used >= per_file:
-                break
+        texts = []
+        try:
+            for rec in iter_documents(path, config.text_field):
+                if rec.text is None:
+                    continue
+                texts.append(rec.text)
+                used += len(rec.text)
+                if used >= per_file:
+                    break
+        except CorruptInputError as e:
+            if config.on_corrupt == "fail":
+                raise
+            skipped.append({"input_file": path, "reason": str(e)})
+            why = corrupt_policy_violation(len(skipped), len(files), config.on_corrupt, config.max_corrupt_fraction)
+            if why:
+                names = "\n".join(f"  {s['reason']}" for s in skipped)
+                raise TooManyCorruptFilesError(
+                    f"{len(skipped)} of {len(files)} input files corrupt so far ({why}); fix or remove them, or raise "
+                    f"max_corrupt_fraction:\n{names}") from None
+            logger.warning("skipping corrupt file (%d so far): %s", len(skipped), e)
+            continue
+        yield from texts
 
 
 def train_bpe_tokenizer(texts, vocab_size: int, min_frequency: int = 2, eos_token: str = DEFAULT_EOS):
@@ -163,7 +196,9 @@ def train_bpe_tokenizer(texts, vocab_size: int, min_frequency: int = 2, eos_toke
 
 def train_tokenizer(config: TrainTokenizerConfig) -> None:
     """Executor step: write ``{output_path}/tokenizer.json`` and ``tokenizer_info.json``."""
-    tok = train_bpe_tokenizer(_sample_texts(config), config.vocab_size, config.min_frequency, config.eos_token)
+    report: dict = {}
+    tok = train_bpe_tokenizer(_sample_texts(config, report), config.vocab_size, config.min_frequency,
+                              config.eos_token)
     text = tok.to_str()
     out = config.output_path.rstrip("/")
     fs, root = fsspec.core.url_to_fs(out)
@@ -175,7 +210,10 @@ def train_tokenizer(config: TrainTokenizerConfig) -> None:
         "vocab_size": tok.get_vocab_size(with_added_tokens=True),
         "eos_token": config.eos_token,
         "trained_on": config.input_path,
+        "files": report["files"],
+        "skipped_files": report["skipped_files"],
     }
     with fsspec.open(f"{out}/tokenizer_info.json", "w") as f:
         json.dump(info, f, indent=2)
-    logger.info("trained tokenizer: vocab %d, identity %s", info["vocab_size"], info["identity"][:12])
+    logger.info("trained tokenizer: vocab %d, identity %s, %d files, %d corrupt files skipped", info["vocab_size"],
+                info["identity"][:12], info["files"], len(info["skipped_files"]))

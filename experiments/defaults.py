@@ -7,8 +7,8 @@ file top to bottom to learn what a default pipeline does.
 # --- data track (default_tokenize and friends) -------------------------------------------------
 # A data pipeline is: corpus (a K40-layout root, or the miniature generator) -> tokenizer (trained
 # or a tokenizer.json path) -> tokenize (one token store per step) -> a MixtureConfig that the
-# training step embeds. Everything that changes the tokens is versioned(); sizes of shards and
-# batches of work are not part of a store's identity except shard_max_tokens, which changes its files.
+# training step embeds. Every config field is versioned (it may change what is written) except the
+# placeholders and the fields listed as unversioned next to each builder.
 
 from collections.abc import Mapping as _Mapping
 from collections.abc import Sequence as _Sequence
@@ -30,37 +30,53 @@ def default_k40_miniature(
 ):
     """A deterministic K40-shaped corpus (40 domains x 5 quality buckets) of about ``total_bytes``."""
     from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
-    from marin.execution import ExecutorStep, this_output_path, versioned
+    from marin.execution import ExecutorStep, this_output_path
 
     return ExecutorStep(
         name=name,
         fn=generate_k40_miniature,
-        config=SyntheticK40Config(
+        config=_versioned_config(SyntheticK40Config(
             output_path=this_output_path(),
-            total_bytes=versioned(total_bytes),
-            seed=versioned(seed),
-            domains=versioned(None if domains is None else tuple(domains)),
-            files_per_source=versioned(files_per_source),
-        ),
+            total_bytes=total_bytes,
+            seed=seed,
+            domains=None if domains is None else tuple(domains),
+            files_per_source=files_per_source,
+        ), keep=("output_path",)),
         description=f"K40-shaped miniature corpus, ~{total_bytes:,} bytes, seed {seed}",
         resources={"num_cpus": 1},
     )
 
 
-def default_tokenizer(name: str, corpus, vocab_size: int = 8192, max_bytes: int = 50_000_000):
-    """Train a byte-level BPE tokenizer (``tokenizer.json`` in the step output) on ``corpus``."""
+def default_tokenizer(
+    name: str,
+    corpus,
+    vocab_size: int = 8192,
+    max_bytes: int = 50_000_000,
+    text_field: str = "text",
+    min_frequency: int = 2,
+    on_corrupt: str = "skip",
+    max_corrupt_fraction: float = 0.01,
+):
+    """Train a byte-level BPE tokenizer (``tokenizer.json`` in the step output) on ``corpus``.
+
+    ``on_corrupt="skip"`` leaves corrupt files out (listed in ``tokenizer_info.json``) while at most
+    ``max_corrupt_fraction`` of them are corrupt; ``"fail"`` stops on the first one."""
     from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
-    from marin.execution import ExecutorStep, this_output_path, versioned
+    from marin.execution import ExecutorStep, this_output_path
 
     return ExecutorStep(
         name=name,
         fn=train_tokenizer,
-        config=TrainTokenizerConfig(
+        config=_versioned_config(TrainTokenizerConfig(
             input_path=_data_input(corpus),
             output_path=this_output_path(),
-            vocab_size=versioned(vocab_size),
-            max_bytes=versioned(max_bytes),
-        ),
+            vocab_size=vocab_size,
+            max_bytes=max_bytes,
+            text_field=text_field,
+            min_frequency=min_frequency,
+            on_corrupt=on_corrupt,
+            max_corrupt_fraction=max_corrupt_fraction,
+        ), keep=("input_path", "output_path")),
         description=f"byte-level BPE, vocab {vocab_size}",
         resources={"num_cpus": 1},
     )
@@ -74,25 +90,31 @@ def default_tokenize(
     text_field: str = "text",
     max_doc_bytes: int = 8_000_000,
     shard_max_tokens: int = 64 * 1024 * 1024,
+    on_corrupt: str = "skip",
+    max_corrupt_fraction: float = 0.01,
 ):
     """Tokenize the documents under ``source`` (a step or a path) with ``tokenizer`` (a step or a
     path to tokenizer.json / its directory) into a token store. ``sources`` maps source names to
-    locations under ``source``; None discovers one source per directory (K40 layout: domain/bucket)."""
+    locations under ``source``; None discovers one source per directory (K40 layout: domain/bucket).
+    ``on_corrupt="skip"`` leaves corrupt files out of the store (listed in its manifest) while at most
+    ``max_corrupt_fraction`` of them are corrupt; ``"fail"`` fails the step on any corrupt file."""
     from marin.data.tokenize import TokenizeConfig, tokenize
-    from marin.execution import ExecutorStep, this_output_path, versioned
+    from marin.execution import ExecutorStep, this_output_path
 
     return ExecutorStep(
         name=name,
         fn=tokenize,
-        config=TokenizeConfig(
+        config=_versioned_config(TokenizeConfig(
             input_path=_data_input(source),
             tokenizer=_data_input(tokenizer),
             output_path=this_output_path(),
-            sources=versioned(None if sources is None else dict(sources)),
-            text_field=versioned(text_field),
-            max_doc_bytes=versioned(max_doc_bytes),
-            shard_max_tokens=versioned(shard_max_tokens),
-        ),
+            sources=None if sources is None else dict(sources),
+            text_field=text_field,
+            max_doc_bytes=max_doc_bytes,
+            shard_max_tokens=shard_max_tokens,
+            on_corrupt=on_corrupt,
+            max_corrupt_fraction=max_corrupt_fraction,
+        ), keep=TOKENIZE_UNVERSIONED),
         description=f"tokenize {name}",
         resources={"num_cpus": 1},
     )
@@ -113,17 +135,16 @@ def default_mixture(
     versioned so changing the mixture changes the training step's hash, never the stores'."""
     from marin.data.mixture import MixtureConfig
 
-    return MixtureConfig(
+    return _versioned_config(MixtureConfig(
         stores=tuple(_data_input(t) for t in tokenized),
-        domain_weights=_versioned_or_none(domain_weights),
-        quality_weights=_versioned_or_none(quality_weights),
-        domain_quality_weights=_versioned_or_none(
-            {d: dict(w) for d, w in domain_quality_weights.items()} if domain_quality_weights else {}),
-        stages=_versioned_or_none(tuple(stages)) or (),
-        seed=_versioned_or_none(seed),
-        validation_fraction=_versioned_or_none(validation_fraction),
-        validation_max_documents=_versioned_or_none(validation_max_documents),
-    )
+        domain_weights=None if domain_weights is None else dict(domain_weights),
+        quality_weights=None if quality_weights is None else dict(quality_weights),
+        domain_quality_weights={d: dict(w) for d, w in (domain_quality_weights or {}).items()},
+        stages=tuple(stages),
+        seed=seed,
+        validation_fraction=validation_fraction,
+        validation_max_documents=validation_max_documents,
+    ), keep=("stores",))
 
 
 def default_mixture_report(name: str, mixture, total_tokens: int | None = None):
@@ -140,10 +161,27 @@ def default_mixture_report(name: str, mixture, total_tokens: int | None = None):
     )
 
 
-def _versioned_or_none(x):
+# What a data step may leave out of its version: how the work is spread, never what it writes (the
+# output is byte-identical with or without Ray, whatever the CPUs per task). batch_docs is versioned:
+# shards are cut at batch boundaries, so it changes the files.
+TOKENIZE_UNVERSIONED = ("input_path", "tokenizer", "output_path", "num_cpus_per_task", "show_progress", "use_ray")
+
+
+def _versioned_config(config, keep: _Sequence[str] = ()):
+    """``config`` (a dataclass) with every field wrapped in ``versioned`` except those in ``keep``
+    (placeholders and settings that do not change what the step writes). Versioning by default means
+    a field added to a config later is in the version unless someone decides otherwise. Built
+    without ``__init__`` (checks there need plain values); the executor rebuilds the config through
+    ``__init__`` when it resolves the placeholders, so each field is its own leaf (``model.n_layers``)."""
+    import dataclasses
+
     from marin.execution import versioned
 
-    return None if x is None else versioned(dict(x) if isinstance(x, _Mapping) else x)
+    out = object.__new__(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        object.__setattr__(out, f.name, value if f.name in keep else versioned(value))
+    return out
 
 
 # --- training track (default_train and friends) ------------------------------------------------
@@ -214,7 +252,7 @@ def default_train(
         output_path=this_output_path(),
         data=data,
         # one versioned leaf per field, so `marin explain` names the field that changed (model.n_layers)
-        model=_versioned_fields(resolved),
+        model=_versioned_config(resolved),
         preset=versioned(model),
         pool=pool,
         seed=versioned(seed),
@@ -247,20 +285,6 @@ def default_train(
         # pool's hosts need.
         resources={"num_cpus": 0},
     )
-
-
-def _versioned_fields(obj):
-    """A copy of dataclass ``obj`` with every field wrapped in ``versioned``: each field becomes its
-    own leaf of the step's version. Built without ``__init__`` (its checks need plain values); the
-    executor rebuilds it through ``__init__`` when it resolves the placeholders."""
-    import dataclasses
-
-    from marin.execution import versioned
-
-    out = object.__new__(type(obj))
-    for f in dataclasses.fields(obj):
-        object.__setattr__(out, f.name, versioned(getattr(obj, f.name)))
-    return out
 
 
 # --- review (health of a run against the seed's healthy ranges) --------------------------------

@@ -110,6 +110,17 @@ class TrainConfig:
             object.__setattr__(self, "preset", self.preset or self.model)
             object.__setattr__(self, "model", resolve_model(self.model, self.model_overrides, self.compute_dtype,
                                                             tuple(self.seq_len_phases)))
+        elif self.model_overrides or self.compute_dtype is not None:
+            # e.g. dataclasses.replace(config, model_overrides=...) on a resolved config: never ignore it
+            wanted = dict(self.model_overrides)
+            if self.compute_dtype is not None:
+                wanted["dtype"] = self.compute_dtype
+            differ = {k: v for k, v in wanted.items() if getattr(self.model, k, v) != v}
+            if differ:
+                raise ValueError(
+                    f"model_overrides/compute_dtype {differ} disagree with the resolved model; the model is "
+                    "resolved once, so pass model=<preset name> (or a MoEConfig with these values) to change it"
+                )
 
     def lr_schedule(self) -> LRSchedule:
         return LRSchedule(

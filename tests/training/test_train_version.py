@@ -109,3 +109,13 @@ def test_explain_names_the_preset_field_that_changed(tmp_path, monkeypatch):
     assert rows["t/train"]["would_run"]
     assert "versioned field model.n_layers changed: 4 -> 6" in rows["t/train"]["reasons"]
     assert rows["t/health"]["would_run"]
+
+
+def test_a_preset_name_is_resolved_once_and_later_overrides_are_not_ignored():
+    cfg = TrainConfig(output_path="x", data=SyntheticDataConfig(), model="tiny", model_overrides={"n_layers": 2},
+                      compute_dtype="bfloat16", seq_len_phases=((0.0, 512),))
+    assert cfg.preset == "tiny"
+    assert cfg.model == model_config.get_preset("tiny", n_layers=2, dtype="bfloat16", max_seq_len=512)
+    assert dataclasses.replace(cfg, seed=1).model == cfg.model
+    with pytest.raises(ValueError, match=r"model_overrides/compute_dtype \{'n_layers': 3\} disagree with the resolved"):
+        dataclasses.replace(cfg, model_overrides={"n_layers": 3})

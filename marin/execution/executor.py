@@ -243,9 +243,20 @@ def _join_failure(address: str, token: str | None, exc: BaseException) -> str:
             "(or set RAY_AUTH_TOKEN) and rerun")
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (read from /proc; empty where there is none)."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
+def _proc_stat(pid: int | str) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state, ppid, ..., starttime at index 19)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    """``(pid, start time)`` of every process below ``pid`` (from /proc; empty where there is none).
+
+    The start time identifies a process for later signals even if its pid is reused meanwhile."""
+    children: dict[int, list[tuple[int, str]]] = collections.defaultdict(list)
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -253,18 +264,21 @@ def _descendants(pid: int) -> list[int]:
     for entry in entries:
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+        stat = _proc_stat(entry)
+        if stat is None or len(stat) < 20:
             continue
-        children[ppid].append(int(entry))
+        children[int(stat[1])].append((int(entry), stat[19]))
     out, stack = [], [pid]
     while stack:
         for child in children.get(stack.pop(), []):
             out.append(child)
-            stack.append(child)
+            stack.append(child[0])
     return out
+
+
+def _still_running(proc: tuple[int, str]) -> bool:
+    stat = _proc_stat(proc[0])
+    return stat is not None and len(stat) >= 20 and stat[19] == proc[1] and stat[0] != "Z"
 
 
 def shutdown_local_ray(grace_s: float = 5.0) -> None:
@@ -272,40 +286,32 @@ def shutdown_local_ray(grace_s: float = 5.0) -> None:
 
     ``ray.shutdown`` stops the processes ``ray.init`` started (GCS, raylet, ...), but the dashboard
     and runtime-env agents are the raylet's children and notice its death only by polling, so they
-    would outlive the run by minutes. They are ours (started for this run), so we stop them by pid."""
+    would outlive the run by minutes. They are ours (started for this run), so we stop them by pid
+    (checking each one's start time, so a reused pid is never signalled)."""
     import ray
 
     node = getattr(ray._private.worker, "_global_node", None)
-    owned: list[int] = []
+    owned: list[tuple[int, str]] = []
     if node is not None:
         for name in ("raylet", "gcs_server"):
             for info in node.all_processes.get(name, []):
                 if info.process is not None:
                     owned += _descendants(info.process.pid)
     ray.shutdown(wait_for_processes=True)
-    deadline = time.monotonic() + grace_s
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = []
-        for pid in owned:
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
+        alive = [p for p in owned if _still_running(p)]
+        for pid, _ in alive:
             try:
                 os.kill(pid, sig)
-                alive.append(pid)
             except (ProcessLookupError, PermissionError):
                 pass
+        deadline = time.monotonic() + wait_s
         while alive and time.monotonic() < deadline:
-            alive = [p for p in alive if os.path.exists(f"/proc/{p}") and not _is_zombie(p)]
             time.sleep(0.05)
+            alive = [p for p in alive if _still_running(p)]
         if not alive:
             return
-        owned, deadline = alive, time.monotonic() + 1.0
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+        owned = alive
 
 
 def _execute_step(fn: Any, config: Any, output_path: str) -> None:

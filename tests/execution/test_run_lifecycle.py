@@ -167,7 +167,7 @@ def test_address_joins_a_cluster_started_with_token_authentication(tmp_path):
     import shutil
     import tempfile
 
-    from marin.execution.executor import _descendants
+    from marin.execution.executor import _descendants, _still_running
 
     exp = write_experiment(tmp_path)
     home, empty_home = tmp_path / "home", tmp_path / "empty-home"
@@ -209,9 +209,7 @@ def test_address_joins_a_cluster_started_with_token_authentication(tmp_path):
             head.wait(60)
         except subprocess.TimeoutExpired:
             head.kill()
-        for pid in spawned:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for proc in spawned:
+            if _still_running(proc):  # same pid and start time: still the process the cluster started
+                os.kill(proc[0], signal.SIGKILL)
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -73,7 +73,7 @@ def test_every_field_that_can_change_the_output_is_a_leaf():
     assert _leaves(_tokenized()) == _fields(TokenizeConfig) - set(TOKENIZE_UNVERSIONED) | {"input_path", "tokenizer",
                                                                                           "output_path"}
     mixture_leaves = _fields(MixtureConfig, "mixture.") - {"mixture.stores"} | {"mixture.stores[0]"}
-    assert _leaves(_report()) == mixture_leaves | {"output_path", "total_tokens"}
+    assert _leaves(_report()) == mixture_leaves | {"output_path", "total_tokens", "total_steps"}
     assert {"data" + leaf[len("mixture"):] for leaf in mixture_leaves} <= _leaves(_train())
 
 
@@ -89,7 +89,7 @@ CASES = {
         {"domain_weights": {"council": 2.0}}, {"quality_weights": {"q1": 0.5}},
         {"domain_quality_weights": {"council": {"q1": 2.0}}}, {"stages": (MixtureStage(10, {"council": 1.0}),)},
         {"seed": 1}, {"validation_fraction": 0.1}, {"validation_max_documents": 10}]),
-    "mixture_report_tokens": (lambda **kw: _report(**kw), [{"total_tokens": 1000}]),
+    "mixture_report_tokens": (lambda **kw: _report(**kw), [{"total_tokens": 1000}, {"total_steps": 500}]),
     "health": (lambda **kw: default_health_report("c/health", _train(), **kw), [{"total_steps": 7}]),
 }
 

@@ -40,15 +40,14 @@ def test_hero_matches_the_published_run(tmp_path):
 
 def test_ladder_rungs_spend_their_published_budgets(tmp_path):
     from experiments.ladder import RUNGS
-    from marin.models.config import get_preset
     from marin.scaling.recipe import run_flops
 
     _, trains = _train_configs("ladder", str(tmp_path))
     assert sorted(trains) == sorted(f"ladder/{r.name}" for r in RUNGS)
     for rung in RUNGS:
         cfg = trains[f"ladder/{rung.name}"]
-        model = get_preset(cfg.model, **cfg.model_overrides)
-        assert model == rung.model and model.d_model == int(rung.name[1:])
+        model = cfg.model  # resolved when the step was declared (max_seq_len raised to the longest phase)
+        assert model.replace(max_seq_len=rung.model.max_seq_len) == rung.model and model.d_model == int(rung.name[1:])
         spent = run_flops(model, cfg.train_steps, cfg.tokens_per_step, cfg.seq_len_phases)
         assert spent == pytest.approx(rung.flops_budget, rel=0.01)
         assert cfg.seq_len_phases == ((0.0, 4096), (0.5, 8192), (0.95, 65536))  # the hero's schedule shape

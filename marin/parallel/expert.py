@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from marin.kernels.cpu import swiglu_bwd, swiglu_fwd, swiglu_reference, use_kernel
-from marin.parallel.mesh import DATA, EXPERT, TOKEN_AXES, sum_to_type_of, vary_like
+from marin.parallel.mesh import DATA, EXPERT, TOKEN_AXES, compute_platform, sum_to_type_of, vary_like
 
 EP_TRANSPORTS = ("fixed", "dropless", "ragged")
 
@@ -281,7 +281,7 @@ def grouped_swiglu(rows, row_expert, w_gate, w_up, w_down, impl: str | None = No
     impl "ragged": jax.lax.ragged_dot on rows sorted by expert (the GPU / TPU grouped GEMM).
     """
     if impl is None:
-        impl = "capacity" if jax.default_backend() == "cpu" else "ragged"
+        impl = "capacity" if compute_platform() == "cpu" else "ragged"
     n, d = rows.shape
     n_exp = w_gate.shape[0]
     row_expert = row_expert.astype(jnp.int32)
@@ -397,7 +397,7 @@ capacity_moe.defvjp(_capacity_moe_fwd, _capacity_moe_bwd)
 # ---- local ----------------------------------------------------------------------------------
 def local_moe(x, expert_ids, weights, experts, impl=None):
     t, k = expert_ids.shape
-    if impl == "fused" or (impl is None and FUSED_LOCAL and jax.default_backend() == "cpu"):
+    if impl == "fused" or (impl is None and FUSED_LOCAL and compute_platform() == "cpu"):
         y = capacity_moe(capacity_buckets(t * k / experts["gate"].shape[0]), x, expert_ids,
                          weights.astype(x.dtype), experts["gate"], experts["up"], experts["down"])
         zero = jnp.zeros((), jnp.float32)
@@ -568,7 +568,7 @@ def ep_moe(x, expert_ids, weights, experts, mesh, *, n_experts: int, transport: 
         raise ValueError(f"n_experts={n_experts} is not divisible by the expert axis size {ep}")
     if transport == "ragged":
         if emulate_ragged is None:
-            emulate_ragged = mesh.devices.flat[0].platform == "cpu"
+            emulate_ragged = compute_platform() == "cpu"
         body = partial(_ragged_body, n_experts=n_experts, ep=ep, impl=impl, emulate=emulate_ragged)
     elif transport in ("fixed", "dropless"):
         cf = capacity_factor if transport == "fixed" else None

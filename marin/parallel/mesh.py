@@ -7,6 +7,9 @@ hero run: EP 64, data 11). All other parameters are replicated.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
@@ -17,6 +20,28 @@ TOKEN_AXES = (DATA, EXPERT)  # the batch / token dimension is split over both ax
 
 # parameter leaves (under params["blocks"]) whose axis 1 (after the stacked-layer axis) is the expert axis
 EXPERT_LEAVES = ("expert_gate", "expert_up", "expert_down")
+
+
+_LOWERING_FOR: list[str] = []
+
+
+def compute_platform() -> str:
+    """The platform the program being traced will run on: this process's default backend, or the one
+    an enclosing `lowering_for` names. Platform-specific choices (CPU kernels, the grouped-matmul
+    implementation, the emulated ragged all_to_all) ask this, not the process, so a CPU-only machine
+    traces exactly the program a GPU host would run."""
+    return _LOWERING_FOR[-1] if _LOWERING_FOR else jax.default_backend()
+
+
+@contextlib.contextmanager
+def lowering_for(platform: str) -> Iterator[None]:
+    """Trace for ``platform`` ("cuda", "rocm", "cpu", ...) inside this block (e.g. to lower the GPU
+    train step with ``lowering_platforms=("cuda",)`` on a machine without a GPU)."""
+    _LOWERING_FOR.append("gpu" if platform in ("cuda", "rocm") else platform)
+    try:
+        yield
+    finally:
+        _LOWERING_FOR.pop()
 
 
 def make_mesh(data: int, expert: int, devices=None) -> Mesh:

@@ -52,7 +52,7 @@ def abstract_batch(mesh, batch_size: int, seq_len: int) -> tuple[jax.ShapeDtypeS
 
 
 def lower_train_step(config: TrainConfig, cfg, mesh_shape: tuple[int, int], transport: str, *, batch_size: int,
-                     seq_len: int, platform: str = "cuda", mesh=None):
+                     seq_len: int, platform: str = "cuda", mesh=None, microbatches: int = 1):
     """The jitted train step of ``transport``, traced for ``platform`` and lowered (not compiled).
 
     ``mesh`` defaults to an abstract mesh of ``mesh_shape``; pass a concrete one to compile the
@@ -62,7 +62,7 @@ def lower_train_step(config: TrainConfig, cfg, mesh_shape: tuple[int, int], tran
     mesh = abstract_mesh(*mesh_shape) if mesh is None else mesh
     with lowering_for(platform):
         state, shardings = abstract_state(config, cfg, mesh)
-        step = _build_train_step(config, cfg, mesh, transport, shardings)
+        step = _build_train_step(config, cfg, mesh, transport, shardings, microbatches)
         traced = step.trace(state, *abstract_batch(mesh, batch_size, seq_len))
         return traced.lower(lowering_platforms=(platform,))
 

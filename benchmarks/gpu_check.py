@@ -6,7 +6,8 @@
 1. JAX must see a GPU (else: one JSON line with "error" and exit 1);
 2. for each EP transport (fixed, dropless, ragged: the real ``jax.lax.ragged_all_to_all``) the real
    train step (loss, grads, AdamW, router bias update) of a d2048-like model (d2048 with 4 layers
-   and 64 experts, 16 sequences of 4,096 tokens, bf16) runs in its own process: tokens/s and MFU
+   and 64 experts, 16 sequences of 4,096 tokens, bf16; the microbatch count the memory planner picks,
+   as the trainer would) runs in its own process: tokens/s and MFU
    over the device's peak, and the device's peak memory (``memory_stats()["peak_bytes_in_use"]``)
    against the memory planner's estimate of the same step;
 3. the last line printed is one JSON object: {"gpu_mfu", "transports": {t: {"tokens_per_s", "mfu",
@@ -57,14 +58,23 @@ def run_transport(transport: str, cpu_smoke: bool) -> dict:
     from marin.training.metrics import mfu, peak_flops_per_device
     from marin.training.planning import memory_plan
     from marin.training.pools import get_pool
-    from marin.training.trainer import _place, init_host_state, make_train_step, model_config, state_shardings, synthetic_batch
+    from marin.training.trainer import (
+        _place,
+        init_host_state,
+        make_train_step,
+        microbatches_for,
+        model_config,
+        state_shardings,
+        synthetic_batch,
+    )
 
     model, overrides, pool_name, tokens_per_step, seq_len, dtype, steps = CPU_CASE if cpu_smoke else GPU_CASE
     pool = get_pool(pool_name)
     config = TrainConfig(output_path="", data=SyntheticDataConfig(), model=model, model_overrides=overrides,
                          pool=pool_name, tokens_per_step=tokens_per_step, seq_len_phases=((0.0, seq_len),),
-                         compute_dtype=dtype, wandb_project=None, microbatches=1)
+                         compute_dtype=dtype, wandb_project=None)
     cfg = model_config(config)
+    n_micro = microbatches_for(config, cfg, pool, seq_len, transport)  # what the trainer would pick
     data = SyntheticDataConfig(vocab_size=cfg.vocab_size)
     mesh = make_mesh(*pool.mesh)
     host = init_host_state(config, cfg)
@@ -77,7 +87,7 @@ def run_transport(transport: str, cpu_smoke: bool) -> dict:
         placed.append((_place(b["tokens"], sharding), _place(b["segment_ids"], sharding)))
     state = _place(host, shardings)
     del host
-    step = make_train_step(config, cfg, mesh, transport, shardings, 1)
+    step = make_train_step(config, cfg, mesh, transport, shardings, n_micro)
     lr = jnp.float32(1e-3)
     t0 = time.perf_counter()
     for tokens, segs in placed[:2]:  # compile + one warm step
@@ -100,9 +110,10 @@ def run_transport(transport: str, cpu_smoke: bool) -> dict:
         measured = int(ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
                        + ma.temp_size_in_bytes)
         measured_by = "compiled.memory_analysis"
-    planned = memory_plan(cfg, pool, tokens_per_step, seq_len, 1, transport)
+    planned = memory_plan(cfg, pool, tokens_per_step, seq_len, n_micro, transport)
     return {
         "transport": transport,
+        "microbatches": n_micro,
         "tokens_per_s": round(tps, 1),
         "mfu": round(mfu(tps, fpt, pool.num_devices, peak_flops_per_device(pool.accelerator)), 4),
         "step_s": round(elapsed / steps, 4),
@@ -187,7 +198,8 @@ def main(argv=None) -> int:
         print(f"{transport}: {r['tokens_per_s']:,.0f} tokens/s, MFU {r['mfu']:.1%}, planned "
               f"{r['planned_bytes'] / 2**30:.2f} GiB vs measured {r['measured_bytes'] / 2**30:.2f} GiB",
               file=sys.stderr, flush=True)
-        out["transports"][transport] = {k: r[k] for k in ("tokens_per_s", "mfu", "step_s", "compile_and_warmup_s",
+        out["transports"][transport] = {k: r[k] for k in ("tokens_per_s", "mfu", "microbatches", "step_s",
+                                                          "compile_and_warmup_s",
                                                           "loss", "drop_frac_send", "device", "backend")}
         out["planner_vs_measured_memory"][transport] = {
             "planned_bytes": r["planned_bytes"], "measured_bytes": r["measured_bytes"],

@@ -57,3 +57,14 @@ def test_check_catches_cpu_kernels_on_a_cpu_lowering():
     text = _lower("tiny-ep", (2, 4), "fixed", seq_len=32, platform="cpu")
     assert any(t.startswith("marin_") for t in forbidden_ops(text)), custom_call_targets(text)
     assert not any(t.startswith("marin_") for t in forbidden_ops(_lower("tiny-ep", (2, 4), "fixed", 32)))
+
+
+@pytest.mark.parametrize("transport", ["fixed", "dropless", "ragged"])
+def test_accumulating_train_step_lowers_for_cuda(transport):
+    """Gradient accumulation (the planner picks microbatches > 1 on GPU pools) on the one-rack mesh."""
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="d2048", model_overrides={"n_layers": 2},
+                         seq_len_phases=((0.0, 256),), wandb_project=None)
+    text = lower_train_step(config, model_config(config), (1, 64), transport, batch_size=4 * 64, seq_len=256,
+                            microbatches=4).as_text()
+    assert forbidden_ops(text) == []
+    assert text.count("stablehlo.while") >= 2  # the microbatch scan around the layer scan

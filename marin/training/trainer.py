@@ -297,7 +297,8 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
     state = _place(host_state, shardings)
     del host_state
     peak = peak_flops_per_device(pool.accelerator)
-    compiled: dict[str, Any] = {}
+    compiled: dict[Any, Any] = {}
+    micro: dict[tuple[int, str], int] = {}  # microbatch count per (seq_len, transport) phase
     sharding = batch_sharding(mesh)
     last: dict[str, Any] = {}
     t_prev = time.perf_counter()
@@ -306,7 +307,9 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
         while step < total:
             seq_len, batch_size = seq_len_at(step, total, seq_sched)
             transport = transport_at(step, transport_sched)
-            n_micro = microbatches_for(config, cfg, pool, seq_len, transport)
+            if (seq_len, transport) not in micro:
+                micro[seq_len, transport] = microbatches_for(config, cfg, pool, seq_len, transport)
+            n_micro = micro[seq_len, transport]
             if (transport, n_micro) not in compiled:
                 compiled[transport, n_micro] = make_train_step(config, cfg, mesh, transport, shardings, n_micro)
             batch = batch_fn(step, batch_size, seq_len)

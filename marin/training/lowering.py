@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import AbstractMesh, AxisType, NamedSharding
+from jax.sharding import AbstractMesh, AxisType
 
 from marin.parallel.mesh import DATA, EXPERT, batch_sharding, lowering_for, replicated
 from marin.training.config import TrainConfig

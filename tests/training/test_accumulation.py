@@ -10,7 +10,14 @@ from marin.models.transformer import loss_and_stats
 from marin.parallel.mesh import batch_sharding, make_mesh
 from marin.training.accumulate import accumulate, split_microbatches
 from marin.training.config import SyntheticDataConfig, TrainConfig
-from marin.training.trainer import _place, init_host_state, make_train_step, model_config, state_shardings, synthetic_batch
+from marin.training.trainer import (
+    _place,
+    init_host_state,
+    make_train_step,
+    model_config,
+    state_shardings,
+    synthetic_batch,
+)
 
 
 def _run(transport, microbatches, pool_mesh=(2, 4), steps=3, model="tiny-ep"):
@@ -26,8 +33,8 @@ def _run(transport, microbatches, pool_mesh=(2, 4), steps=3, model="tiny-ep"):
     out = []
     for i in range(steps):
         b = synthetic_batch(config.data, i, 64, 32)
-        state, m = step(state, _place(b["tokens"], batch_sharding(mesh)), _place(b["segment_ids"], batch_sharding(mesh)),
-                        jnp.float32(3e-3))
+        sharding = batch_sharding(mesh)
+        state, m = step(state, _place(b["tokens"], sharding), _place(b["segment_ids"], sharding), jnp.float32(3e-3))
         out.append({k: float(v) for k, v in m.items()})
     return out, jax.device_get(state)
 

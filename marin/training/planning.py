@@ -32,7 +32,7 @@ import math
 import os
 from typing import Any
 
-from marin.models.config import MoEConfig, count_params, flops_per_token, get_preset
+from marin.models.config import TRANSPORTS, MoEConfig, count_params, flops_per_token, get_preset
 from marin.training.pools import POOLS, PoolSpec, get_pool
 
 GiB = 1 << 30
@@ -126,6 +126,8 @@ def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: i
                 transport: str | None = None) -> dict[str, Any]:
     """Per-device bytes of one train step (see the module docstring for the parts)."""
     transport = transport or cfg.transport
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown transport {transport!r}; choose from {TRANSPORTS}")
     data, ep = pool.mesh
     n = pool.num_devices
     if transport == "local":

@@ -124,6 +124,8 @@ def test_cli_table_and_errors(capsys):
         assert needle in text
     assert main(["plan", "tiny-ep", "--pool", "local-cpu", "--tokens-per-step", "100", "--seq-len", "64"]) == 2
     assert "do not split over 8 devices" in capsys.readouterr().err
+    assert main(["plan", "tiny-ep", "--pool", "local-cpu", "--transport", "pigeon"]) == 2
+    assert "unknown transport 'pigeon'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["plan", "tiny-ep", "--pool", "no-such-pool"])
     assert "invalid choice: 'no-such-pool'" in capsys.readouterr().err

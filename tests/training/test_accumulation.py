@@ -22,7 +22,7 @@ from marin.training.trainer import (
 
 def _run(transport, microbatches, pool_mesh=(2, 4), steps=3, model="tiny-ep"):
     config = TrainConfig(output_path="", data=SyntheticDataConfig(), model=model, tokens_per_step=64 * 32,
-                         model_overrides={"n_layers": 2},
+                         model_overrides={"n_layers": 1},
                          seq_len_phases=((0.0, 32),), wandb_project=None, microbatches=microbatches)
     cfg = model_config(config)
     mesh = make_mesh(*pool_mesh)
@@ -57,7 +57,7 @@ def test_microbatch_stats_aggregate_to_the_whole_batch():
     """Expert load sums, margin histograms sum and give the whole batch's bias target, and drop
     fractions (fixed transport at a capacity that drops) are total drops over total assignments."""
     config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="tiny-ep",
-                         model_overrides={"capacity_factor": 0.6, "n_layers": 2}, wandb_project=None)
+                         model_overrides={"capacity_factor": 0.6, "n_layers": 1}, wandb_project=None)
     cfg = model_config(config)
     mesh = make_mesh(2, 4)
     host = init_host_state(config, cfg)

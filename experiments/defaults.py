@@ -222,6 +222,8 @@ def default_train(
     wandb_project: str | None = "marin",
     log_every: int = 1,
     description: str | None = None,
+    microbatches: int | None = None,
+    memory_check: str = "error",
 ):
     """A training step: ``model`` preset (+ ``model_overrides``) on ``mixture`` over ``pool``.
 
@@ -229,7 +231,10 @@ def default_train(
     (the hero: ``((0, 4096), (0.5, 8192), (0.95, 65536))``). ``lr_replans`` are ``(at_step,
     new_total_steps)`` pairs; ``transport_switches`` are ``(step, transport)`` pairs, e.g.
     ``((0, "fixed"), (81716, "dropless"))``. ``mixture`` may also be a
-    ``marin.training.SyntheticDataConfig`` for tests.
+    ``marin.training.SyntheticDataConfig`` for tests. ``microbatches`` splits each step for gradient
+    accumulation (default: the smallest count the memory planner says fits; not versioned).
+    ``memory_check`` ("error", "warn" or "off"): what to do at declaration time when the planner says
+    a phase of the run does not fit its pool's device memory.
 
     The step's version holds the resolved model (every ``MoEConfig`` field after the preset,
     ``model_overrides`` and ``compute_dtype``; z-loss weight, router-bias update and rate, capacity
@@ -245,6 +250,11 @@ def default_train(
     from marin.training.config import SyntheticDataConfig
 
     get_pool(pool)  # fail at declaration time on a typo, not inside a Ray task
+    _check_train_memory(memory_check, TrainConfig(
+        output_path="", data=None, model=model, model_overrides=dict(model_overrides or {}), pool=pool,
+        train_steps=train_steps, tokens_per_step=tokens_per_step, compute_dtype=compute_dtype,
+        seq_len_phases=tuple((float(f), int(n)) for f, n in seq_len_phases), microbatches=microbatches,
+        transport_switches=tuple((int(s), str(t)) for s, t in transport_switches)))
     # default_mixture versions its own fields; a synthetic stream is versioned whole.
     data = versioned(mixture) if isinstance(mixture, SyntheticDataConfig) else mixture
     phases = tuple((float(f), int(n)) for f, n in seq_len_phases)
@@ -276,6 +286,7 @@ def default_train(
         keep_every_steps=keep_every_steps,
         wandb_project=wandb_project,
         log_every=log_every,
+        microbatches=microbatches,
     )
     return ExecutorStep(
         name=name,
@@ -286,6 +297,25 @@ def default_train(
         # pool's hosts need.
         resources={"num_cpus": 0},
     )
+
+
+def _check_train_memory(mode: str, config) -> None:
+    """Plan-time memory check of a training step (marin.training.planning): a step that cannot fit
+    its pool fails when the experiment file is read (dry runs included), not on 176 hosts."""
+    import warnings
+
+    from marin.training.planning import StepDoesNotFit, check_train_config_fits
+
+    if mode not in ("error", "warn", "off"):
+        raise ValueError(f"memory_check must be 'error', 'warn' or 'off', got {mode!r}")
+    if mode == "off":
+        return
+    try:
+        check_train_config_fits(config)
+    except StepDoesNotFit as e:
+        if mode == "error":
+            raise
+        warnings.warn(str(e), stacklevel=3)
 
 
 # --- review (health of a run against the seed's healthy ranges) --------------------------------

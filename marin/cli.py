@@ -7,6 +7,7 @@
     marin report [EXPERIMENT.py] [--prefix P] [-o report.html]   one self-contained HTML report
     marin watch [--prefix P]                     live status (same as marin status --watch)
     marin model-info PRESET [--json]             parameter and FLOP counts of a model preset
+    marin plan PRESET --pool P [--json]          per-device memory of a train step, and its compute cost
 
 Every command takes --help; status, show and explain take --json for scripts.
 """
@@ -255,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", dest="name", help="with --prefix: the experiment record to report (e.g. quickstart)")
     p.add_argument("-o", "--output", default="report.html", help="where to write the report (default: report.html)")
     sub.add_parser("model-info", help="parameter and FLOP counts of a model preset", add_help=False)
+    sub.add_parser("plan", help="will a training step fit its pool, and what will the run cost", add_help=False)
     return parser
 
 
@@ -270,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         from marin.models.cli import model_info_main
 
         return model_info_main(argv[1:])
+    if argv[0] == "plan":
+        from marin.training.planning import plan_main
+
+        return plan_main(argv[1:])
     args = parser.parse_args(argv)
     try:
         return {"status": cmd_status, "show": cmd_show, "explain": cmd_explain, "report": cmd_report,

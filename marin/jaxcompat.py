@@ -5,6 +5,9 @@ They sit below both :mod:`marin.kernels` and :mod:`marin.parallel`, so neither h
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import jax
 
 
@@ -27,3 +30,25 @@ def sum_to_type_of(ct, primal):
     transpose of the implicit broadcast of a replicated input, e.g. expert weights over "data")."""
     extra = tuple(sorted(varying_axes(ct) - varying_axes(primal)))
     return jax.lax.psum(ct, extra) if extra else ct
+
+
+_LOWERING_FOR: list[str] = []
+
+
+def compute_platform() -> str:
+    """The platform the program being traced will run on: this process's default backend, or the one
+    an enclosing `lowering_for` names. Platform-specific choices (CPU kernels, the grouped-matmul
+    implementation, the emulated ragged all_to_all) ask this, not the process, so a CPU-only machine
+    traces exactly the program a GPU host would run."""
+    return _LOWERING_FOR[-1] if _LOWERING_FOR else jax.default_backend()
+
+
+@contextlib.contextmanager
+def lowering_for(platform: str) -> Iterator[None]:
+    """Trace for ``platform`` ("cuda", "rocm", "cpu", ...) inside this block (e.g. to lower the GPU
+    train step with ``lowering_platforms=("cuda",)`` on a machine without a GPU)."""
+    _LOWERING_FOR.append("gpu" if platform in ("cuda", "rocm") else platform)
+    try:
+        yield
+    finally:
+        _LOWERING_FOR.pop()

@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from marin import nativebuild
-from marin.jaxcompat import vary_like
+from marin.jaxcompat import compute_platform, vary_like
 
 SOURCE = Path(__file__).with_name("grouped_gemm.cc")
 TARGET = "marin_grouped_gemm"
@@ -111,7 +111,7 @@ def _einsum(a, b, trans_a: bool, trans_b: bool):
 
 def use_kernel(*arrays) -> bool:
     """f32 operands in a CPU process with the kernel built (a GPU process never builds it)."""
-    return (all(a.dtype == jnp.float32 for a in arrays) and jax.default_backend() == "cpu"
+    return (all(a.dtype == jnp.float32 for a in arrays) and compute_platform() == "cpu"
             and available())
 
 

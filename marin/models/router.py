@@ -51,18 +51,37 @@ def quantile_bias_target(scores, bias, top_k: int, n_bins: int = 1024):
     from a histogram of the selection margins u (so it is a global sum when T is sharded).
 
     b_e = -q_e where q_e is the value with T*k/E margins above it (linear within the crossing bin)."""
+    hist = margin_histogram(scores, bias, top_k, n_bins)
+    return bias_target_from_histogram(hist, bias, scores.shape[0], top_k)
+
+
+def _margin_range(bias):
+    # u is in (-1 - max b, 1 - min b) since scores are in (0, 1)
+    bias = jax.lax.stop_gradient(bias).astype(jnp.float32)
+    return -1.0 - jnp.max(bias) - 1e-6, 1.0 - jnp.min(bias) + 1e-6
+
+
+def margin_histogram(scores, bias, top_k: int, n_bins: int = 1024):
+    """float32 [E, n_bins]: per expert, how many selection margins fall in each bin of a range fixed
+    by the bias alone. Additive over tokens: the histograms of several microbatches (same params and
+    bias) sum to the histogram of their union."""
     scores = jax.lax.stop_gradient(scores).astype(jnp.float32)
     bias = jax.lax.stop_gradient(bias).astype(jnp.float32)
-    n_tokens, n_experts = scores.shape
+    n_experts = scores.shape[1]
     u = selection_margins(scores, bias, top_k)
-    # u is in (-1 - max b, 1 - min b) since scores are in (0, 1)
-    lo = -1.0 - jnp.max(bias) - 1e-6
-    hi = 1.0 - jnp.min(bias) + 1e-6
+    lo, hi = _margin_range(bias)
     width = (hi - lo) / n_bins
     bins = jnp.clip(jnp.floor((u - lo) / width).astype(jnp.int32), 0, n_bins - 1)
     flat = bins + jnp.arange(n_experts, dtype=jnp.int32)[None, :] * n_bins
     hist = jnp.zeros((n_experts * n_bins,), jnp.float32).at[flat.reshape(-1)].add(1.0)
-    hist = hist.reshape(n_experts, n_bins)
+    return hist.reshape(n_experts, n_bins)
+
+
+def bias_target_from_histogram(hist, bias, n_tokens, top_k: int):
+    """The balancing bias target from a margin histogram over ``n_tokens`` tokens."""
+    n_experts, n_bins = hist.shape
+    lo, hi = _margin_range(bias)
+    width = (hi - lo) / n_bins
     # above[e, j] = number of margins in bins >= j  (i.e. u >= lo + j*width)
     above = jnp.cumsum(hist[:, ::-1], axis=1)[:, ::-1]
     target = n_tokens * top_k / n_experts

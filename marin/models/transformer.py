@@ -137,7 +137,9 @@ def moe_block(x, p, bias, cfg: MoEConfig, mesh, transport: str):
         "assignments": drops["assignments"],
     }
     if cfg.router_bias_update == "quantile":
-        stats["bias_target"] = rt.quantile_bias_target(scores, bias, cfg.top_k, cfg.router_hist_bins)
+        hist = rt.margin_histogram(scores, bias, cfg.top_k, cfg.router_hist_bins)
+        stats["bias_hist"] = hist  # additive over microbatches (gradient accumulation)
+        stats["bias_target"] = rt.bias_target_from_histogram(hist, bias, scores.shape[0], cfg.top_k)
     return out.reshape(b, l, d), stats
 
 
@@ -210,6 +212,7 @@ def loss_and_stats(params, router_bias, tokens, cfg: MoEConfig, *, mesh=None, tr
     }
     if "bias_target" in layer_stats:
         stats["bias_target"] = layer_stats["bias_target"]
+        stats["bias_hist"] = layer_stats["bias_hist"]
     return loss, stats
 
 

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from marin.jaxcompat import sum_to_type_of, vary_like
+from marin.jaxcompat import compute_platform, sum_to_type_of, vary_like
 from marin.kernels.cpu import swiglu_bwd, swiglu_fwd, swiglu_reference, use_kernel
 from marin.models.config import TRANSPORTS
 from marin.parallel.mesh import DATA, EXPERT, TOKEN_AXES
@@ -282,7 +282,7 @@ def grouped_swiglu(rows, row_expert, w_gate, w_up, w_down, impl: str | None = No
     impl "ragged": jax.lax.ragged_dot on rows sorted by expert (the GPU / TPU grouped GEMM).
     """
     if impl is None:
-        impl = "capacity" if jax.default_backend() == "cpu" else "ragged"
+        impl = "capacity" if compute_platform() == "cpu" else "ragged"
     n, d = rows.shape
     n_exp = w_gate.shape[0]
     row_expert = row_expert.astype(jnp.int32)
@@ -398,7 +398,7 @@ capacity_moe.defvjp(_capacity_moe_fwd, _capacity_moe_bwd)
 # ---- local ----------------------------------------------------------------------------------
 def local_moe(x, expert_ids, weights, experts, impl=None):
     t, k = expert_ids.shape
-    if impl == "fused" or (impl is None and jax.default_backend() == "cpu"):  # CPU: the fused capacity path
+    if impl == "fused" or (impl is None and compute_platform() == "cpu"):  # CPU: the fused capacity path
         y = capacity_moe(capacity_buckets(t * k / experts["gate"].shape[0]), x, expert_ids,
                          weights.astype(x.dtype), experts["gate"], experts["up"], experts["down"])
         zero = jnp.zeros((), jnp.float32)
@@ -569,7 +569,7 @@ def ep_moe(x, expert_ids, weights, experts, mesh, *, n_experts: int, transport: 
         raise ValueError(f"n_experts={n_experts} is not divisible by the expert axis size {ep}")
     if transport == "ragged":
         if emulate_ragged is None:
-            emulate_ragged = mesh.devices.flat[0].platform == "cpu"
+            emulate_ragged = compute_platform() == "cpu"
         body = partial(_ragged_body, n_experts=n_experts, ep=ep, impl=impl, emulate=emulate_ragged)
     elif transport in ("fixed", "dropless"):
         cf = capacity_factor if transport == "fixed" else None

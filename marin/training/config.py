@@ -77,6 +77,10 @@ class TrainConfig:
     # horizon and batch
     train_steps: int = 100
     tokens_per_step: int = 4096
+    # gradient accumulation: the optimizer batch (tokens_per_step) is computed in this many sequential
+    # microbatches to fit device memory; None = the smallest count the memory planner says fits.
+    # Not part of a run's identity: it changes only float summation order.
+    microbatches: int | None = None
     seq_len_phases: tuple[tuple[float, int], ...] = ((0.0, 64),)
     # optimizer (AdamW with global-norm clipping)
     peak_lr: float = 3e-3

@@ -157,31 +157,35 @@ def init_host_state(config: TrainConfig, cfg) -> dict[str, Any]:
 _STEP_CACHE: dict[tuple[Any, ...], Any] = {}
 
 
-def make_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: dict[str, Any]):
+def make_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: dict[str, Any], microbatches: int = 1):
     """The compiled step for one transport (and, through shapes, one seq_len phase).
 
     Memoised per process on everything the traced program depends on, so a resumed or repeated run
     in the same process (tests, benchmarks, a pool retry) reuses the compiled executable.
     """
     key = (config.beta1, config.beta2, config.adam_eps, config.weight_decay, config.grad_clip, cfg, mesh, transport,
-           jax.tree_util.tree_structure(shardings), tuple(jax.tree_util.tree_leaves(shardings)))
+           jax.tree_util.tree_structure(shardings), tuple(jax.tree_util.tree_leaves(shardings)), microbatches)
     if key not in _STEP_CACHE:
-        _STEP_CACHE[key] = _build_train_step(config, cfg, mesh, transport, shardings)
+        _STEP_CACHE[key] = _build_train_step(config, cfg, mesh, transport, shardings, microbatches)
     return _STEP_CACHE[key]
 
 
-def _build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: dict[str, Any]):
+def _build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: dict[str, Any], microbatches: int = 1):
     from marin.models.transformer import loss_and_stats, update_router_bias
+    from marin.training.accumulate import accumulate
 
     tx = make_optimizer(config)
     step_cfg = cfg.replace(transport=transport)
 
     def step(state, tokens, segment_ids, lr):
-        def loss_fn(params):
+        def loss_fn(params, tokens, segment_ids):
             return loss_and_stats(params, state["router_bias"], tokens, step_cfg, mesh=mesh,
                                   transport=transport, segment_ids=segment_ids)
 
-        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        # microbatches > 1: gradient accumulation (marin.training.accumulate), same step up to float order
+        (loss, stats), grads = accumulate(jax.value_and_grad(loss_fn, has_aux=True), state["params"],
+                                          state["router_bias"], tokens, segment_ids, microbatches=microbatches,
+                                          mesh=mesh, top_k=step_cfg.top_k)
         grad_norm = optax.global_norm(grads)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = jax.tree.map(lambda p, u: (p - lr * u).astype(p.dtype), state["params"], updates)
@@ -206,6 +210,17 @@ def _build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings:
 
     rep, batch = replicated(mesh), batch_sharding(mesh)
     return jax.jit(step, donate_argnums=(0,), in_shardings=(shardings, batch, batch, rep), out_shardings=(shardings, rep))
+
+
+def microbatches_for(config: TrainConfig, cfg, pool, seq_len: int, transport: str) -> int:
+    """The run's microbatch count, or the smallest the memory planner says fits this phase (1 when
+    none does: the step then fails with the device's own out-of-memory error)."""
+    if config.microbatches is not None:
+        return int(config.microbatches)
+    from marin.training.planning import plan
+
+    p = plan(cfg, pool, tokens_per_step=config.tokens_per_step, seq_len=seq_len, transport=transport)
+    return p["microbatches"] or 1
 
 
 # ---- the loop -------------------------------------------------------------------------------------
@@ -276,7 +291,8 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
     state = _place(host_state, shardings)
     del host_state
     peak = peak_flops_per_device(pool.accelerator)
-    compiled: dict[str, Any] = {}
+    compiled: dict[Any, Any] = {}
+    micro: dict[tuple[int, str], int] = {}  # microbatch count per (seq_len, transport) phase
     sharding = batch_sharding(mesh)
     last: dict[str, Any] = {}
     t_prev = time.perf_counter()
@@ -285,13 +301,16 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
         while step < total:
             seq_len, batch_size = seq_len_at(step, total, seq_sched)
             transport = transport_at(step, transport_sched)
-            if transport not in compiled:
-                compiled[transport] = make_train_step(config, cfg, mesh, transport, shardings)
+            if (seq_len, transport) not in micro:
+                micro[seq_len, transport] = microbatches_for(config, cfg, pool, seq_len, transport)
+            n_micro = micro[seq_len, transport]
+            if (transport, n_micro) not in compiled:
+                compiled[transport, n_micro] = make_train_step(config, cfg, mesh, transport, shardings, n_micro)
             batch = batch_fn(step, batch_size, seq_len)
             tokens = _place(batch["tokens"], sharding)
             segments = _place(batch["segment_ids"], sharding)
             lr = lr_at(step, lr_sched)
-            new_state, m = compiled[transport](state, tokens, segments, jnp.float32(lr))
+            new_state, m = compiled[transport, n_micro](state, tokens, segments, jnp.float32(lr))
             m = {k: float(v) for k, v in m.items()}  # waits for the step
             if not (math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])):
                 last_good = ckpts.latest_step()

@@ -47,15 +47,23 @@ def _fits(pool, nodes):
     return racks_needed <= 0
 
 
-def test_gb200_manifest_is_generated_from_pools():
+def _render_module():
     # in-process (no fork after JAX may have started threads in this test process)
     spec = importlib.util.spec_from_file_location("render_gb200", os.path.join(INFRA, "render_gb200.py"))
     render = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(render)
+    return render
+
+
+def _render(*argv):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        render.main()
-    out = buf.getvalue()
+        _render_module().main(list(argv))
+    return buf.getvalue()
+
+
+def test_gb200_manifest_is_generated_from_pools():
+    out = _render()
     with open(os.path.join(INFRA, "gb200-nvl72-raycluster.yaml")) as f:
         assert f.read() == out, "regenerate: python infra/render_gb200.py > infra/gb200-nvl72-raycluster.yaml"
 
@@ -139,3 +147,56 @@ def test_readme_says_how_to_start_and_connect():
                    "marin run --address", "RAY_ADDRESS"):
         assert needle in text
     assert re.search(r"marin\.io/rack", text)
+
+
+def test_render_puts_the_given_image_into_every_container():
+    m = yaml.safe_load(_render("--image", "registry.example.com/lab/marin:abc123"))
+    pods = [m["spec"]["headGroupSpec"]["template"]] + [g["template"] for g in m["spec"]["workerGroupSpecs"]]
+    images = {c["image"] for p in pods for c in p["spec"]["containers"]}
+    assert images == {"registry.example.com/lab/marin:abc123"}
+    # the default is the image infra/Dockerfile builds, not someone else's
+    default = yaml.safe_load(_render())
+    assert default["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == "marin:latest"
+
+
+def test_render_rejects_a_bad_image(capsys):
+    with pytest.raises(SystemExit):
+        _render("--image", "my image")
+    assert "--image must be an image reference without spaces" in capsys.readouterr().err
+
+
+def _pyproject():
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def _pin(requirements, name):
+    """The ==version of ``name`` (extras ignored) in a list of requirement strings."""
+    for r in requirements:
+        m = re.fullmatch(rf"{re.escape(name)}(\[[^\]]*\])?==([\w.]+)", r.strip())
+        if m:
+            return m.group(2)
+    raise AssertionError(f"{name} is not pinned with == in {requirements}")
+
+
+def test_dockerfile_pins_agree_with_pyproject():
+    text = open(os.path.join(INFRA, "Dockerfile")).read()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, flags=re.M))
+    project = _pyproject()["project"]
+    extras = project["optional-dependencies"]
+    # the Ray base image is the pinned Ray version (and the generated cluster says the same)
+    assert args["RAY_VERSION"] == _pin(project["dependencies"], "ray") == _render_module().RAY_VERSION
+    assert re.search(r"^FROM rayproject/ray:\$\{RAY_VERSION\}-\$\{PYTHON_TAG\}-\$\{CUDA_TAG\}$", text, flags=re.M)
+    # the base image's Python is the one the project supports
+    py = re.search(r">=\s*3\.(\d+)", project["requires-python"]).group(1)
+    assert args["PYTHON_TAG"] == f"py3{py}"
+    assert args["CUDA_TAG"].startswith("cu")
+    # the image installs the project with the all and gpu extras
+    assert re.search(r"pip install [^\n]*-e '\.\[all,gpu\]'", text)
+    # the gpu extra is jax's CUDA build of the same jax version as the CPU pin
+    assert _pin(extras["gpu"], "jax") == _pin(extras["train"], "jax") == _pin(extras["train"], "jaxlib")
+    assert any(r.startswith("jax[cuda13]") for r in extras["gpu"])
+    for name in ("marin", "experiments", "pyproject.toml"):
+        assert re.search(rf"^COPY [^\n]*\b{re.escape(name)}\b", text, flags=re.M), name

@@ -1,0 +1,408 @@
+"""Memory and compute planning for a training step: will it fit, and what will it cost?
+
+Pure Python (no JAX): ``marin plan``, experiment files at declaration time and the trainer all call
+it cheaply. Per device, in bytes, for one optimizer step of ``tokens_per_step`` tokens at one
+sequence length split into ``microbatches`` (gradient accumulation):
+
+    params           compute-dtype working copies of the weights (bf16 runs: the embedding and head
+                     once, the stacked block weights once; float32 runs compute on the masters)
+    master_weights   float32 parameters (the training state)
+    grads            float32 gradients (twice with accumulation: the running sum + one microbatch)
+    optimizer_state  AdamW first and second moments, float32
+    activations      what the backward pass keeps per layer under the preset's remat policy, for all
+                     layers of one microbatch, plus one layer's recomputation workspace
+    all_to_all       one layer's EP buffers: send, receive and return buffers sized by the transport
+                     (capacity factor for "fixed", the worst case for "dropless" and "ragged") and
+                     the routed experts' intermediates over those rows
+    logits           float32 logits of one microbatch (their gradient is computed in place)
+
+Sharding follows marin.parallel.mesh: routed-expert weights (and their moments) split over the
+expert axis, everything else replicated; tokens split over data x expert. The attention of this
+model materialises the full [L, L] score matrix per head (local layers mask it), so it is counted at
+L keys per query. The model is approximate: XLA's buffer reuse and fusion decide the real peak.
+tests/training/test_planning.py holds the model to within 15% of ``compiled.memory_analysis()`` of
+the same step on CPU; docs/training.md lists where it is known to be rough.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from typing import Any
+
+from marin.models.config import TRANSPORTS, MoEConfig, count_params, flops_per_token, get_preset
+from marin.training.pools import POOLS, PoolSpec, get_pool
+
+GiB = 1 << 30
+
+# Memory one device offers, bytes (what nvidia-smi reports for the part), and the share of it the
+# training step may plan on: XLA's allocator needs headroom for fragmentation and the runtime. JAX
+# preallocates XLA_PYTHON_CLIENT_MEM_FRACTION (0.75 by default) of the device: production images set
+# it to 0.90 (infra/Dockerfile).
+DEVICE_MEMORY_BYTES: dict[str, int] = {
+    "GB200": 189_471 * (1 << 20),
+    "B200": 183_359 * (1 << 20),
+    "H200": 143_771 * (1 << 20),
+    "H100": 81_559 * (1 << 20),
+}
+USABLE_FRACTION = 0.90
+DEFAULT_MFU = 0.21  # observed on the hero run after warm-up
+PARTS = ("params", "master_weights", "grads", "optimizer_state", "activations", "all_to_all", "logits")
+
+
+class StepDoesNotFit(ValueError):
+    """A training step needs more memory per device than its pool offers (the message has the table)."""
+
+
+def cpu_device_memory_bytes(devices_per_host: int) -> int:
+    """Host RAM shared by a CPU pool's fake devices (one process holds them all)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 16 * GiB
+    return int(total // max(1, devices_per_host))
+
+
+def device_memory_bytes(pool: PoolSpec) -> int:
+    if pool.is_cpu:
+        return cpu_device_memory_bytes(pool.devices_per_host)
+    try:
+        return DEVICE_MEMORY_BYTES[pool.accelerator]
+    except KeyError:
+        raise KeyError(f"no device memory known for accelerator {pool.accelerator!r}; "
+                       f"known: {sorted(DEVICE_MEMORY_BYTES)}") from None
+
+
+# ---- memory ----------------------------------------------------------------------------------
+def params_per_device(cfg: MoEConfig, expert_shards: int) -> dict[str, float]:
+    """Parameters one device holds: routed experts split over the expert axis, the rest replicated."""
+    c = count_params(cfg)
+    routed = c["routed_experts_total"] / expert_shards
+    replicated = c["total_params"] - c["routed_experts_total"]
+    blocks = c["per_layer_total"] * cfg.n_layers - c["routed_experts_total"] + routed
+    return {"total": replicated + routed, "routed": routed, "replicated": replicated, "blocks": blocks,
+            "embed_head": c["embedding"] + c["lm_head"]}
+
+
+def _bytes(dtype: str) -> int:
+    return 2 if dtype == "bfloat16" else 4
+
+
+def expert_rows_per_token(cfg: MoEConfig, transport: str, ep: int, tokens_per_shard: int) -> dict[str, float]:
+    """Rows per local token in the EP buffers: sent/returned rows and the rows the experts compute."""
+    k, e_loc = cfg.top_k, max(1, cfg.n_experts // ep)
+    if transport == "local":
+        return {"send": 0.0, "compute": float(k)}
+    t = max(1, tokens_per_shard)
+    worst = ep * min(k, e_loc)  # per local token: every source could send all its assignments here
+    if transport == "fixed":
+        cap_send = min(t * min(k, e_loc), math.ceil(cfg.capacity_factor * t * k / ep))
+        cap_recv = min(ep * t, math.ceil(cfg.capacity_factor * ep * t * k / cfg.n_experts))
+        return {"send": ep * cap_send / t, "compute": e_loc * cap_recv / t}
+    return {"send": float(worst), "compute": float(worst)}  # dropless / ragged: worst-case buffers
+
+
+def activation_bytes_per_token_layer(cfg: MoEConfig, seq_len: int, rows: float) -> dict[str, float]:
+    """Bytes per token and layer of the forward values, grouped by what a remat policy keeps.
+
+    ``dots_nobatch``: outputs of matmuls without batch dimensions (projections, shared experts,
+    router); ``dots_batch``: batched matmuls (attention scores and values, routed experts per
+    expert); ``other``: elementwise and data-movement values (norms, RoPE, softmax, masks, SwiGLU
+    products, gathers)."""
+    c = _bytes(cfg.dtype)
+    d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    lat, f, k, E = cfg.latent_dim, cfg.expert_width, cfg.top_k, cfg.n_experts
+    fs = cfg.n_shared_experts * cfg.shared_width
+    dots_nobatch = c * (h * hd + 2 * kv * hd + d + 2 * fs + d + lat + E + d)
+    dots_batch = 4 * h * seq_len + c * h * hd + c * rows * (2 * f + lat)
+    other = (c * (3 * d + (h + kv) * hd + fs + k * lat + 2 * lat) + 4 * 2 * E
+             + (4 + c) * h * seq_len + c * rows * (f + lat))
+    return {"dots_nobatch": dots_nobatch, "dots_batch": dots_batch, "other": other, "carry": c * d}
+
+
+def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: int, microbatches: int = 1,
+                transport: str | None = None) -> dict[str, Any]:
+    """Per-device bytes of one train step (see the module docstring for the parts)."""
+    transport = transport or cfg.transport
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown transport {transport!r}; choose from {TRANSPORTS}")
+    data, ep = pool.mesh
+    n = pool.num_devices
+    if transport == "local":
+        ep_eff = 1
+    else:
+        ep_eff = ep
+    sequences = tokens_per_step // seq_len
+    if tokens_per_step % seq_len or sequences % (n * microbatches):
+        raise ValueError(f"{sequences} sequences of {seq_len} per step do not split over {n} devices x "
+                         f"{microbatches} microbatches")
+    tokens = tokens_per_step // (n * microbatches)  # per device and microbatch
+    c = _bytes(cfg.dtype)
+    p = params_per_device(cfg, ep_eff if transport != "local" else 1)
+    rows = expert_rows_per_token(cfg, transport, ep_eff, tokens)
+    a = activation_bytes_per_token_layer(cfg, seq_len, rows["compute"])
+    kept = {
+        "none": a["carry"] + a["dots_nobatch"] + a["dots_batch"] + a["other"],
+        "dots": a["carry"] + a["dots_nobatch"] + a["dots_batch"],
+        "dots_no_batch": a["carry"] + a["dots_nobatch"],
+        "full": a["carry"],
+    }[cfg.remat_policy]
+    layer_all = a["carry"] + a["dots_nobatch"] + a["dots_batch"] + a["other"]
+    workspace = layer_all - kept  # what the backward pass recomputes for one layer at a time
+    activations = tokens * (cfg.n_layers * kept + workspace)
+    lat = cfg.latent_dim
+    a2a = tokens * rows["send"] * (lat + 1) * c * 3 if transport != "local" else 0.0
+    logits = tokens * cfg.vocab_size * 4  # float32; its gradient reuses the buffer (elementwise)
+    parts = {
+        "params": (p["total"] * c) if c < 4 else 0.0,
+        "master_weights": 4.0 * p["total"],
+        "grads": 4.0 * p["total"] * (2 if microbatches > 1 else 1),
+        "optimizer_state": 8.0 * p["total"],
+        "activations": activations,
+        "all_to_all": a2a,
+        "logits": logits,
+    }
+    parts = {k: int(round(v)) for k, v in parts.items()}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, microbatches: int | None = None,
+         transport: str | None = None, train_steps: int | None = None, mfu: float = DEFAULT_MFU,
+         device_memory: int | None = None, seq_len_phases=None, planned_tokens: float | None = None) -> dict[str, Any]:
+    """The whole plan: memory at ``microbatches`` (default: the smallest count that fits), whether it
+    fits, the smallest pool that would fit at one microbatch, and the run's compute cost."""
+    device_memory = device_memory if device_memory is not None else device_memory_bytes(pool)
+    usable = int(device_memory * USABLE_FRACTION)
+    sequences = tokens_per_step // seq_len
+    counts = valid_microbatches(sequences, pool.num_devices)
+    chosen = microbatches
+    fitting = None
+    for m in counts:
+        if memory_plan(cfg, pool, tokens_per_step, seq_len, m, transport)["total"] <= usable:
+            fitting = m
+            break
+    if chosen is None:
+        chosen = fitting if fitting is not None else (counts[-1] if counts else 1)
+    mem = memory_plan(cfg, pool, tokens_per_step, seq_len, chosen, transport)
+    out: dict[str, Any] = {
+        "model": None,
+        "pool": pool.name,
+        "devices": pool.num_devices,
+        "mesh": list(pool.mesh),
+        "accelerator": pool.accelerator,
+        "tokens_per_step": tokens_per_step,
+        "seq_len": seq_len,
+        "transport": transport or cfg.transport,
+        "remat_policy": cfg.remat_policy,
+        "dtype": cfg.dtype,
+        "microbatches": fitting,
+        "planned_microbatches": chosen,
+        "fits": mem["total"] <= usable,
+        "bytes_per_device": mem,
+        "device_memory_bytes": device_memory,
+        "usable_memory_bytes": usable,
+        "smallest_fitting_pool": None if fitting is not None else smallest_fitting_pool(
+            cfg, pool, tokens_per_step, seq_len, transport),
+    }
+    out.update(compute_plan(cfg, pool, tokens_per_step=tokens_per_step, seq_len=seq_len,
+                            train_steps=train_steps, mfu=mfu, seq_len_phases=seq_len_phases,
+                            planned_tokens=planned_tokens))
+    out["seq_len_phases"] = [list(x) for x in seq_len_phases] if seq_len_phases else None
+    return out
+
+
+def valid_microbatches(sequences: int, devices: int) -> list[int]:
+    """Microbatch counts that split a step's sequences evenly over the devices, ascending."""
+    if sequences % devices:
+        return []
+    per_device = sequences // devices
+    return [m for m in range(1, per_device + 1) if per_device % m == 0]
+
+
+def smallest_fitting_pool(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: int,
+                          transport: str | None) -> str | None:
+    """The smallest known pool of the same accelerator on which the step fits (any microbatch count)."""
+    mem = device_memory_bytes(pool)
+    for other in sorted(POOLS.values(), key=lambda p: p.num_devices):
+        if other.accelerator != pool.accelerator or other.num_devices <= pool.num_devices:
+            continue
+        for m in valid_microbatches(tokens_per_step // seq_len, other.num_devices):
+            if memory_plan(cfg, other, tokens_per_step, seq_len, m, transport)["total"] <= mem * USABLE_FRACTION:
+                return other.name
+    return None
+
+
+# ---- compute ---------------------------------------------------------------------------------
+def mean_flops_per_token(cfg: MoEConfig, seq_len_phases) -> float:
+    """FLOPs per token averaged over sequence-length phases ``((start fraction, seq_len), ...)``
+    weighted by the share of steps each phase covers (the batch in tokens is constant)."""
+    phases = sorted((float(f), int(n)) for f, n in seq_len_phases)
+    ends = [f for f, _ in phases[1:]] + [1.0]
+    return sum((end - f) * flops_per_token(cfg, n) for (f, n), end in zip(phases, ends))
+
+
+def compute_plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int,
+                 train_steps: int | None = None, mfu: float = DEFAULT_MFU,
+                 planned_tokens: float | None = None, seq_len_phases=None) -> dict[str, Any]:
+    """Training FLOPs, device-hours and wall-clock days at ``mfu``, and the token rate that needs.
+    With ``seq_len_phases`` the attention term follows the schedule (else ``seq_len`` throughout)."""
+    from marin.training.metrics import peak_flops_per_device
+
+    if not 0 < mfu <= 1:
+        raise ValueError(f"mfu must be in (0, 1], got {mfu}")
+    fpt = mean_flops_per_token(cfg, seq_len_phases) if seq_len_phases else flops_per_token(cfg, seq_len)
+    peak = peak_flops_per_device(pool.accelerator)
+    rate = pool.num_devices * peak * mfu / fpt  # tokens/s the pool sustains at this MFU
+    out: dict[str, Any] = {"flops_per_token": fpt, "mfu": mfu, "tokens_per_s": rate,
+                           "train_steps": train_steps, "train_tokens": None, "train_flops": None,
+                           "device_hours": None, "days": None, "steps_per_day": 86400 * rate / tokens_per_step}
+    if train_steps is not None:
+        tokens = train_steps * tokens_per_step
+        flops = fpt * tokens
+        seconds = flops / (pool.num_devices * peak * mfu)
+        out.update(train_tokens=tokens, train_flops=flops, device_hours=seconds * pool.num_devices / 3600,
+                   days=seconds / 86400)
+        if planned_tokens is not None and abs(planned_tokens - tokens) > 0.005 * planned_tokens:
+            out["warning"] = (f"{train_steps:,} steps x {tokens_per_step:,} tokens = {tokens / 1e12:.2f}T tokens, "
+                              f"not the planned {planned_tokens / 1e12:.2f}T")
+    return out
+
+
+# ---- presentation ----------------------------------------------------------------------------
+def _gib(n: float) -> str:
+    return f"{n / GiB:,.2f} GiB"
+
+
+def format_plan(p: dict[str, Any]) -> str:
+    """The table ``marin plan`` prints (and a StepDoesNotFit message carries)."""
+    mem = p["bytes_per_device"]
+    lines = [f"{p['model']} on {p['pool']} ({p['devices']} x {p['accelerator']}, mesh data x expert = "
+             f"{p['mesh'][0]} x {p['mesh'][1]}), {p['tokens_per_step']:,} tokens/step at seq_len {p['seq_len']}, "
+             f"transport {p['transport']}, remat {p['remat_policy']}, {p['dtype']}, "
+             f"{p['planned_microbatches']} microbatch(es)",
+             f"  {'per device':<16} {'bytes':>16}"]
+    for k in PARTS:
+        lines.append(f"  {k:<16} {_gib(mem[k]):>16}")
+    lines.append(f"  {'total':<16} {_gib(mem['total']):>16}   usable {_gib(p['usable_memory_bytes'])} "
+                 f"of {_gib(p['device_memory_bytes'])}")
+    if p["fits"]:
+        lines.append(f"  fits with {p['planned_microbatches']} microbatch(es)")
+    else:
+        hint = (f"smallest microbatch count that fits: {p['microbatches']}" if p["microbatches"] else
+                "no microbatch count fits on this pool" + (
+                    f"; smallest pool that fits: {p['smallest_fitting_pool']}" if p["smallest_fitting_pool"]
+                    else "; no known pool fits either"))
+        lines.append(f"  DOES NOT FIT; {hint}")
+    if p.get("train_flops") is not None:
+        lines.append(f"  compute: {p['train_steps']:,} steps x {p['tokens_per_step']:,} tokens = "
+                     f"{p['train_tokens']:.4g} tokens, {p['train_flops']:.3g} FLOPs; at {p['mfu']:.0%} MFU "
+                     f"{p['device_hours']:,.0f} device-hours, {p['days']:.1f} days, "
+                     f"{p['tokens_per_s']:,.0f} tokens/s ({p['steps_per_day']:,.0f} steps/day)")
+    else:
+        lines.append(f"  compute: {p['flops_per_token']:.4g} FLOPs/token; at {p['mfu']:.0%} MFU "
+                     f"{p['tokens_per_s']:,.0f} tokens/s ({p['steps_per_day']:,.0f} steps/day)")
+    if p.get("warning"):
+        lines.append(f"  warning: {p['warning']}")
+    return "\n".join(lines)
+
+
+# ---- training configs -------------------------------------------------------------------------
+def train_config_plans(config, device_memory: int | None = None) -> list[dict[str, Any]]:
+    """One plan per (sequence length, transport) a TrainConfig will run, with its microbatch setting."""
+    cfg = get_preset(config.model, **dict(config.model_overrides))
+    if config.compute_dtype is not None:
+        cfg = cfg.replace(dtype=config.compute_dtype)
+    pool = get_pool(config.pool)
+    seq_lens = sorted({int(n) for _, n in config.seq_len_phases})
+    transports = sorted({t for _, t in config.transport_switches}) or [cfg.transport]
+    plans = []
+    for L in seq_lens:
+        for t in transports:
+            p = plan(cfg, pool, tokens_per_step=config.tokens_per_step, seq_len=L,
+                     microbatches=getattr(config, "microbatches", None), transport=t,
+                     train_steps=config.train_steps, device_memory=device_memory,
+                     seq_len_phases=config.seq_len_phases)
+            p["model"] = config.model
+            plans.append(p)
+    return plans
+
+
+def check_train_config_fits(config, device_memory: int | None = None) -> list[dict[str, Any]]:
+    """Raise StepDoesNotFit (with the planner's tables) when a phase of the run cannot fit its pool."""
+    plans = train_config_plans(config, device_memory)
+    bad = [p for p in plans if not p["fits"]]
+    if bad:
+        raise StepDoesNotFit(
+            f"training step {config.model!r} on pool {config.pool!r} does not fit in device memory "
+            f"({len(bad)} of {len(plans)} phase/transport combinations):\n" + "\n".join(format_plan(p) for p in bad))
+    return plans
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    from marin.models.config import PRESETS
+
+    p = argparse.ArgumentParser(
+        prog="marin plan",
+        description="Per-device memory of a training step (parameters, gradients, fp32 master weights, optimizer "
+                    "state, activations under the preset's remat policy, all-to-all buffers, logits) against the "
+                    "pool's device memory, and the run's compute: FLOPs, device-hours and days at an MFU.")
+    p.add_argument("preset", choices=sorted(PRESETS), help="model preset")
+    p.add_argument("--pool", required=True, choices=sorted(POOLS), help="device pool")
+    p.add_argument("--tokens-per-step", type=int, default=None,
+                   help="optimizer batch in tokens (default: the pool's devices x 16 sequences, or the hero's batch)")
+    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the preset's max_seq_len)")
+    p.add_argument("--microbatches", type=int, default=None, help="gradient accumulation count (default: the "
+                   "smallest that fits)")
+    p.add_argument("--transport", default=None, help="EP transport (default: the preset's; hero/ladder: fixed)")
+    p.add_argument("--steps", type=int, default=None, help="training steps for the compute plan")
+    p.add_argument("--planned-tokens", type=float, default=None,
+                   help="tokens the schedule is meant to cover; a mismatch with steps x batch is flagged")
+    p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help=f"model FLOPs utilisation (default {DEFAULT_MFU})")
+    p.add_argument("--remat", default=None, help="override the preset's remat policy")
+    p.add_argument("--dtype", default=None, help="override the compute dtype")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+# The hero's published schedule (the seeds): used when `marin plan hero` gets no --steps.
+HERO_STEPS = 390_139
+HERO_TOKENS_PER_STEP = 11_264 * 4096
+HERO_PLANNED_TOKENS = 18.75e12
+HERO_SEQ_LEN_PHASES = ((0.0, 4096), (0.5, 8192), (0.95, 65536))  # compute follows the schedule
+
+
+def plan_main(argv: list[str]) -> int:
+    import sys
+
+    args = build_parser().parse_args(argv)
+    overrides = {k: v for k, v in (("remat_policy", args.remat), ("dtype", args.dtype)) if v is not None}
+    try:
+        cfg = get_preset(args.preset, **overrides)
+        pool = get_pool(args.pool)
+        seq_len = args.seq_len or cfg.max_seq_len
+        transport = args.transport or (cfg.transport if cfg.transport != "local" or pool.mesh[1] == 1 else "fixed")
+        is_hero = args.preset == "hero"
+        tokens_per_step = args.tokens_per_step or (HERO_TOKENS_PER_STEP if is_hero else pool.num_devices * 16 * seq_len)
+        steps = args.steps if args.steps is not None else (HERO_STEPS if is_hero else None)
+        planned = args.planned_tokens if args.planned_tokens is not None else (
+            HERO_PLANNED_TOKENS if is_hero and args.steps is None else None)
+        if args.microbatches is not None and args.microbatches < 1:
+            raise ValueError(f"--microbatches must be >= 1, got {args.microbatches}")
+        phases = HERO_SEQ_LEN_PHASES if is_hero and args.seq_len is None and args.steps is None else None
+        p = plan(cfg, pool, tokens_per_step=tokens_per_step, seq_len=seq_len, microbatches=args.microbatches,
+                 transport=transport, train_steps=steps, mfu=args.mfu, seq_len_phases=phases,
+                 planned_tokens=planned)
+    except (KeyError, ValueError) as e:
+        print(f"marin plan: error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    p["model"] = args.preset
+    if args.json:
+        print(json.dumps(p, sort_keys=True))
+    else:
+        print(format_plan(p))
+    return 0 if p["fits"] else 1
+

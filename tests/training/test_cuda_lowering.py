@@ -1,0 +1,70 @@
+"""The whole train step (forward, backward, AdamW, router-bias update) lowers for CUDA at the
+production mesh shapes from this CPU-only machine, for every EP transport, with no host callback and
+no CPU-only custom call on the GPU path."""
+
+import jax
+import pytest
+
+from marin.kernels import cpu as kernels
+from marin.jaxcompat import compute_platform, lowering_for
+from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.lowering import custom_call_targets, forbidden_ops, lower_train_step
+from marin.training.trainer import model_config
+
+# d2048 and the hero with 2 layers (one local, one global: both attention kinds); a small batch that
+# still splits over every device of the mesh. Lowering cost does not grow with the layer count (scan).
+MESHES = {"11 racks": (11, 64), "1 rack": (1, 64)}
+
+
+def _lower(model, mesh_shape, transport, seq_len=256, platform="cuda"):
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model=model,
+                         model_overrides={"n_layers": 2}, seq_len_phases=((0.0, seq_len),), wandb_project=None)
+    devices = mesh_shape[0] * mesh_shape[1]
+    return lower_train_step(config, model_config(config), mesh_shape, transport, batch_size=devices,
+                            seq_len=seq_len, platform=platform).as_text()
+
+
+@pytest.mark.parametrize("transport", ["fixed", "dropless", "ragged"])
+@pytest.mark.parametrize("mesh", sorted(MESHES))
+@pytest.mark.parametrize("model", ["d2048", "hero"])
+def test_train_step_lowers_for_cuda(model, mesh, transport):
+    text = _lower(model, MESHES[mesh], transport)
+    assert forbidden_ops(text) == []
+    assert "stablehlo.all_to_all" in text or "ragged_all_to_all" in text  # EP really happens
+    targets = custom_call_targets(text)
+    if transport == "ragged":
+        # the real collective, not the CPU emulation
+        assert "ragged_all_to_all" in targets
+    else:
+        assert "ragged_all_to_all" not in targets
+    if transport in ("dropless", "ragged"):
+        assert "chlo.ragged_dot" in text  # the GPU grouped GEMM, not the CPU capacity buffers
+    # the optimizer update is in the same program (AdamW second moment: a square root)
+    assert "stablehlo.sqrt" in text and "stablehlo.dot_general" in text
+
+
+def test_lowering_for_restores_the_platform():
+    before = compute_platform()
+    with lowering_for("cuda"):
+        assert compute_platform() == "gpu"
+    assert compute_platform() == before == jax.default_backend()
+
+
+@pytest.mark.skipif(not kernels.available(), reason="CPU kernel not buildable here (no compiler or BLAS wheel)")
+def test_check_catches_cpu_kernels_on_a_cpu_lowering():
+    """The same check flags the CPU program: the fixed transport's f32 experts call marin's CPU
+    kernels there, which must never appear on the GPU path."""
+    text = _lower("tiny-ep", (2, 4), "fixed", seq_len=32, platform="cpu")
+    assert any(t.startswith("marin_") for t in forbidden_ops(text)), custom_call_targets(text)
+    assert not any(t.startswith("marin_") for t in forbidden_ops(_lower("tiny-ep", (2, 4), "fixed", 32)))
+
+
+@pytest.mark.parametrize("transport", ["fixed", "dropless", "ragged"])
+def test_accumulating_train_step_lowers_for_cuda(transport):
+    """Gradient accumulation (the planner picks microbatches > 1 on GPU pools) on the one-rack mesh."""
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="d2048", model_overrides={"n_layers": 2},
+                         seq_len_phases=((0.0, 256),), wandb_project=None)
+    text = lower_train_step(config, model_config(config), (1, 64), transport, batch_size=4 * 64, seq_len=256,
+                            microbatches=4).as_text()
+    assert forbidden_ops(text) == []
+    assert text.count("stablehlo.while") >= 2  # the microbatch scan around the layer scan

@@ -1,0 +1,152 @@
+"""The memory and compute planner: exact parts against the real state, totals against XLA's own
+memory analysis of the same step on CPU, the hero's published schedule, and the CLI."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from marin.cli import main
+from marin.models.config import count_params, get_preset
+from marin.parallel.mesh import make_mesh
+from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.lowering import abstract_mesh, abstract_state, lower_train_step
+from marin.training.planning import (
+    StepDoesNotFit,
+    check_train_config_fits,
+    memory_plan,
+    plan,
+    valid_microbatches,
+)
+from marin.training.pools import get_pool
+from marin.training.trainer import model_config
+
+
+def _config(model="tiny-ep", overrides=None, pool="local-cpu", tokens=4096, seq_len=64, **kw):
+    return TrainConfig(output_path="", data=SyntheticDataConfig(), model=model, model_overrides=overrides or {},
+                       pool=pool, tokens_per_step=tokens, seq_len_phases=((0.0, seq_len),), wandb_project=None, **kw)
+
+
+@pytest.mark.parametrize("pool", ["local-cpu", "gb200-11racks"])
+def test_state_parts_are_the_real_per_device_shards(pool):
+    """master weights, optimizer state: bytes of the state's per-device shards (abstract for GB200)."""
+    config = _config(model="d2048" if pool.startswith("gb200") else "tiny-ep", pool=pool, tokens=704 * 4096,
+                     seq_len=4096)
+    cfg = model_config(config)
+    p = get_pool(pool)
+    state, _ = abstract_state(config, cfg, make_mesh(*p.mesh) if p.is_cpu else abstract_mesh(*p.mesh))
+
+    def shard_bytes(tree):
+        return sum(int(np.prod(s.sharding.shard_shape(s.shape))) * s.dtype.itemsize for s in jax.tree.leaves(tree))
+
+    mem = memory_plan(cfg, p, config.tokens_per_step, 4096, 1, "fixed")
+    assert mem["master_weights"] == shard_bytes(state["params"])
+    assert abs(mem["optimizer_state"] - shard_bytes(state["opt_state"])) <= 64  # + Adam's step count
+
+
+# Small f32 configurations on the 8 fake CPU devices of the test process: the planner's total within
+# 15% of XLA's argument + output - aliased + temporary bytes of the compiled step.
+VALIDATION = [
+    ("local", {}, "local-cpu-1", 2048, 64),
+    pytest.param("fixed", {}, "local-cpu", 4096, 64, marks=pytest.mark.slow),
+    pytest.param("local", {"remat_policy": "dots"}, "local-cpu-1", 4096, 128, marks=pytest.mark.slow),
+    pytest.param("fixed", {"remat_policy": "full", "d_model": 128, "n_heads": 8}, "local-cpu", 8192, 128,
+                 marks=pytest.mark.slow),
+    pytest.param("dropless", {"remat_policy": "dots_no_batch", "vocab_size": 4096}, "local-cpu", 4096, 64,
+                 marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("transport,overrides,pool,tokens,seq_len", VALIDATION)
+def test_planner_total_within_15_percent_of_xla(transport, overrides, pool, tokens, seq_len):
+    config = _config(overrides={"n_layers": 2, **overrides}, pool=pool, tokens=tokens, seq_len=seq_len)
+    cfg = model_config(config)
+    p = get_pool(pool)
+    lowered = lower_train_step(config, cfg, p.mesh, transport, batch_size=tokens // seq_len, seq_len=seq_len,
+                               platform="cpu", mesh=make_mesh(*p.mesh))
+    ma = lowered.compile().memory_analysis()
+    xla = ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes + ma.temp_size_in_bytes
+    planned = memory_plan(cfg, p, tokens, seq_len, 1, transport)["total"]
+    assert abs(planned - xla) <= 0.15 * xla, (planned, xla)
+
+
+def test_microbatches_cut_activations_and_the_smallest_fitting_count_is_chosen():
+    cfg, pool = get_preset("d2048"), get_pool("gb200-11racks")
+    tokens = 11_264 * 4096
+    one, four = (memory_plan(cfg, pool, tokens, 4096, m, "fixed") for m in (1, 4))
+    assert four["activations"] * 4 == pytest.approx(one["activations"], rel=1e-3)  # capacities round up
+    assert four["grads"] == 2 * one["grads"]  # the accumulator
+    p = plan(cfg, pool, tokens_per_step=tokens, seq_len=4096, transport="fixed")
+    m = p["microbatches"]
+    assert p["fits"] and m > 1
+    smaller = [c for c in valid_microbatches(tokens // 4096, pool.num_devices) if c < m]
+    assert all(memory_plan(cfg, pool, tokens, 4096, c, "fixed")["total"] > p["usable_memory_bytes"] for c in smaller)
+    # the dropless transport's worst-case buffers cost far more than the capacity-factor ones
+    assert memory_plan(cfg, pool, tokens, 4096, m, "dropless")["all_to_all"] > 10 * p["bytes_per_device"]["all_to_all"]
+
+
+def test_hero_schedule_and_compute():
+    out = []
+    rc = main_capture(["plan", "hero", "--pool", "gb200-11racks", "--json"], out)
+    p = json.loads(out[0])
+    assert p["train_steps"] == 390_139 and p["tokens_per_step"] == 46_137_344
+    assert p["train_tokens"] == 390_139 * 46_137_344
+    assert p["train_flops"] == pytest.approx(2.7e24, rel=0.05)
+    assert "18.00T" in p["warning"] and "18.75T" in p["warning"]
+    assert p["mfu"] == 0.21 and p["days"] > 60 and p["device_hours"] == pytest.approx(p["days"] * 24 * 704)
+    for key in ("fits", "bytes_per_device", "device_memory_bytes", "microbatches", "train_flops", "device_hours",
+                "days"):
+        assert key in p
+    assert set(p["bytes_per_device"]) >= {"params", "grads", "master_weights", "optimizer_state", "activations",
+                                          "all_to_all", "logits", "total"}
+    # the dense weights and their AdamW state are replicated on every device: 16 bytes per parameter
+    dense = count_params(get_preset("hero"))["total_params"] - count_params(get_preset("hero"))["routed_experts_total"]
+    assert p["bytes_per_device"]["master_weights"] > 4 * dense
+    assert p["fits"] is False and rc == 1
+
+
+def main_capture(argv, out):
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(argv)
+    out.append(buf.getvalue())
+    return rc
+
+
+def test_cli_table_and_errors(capsys):
+    assert main(["plan", "tiny-ep", "--pool", "local-cpu", "--tokens-per-step", "4096", "--seq-len", "64"]) == 0
+    text = capsys.readouterr().out
+    for needle in ("master_weights", "optimizer_state", "activations", "all_to_all", "logits", "total", "fits with"):
+        assert needle in text
+    assert main(["plan", "tiny-ep", "--pool", "local-cpu", "--tokens-per-step", "100", "--seq-len", "64"]) == 2
+    assert "do not split over 8 devices" in capsys.readouterr().err
+    assert main(["plan", "tiny-ep", "--pool", "local-cpu", "--transport", "pigeon"]) == 2
+    assert "unknown transport 'pigeon'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["plan", "tiny-ep", "--pool", "no-such-pool"])
+    assert "invalid choice: 'no-such-pool'" in capsys.readouterr().err
+
+
+def test_train_config_that_cannot_fit_fails_with_the_table():
+    config = _config(model="d2048", pool="h200-1", tokens=64 * 4096, seq_len=4096)
+    with pytest.raises(StepDoesNotFit, match="does not fit in device memory") as e:
+        check_train_config_fits(config)
+    assert "DOES NOT FIT" in str(e.value) and "optimizer_state" in str(e.value)
+    assert check_train_config_fits(_config())[0]["fits"]
+
+
+def test_experiment_file_fails_at_declaration_when_a_step_cannot_fit():
+    from experiments.defaults import default_train
+
+    with pytest.raises(StepDoesNotFit, match="h200-1"):
+        default_train("x", mixture=SyntheticDataConfig(), model="d2048", pool="h200-1", tokens_per_step=64 * 4096,
+                      seq_len_phases=((0.0, 4096),))
+    with pytest.warns(UserWarning, match="does not fit"):
+        default_train("x", mixture=SyntheticDataConfig(), model="d2048", pool="h200-1", tokens_per_step=64 * 4096,
+                      seq_len_phases=((0.0, 4096),), memory_check="warn")
+    with pytest.raises(ValueError, match="memory_check must be"):
+        default_train("x", mixture=SyntheticDataConfig(), memory_check="maybe")

@@ -312,9 +312,7 @@ def format_plan(p: dict[str, Any]) -> str:
 # ---- training configs -------------------------------------------------------------------------
 def train_config_plans(config, device_memory: int | None = None) -> list[dict[str, Any]]:
     """One plan per (sequence length, transport) a TrainConfig will run, with its microbatch setting."""
-    cfg = get_preset(config.model, **dict(config.model_overrides))
-    if config.compute_dtype is not None:
-        cfg = cfg.replace(dtype=config.compute_dtype)
+    cfg = config.model  # resolved when the TrainConfig was built (preset, overrides and compute dtype)
     pool = get_pool(config.pool)
     seq_lens = sorted({int(n) for _, n in config.seq_len_phases})
     transports = sorted({t for _, t in config.transport_switches}) or [cfg.transport]
@@ -325,7 +323,7 @@ def train_config_plans(config, device_memory: int | None = None) -> list[dict[st
                      microbatches=getattr(config, "microbatches", None), transport=t,
                      train_steps=config.train_steps, device_memory=device_memory,
                      seq_len_phases=config.seq_len_phases)
-            p["model"] = config.model
+            p["model"] = config.preset or f"d{cfg.d_model}"
             plans.append(p)
     return plans
 
@@ -336,7 +334,7 @@ def check_train_config_fits(config, device_memory: int | None = None) -> list[di
     bad = [p for p in plans if not p["fits"]]
     if bad:
         raise StepDoesNotFit(
-            f"training step {config.model!r} on pool {config.pool!r} does not fit in device memory "
+            f"training step {config.preset or 'model'!r} on pool {config.pool!r} does not fit in device memory "
             f"({len(bad)} of {len(plans)} phase/transport combinations):\n" + "\n".join(format_plan(p) for p in bad))
     return plans
 

@@ -73,7 +73,7 @@ class PackedRows:
         extra = -n % multiple + (n - self.num_rows)
         if not extra:
             return self
-        z = lambda a, v: np.concatenate([a, np.full((extra, a.shape[1]), v, a.dtype)])  # noqa: E731
+        z = lambda a, v: np.concatenate([a, np.full((extra, a.shape[1]), v, a.dtype)])
         return PackedRows(z(self.inputs, 0), z(self.targets, 0), z(self.segment_ids, 0), z(self.sequence, -1))
 
 

@@ -125,8 +125,8 @@ def format_result(result: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"checkpoint {result['checkpoint']} (step {result['step']})", ""]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-    lines += ["", f"macro bpb {result['macro_bpb']:.4f} over {len(result['sets'])} sets   "
-                  f"micro bpb {result['micro_bpb']:.4f}"]
+    lines += ["", (f"macro bpb {result['macro_bpb']:.4f} over {len(result['sets'])} sets   "
+                   f"micro bpb {result['micro_bpb']:.4f}")]
     return "\n".join(lines)
 
 

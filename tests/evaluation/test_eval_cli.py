@@ -46,6 +46,6 @@ def test_eval_cli_errors_are_one_line(capsys, trained_run, eval_corpus, tmp_path
     tokenize(TokenizeConfig(f"{eval_corpus}/infra/q5", other_tok, other_store, show_progress=False, use_ray=False))
     cases.append(((trained_run.output_path, "--data", f"x={other_store}"), "tokenizer mismatch"))
     for argv, needle in cases:
-        rc, out, err = _run(capsys, *argv)
+        rc, _, err = _run(capsys, *argv)
         assert rc == 2 and needle in err, (argv, err)
         assert err.count("\n") == 1 and err.startswith("marin eval: error: "), err

@@ -104,7 +104,10 @@ def test_default_eval_step_writes_eval_json_and_is_cached(ray_local, trained_run
     train = ExecutorStep(name="run", fn=train_fn, config=dataclasses.replace(trained_run, output_path=this_output_path()),
                          override_output_path=run_dir, resources={"num_cpus": 0})
     suite = default_eval_suite({"council-q5": f"{eval_corpus}/council/q5/*"}, eval_tokenizer)
-    step = default_eval("eval/run", train, suite, checkpoint="all", held_out=True)
+    task = os.path.join(prefix, "toy_task.jsonl")
+    with open(task, "w") as f:
+        f.write(json.dumps({"context": "Council note 1.", "choices": [" Vote", " zzqx"], "gold": 0}) + "\n")
+    step = default_eval("eval/run", train, suite, checkpoint="all", held_out=True, tasks={"toy": task})
     cfg = ExecutorMainConfig(prefix=prefix, progress=False)
     result = executor_main(cfg, steps=[step])
     assert result.outcome[result.plan.planned(step).output_path] == "succeeded", result.errors
@@ -112,6 +115,7 @@ def test_default_eval_step_writes_eval_json_and_is_cached(ray_local, trained_run
         ev = json.load(f)
     assert ev["step"] == trained_run.train_steps and [c["step"] for c in ev["checkpoints"]] == [15, 30, 40]
     assert "council-q5" in ev["sets"] and "val/council" in ev["sets"]
+    assert ev["tasks"]["toy"]["questions"] == 1 and ev["checkpoints"][0]["tasks"]["toy"]["chance"] == 0.5
     assert ev["macro_bpb"] == pytest.approx(sum(s["bpb"] for s in ev["sets"].values()) / len(ev["sets"]))
     again = executor_main(cfg, steps=[step])
     assert again.outcome[again.plan.planned(step).output_path] == "cached"

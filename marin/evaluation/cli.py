@@ -145,7 +145,7 @@ def _sets_table(result: dict[str, Any]) -> str:
         rows.append((n, str(m["documents"]), str(m["tokens"]), str(m["bytes"]), f"{m['loss']:.4f}", f"{m['bpb']:.4f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-    lines += ["", (f"macro bpb {result['macro_bpb']:.4f} over {len(result['sets'])} sets   "
+    lines += ["", (f"macro bpb {result['macro_bpb']:.4f} over {len(result['sets'])} set{'s' if len(result['sets']) != 1 else ''}   "
                    f"micro bpb {result['micro_bpb']:.4f}")]
     return "\n".join(lines)
 

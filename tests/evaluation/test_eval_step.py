@@ -53,6 +53,21 @@ def test_bad_sets_fail_in_one_line(eval_store, tmp_path, eval_tokenizer):
         load_eval_set(EvalSet("x", eval_store, held_out=True, validation_fraction=0.0))
 
 
+def test_only_committed_checkpoints_are_evaluated(tmp_path):
+    import numpy as np
+
+    from marin.evaluation.step import select_steps
+    from marin.training.checkpoint import write_checkpoint
+
+    run = str(tmp_path)
+    write_checkpoint(f"{run}/checkpoints/step-00000010", {"x": np.zeros(2)}, {}, step=10)
+    write_checkpoint(f"{run}/checkpoints/step-00000020", {"x": np.zeros(2)}, {}, step=20)
+    os.remove(f"{run}/checkpoints/step-00000020/COMMIT")  # a save that died before its commit marker
+    assert select_steps(run, "latest") == [10] and select_steps(run, "all") == [10]
+    with pytest.raises(FileNotFoundError, match="no committed checkpoint at step 20"):
+        select_steps(run, 20)
+
+
 def test_in_training_eval_equals_standalone_eval_of_the_checkpoint(trained_run):
     TRAIN_STEPS = trained_run.train_steps
     records = read_metrics(trained_run.output_path, kind="eval")

@@ -43,6 +43,16 @@ def test_held_out_sets_are_the_mixtures_validation_documents(eval_store):
         assert d.num_tokens + len(d.tokens) == loader.validation_tokens(domain)
 
 
+def test_suite_names_are_unique_except_a_domain_held_out_in_several_stores(eval_store):
+    from marin.evaluation.sets import load_eval_sets
+
+    one = load_eval_sets([EvalSet("val", eval_store, held_out=True)])
+    two = load_eval_sets([EvalSet("val", eval_store, held_out=True), EvalSet("val", eval_store, held_out=True)])
+    assert len(two["val/council"].tokens) == 2 * len(one["val/council"].tokens)
+    with pytest.raises(EvalSetError, match="two eval sets are named 'x'"):
+        load_eval_sets([EvalSet("x", eval_store), EvalSet("x", eval_store)])
+
+
 def test_bad_sets_fail_in_one_line(eval_store, tmp_path, eval_tokenizer):
     with pytest.raises(EvalSetError, match="no token store") as e:
         load_eval_set(EvalSet("x", str(tmp_path / "missing")))

@@ -224,6 +224,8 @@ def default_train(
     description: str | None = None,
     microbatches: int | None = None,
     memory_check: str = "error",
+    eval_every_steps: int | None = None,
+    eval_sets: _Sequence = (),
 ):
     """A training step: ``model`` preset (+ ``model_overrides``) on ``mixture`` over ``pool``.
 
@@ -240,6 +242,11 @@ def default_train(
     ``model_overrides`` and ``compute_dtype``; z-loss weight, router-bias update and rate, capacity
     factor, dtype and remat policy are set through ``model_overrides``), so editing a preset re-runs
     the steps that use it. ``final_lr_fraction`` None keeps the schedule's default.
+
+    ``eval_every_steps`` evaluates bits per byte on the mixture's held-out split (plus ``eval_sets``,
+    see :func:`default_eval_suite`) every that many steps and at the last step, as ``kind: "eval"``
+    records in metrics.jsonl. It is telemetry, not part of the run's identity; named ``eval_sets``
+    do add their tokenize steps as dependencies, which are.
     """
     from marin.execution import ExecutorStep, this_output_path, versioned
     from marin.training.config import TrainConfig, resolve_model
@@ -287,6 +294,8 @@ def default_train(
         wandb_project=wandb_project,
         log_every=log_every,
         microbatches=microbatches,
+        eval_every_steps=eval_every_steps,
+        eval_sets=tuple(eval_sets),
     )
     return ExecutorStep(
         name=name,
@@ -352,4 +361,109 @@ def default_report(name: str, steps, description: str | None = None):
                             description=description),
         description=f"report of {', '.join(s.name for s in steps)}",
         resources={"num_cpus": 1},
+    )
+
+
+# --- evaluation (bits per byte of held-out text; see docs/evaluation.md) ----------------------------
+# An eval suite is a tuple of marin.evaluation.sets.EvalSet: named text datasets tokenized once with
+# the run's tokenizer (default_eval_suite), and/or a mixture's held-out split (default_validation_sets).
+# default_eval scores committed checkpoints of a training step on them and writes eval.json.
+
+
+def default_eval_suite(suite: _Mapping[str, str], tokenizer, text_field: str = "text", prefix: str = "eval"):
+    """A Paloma-style suite in one line: ``{set name: path, directory or glob}`` of jsonl / jsonl.gz /
+    jsonl.zst / parquet files on any fsspec path, each tokenized once (a tokenize step named
+    ``{prefix}/{name}``) with ``tokenizer`` (a step or a path: use the run's)."""
+    from marin.evaluation.sets import EvalSet
+    from marin.execution import output_path_of, versioned
+
+    out = []
+    for name, path in suite.items():
+        path = str(path)
+        parts = path.rstrip("/").split("/")
+        glob_at = next((i for i, p in enumerate(parts) if any(c in p for c in "*?[")), None)
+        if glob_at is None:  # a file or a directory: the whole location is the one source
+            base, loc = path, ""
+        else:
+            base, loc = "/".join(parts[:glob_at]), "/".join(parts[glob_at:])
+        step = default_tokenize(f"{prefix}/{name}", base, tokenizer, sources={name: loc}, text_field=text_field)
+        out.append(EvalSet(name=versioned(name), store=output_path_of(step)))
+    return tuple(out)
+
+
+def default_validation_sets(mixture, name: str = "val"):
+    """The held-out split of a ``default_mixture`` as eval sets, one per domain (``{name}/{domain}``)."""
+    from marin.evaluation.sets import mixture_validation_sets
+
+    return mixture_validation_sets(mixture, name)
+
+
+def _versioned_eval_set(es):
+    """Every field of an EvalSet that is not a placeholder yet becomes versioned (it changes the scores)."""
+    import dataclasses
+
+    from marin.execution import versioned
+    from marin.execution.step import InputName, OutputName, VersionedValue
+
+    def v(x):
+        return x if isinstance(x, (VersionedValue, InputName, OutputName)) else versioned(x)
+
+    return dataclasses.replace(es, **{f.name: v(getattr(es, f.name)) for f in dataclasses.fields(es)})
+
+
+def default_eval(
+    name: str,
+    train_step,
+    eval_sets: _Sequence = (),
+    checkpoint: str | int = "latest",
+    pool: str | None = None,
+    *,
+    held_out: bool = False,
+    seq_len: int | None = None,
+    stride: int | None = None,
+    tasks: _Mapping[str, str] | None = None,
+):
+    """A step writing ``eval.json``: bits per byte of ``train_step``'s committed checkpoint(s) on
+    ``eval_sets`` (and, with ``held_out``, its mixture's held-out split).
+
+    ``checkpoint``: "latest", a step number, or "all" (every retained checkpoint; ``eval.json`` then
+    also holds ``checkpoints``, one record each in step order). ``pool``: None runs on the training
+    step's pool. Windows are the run's longest training sequence (``seq_len``) and disjoint unless
+    ``stride`` is given (then every token has at least ``seq_len - stride`` tokens of context).
+    ``tasks``: multiple-choice tasks ``{name: jsonl path}``, scored as accuracy and byte-normalised
+    accuracy under ``"tasks"`` in ``eval.json``.
+    """
+    from marin.evaluation.step import EvalConfig, evaluate
+    from marin.execution import (
+        ExecutorStep,
+        output_path_of,
+        this_output_path,
+        versioned,
+    )
+    from marin.training.pools import get_pool
+
+    if pool is not None:
+        get_pool(pool)
+    if not (checkpoint in ("latest", "all") or isinstance(checkpoint, int)):
+        raise ValueError(f"checkpoint must be 'latest', 'all' or a step number, got {checkpoint!r}")
+    sets = tuple(_versioned_eval_set(es) for es in eval_sets)
+    if not sets and not held_out and not tasks:
+        raise ValueError(f"default_eval {name!r}: nothing to evaluate; pass eval_sets, held_out=True or tasks")
+    return ExecutorStep(
+        name=name,
+        fn=evaluate,
+        config=EvalConfig(
+            run_path=output_path_of(train_step),
+            output_path=this_output_path(),
+            sets=sets,
+            checkpoint=versioned(checkpoint),
+            held_out=versioned(held_out),
+            pool=pool,
+            seq_len=versioned(seq_len),
+            stride=versioned(stride),
+            tasks=versioned(dict(tasks or {})),
+        ),
+        description=f"evaluate {train_step.name} ({checkpoint} checkpoint)",
+        # Like training, the step's own task only waits on the pool it launches.
+        resources={"num_cpus": 0},
     )

@@ -8,6 +8,7 @@
     marin watch [--prefix P]                     live status (same as marin status --watch)
     marin model-info PRESET [--json]             parameter and FLOP counts of a model preset
     marin plan PRESET --pool P [--json]          per-device memory of a train step, and its compute cost
+    marin eval RUN_DIR [--data NAME=PATH ...]    bits per byte of a training run's checkpoint
 
 Every command takes --help; status, show and explain take --json for scripts.
 """
@@ -257,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="report.html", help="where to write the report (default: report.html)")
     sub.add_parser("model-info", help="parameter and FLOP counts of a model preset", add_help=False)
     sub.add_parser("plan", help="will a training step fit its pool, and what will the run cost", add_help=False)
+    sub.add_parser("eval", help="bits per byte of a training run's checkpoint on text", add_help=False)
     return parser
 
 
@@ -276,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         from marin.training.planning import plan_main
 
         return plan_main(argv[1:])
+    if argv[0] == "eval":
+        from marin.evaluation.cli import eval_main
+
+        return eval_main(argv[1:])
     args = parser.parse_args(argv)
     try:
         return {"status": cmd_status, "show": cmd_show, "explain": cmd_explain, "report": cmd_report,

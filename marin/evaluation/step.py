@@ -36,8 +36,12 @@ EVAL_FILE = "eval.json"
 def train_config_from_record(record: dict[str, Any]):
     """A :class:`TrainConfig` with the model, schedule and data of a checkpoint's config record."""
     from marin.data.mixture import MixtureConfig
+    from marin.models.config import MoEConfig
     from marin.training.config import SyntheticDataConfig, TrainConfig
 
+    model = record["model"]
+    if isinstance(model, dict):  # the resolved model the run trained (older records hold a preset name)
+        model = MoEConfig(**model)
     data = record.get("data") or {}
     if "stores" in data:
         data = MixtureConfig(stores=tuple(data["stores"]), validation_fraction=data["validation_fraction"],
@@ -46,7 +50,7 @@ def train_config_from_record(record: dict[str, Any]):
     elif data:
         data = SyntheticDataConfig(**data)
     return TrainConfig(
-        output_path=record["output_path"], data=data, model=record["model"],
+        output_path=record["output_path"], data=data, model=model, preset=record.get("preset"),
         model_overrides=dict(record.get("model_overrides") or {}), pool=record["pool"],
         tokens_per_step=int(record["tokens_per_step"]), compute_dtype=record.get("compute_dtype"),
         seq_len_phases=tuple((float(f), int(n)) for f, n in record["seq_len_phases"]),

@@ -8,7 +8,7 @@ is not known to this project, so the layout is a *convention* with one configura
     {root}/k40_manifest.json                                                 # optional: shares and counts
 
 A *source* is one (domain, bucket) pair; its name is ``"{domain}/{bucket}"`` everywhere in marin
-(token stores, mixture weights, reports). Only three domain shares are published (SPEC.md): Council
+(token stores, mixture weights, reports). Only three domain shares are published: Council
 7.52%, Infra 7.04%, Web Code 6.73%. The other 37 shares are *assumed* equal splits of the remaining
 78.71% so the list sums to 1; each entry says whether its share is published or assumed.
 """
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 K40_TOTAL_TOKENS = 23_110_000_000_000
-"""Tokens after filtering (SPEC.md); the raw crawl had 25.6T."""
+"""Tokens after filtering (published figure); the raw crawl had 25.6T."""
 
 QUALITY_BUCKETS: tuple[str, ...] = ("q1", "q2", "q3", "q4", "q5")
 """Quality buckets, lowest (q1) to highest (q5) quality. The names are our convention."""

@@ -1,4 +1,4 @@
-"""The token store (DESIGN contract 4): uint32 token shards with document boundaries, and a manifest.
+"""The token store: uint32 token shards with document boundaries, and a manifest.
 
 Layout of one store (the output directory of one tokenize step)::
 

@@ -112,7 +112,7 @@ def _ladder(d: int, n_layers: int, **kw) -> MoEConfig:
 
 
 PRESETS: dict[str, MoEConfig] = {
-    # 535B-A23B hero (SPEC.md). n_kv_heads=12 and the window are our choices (not published).
+    # 535B-A23B hero (the published Marin run). n_kv_heads=12 and the window are our choices (not published).
     "hero": _ladder(6144, 48, dtype="bfloat16", remat_policy="dots"),
     # scaling ladder rungs; layer counts are fitted to the published totals (d3072/d4096 interpolated)
     "d768": _ladder(768, 8, dtype="bfloat16"),
@@ -129,7 +129,7 @@ PRESETS: dict[str, MoEConfig] = {
                          transport="fixed"),
 }
 
-# Published figures (SPEC.md) for checks: preset -> (total, active)
+# Published figures of the Marin 535B-A23B run and its ladder, for checks: preset -> (total, active)
 PUBLISHED = {
     "hero": (535.3e9, 22.76e9),
     "d768": (1.6e9, 61e6),

@@ -1,6 +1,6 @@
 """Training telemetry: ``metrics.jsonl`` in the step directory, W&B (offline by default), progress line.
 
-The keys follow DESIGN contract 5, so monitoring, the health report and the ladder fits can read any
+The keys are the project's telemetry contract (docs/training.md, "Telemetry"), so monitoring, the health report and the ladder fits can read any
 run the same way. MFU is a pure function of throughput, the model's FLOPs per token and the pool's
 peak FLOP rate; the peak table lives here so that every report uses the same denominators.
 """
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 
-# Keys every logged step carries (DESIGN contract 5 plus the issue's router/expert-load summary).
+# Keys every logged step carries (the telemetry contract, with the router/expert-load summary).
 METRIC_KEYS = (
     "step",
     "tokens",

@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# The hero's published schedule (the seeds): used when `marin plan hero` gets no --steps.
+# The hero's published schedule (Marin 535B-A23B run): used when `marin plan hero` gets no --steps.
 HERO_STEPS = 390_139
 HERO_TOKENS_PER_STEP = 11_264 * 4096
 HERO_PLANNED_TOKENS = 18.75e12

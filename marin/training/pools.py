@@ -115,7 +115,7 @@ POOLS: dict[str, PoolSpec] = {
     ),
     # One H200 (the lent device machine): the GPU benchmark.
     "h200-1": PoolSpec("h200-1", hosts=1, devices_per_host=1, accelerator="H200", mesh=(1, 1), device_resource="GPU"),
-    # One GB200 NVL72 rack: the d768 ladder rung (SPEC: 1 rack, batch 1,024).
+    # One GB200 NVL72 rack: the d768 ladder rung (published: 1 rack, batch 1,024).
     "gb200-rack": PoolSpec(
         "gb200-rack",
         hosts=GB200_HOSTS_PER_RACK,

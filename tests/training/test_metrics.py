@@ -43,7 +43,7 @@ def test_mfu_matches_hand_computation():
     tps = 46_137_344 * 4400 / 86400
     got = mfu(tps, 1.5e11, 704, peak_flops_per_device("GB200"))
     assert got == pytest.approx(tps * 1.5e11 / (704 * 2.5e15))
-    assert 0.1 < got < 0.3  # the seed reports about 21%
+    assert 0.1 < got < 0.3  # the published run reports about 21%
     with pytest.raises(ValueError):
         mfu(1.0, 1.0, 0, 1.0)
     with pytest.raises(KeyError, match="known"):

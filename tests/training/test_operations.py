@@ -41,7 +41,7 @@ def test_healthy_run_is_clear():
 
 
 def test_alerts():
-    high_drop = health_report.health(_records(drop=0.104))  # the seed's early 10.43%
+    high_drop = health_report.health(_records(drop=0.104))  # the published run's early 10.43%
     assert not high_drop["ok"]
     assert [c["name"] for c in high_drop["checks"] if not c["ok"]] == ["drop_send"]
     rising = _records()

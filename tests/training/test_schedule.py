@@ -41,7 +41,7 @@ def reference_lr(peak, warmup, total, final_frac, replans, n_steps):
     [
         (10, 100, (), 120),
         (0, 50, (), 50),
-        (5, 100, ((30, 60),), 80),  # shorten the horizon (the seed's contingency)
+        (5, 100, ((30, 60),), 80),  # shorten the horizon (the published contingency)
         (5, 100, ((30, 200),), 220),  # lengthen it
         (5, 100, ((20, 70), (40, 50)), 60),  # two re-plans
     ],

@@ -250,3 +250,71 @@ def default_health_report(name: str, train_step, total_steps: int | None = None)
         description=f"health of {train_step.name}",
         resources={"num_cpus": 1},
     )
+
+
+# --- scaling ladder (fit the rungs, predict the target) -------------------------------------------
+
+
+def _rung_run(name: str, train_step, eval_step=None, *, with_outputs: bool = True):
+    """What a ladder fit needs to know about a training step: its resolved model and schedule
+    (read from the step's config at declaration time) and, ``with_outputs``, where its outputs are.
+    A target read without outputs is not a dependency of the fit. Every value is versioned: the
+    model as it resolves, not the preset's name."""
+    from marin.execution import output_path_of, versioned
+    from marin.execution.step import VersionedValue
+    from marin.models.config import get_preset
+    from marin.scaling.ladder import RungRun
+
+    def v(x):
+        return x.value if isinstance(x, VersionedValue) else x
+
+    c = train_step.config
+    overrides = dict(v(c.model_overrides) or {})
+    if v(c.compute_dtype) is not None:
+        overrides["dtype"] = v(c.compute_dtype)
+    return RungRun(
+        name=versioned(name),
+        model=versioned(get_preset(v(c.model), **overrides)),
+        train_steps=versioned(int(v(c.train_steps))),
+        tokens_per_step=versioned(int(v(c.tokens_per_step))),
+        seq_len_phases=versioned(tuple((float(f), int(n)) for f, n in v(c.seq_len_phases))),
+        warmup_steps=versioned(int(v(c.warmup_steps))),
+        run_path=output_path_of(train_step) if with_outputs else None,
+        eval_path=output_path_of(eval_step) if with_outputs and eval_step is not None else None,
+    )
+
+
+def default_ladder_fit(
+    name: str,
+    rungs: _Sequence,
+    target,
+    *,
+    validation=None,
+    fractions: _Sequence[float] = (0.03, 0.1, 0.3, 0.5, 1.0),
+    n_boot: int = 400,
+    max_validation_rel_error: float | None = None,
+):
+    """A step writing ``fit.json`` and plots: scaling laws over ``rungs`` (``(train_step, eval_step
+    or None)`` pairs) predicting ``target`` (a training step, read for its model and schedule only:
+    it need not have run). ``validation`` (a ``(train_step, eval_step or None)`` pair, never fitted)
+    adds ``validation_rel_error``; with ``max_validation_rel_error`` the step fails beyond it."""
+    from marin.execution import ExecutorStep, this_output_path, versioned
+    from marin.scaling.ladder import LadderFitConfig, ladder_fit_step
+
+    runs = tuple(_rung_run(t.name.rsplit("/", 1)[-1], t, e) for t, e in rungs)
+    val = None if validation is None else _rung_run(validation[0].name.rsplit("/", 1)[-1], *validation)
+    return ExecutorStep(
+        name=name,
+        fn=ladder_fit_step,
+        config=LadderFitConfig(
+            rungs=runs,
+            target=_rung_run(target.name.rsplit("/", 1)[-1], target, with_outputs=False),
+            output_path=this_output_path(),
+            validation=val,
+            fractions=versioned(tuple(float(f) for f in fractions)),
+            n_boot=versioned(n_boot),
+            max_validation_rel_error=max_validation_rel_error,
+        ),
+        description=f"ladder fit over {len(runs)} rungs -> {target.name}",
+        resources={"num_cpus": 1},
+    )

@@ -1,0 +1,65 @@
+"""experiments/tiny_ladder.py end to end on local Ray: rungs train, the fit predicts, the validation
+rung is checked. The reduced ladder runs by default; the full one (the documented run) is slow."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from marin.execution import ExecutorMainConfig, executor_main
+
+
+def _run(size: str, prefix: str):
+    from experiments.tiny_ladder import tiny_ladder
+
+    steps = tiny_ladder(size)
+    result = executor_main(ExecutorMainConfig(prefix=prefix, progress=False),
+                           steps=[steps["mixture_report"], steps["fit"], steps["check"]])
+    assert set(result.outcome.values()) == {"succeeded"}, result.errors
+    return steps, result
+
+
+def _check_outputs(steps, result):
+    fit_dir = result.plan.planned(steps["fit"]).output_path
+    check_dir = result.plan.planned(steps["check"]).output_path
+    with open(os.path.join(fit_dir, "fit.json")) as f:
+        fit = json.load(f)
+    with open(os.path.join(check_dir, "fit.json")) as f:
+        check = json.load(f)
+    assert "validation_rel_error" not in fit and fit["target"]["name"] == steps["validation"]
+    assert set(fit["predictions"]) == {"0.03", "0.1", "0.3", "0.5", "1"}
+    for p in fit["predictions"].values():
+        assert p["low"] <= p["loss"] <= p["high"]
+    assert fit["params"]["loss"]["form"] in ("saturating", "pure") and "r2" in fit["params"]["loss"]
+    assert isinstance(fit["loo_rel_error"], float)
+    assert len(fit["grad_norm"]["per_rung"]) == len(steps["rungs"]) - 1  # the validation rung is never fitted
+    for png in fit["plots"]:
+        with open(os.path.join(fit_dir, png), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    # the check fits the same rungs (same prediction) and compares the validation rung with it
+    assert check["params"]["loss"] == fit["params"]["loss"]
+    v = check["validation"]["metrics"]["loss"]
+    assert check["validation_rel_error"] == pytest.approx((v["predicted"] - v["actual"]) / v["actual"])
+    with open(os.path.join(result.plan.planned(steps["mixture_report"]).output_path, "mixture_report.json")) as f:
+        report = json.load(f)
+    # the largest run (the validation rung) reads every source less than once: no data repeats
+    assert max(s.get("epochs", 0) for st in report["stages"] for s in st["sources"]) < 1.0
+    return fit, check
+
+
+def test_reduced_tiny_ladder(ray_local, tmp_path):
+    steps, result = _run("reduced", str(tmp_path))
+    _check_outputs(steps, result)
+    again = executor_main(ExecutorMainConfig(prefix=str(tmp_path), progress=False),
+                          steps=[steps["mixture_report"], steps["fit"], steps["check"]])
+    assert set(again.outcome.values()) == {"cached"}
+
+
+@pytest.mark.slow
+def test_full_tiny_ladder_predicts_its_validation_rung(ray_local, tmp_path):
+    steps, result = _run("full", str(tmp_path))
+    fit, check = _check_outputs(steps, result)
+    assert fit["params"]["loss"]["r2"] > 0.95
+    assert abs(check["validation_rel_error"]) < 0.05, check["validation"]

@@ -180,6 +180,8 @@ def default_train(
     wandb_project: str | None = "marin",
     log_every: int = 1,
     description: str | None = None,
+    eval_every_steps: int | None = None,
+    eval_sets: _Sequence = (),
 ):
     """A training step: ``model`` preset (+ ``model_overrides``) on ``mixture`` over ``pool``.
 
@@ -188,6 +190,11 @@ def default_train(
     new_total_steps)`` pairs; ``transport_switches`` are ``(step, transport)`` pairs, e.g.
     ``((0, "fixed"), (81716, "dropless"))``. ``mixture`` may also be a
     ``marin.training.SyntheticDataConfig`` for tests.
+
+    ``eval_every_steps`` evaluates bits per byte on the mixture's held-out split (plus ``eval_sets``,
+    see :func:`default_eval_suite`) every that many steps and at the last step, as ``kind: "eval"``
+    records in metrics.jsonl. It is telemetry, not part of the run's identity; named ``eval_sets``
+    do add their tokenize steps as dependencies, which are.
     """
     from marin.execution import ExecutorStep, this_output_path, versioned
     from marin.training.config import TrainConfig
@@ -222,6 +229,8 @@ def default_train(
         keep_every_steps=keep_every_steps,
         wandb_project=wandb_project,
         log_every=log_every,
+        eval_every_steps=eval_every_steps,
+        eval_sets=tuple(eval_sets),
     )
     return ExecutorStep(
         name=name,
@@ -317,4 +326,99 @@ def default_ladder_fit(
         ),
         description=f"ladder fit over {len(runs)} rungs -> {target.name}",
         resources={"num_cpus": 1},
+
+
+# --- evaluation (bits per byte of held-out text; see docs/evaluation.md) ----------------------------
+# An eval suite is a tuple of marin.evaluation.sets.EvalSet: named text datasets tokenized once with
+# the run's tokenizer (default_eval_suite), and/or a mixture's held-out split (default_validation_sets).
+# default_eval scores committed checkpoints of a training step on them and writes eval.json.
+
+
+def default_eval_suite(suite: _Mapping[str, str], tokenizer, text_field: str = "text", prefix: str = "eval"):
+    """A Paloma-style suite in one line: ``{set name: path, directory or glob}`` of jsonl / jsonl.gz /
+    jsonl.zst / parquet files on any fsspec path, each tokenized once (a tokenize step named
+    ``{prefix}/{name}``) with ``tokenizer`` (a step or a path: use the run's)."""
+    from marin.evaluation.sets import EvalSet
+    from marin.execution import output_path_of, versioned
+
+    out = []
+    for name, path in suite.items():
+        path = str(path)
+        parts = path.rstrip("/").split("/")
+        glob_at = next((i for i, p in enumerate(parts) if any(c in p for c in "*?[")), None)
+        if glob_at is None:  # a file or a directory: the whole location is the one source
+            base, loc = path, ""
+        else:
+            base, loc = "/".join(parts[:glob_at]), "/".join(parts[glob_at:])
+        step = default_tokenize(f"{prefix}/{name}", base, tokenizer, sources={name: loc}, text_field=text_field)
+        out.append(EvalSet(name=versioned(name), store=output_path_of(step)))
+    return tuple(out)
+
+
+def default_validation_sets(mixture, name: str = "val"):
+    """The held-out split of a ``default_mixture`` as eval sets, one per domain (``{name}/{domain}``)."""
+    from marin.evaluation.sets import mixture_validation_sets
+
+    return mixture_validation_sets(mixture, name)
+
+
+def _versioned_eval_set(es):
+    """Every field of an EvalSet that is not a placeholder yet becomes versioned (it changes the scores)."""
+    import dataclasses
+
+    from marin.execution import versioned
+    from marin.execution.step import InputName, OutputName, VersionedValue
+
+    def v(x):
+        return x if isinstance(x, (VersionedValue, InputName, OutputName)) else versioned(x)
+
+    return dataclasses.replace(es, **{f.name: v(getattr(es, f.name)) for f in dataclasses.fields(es)})
+
+
+def default_eval(
+    name: str,
+    train_step,
+    eval_sets: _Sequence = (),
+    checkpoint: str | int = "latest",
+    pool: str | None = None,
+    *,
+    held_out: bool = False,
+    seq_len: int | None = None,
+    stride: int | None = None,
+):
+    """A step writing ``eval.json``: bits per byte of ``train_step``'s committed checkpoint(s) on
+    ``eval_sets`` (and, with ``held_out``, its mixture's held-out split).
+
+    ``checkpoint``: "latest", a step number, or "all" (every retained checkpoint; ``eval.json`` then
+    also holds ``checkpoints``, one record each in step order). ``pool``: None runs on the training
+    step's pool. Windows are the run's longest training sequence (``seq_len``) and disjoint unless
+    ``stride`` is given (then every token has at least ``seq_len - stride`` tokens of context).
+    """
+    from marin.evaluation.step import EvalConfig, evaluate
+    from marin.execution import ExecutorStep, output_path_of, this_output_path, versioned
+    from marin.training.pools import get_pool
+
+    if pool is not None:
+        get_pool(pool)
+    if not (checkpoint in ("latest", "all") or isinstance(checkpoint, int)):
+        raise ValueError(f"checkpoint must be 'latest', 'all' or a step number, got {checkpoint!r}")
+    sets = tuple(_versioned_eval_set(es) for es in eval_sets)
+    if not sets and not held_out:
+        raise ValueError(f"default_eval {name!r}: no eval sets; pass eval_sets or held_out=True")
+    return ExecutorStep(
+        name=name,
+        fn=evaluate,
+        config=EvalConfig(
+            run_path=output_path_of(train_step),
+            output_path=this_output_path(),
+            sets=sets,
+            checkpoint=versioned(checkpoint),
+            held_out=versioned(held_out),
+            pool=pool,
+            seq_len=versioned(seq_len),
+            stride=versioned(stride),
+        ),
+        description=f"evaluate {train_step.name} ({checkpoint} checkpoint)",
+        # Like training, the step's own task only waits on the pool it launches.
+        resources={"num_cpus": 0},
     )

@@ -79,6 +79,14 @@ class TrainConfig:
     wandb_project: str | None = "marin"
     run_name: str | None = None
     progress_every_s: float = 10.0
+    # evaluation during training (telemetry, like the above: not part of the run's identity). Every
+    # eval_every_steps steps and at the last step, bits per byte on eval_sets (marin.evaluation.sets.
+    # EvalSet) plus, when eval_held_out and the data is a mixture, its held-out split, as records with
+    # kind "eval" in metrics.jsonl. None: no evaluation.
+    eval_every_steps: int | None = None
+    eval_sets: tuple[Any, ...] = ()
+    eval_held_out: bool = True
+    eval_stride: int | None = None
 
     def lr_schedule(self) -> LRSchedule:
         return LRSchedule(

@@ -98,7 +98,7 @@ class MetricsWriter:
         self._local = _is_local(self.fs)
         if not is_writer:
             return
-        previous = read_metrics(self.url) if self.fs.exists(self.path) else []
+        previous = read_metrics(self.url, kind=None) if self.fs.exists(self.path) else []
         keep_until = -1 if resume_step is None else resume_step
         self._lines = [json.dumps(r, sort_keys=True) for r in previous if r.get("step", -1) <= keep_until]
         self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
@@ -140,12 +140,18 @@ def _jsonable(record: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_metrics(url: str) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl (path of the file or of the step directory holding it)."""
+def read_metrics(url: str, kind: str | None = "train") -> list[dict[str, Any]]:
+    """Records of a metrics.jsonl (path of the file or of the step directory holding it).
+
+    Training steps and in-training evaluations are separate records; a record's ``kind`` is "eval"
+    for the latter and absent (= "train") for the former. ``kind`` selects one of them (default: the
+    training records, what throughput, health and phase summaries read); None returns every record.
+    """
     if not url.rstrip("/").endswith(METRICS_FILE):
         url = f"{url.rstrip('/')}/{METRICS_FILE}"
     with fsspec.open(url, "r") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        records = [json.loads(line) for line in f if line.strip()]
+    return records if kind is None else [r for r in records if r.get("kind", "train") == kind]
 
 
 def phase_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -242,6 +242,25 @@ def _agree(decision: bool, ctx: HostContext) -> bool:
     return bool(multihost_utils.broadcast_one_to_all(np.asarray(decision, dtype=np.int32)))
 
 
+class _InTrainingEval:
+    """The run's eval suite, loaded and packed once; :meth:`record` scores the live state with the
+    same program the standalone eval step runs (marin.evaluation.step)."""
+
+    def __init__(self, config: TrainConfig, cfg, mesh):
+        from marin.evaluation.step import prepare_run_suite, run_eval_sets
+
+        self.cfg, self.mesh = cfg, mesh
+        self.suite = prepare_run_suite(config, run_eval_sets(config, config.eval_sets, config.eval_held_out), mesh,
+                                       config.eval_stride)
+
+    def record(self, state: dict[str, Any], step: int, tokens: int) -> dict[str, Any]:
+        from marin.evaluation.evaluator import evaluate_prepared
+        from marin.evaluation.step import metrics_record, suite_record
+
+        totals = evaluate_prepared(state["params"], state["router_bias"], self.suite, self.cfg, self.mesh)
+        return metrics_record(step, tokens, suite_record(totals))
+
+
 def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
     """Run (or resume) the training described by ``config`` as process ``ctx.process_id`` of the pool.
 
@@ -282,6 +301,7 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
     progress = ProgressLine(total, every_s=config.progress_every_s) if is_writer else None
     state = _place(host_state, shardings)
     del host_state
+    evaluator = _InTrainingEval(config, cfg, mesh) if config.eval_every_steps else None
     peak = peak_flops_per_device(pool.accelerator)
     compiled: dict[str, Any] = {}
     sharding = batch_sharding(mesh)
@@ -332,6 +352,12 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
                     tracker.log(record)
                 if progress:
                     progress.update(record, force=step == total)
+            if evaluator is not None and (step % config.eval_every_steps == 0 or step == total):
+                eval_record = evaluator.record(state, step, tokens_seen)
+                metrics_out.log(eval_record)
+                if tracker:
+                    tracker.log(eval_record)
+                t_prev = time.perf_counter()  # evaluation time is not training throughput
             due = ckpts.should_save(step)
             if config.checkpoint_every_minutes is not None:  # wall time differs per host
                 due = _agree(due, ctx)

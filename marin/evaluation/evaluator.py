@@ -1,0 +1,154 @@
+"""The forward pass that scores packed windows: per-target negative log-likelihood, summed per sequence.
+
+One compiled program per (model, mesh, rows, seq_len), memoised per process, so the in-training eval
+and the standalone eval of the same checkpoint on the same pool run the very same executable on the
+very same batches (their results agree to the last bit). Routed experts are computed without any
+capacity limit ("local" on one device, "dropless" on an expert-parallel mesh): with a capacity, which
+tokens get dropped would depend on what else is in the batch, and a document's score must not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from marin.evaluation.metrics import SetTotals
+from marin.evaluation.sets import Documents
+from marin.evaluation.windows import PackedRows, pack_windows
+
+_EVAL_CACHE: dict[tuple[Any, ...], Any] = {}
+
+
+def eval_model_config(cfg, mesh):
+    """The model config evaluation runs: same weights and numerics, no expert capacity, no remat."""
+    return cfg.replace(transport="local" if mesh is None or mesh.size == 1 else "dropless", remat_policy="none")
+
+
+def nll_fn(cfg, mesh):
+    """``f(params, router_bias, inputs, targets, segment_ids) -> nll [B, L]`` (float32, nats), jitted
+    for ``mesh`` (rows split over every device, the result replicated so every host has all of it)."""
+    from marin.parallel.mesh import batch_sharding, replicated
+
+    cfg = eval_model_config(cfg, mesh)
+    key = (cfg, mesh)
+    if key in _EVAL_CACHE:
+        return _EVAL_CACHE[key]
+    from marin.models.transformer import forward
+
+    def f(params, router_bias, inputs, targets, segment_ids):
+        logits, _ = forward(params, router_bias, inputs, cfg, mesh=mesh, segment_ids=segment_ids)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        return lse - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+
+    if mesh is None:
+        fn = jax.jit(f)
+    else:
+        rows = batch_sharding(mesh)
+        fn = jax.jit(f, in_shardings=(None, replicated(mesh), rows, rows, rows), out_shardings=replicated(mesh))
+    _EVAL_CACHE[key] = fn
+    return fn
+
+
+@dataclass(frozen=True)
+class PreparedSuite:
+    """Every set of a suite, windowed and packed once; evaluate it with :func:`evaluate_prepared`."""
+
+    rows: PackedRows
+    set_names: list[str]
+    sequence_set: np.ndarray  # int64 [n_sequences]: index into set_names
+    sequence_tokens: np.ndarray  # int64 [n_sequences]: scored targets
+    set_documents: np.ndarray
+    set_bytes: np.ndarray
+    seq_len: int
+    batch_rows: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.sequence_tokens.sum())
+
+
+def prepare_suite(sets: dict[str, Documents], seq_len: int, batch_rows: int, stride: int | None = None) -> PreparedSuite:
+    """Window and pack every document of every set (documents never share a window)."""
+    names = sorted(sets)
+    seqs: list[np.ndarray] = []
+    owner: list[int] = []
+    for k, name in enumerate(names):
+        d = sets[name]
+        eos = np.array([d.eos_id], np.int32)
+        for t in d.tokens:
+            seqs.append(np.concatenate([eos, t.astype(np.int32)]))
+            owner.append(k)
+    rows = pack_windows(seqs, seq_len, stride).padded_to(batch_rows)
+    return PreparedSuite(
+        rows=rows, set_names=names, sequence_set=np.array(owner, np.int64),
+        sequence_tokens=np.array([len(s) - 1 for s in seqs], np.int64),
+        set_documents=np.array([len(sets[n].tokens) for n in names], np.int64),
+        set_bytes=np.array([int(sets[n].bytes.sum()) for n in names], np.int64),
+        seq_len=seq_len, batch_rows=batch_rows,
+    )
+
+
+def sequence_nll(params, router_bias, rows: PackedRows, n_sequences: int, cfg, mesh, batch_rows: int) -> np.ndarray:
+    """Summed NLL (nats, float64) of the scored targets of each sequence in ``rows``.
+
+    ``params`` / ``router_bias`` are host arrays or arrays already placed for ``mesh`` (the trainer's
+    state); ``rows.num_rows`` must be a multiple of ``batch_rows``.
+    """
+    fn = nll_fn(cfg, mesh)
+    if mesh is not None:
+        from marin.parallel.mesh import batch_sharding, param_shardings, replicated
+
+        params = _place(params, param_shardings(params, mesh))
+        router_bias = _place(router_bias, replicated(mesh))
+        sharding = batch_sharding(mesh)
+    out = np.zeros(n_sequences, np.float64)
+    for b in range(0, rows.num_rows, batch_rows):
+        sl = slice(b, b + batch_rows)
+        seq = rows.sequence[sl]
+        if not (seq >= 0).any():
+            continue
+        batch = [rows.inputs[sl], rows.targets[sl], rows.segment_ids[sl]]
+        if mesh is not None:
+            batch = [_place(x, sharding) for x in batch]
+        res = fn(params, router_bias, *batch)
+        # replicated: every process holds the whole result (addressable_data works across processes)
+        nll = np.asarray(res.addressable_data(0) if mesh is not None else res, dtype=np.float64)
+        m = seq >= 0
+        out += np.bincount(seq[m], weights=nll[m], minlength=n_sequences)
+    return out
+
+
+def evaluate_prepared(params, router_bias, suite: PreparedSuite, cfg, mesh) -> dict[str, SetTotals]:
+    """Per-set totals of a prepared suite under ``params``."""
+    nll = sequence_nll(params, router_bias, suite.rows, suite.sequence_set.size, cfg, mesh, suite.batch_rows)
+    k = len(suite.set_names)
+    set_nll = np.bincount(suite.sequence_set, weights=nll, minlength=k)
+    set_tokens = np.bincount(suite.sequence_set, weights=suite.sequence_tokens, minlength=k)
+    return {n: SetTotals(int(suite.set_documents[i]), int(set_tokens[i]), int(suite.set_bytes[i]), float(set_nll[i]))
+            for i, n in enumerate(suite.set_names)}
+
+
+def default_batch_rows(tokens_per_batch: int, seq_len: int, mesh) -> int:
+    """Rows per eval batch: about ``tokens_per_batch`` tokens, a multiple of the mesh's devices."""
+    n = 1 if mesh is None else mesh.size
+    rows = max(1, tokens_per_batch // seq_len)
+    return max(n, rows // n * n)
+
+
+def _place(x, sharding):
+    """Host arrays -> global arrays with ``sharding`` (a pytree of them, or one for all); arrays that
+    already have it are passed through untouched (the trainer's state)."""
+
+    def one(a, s):
+        if isinstance(a, jax.Array) and a.sharding == s:
+            return a
+        a = np.asarray(a)
+        return jax.make_array_from_callback(a.shape, s, lambda idx: a[idx])
+
+    if isinstance(sharding, jax.sharding.Sharding):
+        return jax.tree.map(lambda a: one(a, sharding), x)
+    return jax.tree.map(one, x, sharding)

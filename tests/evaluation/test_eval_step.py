@@ -1,0 +1,117 @@
+"""Evaluating a training run: eval sets from token stores, in-training eval records, the standalone
+eval of committed checkpoints, and the readers of metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from marin.evaluation.sets import (
+    EvalSet,
+    EvalSetError,
+    load_eval_set,
+    mixture_validation_sets,
+)
+from marin.evaluation.step import EvalConfig, run_eval
+from marin.training.metrics import phase_summary, read_metrics
+
+
+def test_named_set_bytes_are_the_input_text_bytes(eval_store):
+    sets = load_eval_set(EvalSet("all", eval_store))
+    with open(os.path.join(eval_store, "manifest.json")) as f:
+        manifest = json.load(f)
+    assert list(sets) == ["all"]
+    assert int(sets["all"].bytes.sum()) == manifest["totals"]["bytes"]
+    assert len(sets["all"].tokens) == manifest["totals"]["documents"]
+    # every token of every document, without the closing EOS
+    assert sets["all"].num_tokens == manifest["totals"]["tokens"] - manifest["totals"]["documents"]
+
+
+def test_held_out_sets_are_the_mixtures_validation_documents(eval_store):
+    from marin.data.mixture import MixtureConfig, MixtureLoader
+
+    mix = MixtureConfig(stores=(eval_store,), validation_fraction=0.05)
+    (es,) = mixture_validation_sets(mix)
+    sets = load_eval_set(es)
+    assert sorted(sets) == ["val/council", "val/infra", "val/science", "val/web_code"]
+    loader = MixtureLoader(mix)
+    for domain in ("council", "science"):
+        # the loader's held-out tokens of a domain = documents + their EOS tokens
+        d = sets[f"val/{domain}"]
+        assert d.num_tokens + len(d.tokens) == loader.validation_tokens(domain)
+
+
+def test_bad_sets_fail_in_one_line(eval_store, tmp_path, eval_tokenizer):
+    with pytest.raises(EvalSetError, match="no token store") as e:
+        load_eval_set(EvalSet("x", str(tmp_path / "missing")))
+    assert "\n" not in str(e.value)
+    with pytest.raises(EvalSetError, match="tokenizer mismatch"):
+        load_eval_set(EvalSet("x", eval_store), tokenizer="0" * 64)
+    with pytest.raises(EvalSetError, match="has no documents held out"):
+        load_eval_set(EvalSet("x", eval_store, held_out=True, validation_fraction=0.0))
+
+
+def test_in_training_eval_equals_standalone_eval_of_the_checkpoint(trained_run):
+    TRAIN_STEPS = trained_run.train_steps
+    records = read_metrics(trained_run.output_path, kind="eval")
+    assert [r["step"] for r in records] == [15, 30, TRAIN_STEPS]  # the last step is always evaluated
+    assert all(r["kind"] == "eval" and "eval/val/council/bpb" in r for r in records)
+    # every reader of training records sees training steps only
+    train = read_metrics(trained_run.output_path)
+    assert [r["step"] for r in train] == list(range(1, TRAIN_STEPS + 1))
+    assert phase_summary(train)[0]["last_step"] == TRAIN_STEPS
+
+    result = run_eval(EvalConfig(trained_run.output_path, "", held_out=True, checkpoint="all"), use_ray=False)
+    assert [c["step"] for c in result["checkpoints"]] == [15, 30, TRAIN_STEPS] and result["step"] == TRAIN_STEPS
+    for rec, ck in zip(records, result["checkpoints"]):
+        assert ck["macro_bpb"] == pytest.approx(rec["eval/macro_bpb"], rel=1e-5)
+        assert ck["micro_bpb"] == pytest.approx(rec["eval/micro_bpb"], rel=1e-5)
+        for name, m in ck["sets"].items():
+            assert m["bpb"] == pytest.approx(rec[f"eval/{name}/bpb"], rel=1e-5)
+    first, last = result["checkpoints"][0], result["checkpoints"][-1]
+    assert last["macro_bpb"] < first["macro_bpb"]
+    assert set(last["sets"]["val/council"]) == {"documents", "tokens", "bytes", "loss", "perplexity", "bpb"}
+
+
+def test_health_reads_training_records_only(trained_run):
+    from marin.monitoring.health import health
+
+    report = health(read_metrics(trained_run.output_path), trained_run.train_steps)
+    assert report["summary"]["last_step"] == trained_run.train_steps
+    assert {c["name"]: c["ok"] for c in report["checks"]}["finite"] is True
+    # the file holds both kinds; a resumed writer keeps both (kind=None reads everything)
+    assert {r.get("kind", "train") for r in read_metrics(trained_run.output_path, kind=None)} == {"train", "eval"}
+
+
+def test_default_eval_step_writes_eval_json_and_is_cached(ray_local, trained_run, eval_corpus, eval_tokenizer):
+    """default_eval as an executor step on local Ray: a named suite tokenized by its own tokenize step
+    plus the run's held-out split, every checkpoint, on the run's pool; a rerun is cached."""
+    import dataclasses
+
+    from experiments.defaults import default_eval, default_eval_suite
+    from marin.execution import (
+        ExecutorMainConfig,
+        ExecutorStep,
+        executor_main,
+        this_output_path,
+    )
+    from marin.training.steps import train as train_fn
+
+    # the training step pinned to the finished run's directory: it resumes at its last step (no work)
+    prefix, run_dir = os.path.split(trained_run.output_path)
+    train = ExecutorStep(name="run", fn=train_fn, config=dataclasses.replace(trained_run, output_path=this_output_path()),
+                         override_output_path=run_dir, resources={"num_cpus": 0})
+    suite = default_eval_suite({"council-q5": f"{eval_corpus}/council/q5/*"}, eval_tokenizer)
+    step = default_eval("eval/run", train, suite, checkpoint="all", held_out=True)
+    cfg = ExecutorMainConfig(prefix=prefix, progress=False)
+    result = executor_main(cfg, steps=[step])
+    assert result.outcome[result.plan.planned(step).output_path] == "succeeded", result.errors
+    with open(os.path.join(result.plan.planned(step).output_path, "eval.json")) as f:
+        ev = json.load(f)
+    assert ev["step"] == trained_run.train_steps and [c["step"] for c in ev["checkpoints"]] == [15, 30, 40]
+    assert "council-q5" in ev["sets"] and "val/council" in ev["sets"]
+    assert ev["macro_bpb"] == pytest.approx(sum(s["bpb"] for s in ev["sets"].values()) / len(ev["sets"]))
+    again = executor_main(cfg, steps=[step])
+    assert again.outcome[again.plan.planned(step).output_path] == "cached"

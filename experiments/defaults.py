@@ -326,7 +326,7 @@ def default_ladder_fit(
         ),
         description=f"ladder fit over {len(runs)} rungs -> {target.name}",
         resources={"num_cpus": 1},
-
+    )
 
 # --- evaluation (bits per byte of held-out text; see docs/evaluation.md) ----------------------------
 # An eval suite is a tuple of marin.evaluation.sets.EvalSet: named text datasets tokenized once with

@@ -402,7 +402,7 @@ def _load(run: RungRun, fractions: Sequence[float]) -> dict[str, Any]:
     if run.run_path is None:
         raise LadderFitError(f"rung {run.name} has no run_path")
     final_eval = _read_json(f"{run.eval_path.rstrip('/')}/eval.json") if run.eval_path else None
-    return rung_values(run, read_metrics(run.run_path), final_eval, fractions)
+    return rung_values(run, read_metrics(run.run_path, kind=None), final_eval, fractions)
 
 
 def ladder_fit_step(config: LadderFitConfig) -> dict[str, Any]:

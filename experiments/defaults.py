@@ -246,8 +246,10 @@ def default_train(
 # --- review (health of a run against the seed's healthy ranges) --------------------------------
 
 
-def default_health_report(name: str, train_step, total_steps: int | None = None):
-    """A step writing ``health.json`` for ``train_step``: loss falling, drops < 8%, grad-norm peak."""
+def default_health_report(name: str, train_step, total_steps: int | None = None, fit=None,
+                          plan_mfu: float | None = None, plan_tokens_per_s: float | None = None):
+    """A step writing ``health.json`` for ``train_step``: loss falling, drops < 8%, grad-norm peak;
+    with ``fit`` (a ``default_ladder_fit`` step), also window by window against its prediction."""
     from marin.execution import ExecutorStep, output_path_of, this_output_path, versioned
     from marin.monitoring.health import HealthReportConfig, health_report_step
 
@@ -255,7 +257,9 @@ def default_health_report(name: str, train_step, total_steps: int | None = None)
         name=name,
         fn=health_report_step,
         config=HealthReportConfig(run_path=output_path_of(train_step), output_path=this_output_path(),
-                                  total_steps=versioned(total_steps)),
+                                  total_steps=versioned(total_steps),
+                                  fit_path=None if fit is None else output_path_of(fit),
+                                  plan_mfu=versioned(plan_mfu), plan_tokens_per_s=versioned(plan_tokens_per_s)),
         description=f"health of {train_step.name}",
         resources={"num_cpus": 1},
     )

@@ -12,7 +12,8 @@ The same loop as the production ladder (experiments/ladder.py), at toy scale, al
    layer in four) at widths 32..80 and 2 layers, each trained for the same tokens per active parameter (so compute grows
    about 21x over the rungs), with the target's schedule shape (warmup 5%, 64 -> 128 tokens per
    sequence at 50%, LR decay to 5% of peak); the rungs are independent steps, so Ray runs them side by side;
-3. a fit step (``fit.json``, plots): final loss vs compute, the same fit at 3/10/30/50/100% of each
+   each rung is evaluated (bits per byte on the mixture's held-out split of all 40 domains);
+3. a fit step (``fit.json``, plots): final loss and macro bpb vs compute, the same fit at 3/10/30/50/100% of each
    run (the predicted trajectory of the target), grad-norm shape and drop fractions over scale,
    leave-one-out;
 4. a validation rung (width 96, about twice the largest rung's compute) the fit never sees, and a
@@ -28,6 +29,7 @@ from __future__ import annotations
 import os
 
 from experiments.defaults import (
+    default_eval,
     default_k40_miniature,
     default_ladder_fit,
     default_mixture,
@@ -76,7 +78,7 @@ def tiny_ladder(size: str = "full"):
     all_widths = (*widths, val_width)
     rungs = ladder_rungs(TARGET, all_widths, shape=SHAPE, depths={d: 2 for d in all_widths},
                          batch_sequences=BATCH_SEQUENCES, tokens_per_active_param=tokens_per_param)
-    trains = {}
+    trains, evals = {}, {}
     for rung in rungs:
         trains[rung.name] = default_train(
             f"{p}/{rung.name}",
@@ -94,14 +96,16 @@ def tiny_ladder(size: str = "full"):
             wandb_project=None,
             description=f"tiny ladder rung {rung.name}: {rung.train_steps} steps, {rung.flops:.3g} FLOPs",
         )
+        # bits per byte of the final checkpoint on the mixture's held-out split (40 domains: macro bpb)
+        evals[rung.name] = default_eval(f"{p}/{rung.name}-eval", trains[rung.name], held_out=True)
     val_name = f"d{val_width}"
-    fitted = [(trains[r.name], None) for r in rungs if r.name != val_name]
+    fitted = [(trains[r.name], evals[r.name]) for r in rungs if r.name != val_name]
     biggest = max(rungs, key=lambda r: r.tokens)  # the validation rung: no run may repeat data
     fit = default_ladder_fit(f"{p}/fit", fitted, target=trains[val_name])
-    check = default_ladder_fit(f"{p}/check", fitted, target=trains[val_name], validation=(trains[val_name], None))
+    check = default_ladder_fit(f"{p}/check", fitted, target=trains[val_name], validation=(trains[val_name], evals[val_name]))
     report = default_mixture_report(f"{p}/mixture", mixture, total_tokens=biggest.tokens,
                                     total_steps=biggest.train_steps)
-    return {"rungs": rungs, "trains": trains, "fit": fit, "check": check, "mixture_report": report,
+    return {"rungs": rungs, "trains": trains, "evals": evals, "fit": fit, "check": check, "mixture_report": report,
             "validation": val_name}
 
 

@@ -1,7 +1,7 @@
 """A scaling ladder you can run on a laptop: train rungs, fit, predict a larger rung, check it.
 
     python experiments/tiny_ladder.py --prefix ./local_store            # the full ladder
-    TINY_LADDER=reduced python experiments/tiny_ladder.py --prefix ...  # a smaller one (seconds)
+    TINY_LADDER=reduced python experiments/tiny_ladder.py --prefix ...  # a smaller one, no eval steps
 
 The same loop as the production ladder (experiments/ladder.py), at toy scale, all as cached steps:
 
@@ -56,9 +56,10 @@ BATCH_SEQUENCES = 64  # x 64 tokens = 4,096 tokens per step
 PEAK_LR = 5e-3
 
 SIZES = {
-    # name: rung widths, validation width, tokens per active parameter, corpus bytes
-    "full": ((32, 48, 64, 80), 96, 15.0, 16_000_000),
-    "reduced": ((16, 32, 48), 64, 3.0, 1_000_000),
+    # name: rung widths, validation width, tokens per active parameter, corpus bytes, evaluate
+    "full": ((32, 48, 64, 80), 96, 15.0, 16_000_000, True),
+    # the default tests' smoke run: the same steps minus the eval steps (fits on training loss)
+    "reduced": ((16, 32, 48), 64, 3.0, 1_000_000, False),
 }
 
 
@@ -66,7 +67,7 @@ def tiny_ladder(size: str = "full"):
     """The steps of the tiny ladder at ``size`` ("full" or "reduced"); returns a dict of them."""
     if size not in SIZES:
         raise ValueError(f"unknown tiny ladder size {size!r}; choose from {sorted(SIZES)}")
-    widths, val_width, tokens_per_param, corpus_bytes = SIZES[size]
+    widths, val_width, tokens_per_param, corpus_bytes, evaluate = SIZES[size]
     p = f"tiny-ladder/{size}" if size != "full" else "tiny-ladder"
     corpus = default_k40_miniature(f"{p}/k40-mini", total_bytes=corpus_bytes, seed=0)
     tokenizer = default_tokenizer(f"{p}/tokenizer", corpus, vocab_size=512, max_bytes=4_000_000)
@@ -97,7 +98,7 @@ def tiny_ladder(size: str = "full"):
             description=f"tiny ladder rung {rung.name}: {rung.train_steps} steps, {rung.flops:.3g} FLOPs",
         )
         # bits per byte of the final checkpoint on the mixture's held-out split (40 domains: macro bpb)
-        evals[rung.name] = default_eval(f"{p}/{rung.name}-eval", trains[rung.name], held_out=True)
+        evals[rung.name] = default_eval(f"{p}/{rung.name}-eval", trains[rung.name], held_out=True) if evaluate else None
     val_name = f"d{val_width}"
     fitted = [(trains[r.name], evals[r.name]) for r in rungs if r.name != val_name]
     biggest = max(rungs, key=lambda r: r.tokens)  # the validation rung: no run may repeat data

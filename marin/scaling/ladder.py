@@ -34,7 +34,13 @@ from typing import Any
 import numpy as np
 
 from marin.models.config import MoEConfig
-from marin.scaling.fit import FitError, fit_power_law, leave_largest_out, linear_trend, trend_predict
+from marin.scaling.fit import (
+    FitError,
+    fit_power_law,
+    leave_largest_out,
+    linear_trend,
+    trend_predict,
+)
 from marin.scaling.recipe import phase_steps, run_flops
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,13 @@ import json
 import pytest
 
 from marin.models.config import get_preset
-from marin.scaling.ladder import LadderFitConfig, LadderFitError, RungRun, ladder_fit_step, rung_values
+from marin.scaling.ladder import (
+    LadderFitConfig,
+    LadderFitError,
+    RungRun,
+    ladder_fit_step,
+    rung_values,
+)
 from marin.scaling.recipe import run_flops, rung_model
 
 TARGET = get_preset("tiny", head_dim=8, n_heads=8, n_kv_heads=4)

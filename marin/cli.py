@@ -5,6 +5,7 @@
     marin show STEP [--prefix P]                 config, version tree, dependencies, outputs, error
     marin explain EXPERIMENT.py [--prefix P]     which steps would run, and why
     marin model-info PRESET [--json]             parameter and FLOP counts of a model preset
+    marin eval RUN_DIR [--data NAME=PATH ...]    bits per byte of a training run's checkpoint
 
 Every command takes --help; status, show and explain take --json for scripts.
 """
@@ -163,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", help=prefix_help)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("model-info", help="parameter and FLOP counts of a model preset", add_help=False)
+    sub.add_parser("eval", help="bits per byte of a training run's checkpoint on text", add_help=False)
     return parser
 
 
@@ -178,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         from marin.models.cli import model_info_main
 
         return model_info_main(argv[1:])
+    if argv[0] == "eval":
+        from marin.evaluation.cli import eval_main
+
+        return eval_main(argv[1:])
     args = parser.parse_args(argv)
     try:
         return {"status": cmd_status, "show": cmd_show, "explain": cmd_explain}[args.command](args)

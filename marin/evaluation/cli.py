@@ -1,0 +1,144 @@
+"""``marin eval``: bits per byte of a training run's checkpoint on text you point it at.
+
+    marin eval RUN_DIR [--data NAME=PATH_OR_GLOB ...] [--held-out] [--checkpoint latest|N]
+                       [--stride S] [--pool POOL] [--json]
+
+RUN_DIR is a training step's output directory. Each ``--data`` is a file, directory or glob of
+jsonl / jsonl.gz / jsonl.zst / parquet documents (any fsspec path), tokenized here with the run's
+tokenizer, or an existing token store (checked against the run's tokenizer). Without ``--data`` (or
+with ``--held-out``) the run's mixture held-out split is evaluated too. The checkpoint is evaluated
+in this process on the run's pool (one host) unless ``--pool`` names another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="marin eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", help="training step output directory (local, s3://, gs://)")
+    p.add_argument("--data", action="append", default=[], metavar="NAME=PATH_OR_GLOB",
+                   help="an eval set: documents (file, directory, glob) or a token store; repeatable")
+    p.add_argument("--held-out", action="store_true", help="also evaluate the run's mixture held-out split")
+    p.add_argument("--checkpoint", default="latest", help="'latest' (default) or a step number")
+    p.add_argument("--stride", type=int, default=None, help="window stride in tokens (default: disjoint windows)")
+    p.add_argument("--pool", default=None, help="device pool to evaluate on (default: the run's)")
+    p.add_argument("--text-field", default="text", help="document field holding the text (default: text)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def _parse_data(items: list[str]) -> list[tuple[str, str]]:
+    out = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--data {item!r}: expected NAME=PATH_OR_GLOB")
+        if any(n == name for n, _ in out):
+            raise ValueError(f"--data: the name {name!r} is given twice")
+        out.append((name, path))
+    return out
+
+
+def _tokenize_set(name: str, path: str, tokenizer: str, text_field: str, workdir: str) -> str:
+    """A token store of the documents at ``path`` (tokenized here), or ``path`` itself if it is one."""
+    import fsspec
+
+    from marin.data.store import MANIFEST
+    from marin.data.tokenize import TokenizeConfig, tokenize
+
+    fs, p = fsspec.core.url_to_fs(path)
+    if fs.isfile(f"{p.rstrip('/')}/{MANIFEST}"):
+        return path
+    parts = path.rstrip("/").split("/")
+    glob_at = next((i for i, x in enumerate(parts) if any(c in x for c in "*?[")), None)
+    base, loc = (path, "") if glob_at is None else ("/".join(parts[:glob_at]), "/".join(parts[glob_at:]))
+    if glob_at is None and not fs.exists(p):
+        raise FileNotFoundError(f"--data {name}: no such file or directory: {path}")
+    out = os.path.join(workdir, name.replace("/", "__"))
+    tokenize(TokenizeConfig(base, tokenizer, out, sources={name: loc}, text_field=text_field,
+                            show_progress=False, use_ray=False))
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from marin.data.store import TokenStore
+    from marin.evaluation.sets import EvalSet
+    from marin.evaluation.step import (
+        EvalConfig,
+        checkpoint_path,
+        select_steps,
+        train_config_from_record,
+    )
+    from marin.training.checkpoint import read_metadata
+    from marin.training.pools import get_pool, host_env
+
+    checkpoint: str | int = args.checkpoint if args.checkpoint == "latest" else _step(args.checkpoint)
+    steps = select_steps(args.run, checkpoint)
+    record = read_metadata(checkpoint_path(args.run, steps[-1]))["config"]
+    train_config = train_config_from_record(record)
+    pool = get_pool(args.pool or record["pool"])
+    if pool.hosts != 1:
+        raise ValueError(f"pool {pool.name} has {pool.hosts} hosts; evaluate it with an eval step (default_eval) "
+                         "or pass --pool with a single-host pool")
+    if "jax" not in sys.modules:  # fake CPU devices must be requested before JAX starts
+        for k, v in host_env(pool).items():
+            os.environ.setdefault(k, v)
+    data = _parse_data(args.data)
+    stores = getattr(train_config.data, "stores", None)
+    if data and not stores:
+        raise ValueError(f"{args.run} was trained on synthetic tokens (no tokenizer); it cannot score text")
+    with tempfile.TemporaryDirectory(prefix="marin-eval-") as work:
+        tokenizer = TokenStore.open(stores[0]).manifest["tokenizer"]["path"] if stores else None
+        sets = tuple(EvalSet(name, _tokenize_set(name, path, tokenizer, args.text_field, work)) for name, path in data)
+        config = EvalConfig(args.run, "", sets=sets, checkpoint=checkpoint, held_out=args.held_out or not data,
+                            pool=pool.name, stride=args.stride)
+        from marin.evaluation.step import run_eval
+
+        return run_eval(config, use_ray=False)
+
+
+def _step(x: str) -> int:
+    try:
+        return int(x)
+    except ValueError:
+        raise ValueError(f"--checkpoint must be 'latest' or a step number, got {x!r}") from None
+
+
+def summary_json(result: dict[str, Any]) -> dict[str, Any]:
+    """The ``--json`` object: per-set documents, tokens, bytes, loss, bpb; macro, micro; step."""
+    keys = ("documents", "tokens", "bytes", "loss", "bpb")
+    return {"sets": {n: {k: m[k] for k in keys} for n, m in result["sets"].items()},
+            "macro_bpb": result["macro_bpb"], "micro_bpb": result["micro_bpb"], "step": result["step"]}
+
+
+def format_result(result: dict[str, Any]) -> str:
+    rows = [("set", "documents", "tokens", "bytes", "loss", "bpb")]
+    for n, m in result["sets"].items():
+        rows.append((n, str(m["documents"]), str(m["tokens"]), str(m["bytes"]), f"{m['loss']:.4f}", f"{m['bpb']:.4f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [f"checkpoint {result['checkpoint']} (step {result['step']})", ""]
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines += ["", (f"macro bpb {result['macro_bpb']:.4f} over {len(result['sets'])} sets   "
+                   f"micro bpb {result['micro_bpb']:.4f}")]
+    return "\n".join(lines)
+
+
+def eval_main(argv: list[str]) -> int:
+    from marin.data.tokenize import TokenizeError
+
+    args = build_parser().parse_args(argv)
+    try:
+        result = run(args)
+    except (FileNotFoundError, ValueError, KeyError, TokenizeError) as e:
+        msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+        print(f"marin eval: error: {msg.splitlines()[0] if msg else type(e).__name__}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary_json(result)) if args.json else format_result(result))
+    return 0

@@ -1,0 +1,118 @@
+"""Multiple-choice log-likelihood tasks, scored the way lm-eval-harness scores them.
+
+A task is a jsonl file (any fsspec path, optionally .gz/.zst), one question per line::
+
+    {"context": "Council note. Vote on the", "choices": [" budget", " sky", " river"], "gold": 0}
+
+(``query`` is accepted for ``context`` and ``label`` for ``gold``.) Each choice's log-likelihood is
+the summed log-probability of its tokens given ``[EOS] + context``, with the pair encoded as the
+harness does: the whole ``context + choice`` is tokenized and the choice's tokens are what follows
+the context's own tokens (so a merge across the boundary is scored as the choice's). A context too
+long for the window keeps its last tokens.
+
+    acc       = mean over questions of [argmax_i loglik_i == gold]
+    acc_norm  = mean over questions of [argmax_i loglik_i / utf8_bytes(choice_i) == gold]
+
+``chance`` is the mean of 1 / number of choices.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+class TaskError(ValueError):
+    """A task file that cannot be scored (missing, empty, or a malformed line)."""
+
+
+@dataclass(frozen=True)
+class Question:
+    context: str
+    choices: tuple[str, ...]
+    gold: int
+
+
+def read_task(path: str) -> list[Question]:
+    """Questions of a task file; a malformed line raises :class:`TaskError` naming it."""
+    import fsspec
+
+    out = []
+    try:
+        with fsspec.open(path, "rb", compression="infer") as f:
+            lines = f.read().decode("utf-8").splitlines()
+    except FileNotFoundError:
+        raise TaskError(f"task file not found: {path}") from None
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            ctx = d["context"] if "context" in d else d["query"]
+            gold = int(d["gold"] if "gold" in d else d["label"])
+            choices = tuple(str(c) for c in d["choices"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise TaskError(f"{path} line {i}: needs context, choices and gold ({type(e).__name__}: {e})") from None
+        if len(choices) < 2 or not 0 <= gold < len(choices):
+            raise TaskError(f"{path} line {i}: needs >= 2 choices and 0 <= gold < {len(choices)}, got gold={gold}")
+        out.append(Question(str(ctx), choices, gold))
+    if not out:
+        raise TaskError(f"task {path} has no questions")
+    return out
+
+
+def encode_pair(tok, context: str, choice: str) -> tuple[list[int], list[int]]:
+    """(context tokens, choice tokens) as the harness splits them; trailing context spaces move to the choice."""
+    n = len(context) - len(context.rstrip(" "))
+    if n:
+        context, choice = context[:-n], context[-n:] + choice
+    whole, ctx = tok.encode_batch([context + choice, context])
+    return ctx, whole[len(ctx):] if whole[:len(ctx)] == ctx else tok.encode_batch([choice])[0]
+
+
+def choice_logliks(questions: list[Question], tok, params, router_bias, cfg, mesh, seq_len: int,
+                   batch_rows: int) -> list[np.ndarray]:
+    """Per question, the log-likelihood (nats) of each choice given its context."""
+    from marin.evaluation.evaluator import sequence_nll
+    from marin.evaluation.windows import pack_windows
+
+    seqs, score_from = [], []
+    for qi, q in enumerate(questions):
+        for choice in q.choices:
+            ctx, cont = encode_pair(tok, q.context, choice)
+            if not cont:
+                raise TaskError(f"question {qi}: choice {choice!r} has no tokens")
+            if len(cont) > seq_len:
+                raise TaskError(f"question {qi}: choice of {len(cont)} tokens is longer than the window ({seq_len})")
+            s = np.array([tok.eos_id, *ctx, *cont], np.int32)
+            keep = min(len(s), seq_len + 1)
+            seqs.append(s[-keep:])
+            score_from.append(keep - len(cont))
+    rows = pack_windows(seqs, seq_len, score_from=score_from).padded_to(batch_rows)
+    loglik = -sequence_nll(params, router_bias, rows, len(seqs), cfg, mesh, batch_rows)
+    out, k = [], 0
+    for q in questions:
+        out.append(loglik[k:k + len(q.choices)])
+        k += len(q.choices)
+    return out
+
+
+def accuracy(questions: list[Question], logliks: list[np.ndarray]) -> dict[str, Any]:
+    """acc, acc_norm (log-likelihood per UTF-8 byte of the choice) and chance. Pure."""
+    acc = acc_norm = 0
+    for q, ll in zip(questions, logliks, strict=True):
+        nbytes = np.array([max(1, len(c.encode("utf-8"))) for c in q.choices], np.float64)
+        acc += int(np.argmax(ll)) == q.gold
+        acc_norm += int(np.argmax(ll / nbytes)) == q.gold
+    n = len(questions)
+    return {"questions": n, "acc": acc / n, "acc_norm": acc_norm / n,
+            "chance": float(np.mean([1.0 / len(q.choices) for q in questions]))}
+
+
+def score_task(questions: list[Question], tok, params, router_bias, cfg, mesh, seq_len: int,
+               batch_rows: int) -> dict[str, Any]:
+    """accuracy, byte-normalised accuracy and chance of ``questions`` under ``params``."""
+    return accuracy(questions, choice_logliks(questions, tok, params, router_bias, cfg, mesh, seq_len, batch_rows))

@@ -1,0 +1,51 @@
+"""``marin eval``: per-set and macro/micro bits per byte of a run's checkpoint; one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from marin.cli import main
+
+
+def _run(capsys, *argv):
+    rc = main(["eval", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_eval_cli_json_and_table(capsys, trained_run, eval_corpus, eval_store):
+    rc, out, err = _run(capsys, trained_run.output_path, "--data", f"council={eval_corpus}/council/*/*",
+                        "--data", f"store={eval_store}", "--checkpoint", "30", "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    assert set(res) == {"sets", "macro_bpb", "micro_bpb", "step"} and res["step"] == 30
+    assert set(res["sets"]) == {"council", "store"}
+    assert set(res["sets"]["council"]) == {"documents", "tokens", "bytes", "loss", "bpb"}
+    assert res["macro_bpb"] == pytest.approx((res["sets"]["council"]["bpb"] + res["sets"]["store"]["bpb"]) / 2)
+    assert 0 < res["sets"]["council"]["bpb"] < 10
+    rc, out, err = _run(capsys, trained_run.output_path)  # no --data: the run's held-out split
+    assert rc == 0, err
+    assert "val/council" in out and "macro bpb" in out and "step 40" in out
+
+
+def test_eval_cli_errors_are_one_line(capsys, trained_run, eval_corpus, tmp_path):
+    from marin.data.tokenize import TokenizeConfig, tokenize
+    from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
+
+    cases = []
+    cases.append(((trained_run.output_path, "--data", f"x={tmp_path}/nope.jsonl"), "no such file"))
+    cases.append(((str(tmp_path / "not-a-run"), "--data", f"x={eval_corpus}"), "no committed checkpoint"))
+    (tmp_path / "empty.jsonl").write_text("")
+    cases.append(((trained_run.output_path, "--data", f"x={tmp_path}/empty.jsonl"), "has no documents"))
+    cases.append(((trained_run.output_path, "--checkpoint", "7"), "no committed checkpoint at step 7"))
+    other_tok = str(tmp_path / "tok")
+    train_tokenizer(TrainTokenizerConfig(f"{eval_corpus}/infra/q5", other_tok, vocab_size=300))
+    other_store = str(tmp_path / "other")
+    tokenize(TokenizeConfig(f"{eval_corpus}/infra/q5", other_tok, other_store, show_progress=False, use_ray=False))
+    cases.append(((trained_run.output_path, "--data", f"x={other_store}"), "tokenizer mismatch"))
+    for argv, needle in cases:
+        rc, _, err = _run(capsys, *argv)
+        assert rc == 2 and needle in err, (argv, err)
+        assert err.count("\n") == 1 and err.startswith("marin eval: error: "), err

@@ -111,6 +111,13 @@ def tiny_ladder(size: str = "full"):
 
 
 if __name__ == "__main__":
+    import sys
+
     steps = tiny_ladder(os.environ.get("TINY_LADDER", "full"))
-    executor_main(steps=[steps["mixture_report"], steps["fit"], steps["check"]],
+    argv = sys.argv[1:]
+    if not any(a.startswith("--max_concurrent") for a in argv):
+        # One step per core at a time: a rung's pool waits at most a few minutes for its CPU, so on a
+        # small machine more rungs than cores at once would time out instead of queueing.
+        argv += ["--max_concurrent", str(os.cpu_count() or 1)]
+    executor_main(steps=[steps["mixture_report"], steps["fit"], steps["check"]], argv=argv,
                   description="tiny scaling ladder: rungs -> fit -> validation rung -> check")

@@ -15,7 +15,8 @@ def _run(size: str, prefix: str):
     from experiments.tiny_ladder import tiny_ladder
 
     steps = tiny_ladder(size)
-    result = executor_main(ExecutorMainConfig(prefix=prefix, progress=False),
+    # at most as many steps at once as the test cluster has CPUs (4): pools never wait for one
+    result = executor_main(ExecutorMainConfig(prefix=prefix, progress=False, max_concurrent=4),
                            steps=[steps["mixture_report"], steps["fit"], steps["check"]])
     assert set(result.outcome.values()) == {"succeeded"}, result.errors
     return steps, result

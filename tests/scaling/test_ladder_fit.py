@@ -39,6 +39,8 @@ def _write(run: RungRun, root, bpb_scale: float | None = 0.8):
         gn = 0.3 + (f / 0.3 if f <= 0.3 else 1 - (f - 0.3))
         lines.append(json.dumps({"step": s, "tokens": 4096 * s, "loss": loss, "grad_norm": gn,
                                  "drop_frac_send": 0.01, "drop_frac_recv": 0.005}))
+        if bpb_scale is not None and s % max(1, run.train_steps // 20) == 0:  # in-training eval, every 5%
+            lines.append(json.dumps({"step": s, "tokens": 4096 * s, "kind": "eval", "eval/macro_bpb": bpb_scale * loss}))
     (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     if bpb_scale is not None:
         (root / f"{run.name}-eval").mkdir()
@@ -68,6 +70,9 @@ def test_fit_step_predicts_a_rung_it_did_not_see(tmp_path):
     assert p1["low"] <= p1["bpb"] <= p1["high"] and p1["loss_low"] <= p1["loss"] <= p1["loss_high"]
     truth_10 = E + A * _run(96, 300).flops_until(30) ** -ALPHA
     assert doc["predictions"]["0.1"]["loss"] == pytest.approx(truth_10, rel=0.02)  # the trajectory, not only the end
+    # bpb at fractions comes from the in-training eval records (kind "eval")
+    assert doc["predictions"]["0.1"]["bpb"] == pytest.approx(0.8 * truth_10, rel=0.03)
+    assert doc["rungs"][0]["at"]["0.5"]["bpb"] == pytest.approx(0.8 * doc["rungs"][0]["at"]["0.5"]["loss"], rel=0.02)
     assert doc["grad_norm"]["predicted_peak_fraction"] == pytest.approx(0.3, abs=0.03)
     assert all(r["grad_norm_shape"]["peak_fraction"] == pytest.approx(0.3, abs=0.03) for r in doc["rungs"])
     assert doc["drop_frac"]["0.3"]["predicted"] == pytest.approx(0.01)

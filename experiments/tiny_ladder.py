@@ -59,7 +59,7 @@ SIZES = {
     # name: rung widths, validation width, tokens per active parameter, corpus bytes, evaluate
     "full": ((32, 48, 64, 80), 96, 15.0, 16_000_000, True),
     # the default tests' smoke run: the same steps minus the eval steps (fits on training loss)
-    "reduced": ((16, 32, 48), 64, 3.0, 1_000_000, False),
+    "reduced": ((16, 32, 48), 64, 3.0, 2_000_000, False),
 }
 
 

@@ -389,6 +389,7 @@ def default_eval(
     held_out: bool = False,
     seq_len: int | None = None,
     stride: int | None = None,
+    tasks: _Mapping[str, str] | None = None,
 ):
     """A step writing ``eval.json``: bits per byte of ``train_step``'s committed checkpoint(s) on
     ``eval_sets`` (and, with ``held_out``, its mixture's held-out split).
@@ -397,9 +398,16 @@ def default_eval(
     also holds ``checkpoints``, one record each in step order). ``pool``: None runs on the training
     step's pool. Windows are the run's longest training sequence (``seq_len``) and disjoint unless
     ``stride`` is given (then every token has at least ``seq_len - stride`` tokens of context).
+    ``tasks``: multiple-choice tasks ``{name: jsonl path}``, scored as accuracy and byte-normalised
+    accuracy under ``"tasks"`` in ``eval.json``.
     """
     from marin.evaluation.step import EvalConfig, evaluate
-    from marin.execution import ExecutorStep, output_path_of, this_output_path, versioned
+    from marin.execution import (
+        ExecutorStep,
+        output_path_of,
+        this_output_path,
+        versioned,
+    )
     from marin.training.pools import get_pool
 
     if pool is not None:
@@ -407,8 +415,8 @@ def default_eval(
     if not (checkpoint in ("latest", "all") or isinstance(checkpoint, int)):
         raise ValueError(f"checkpoint must be 'latest', 'all' or a step number, got {checkpoint!r}")
     sets = tuple(_versioned_eval_set(es) for es in eval_sets)
-    if not sets and not held_out:
-        raise ValueError(f"default_eval {name!r}: no eval sets; pass eval_sets or held_out=True")
+    if not sets and not held_out and not tasks:
+        raise ValueError(f"default_eval {name!r}: nothing to evaluate; pass eval_sets, held_out=True or tasks")
     return ExecutorStep(
         name=name,
         fn=evaluate,
@@ -421,6 +429,7 @@ def default_eval(
             pool=pool,
             seq_len=versioned(seq_len),
             stride=versioned(stride),
+            tasks=versioned(dict(tasks or {})),
         ),
         description=f"evaluate {train_step.name} ({checkpoint} checkpoint)",
         # Like training, the step's own task only waits on the pool it launches.

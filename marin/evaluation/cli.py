@@ -1,12 +1,13 @@
 """``marin eval``: bits per byte of a training run's checkpoint on text you point it at.
 
-    marin eval RUN_DIR [--data NAME=PATH_OR_GLOB ...] [--held-out] [--checkpoint latest|N]
-                       [--stride S] [--pool POOL] [--json]
+    marin eval RUN_DIR [--data NAME=PATH_OR_GLOB ...] [--task NAME=PATH ...] [--held-out]
+                       [--checkpoint latest|N] [--stride S] [--pool POOL] [--json]
 
 RUN_DIR is a training step's output directory. Each ``--data`` is a file, directory or glob of
 jsonl / jsonl.gz / jsonl.zst / parquet documents (any fsspec path), tokenized here with the run's
-tokenizer, or an existing token store (checked against the run's tokenizer). Without ``--data`` (or
-with ``--held-out``) the run's mixture held-out split is evaluated too. The checkpoint is evaluated
+tokenizer, or an existing token store (checked against the run's tokenizer). Each ``--task`` is a
+multiple-choice jsonl file (context, choices, gold). Without ``--data`` and ``--task`` (or with
+``--held-out``) the run's mixture held-out split is evaluated too. The checkpoint is evaluated
 in this process on the run's pool (one host) unless ``--pool`` names another.
 """
 
@@ -25,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="training step output directory (local, s3://, gs://)")
     p.add_argument("--data", action="append", default=[], metavar="NAME=PATH_OR_GLOB",
                    help="an eval set: documents (file, directory, glob) or a token store; repeatable")
+    p.add_argument("--task", action="append", default=[], metavar="NAME=PATH",
+                   help="a multiple-choice task (jsonl of context, choices, gold); repeatable")
     p.add_argument("--held-out", action="store_true", help="also evaluate the run's mixture held-out split")
     p.add_argument("--checkpoint", default="latest", help="'latest' (default) or a step number")
     p.add_argument("--stride", type=int, default=None, help="window stride in tokens (default: disjoint windows)")
@@ -34,14 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parse_data(items: list[str]) -> list[tuple[str, str]]:
+def _parse_data(items: list[str], flag: str = "--data") -> list[tuple[str, str]]:
     out = []
     for item in items:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise ValueError(f"--data {item!r}: expected NAME=PATH_OR_GLOB")
+            raise ValueError(f"{flag} {item!r}: expected NAME=PATH")
         if any(n == name for n, _ in out):
-            raise ValueError(f"--data: the name {name!r} is given twice")
+            raise ValueError(f"{flag}: the name {name!r} is given twice")
         out.append((name, path))
     return out
 
@@ -91,14 +94,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for k, v in host_env(pool).items():
             os.environ.setdefault(k, v)
     data = _parse_data(args.data)
+    tasks = dict(_parse_data(args.task, "--task"))
     stores = getattr(train_config.data, "stores", None)
-    if data and not stores:
+    if (data or tasks) and not stores:
         raise ValueError(f"{args.run} was trained on synthetic tokens (no tokenizer); it cannot score text")
     with tempfile.TemporaryDirectory(prefix="marin-eval-") as work:
         tokenizer = TokenStore.open(stores[0]).manifest["tokenizer"]["path"] if stores else None
         sets = tuple(EvalSet(name, _tokenize_set(name, path, tokenizer, args.text_field, work)) for name, path in data)
-        config = EvalConfig(args.run, "", sets=sets, checkpoint=checkpoint, held_out=args.held_out or not data,
-                            pool=pool.name, stride=args.stride)
+        config = EvalConfig(args.run, "", sets=sets, checkpoint=checkpoint,
+                            held_out=args.held_out or not (data or tasks), pool=pool.name, stride=args.stride,
+                            tasks=tasks)
         from marin.evaluation.step import run_eval
 
         return run_eval(config, use_ray=False)
@@ -114,18 +119,33 @@ def _step(x: str) -> int:
 def summary_json(result: dict[str, Any]) -> dict[str, Any]:
     """The ``--json`` object: per-set documents, tokens, bytes, loss, bpb; macro, micro; step."""
     keys = ("documents", "tokens", "bytes", "loss", "bpb")
-    return {"sets": {n: {k: m[k] for k in keys} for n, m in result["sets"].items()},
-            "macro_bpb": result["macro_bpb"], "micro_bpb": result["micro_bpb"], "step": result["step"]}
+    out: dict[str, Any] = {}
+    if "sets" in result:
+        out = {"sets": {n: {k: m[k] for k in keys} for n, m in result["sets"].items()},
+               "macro_bpb": result["macro_bpb"], "micro_bpb": result["micro_bpb"]}
+    out["step"] = result["step"]
+    if "tasks" in result:
+        out["tasks"] = result["tasks"]
+    return out
 
 
 def format_result(result: dict[str, Any]) -> str:
+    lines = [f"checkpoint {result['checkpoint']} (step {result['step']})"]
+    if "sets" in result:
+        lines += ["", _sets_table(result)]
+    for name, t in result.get("tasks", {}).items():
+        lines.append(f"task {name}: acc {t['acc']:.3f}  acc_norm {t['acc_norm']:.3f}  "
+                     f"(chance {t['chance']:.3f}, {t['questions']} questions)")
+    return "\n".join(lines)
+
+
+def _sets_table(result: dict[str, Any]) -> str:
     rows = [("set", "documents", "tokens", "bytes", "loss", "bpb")]
     for n, m in result["sets"].items():
         rows.append((n, str(m["documents"]), str(m["tokens"]), str(m["bytes"]), f"{m['loss']:.4f}", f"{m['bpb']:.4f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [f"checkpoint {result['checkpoint']} (step {result['step']})", ""]
-    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-    lines += ["", (f"macro bpb {result['macro_bpb']:.4f} over {len(result['sets'])} sets   "
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines += ["", (f"macro bpb {result['macro_bpb']:.4f} over {len(result['sets'])} set{'s' if len(result['sets']) != 1 else ''}   "
                    f"micro bpb {result['micro_bpb']:.4f}")]
     return "\n".join(lines)
 

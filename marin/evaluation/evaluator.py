@@ -21,6 +21,7 @@ from marin.evaluation.sets import Documents
 from marin.evaluation.windows import PackedRows, pack_windows
 
 _EVAL_CACHE: dict[tuple[Any, ...], Any] = {}
+_MAX_IN_FLIGHT = 2  # batches dispatched ahead of the one whose result is read
 
 
 def eval_model_config(cfg, mesh):
@@ -106,6 +107,15 @@ def sequence_nll(params, router_bias, rows: PackedRows, n_sequences: int, cfg, m
         router_bias = _place(router_bias, replicated(mesh))
         sharding = batch_sharding(mesh)
     out = np.zeros(n_sequences, np.float64)
+    in_flight: list[tuple[np.ndarray, Any]] = []
+
+    def collect() -> None:
+        seq, res = in_flight.pop(0)
+        # replicated: every process holds the whole result (addressable_data works across processes)
+        nll = np.asarray(res.addressable_data(0) if mesh is not None else res, dtype=np.float64)
+        m = seq >= 0
+        out[:] += np.bincount(seq[m], weights=nll[m], minlength=n_sequences)
+
     for b in range(0, rows.num_rows, batch_rows):
         sl = slice(b, b + batch_rows)
         seq = rows.sequence[sl]
@@ -114,11 +124,12 @@ def sequence_nll(params, router_bias, rows: PackedRows, n_sequences: int, cfg, m
         batch = [rows.inputs[sl], rows.targets[sl], rows.segment_ids[sl]]
         if mesh is not None:
             batch = [_place(x, sharding) for x in batch]
-        res = fn(params, router_bias, *batch)
-        # replicated: every process holds the whole result (addressable_data works across processes)
-        nll = np.asarray(res.addressable_data(0) if mesh is not None else res, dtype=np.float64)
-        m = seq >= 0
-        out += np.bincount(seq[m], weights=nll[m], minlength=n_sequences)
+        # dispatch is asynchronous: the next batch is placed while this one computes
+        in_flight.append((seq, fn(params, router_bias, *batch)))
+        if len(in_flight) > _MAX_IN_FLIGHT:
+            collect()
+    while in_flight:
+        collect()
     return out
 
 

@@ -161,7 +161,8 @@ class EvalConfig:
     pool: str | None = None
     seq_len: int | None = None
     stride: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    tasks: dict[str, str] = field(default_factory=dict)
+    """Multiple-choice tasks, name -> jsonl path (marin.evaluation.multiple_choice); results under "tasks"."""
 
 
 def evaluate_checkpoints_on_host(ctx, config: EvalConfig, steps: list[int]) -> dict[str, Any]:
@@ -176,21 +177,54 @@ def evaluate_checkpoints_on_host(ctx, config: EvalConfig, steps: list[int]) -> d
     cfg = model_config(train_config)
     mesh = make_mesh(*ctx.pool.mesh)
     sets = run_eval_sets(train_config, config.sets, config.held_out)
-    suite = prepare_run_suite(train_config, sets, mesh, config.stride, config.seq_len)
+    suite = prepare_run_suite(train_config, sets, mesh, config.stride, config.seq_len) if sets else None
+    if suite is None and not config.tasks:
+        raise ValueError("nothing to evaluate: no eval sets, no held-out split and no tasks")
+    tasks = _load_tasks(train_config, config.tasks)
     records = []
     for step in steps:
         path = checkpoint_path(config.run_path, step)
         params, bias, meta = load_model_state(path, cfg)
-        rec = {"step": step, "checkpoint": path, "train_tokens": int(meta.get("tokens", 0)),
-               **suite_record(evaluate_prepared(params, bias, suite, cfg, mesh))}
-        logger.info("eval of %s: macro bpb %.4f, micro bpb %.4f", path, rec["macro_bpb"], rec["micro_bpb"])
+        rec = {"step": step, "checkpoint": path, "train_tokens": int(meta.get("tokens", 0))}
+        if suite is not None:
+            rec.update(suite_record(evaluate_prepared(params, bias, suite, cfg, mesh)))
+        if tasks:
+            rec["tasks"] = _score_tasks(tasks, params, bias, cfg, mesh, train_config, config.seq_len)
+        if suite is not None:
+            logger.info("eval of %s: macro bpb %.4f, micro bpb %.4f", path, rec["macro_bpb"], rec["micro_bpb"])
         records.append(rec)
     out = dict(records[-1])
     if config.checkpoint == "all":
         out["checkpoints"] = records
-    out["eval_tokens"] = suite.num_tokens
-    out["seq_len"] = suite.seq_len
+    if suite is not None:
+        out["eval_tokens"] = suite.num_tokens
+        out["seq_len"] = suite.seq_len
     return out
+
+
+def _load_tasks(train_config, tasks: dict[str, str]):
+    """(tokenizer, {name: questions}) of the run's tokenizer and the task files, or None."""
+    if not tasks:
+        return None
+    from marin.data.store import TokenStore
+    from marin.data.tokenizer import load_tokenizer
+    from marin.evaluation.multiple_choice import read_task
+
+    stores = getattr(train_config.data, "stores", None)
+    if not stores:
+        raise ValueError("the run was trained on synthetic tokens (no tokenizer); it cannot score text tasks")
+    tok = load_tokenizer(TokenStore.open(stores[0]).manifest["tokenizer"]["path"])
+    return tok, {name: read_task(path) for name, path in sorted(tasks.items())}
+
+
+def _score_tasks(tasks, params, bias, cfg, mesh, train_config, seq_len: int | None) -> dict[str, Any]:
+    from marin.evaluation.evaluator import default_batch_rows
+    from marin.evaluation.multiple_choice import score_task
+
+    tok, questions = tasks
+    seq_len = seq_len or eval_seq_len(train_config)
+    rows = default_batch_rows(train_config.tokens_per_step, seq_len, mesh)
+    return {name: score_task(qs, tok, params, bias, cfg, mesh, seq_len, rows) for name, qs in questions.items()}
 
 
 def run_eval(config: EvalConfig, *, use_ray: bool | None = None) -> dict[str, Any]:
@@ -214,4 +248,4 @@ def evaluate(config: EvalConfig) -> dict[str, Any]:
     result = run_eval(config)
     with fsspec.open(f"{config.output_path.rstrip('/')}/{EVAL_FILE}", "w") as f:
         json.dump(result, f, indent=1)
-    return {k: result[k] for k in ("step", "macro_bpb", "micro_bpb")}
+    return {k: result[k] for k in ("step", "macro_bpb", "micro_bpb", "tasks") if k in result}

@@ -30,6 +30,22 @@ def test_eval_cli_json_and_table(capsys, trained_run, eval_corpus, eval_store):
     assert "val/council" in out and "macro bpb" in out and "step 40" in out
 
 
+def test_eval_cli_task(capsys, trained_run, tmp_path):
+    task = tmp_path / "task.jsonl"
+    task.write_text("".join(json.dumps({"context": "Council note 1.", "choices": [" Vote", " zzqx", " kkk"], "gold": i % 3}) + "\n"
+                            for i in range(6)))
+    rc, out, err = _run(capsys, trained_run.output_path, "--task", f"toy={task}", "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    assert set(res) == {"step", "tasks"}  # a task alone evaluates no text set
+    t = res["tasks"]["toy"]
+    assert t["questions"] == 6 and t["chance"] == pytest.approx(1 / 3)
+    assert t["acc"] == pytest.approx(1 / 3)  # the same choices for every question: one gold in three is right
+    (tmp_path / "bad.jsonl").write_text('{"context": "x"}\n')
+    rc, _, err = _run(capsys, trained_run.output_path, "--task", f"bad={tmp_path}/bad.jsonl")
+    assert rc == 2 and "line 1: needs context, choices and gold" in err and err.count("\n") == 1
+
+
 def test_eval_cli_errors_are_one_line(capsys, trained_run, eval_corpus, tmp_path):
     from marin.data.tokenize import TokenizeConfig, tokenize
     from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer

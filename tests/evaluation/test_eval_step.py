@@ -43,6 +43,16 @@ def test_held_out_sets_are_the_mixtures_validation_documents(eval_store):
         assert d.num_tokens + len(d.tokens) == loader.validation_tokens(domain)
 
 
+def test_suite_names_are_unique_except_a_domain_held_out_in_several_stores(eval_store):
+    from marin.evaluation.sets import load_eval_sets
+
+    one = load_eval_sets([EvalSet("val", eval_store, held_out=True)])
+    two = load_eval_sets([EvalSet("val", eval_store, held_out=True), EvalSet("val", eval_store, held_out=True)])
+    assert len(two["val/council"].tokens) == 2 * len(one["val/council"].tokens)
+    with pytest.raises(EvalSetError, match="two eval sets are named 'x'"):
+        load_eval_sets([EvalSet("x", eval_store), EvalSet("x", eval_store)])
+
+
 def test_bad_sets_fail_in_one_line(eval_store, tmp_path, eval_tokenizer):
     with pytest.raises(EvalSetError, match="no token store") as e:
         load_eval_set(EvalSet("x", str(tmp_path / "missing")))
@@ -51,6 +61,21 @@ def test_bad_sets_fail_in_one_line(eval_store, tmp_path, eval_tokenizer):
         load_eval_set(EvalSet("x", eval_store), tokenizer="0" * 64)
     with pytest.raises(EvalSetError, match="has no documents held out"):
         load_eval_set(EvalSet("x", eval_store, held_out=True, validation_fraction=0.0))
+
+
+def test_only_committed_checkpoints_are_evaluated(tmp_path):
+    import numpy as np
+
+    from marin.evaluation.step import select_steps
+    from marin.training.checkpoint import write_checkpoint
+
+    run = str(tmp_path)
+    write_checkpoint(f"{run}/checkpoints/step-00000010", {"x": np.zeros(2)}, {}, step=10)
+    write_checkpoint(f"{run}/checkpoints/step-00000020", {"x": np.zeros(2)}, {}, step=20)
+    os.remove(f"{run}/checkpoints/step-00000020/COMMIT")  # a save that died before its commit marker
+    assert select_steps(run, "latest") == [10] and select_steps(run, "all") == [10]
+    with pytest.raises(FileNotFoundError, match="no committed checkpoint at step 20"):
+        select_steps(run, 20)
 
 
 def test_in_training_eval_equals_standalone_eval_of_the_checkpoint(trained_run):
@@ -104,7 +129,10 @@ def test_default_eval_step_writes_eval_json_and_is_cached(ray_local, trained_run
     train = ExecutorStep(name="run", fn=train_fn, config=dataclasses.replace(trained_run, output_path=this_output_path()),
                          override_output_path=run_dir, resources={"num_cpus": 0})
     suite = default_eval_suite({"council-q5": f"{eval_corpus}/council/q5/*"}, eval_tokenizer)
-    step = default_eval("eval/run", train, suite, checkpoint="all", held_out=True)
+    task = os.path.join(prefix, "toy_task.jsonl")
+    with open(task, "w") as f:
+        f.write(json.dumps({"context": "Council note 1.", "choices": [" Vote", " zzqx"], "gold": 0}) + "\n")
+    step = default_eval("eval/run", train, suite, checkpoint="all", held_out=True, tasks={"toy": task})
     cfg = ExecutorMainConfig(prefix=prefix, progress=False)
     result = executor_main(cfg, steps=[step])
     assert result.outcome[result.plan.planned(step).output_path] == "succeeded", result.errors
@@ -112,6 +140,7 @@ def test_default_eval_step_writes_eval_json_and_is_cached(ray_local, trained_run
         ev = json.load(f)
     assert ev["step"] == trained_run.train_steps and [c["step"] for c in ev["checkpoints"]] == [15, 30, 40]
     assert "council-q5" in ev["sets"] and "val/council" in ev["sets"]
+    assert ev["tasks"]["toy"]["questions"] == 1 and ev["checkpoints"][0]["tasks"]["toy"]["chance"] == 0.5
     assert ev["macro_bpb"] == pytest.approx(sum(s["bpb"] for s in ev["sets"].values()) / len(ev["sets"]))
     again = executor_main(cfg, steps=[step])
     assert again.outcome[again.plan.planned(step).output_path] == "cached"

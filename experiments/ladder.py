@@ -17,7 +17,12 @@ the published total parameter counts (d3072/d4096 interpolated).
 
 from __future__ import annotations
 
-from experiments.defaults import default_eval, default_health_report, default_ladder_fit, default_train
+from experiments.defaults import (
+    default_eval,
+    default_health_report,
+    default_ladder_fit,
+    default_train,
+)
 from experiments.harrier_k40 import harrier_k40_mixture
 from experiments.hero import (
     HERO_BATCH_SEQUENCES,

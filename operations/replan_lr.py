@@ -35,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--at-step", type=int, default=None, help="default: the latest committed checkpoint")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, read_metadata
+    from marin.training.checkpoint import (
+        CheckpointManager,
+        CheckpointPolicy,
+        read_metadata,
+    )
 
     mgr = CheckpointManager(args.step_dir, CheckpointPolicy())
     latest = mgr.latest_step()

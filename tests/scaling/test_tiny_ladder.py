@@ -32,7 +32,7 @@ def _check_outputs(steps, result):
     assert "validation_rel_error" not in fit and fit["target"]["name"] == steps["validation"]
     assert set(fit["predictions"]) == {"0.03", "0.1", "0.3", "0.5", "1"}
     for p in fit["predictions"].values():
-        assert p["low"] <= p["loss"] <= p["high"]
+        assert p["low"] <= p[p["metric"]] <= p["high"] and p["loss_low"] <= p["loss"] <= p["loss_high"]
     assert fit["params"]["loss"]["form"] in ("saturating", "pure") and "r2" in fit["params"]["loss"]
     assert isinstance(fit["loo_rel_error"], float)
     assert len(fit["grad_norm"]["per_rung"]) == len(steps["rungs"]) - 1  # the validation rung is never fitted
@@ -41,7 +41,7 @@ def _check_outputs(steps, result):
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     # the check fits the same rungs (same prediction) and compares the validation rung with it
     assert check["params"]["loss"] == fit["params"]["loss"]
-    v = check["validation"]["metrics"]["loss"]
+    v = check["validation"]["metrics"][check["validation"]["metric"]]
     assert check["validation_rel_error"] == pytest.approx((v["predicted"] - v["actual"]) / v["actual"])
     with open(os.path.join(result.plan.planned(steps["mixture_report"]).output_path, "mixture_report.json")) as f:
         report = json.load(f)

@@ -61,6 +61,9 @@ SIZES = {
     # the default tests' smoke run: the same steps minus the eval steps (fits on training loss)
     "reduced": ((16, 32, 48), 64, 3.0, 2_000_000, False),
 }
+# The reduced ladder keeps one sequence length: a phase switch is one more compilation per rung,
+# which is most of its cost.
+REDUCED_SHAPE = RunShape(seq_len_phases=((0.0, 64),), warmup_fraction=0.05)
 
 
 def tiny_ladder(size: str = "full"):
@@ -77,7 +80,7 @@ def tiny_ladder(size: str = "full"):
         stages=(MixtureStage(start_fraction=STAGE2_FRACTION, quality_weights=QUALITY_WEIGHTS),),
     )
     all_widths = (*widths, val_width)
-    rungs = ladder_rungs(TARGET, all_widths, shape=SHAPE, depths={d: 2 for d in all_widths},
+    rungs = ladder_rungs(TARGET, all_widths, shape=SHAPE if size == "full" else REDUCED_SHAPE, depths={d: 2 for d in all_widths},
                          batch_sequences=BATCH_SEQUENCES, tokens_per_active_param=tokens_per_param)
     trains, evals = {}, {}
     for rung in rungs:

@@ -330,8 +330,10 @@ def _check_train_memory(mode: str, config) -> None:
 # --- review (health of a run against the seed's healthy ranges) --------------------------------
 
 
-def default_health_report(name: str, train_step, total_steps: int | None = None):
-    """A step writing ``health.json`` for ``train_step``: loss falling, drops < 8%, grad-norm peak."""
+def default_health_report(name: str, train_step, total_steps: int | None = None, fit=None,
+                          plan_mfu: float | None = None, plan_tokens_per_s: float | None = None):
+    """A step writing ``health.json`` for ``train_step``: loss falling, drops < 8%, grad-norm peak;
+    with ``fit`` (a ``default_ladder_fit`` step), also window by window against its prediction."""
     from marin.execution import ExecutorStep, output_path_of, this_output_path, versioned
     from marin.monitoring.health import HealthReportConfig, health_report_step
 
@@ -339,7 +341,9 @@ def default_health_report(name: str, train_step, total_steps: int | None = None)
         name=name,
         fn=health_report_step,
         config=HealthReportConfig(run_path=output_path_of(train_step), output_path=this_output_path(),
-                                  total_steps=versioned(total_steps)),
+                                  total_steps=versioned(total_steps),
+                                  fit_path=None if fit is None else output_path_of(fit),
+                                  plan_mfu=versioned(plan_mfu), plan_tokens_per_s=versioned(plan_tokens_per_s)),
         description=f"health of {train_step.name}",
         resources={"num_cpus": 1},
     )
@@ -360,6 +364,74 @@ def default_report(name: str, steps, description: str | None = None):
         config=ReportConfig(name=name, step_paths=[output_path_of(s) for s in steps], output_path=this_output_path(),
                             description=description),
         description=f"report of {', '.join(s.name for s in steps)}",
+        resources={"num_cpus": 1},
+    )
+
+
+# --- scaling ladder (fit the rungs, predict the target) -------------------------------------------
+
+
+def _rung_run(name: str, train_step, eval_step=None, *, with_outputs: bool = True):
+    """What a ladder fit needs to know about a training step: its resolved model and schedule
+    (read from the step's config at declaration time) and, ``with_outputs``, where its outputs are.
+    A target read without outputs is not a dependency of the fit. Every value is versioned: the
+    model as it resolves, not the preset's name."""
+    import dataclasses
+
+    from marin.execution import output_path_of, versioned
+    from marin.execution.step import VersionedValue
+    from marin.scaling.ladder import RungRun
+
+    def v(x):
+        return x.value if isinstance(x, VersionedValue) else x
+
+    c = train_step.config
+    # default_train versions the resolved model field by field; unwrap it to the model itself
+    model = dataclasses.replace(c.model, **{f.name: v(getattr(c.model, f.name)) for f in dataclasses.fields(c.model)})
+    return RungRun(
+        name=versioned(name),
+        model=versioned(model),
+        train_steps=versioned(int(v(c.train_steps))),
+        tokens_per_step=versioned(int(v(c.tokens_per_step))),
+        seq_len_phases=versioned(tuple((float(f), int(n)) for f, n in v(c.seq_len_phases))),
+        warmup_steps=versioned(int(v(c.warmup_steps))),
+        run_path=output_path_of(train_step) if with_outputs else None,
+        eval_path=output_path_of(eval_step) if with_outputs and eval_step is not None else None,
+    )
+
+
+def default_ladder_fit(
+    name: str,
+    rungs: _Sequence,
+    target,
+    *,
+    validation=None,
+    fractions: _Sequence[float] = (0.03, 0.1, 0.3, 0.5, 1.0),
+    n_boot: int = 400,
+    max_validation_rel_error: float | None = None,
+):
+    """A step writing ``fit.json`` and plots: scaling laws over ``rungs`` (``(train_step, eval_step
+    or None)`` pairs) predicting ``target`` (a training step, read for its model and schedule only:
+    it need not have run). ``validation`` (a ``(train_step, eval_step or None)`` pair, never fitted)
+    adds ``validation_rel_error``; with ``max_validation_rel_error`` the step fails beyond it."""
+    from marin.execution import ExecutorStep, this_output_path, versioned
+    from marin.scaling.ladder import LadderFitConfig, ladder_fit_step
+
+    runs = tuple(_rung_run(t.name.rsplit("/", 1)[-1], t, e) for t, e in rungs)
+    val = None if validation is None else _rung_run(validation[0].name.rsplit("/", 1)[-1], *validation)
+    return ExecutorStep(
+        name=name,
+        fn=ladder_fit_step,
+        config=LadderFitConfig(
+            rungs=runs,
+            target=_rung_run(target.name.rsplit("/", 1)[-1], target, with_outputs=False),
+            output_path=this_output_path(),
+            validation=val,
+            fractions=versioned(tuple(float(f) for f in fractions)),
+            n_boot=versioned(n_boot),
+            max_validation_rel_error=max_validation_rel_error,
+        ),
+        description=f"ladder fit over {len(runs)} rungs -> {target.name}",
         resources={"num_cpus": 1},
     )
 

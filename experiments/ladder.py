@@ -17,7 +17,12 @@ the published total parameter counts (d3072/d4096 interpolated).
 
 from __future__ import annotations
 
-from experiments.defaults import default_health_report, default_train
+from experiments.defaults import (
+    default_eval,
+    default_health_report,
+    default_ladder_fit,
+    default_train,
+)
 from experiments.harrier_k40 import harrier_k40_mixture
 from experiments.hero import (
     HERO_BATCH_SEQUENCES,
@@ -53,8 +58,12 @@ RUNGS = ladder_rungs(
 
 
 def ladder_steps():
+    """Per rung: train, evaluate (bpb on the mixture's held-out split), health; then the fit that
+    predicts the hero (``fit.json``: what ``operations/health_report.py --fit`` judges the hero by)."""
+    from experiments.hero import hero
+
     mixture = harrier_k40_mixture()
-    out = []
+    out, rungs = [], []
     for rung in RUNGS:
         train = default_train(
             f"ladder/{rung.name}",
@@ -79,8 +88,10 @@ def ladder_steps():
             description=f"ladder rung {rung.name}: {rung.train_steps:,} steps, {rung.flops:.2g} FLOPs"
             + ("" if rung.budget_published else " (budget assumed)"),
         )
-        out += [train, default_health_report(f"ladder/{rung.name}-health", train, total_steps=rung.train_steps)]
-    return out
+        evaluation = default_eval(f"ladder/{rung.name}-eval", train, held_out=True)
+        rungs.append((train, evaluation))
+        out += [train, evaluation, default_health_report(f"ladder/{rung.name}-health", train, total_steps=rung.train_steps)]
+    return [*out, default_ladder_fit("ladder/fit", rungs, target=hero)]
 
 
 if __name__ == "__main__":

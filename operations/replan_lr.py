@@ -21,26 +21,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def replan(config: dict[str, Any], at_step: int, new_total: int) -> dict[str, Any]:
-    """The new ``lr_replans`` tuple and a few LR values of the old and new plans (pure)."""
-    from marin.training.schedule import LRSchedule, Replan, lr_at
+    """The new ``lr_replans`` tuple and a few LR values of the old and new plans (pure; the logic is
+    :func:`marin.training.schedule.replan_horizon`, shared with the health report's contingency)."""
+    from marin.training.schedule import replan_horizon, schedule_from_config
 
-    old = LRSchedule(
-        peak_lr=config["peak_lr"],
-        warmup_steps=config["warmup_steps"],
-        total_steps=config["train_steps"],
-        final_fraction=config.get("final_lr_fraction", 0.05),
-        replans=tuple(Replan(int(a), int(t)) for a, t in config.get("lr_replans", ())),
-    )
-    new = old.replanned(at_step, new_total)
-    probe = sorted({0, max(0, at_step - 1), at_step, at_step + 1, (at_step + new_total) // 2, new_total,
-                    old.final_total_steps})
-    return {
-        "lr_replans": [[r.at_step, r.total_steps] for r in new.replans],
-        "old_total_steps": old.final_total_steps,
-        "new_total_steps": new_total,
-        "tokens_saved_or_added": (new_total - old.final_total_steps) * int(config.get("tokens_per_step", 0)),
-        "curve": [{"step": s, "old_lr": lr_at(s, old), "new_lr": lr_at(s, new)} for s in probe],
-    }
+    return replan_horizon(schedule_from_config(config), at_step, new_total, int(config.get("tokens_per_step", 0)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--at-step", type=int, default=None, help="default: the latest committed checkpoint")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, read_metadata
+    from marin.training.checkpoint import (
+        CheckpointManager,
+        CheckpointPolicy,
+        read_metadata,
+    )
 
     mgr = CheckpointManager(args.step_dir, CheckpointPolicy())
     latest = mgr.latest_step()

@@ -92,6 +92,22 @@ def health(records: list[dict[str, Any]], total_steps: int | None = None, window
     return {"ok": all(c["ok"] for c in checks), "checks": checks, "summary": summary}
 
 
+def prediction_report(run_path: str, fit_path: str, total_steps: int | None = None, plan_mfu: float | None = None,
+                      plan_tokens_per_s: float | None = None) -> dict[str, Any]:
+    """:func:`health_vs_prediction` of a run directory (live or finished) against a fit.json."""
+    from marin.scaling.ladder import read_fit
+    from marin.training.metrics import read_metrics
+
+    fit = read_fit(fit_path)
+    schedule, tokens_per_step, horizon = run_schedule(run_path)
+    total = total_steps or horizon or int(fit["target"]["train_steps"])
+    records = read_metrics(run_path, kind=None)
+    train = [r for r in records if r.get("kind", "train") == "train"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    return health_vs_prediction(train, fit, total, eval_records=evals, plan_mfu=plan_mfu,
+                                plan_tokens_per_s=plan_tokens_per_s, schedule=schedule, tokens_per_step=tokens_per_step)
+
+
 def format_report(report: dict[str, Any]) -> str:
     s = report["summary"]
     lines = []
@@ -102,7 +118,238 @@ def format_report(report: dict[str, Any]) -> str:
     for c in report["checks"]:
         lines.append(f"  [{'clear' if c['ok'] else 'ALERT'}] {c['name']}: {c['detail']}")
     lines.append("overall: " + ("clear" if report["ok"] else "needs a look"))
+    if report.get("prediction"):
+        lines.append(format_prediction_report(report["prediction"]))
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------- #
+# against the ladder's prediction                                                                #
+# --------------------------------------------------------------------------------------------- #
+#
+# A ladder fit (marin.scaling.ladder, fit.json) predicts the target run at fractions of its steps:
+# loss / bpb with a band, the grad-norm peak position and drop fractions. The run is judged window
+# by window (first 3%, 3-10%, 10-30%, ...), each item and each window at one of three levels:
+#   clear  as predicted (or better);
+#   watch  outside the band by up to twice its half-width, a grad-norm trend against the ladder's
+#          shape, drops above 8% in the first window (the hero started at 10.4%), MFU / throughput
+#          below 90% of plan;
+#   act    further than twice the half-width above the band, grad norm above 4, drops above 8%
+#          after the first window, MFU / throughput below 75% of plan.
+# "act" in a window that ends within the first 25% of the run, while the run is still there,
+# proposes the seed's contingency: shorten the horizon and re-plan the linear LR decay so it still
+# ends at 5% of peak (the lr_replans value to pass to default_train).
+
+LEVELS = ("clear", "watch", "act")
+BAND_WATCH = 2.0
+"""Beyond this many half-widths above the band, a value is "act" (between 1 and this: "watch")."""
+PLAN_WATCH, PLAN_ACT = 0.9, 0.75
+CONTINGENCY_BEFORE = 0.25
+DEFAULT_SHORTEN = 0.8
+"""Without a throughput shortfall to size it, the contingency keeps 80% of the remaining steps."""
+
+
+def _worst(levels: list[str]) -> str:
+    return max(levels, key=LEVELS.index) if levels else "clear"
+
+
+def _window_label(lo: float, hi: float) -> str:
+    return f"first {100 * hi:g}%" if lo == 0 else f"{100 * lo:g}-{100 * hi:g}%"
+
+
+def _band_item(name: str, actual: float, pred: float | None, low: float | None, high: float | None) -> dict[str, Any]:
+    if pred is None or low is None or high is None or not math.isfinite(actual):
+        return {"name": name, "level": "clear", "text": f"{name} {actual:.4g} (no prediction)"}
+    half = max((high - low) / 2, 1e-12)
+    excess = (actual - high) / half  # only worse than predicted (higher) counts
+    level = "clear" if excess <= 0 else "watch" if excess <= BAND_WATCH - 1 else "act"
+    return {"name": name, "level": level, "actual": actual, "predicted": pred, "half_width": half,
+            "text": f"{name} {actual:.4g} vs predicted {pred:.4g} +/- {half:.2g}"}
+
+
+def _segment(records: list[dict[str, Any]], lo_step: int, hi_step: int) -> list[dict[str, Any]]:
+    return [r for r in records if lo_step < r["step"] <= hi_step]
+
+
+def health_vs_prediction(
+    records: list[dict[str, Any]],
+    fit: dict[str, Any],
+    total_steps: int,
+    *,
+    eval_records: list[dict[str, Any]] | None = None,
+    plan_mfu: float | None = None,
+    plan_tokens_per_s: float | None = None,
+    schedule: Any = None,
+    tokens_per_step: int = 0,
+) -> dict[str, Any]:
+    """Judge a run (its training records, and in-training eval records) window by window against a
+    ladder fit; pure. ``schedule`` (a :class:`marin.training.schedule.LRSchedule`) enables the
+    contingency proposal. Returns ``{"windows": [...], "level", "next", "contingency", ...}``."""
+    from marin.scaling.ladder import GRAD_NORM_SMOOTH, window_mean
+
+    records = sorted((r for r in records if "loss" in r), key=lambda r: r["step"])
+    evals = sorted(eval_records or [], key=lambda r: r["step"])
+    if not records:
+        return {"windows": [], "level": "clear", "next": "no training records yet", "contingency": None,
+                "progress": 0.0}
+    last = records[-1]["step"]
+    progress = last / total_steps
+    fractions = sorted(float(f) for f in fit["fractions"])
+    preds = fit["predictions"]
+    gn_peak_at = fit.get("grad_norm", {}).get("predicted_peak_fraction")
+    windows = []
+    prev = 0.0
+    for f in fractions:
+        step = max(1, round(f * total_steps))
+        if last < step:
+            break
+        pred = preds[f"{f:g}"]
+        items = []
+        loss = window_mean(records, "loss", step, total_steps)
+        items.append(_band_item("loss", loss, pred.get("loss"), pred.get("loss_low"), pred.get("loss_high")))
+        near = [e for e in evals if abs(e["step"] - step) <= 0.05 * total_steps and "eval/macro_bpb" in e]
+        if near and pred.get("bpb") is not None:
+            e = min(near, key=lambda r: abs(r["step"] - step))
+            items.append(_band_item("bpb", _num(e["eval/macro_bpb"]), pred.get("bpb"), pred.get("bpb_low"),
+                                    pred.get("bpb_high")))
+        seg = _segment(records, round(prev * total_steps), step)
+        gn = [_num(r.get("grad_norm")) for r in seg]
+        gn = [g for g in gn if math.isfinite(g)]
+        if gn:
+            gmax = max(gn)
+            if gmax > GRAD_NORM_ALARM:
+                items.append({"name": "grad_norm", "level": "act",
+                              "text": f"grad norm reached {gmax:.3g} (> {GRAD_NORM_ALARM:g}, the z-loss bug's mark)"})
+            else:
+                k = max(1, round(GRAD_NORM_SMOOTH * total_steps))
+                trend = _slope(gn[k:] if len(gn) > 2 * k else gn)
+                expect_rise = gn_peak_at is not None and f <= gn_peak_at
+                expect_fall = gn_peak_at is not None and prev >= gn_peak_at
+                off = (expect_rise and trend < 0 and gn[-1] < 0.8 * max(gn)) or (expect_fall and trend > 0 and gn[-1] > 1.25 * min(gn))
+                shape = ("rising" if trend > 0 else "falling") + (
+                    "" if gn_peak_at is None else f", ladder peak near {100 * gn_peak_at:.0f}%")
+                items.append({"name": "grad_norm", "level": "watch" if off else "clear",
+                              "text": f"grad norm {gn[-1]:.3g} {shape}" + (": departs from the ladder's shape" if off else "")})
+        for side in ("send", "recv"):
+            d = window_mean(records, f"drop_frac_{side}", step, total_steps, width=max(0.005, (f - prev) / 2))
+            if not math.isfinite(d):
+                continue
+            lvl = "clear" if d < HEALTHY_DROP else ("watch" if prev == 0 else "act")
+            ladder_d = pred.get(f"drop_frac_{side}")
+            extra = f", ladder {100 * ladder_d:.1f}%" if ladder_d is not None and math.isfinite(_num(ladder_d)) else ""
+            items.append({"name": f"drop_{side}", "level": lvl, "text": f"{side} drops {100 * d:.1f}% (< 8%{extra})"})
+        for key, plan, label in (("mfu", plan_mfu, "MFU"), ("tokens_per_s", plan_tokens_per_s, "throughput")):
+            if plan is None:
+                continue
+            vals = [_num(r.get(key)) for r in seg[1:] or seg]
+            vals = [v for v in vals if math.isfinite(v)]
+            if not vals:
+                continue
+            ratio = _mean(vals) / plan
+            lvl = "clear" if ratio >= PLAN_WATCH else "watch" if ratio >= PLAN_ACT else "act"
+            items.append({"name": key, "level": lvl, "ratio_to_plan": ratio,
+                          "text": f"{label} {100 * ratio:.0f}% of plan"})
+        level = _worst([i["level"] for i in items])
+        windows.append({"label": _window_label(prev, f), "from": prev, "to": f, "step": step, "level": level,
+                        "items": items})
+        prev = f
+    nxt = next((f for f in fractions if round(f * total_steps) > last), None)
+    if nxt is None:
+        next_text = "run complete: every window judged"
+    else:
+        p = preds[f"{nxt:g}"]
+        m = p.get("metric", "loss")
+        next_text = f"next window ({_window_label(prev, nxt)}): {m} expected {p.get(m, float('nan')):.4g} " \
+                    f"+/- {(p.get('high', 0) - p.get('low', 0)) / 2:.2g} at {100 * nxt:g}%"
+        if gn_peak_at is not None:
+            next_text += f"; grad-norm peak expected near {100 * gn_peak_at:.0f}%"
+    contingency = None
+    early_act = [w for w in windows if w["level"] == "act" and w["to"] <= CONTINGENCY_BEFORE]
+    if early_act and progress <= CONTINGENCY_BEFORE:
+        contingency = propose_contingency(records, total_steps, schedule, tokens_per_step, plan_tokens_per_s,
+                                          reason=f"act in {early_act[-1]['label']}")
+    return {"windows": windows, "level": _worst([w["level"] for w in windows]), "next": next_text,
+            "contingency": contingency, "progress": progress, "last_step": last, "total_steps": total_steps,
+            "target": fit.get("target", {}).get("name")}
+
+
+def propose_contingency(records: list[dict[str, Any]], total_steps: int, schedule: Any, tokens_per_step: int,
+                        plan_tokens_per_s: float | None, reason: str) -> dict[str, Any]:
+    """A shorter horizon from the last logged step: sized by the throughput shortfall when there is
+    one (the remaining steps at the achieved rate take the planned time), else 80% of what remains;
+    with the run's schedule, the ``lr_replans`` value that still ends the LR at 5% of peak."""
+    from marin.training.schedule import replan_horizon
+
+    at = records[-1]["step"]
+    keep = DEFAULT_SHORTEN
+    tps = [_num(r.get("tokens_per_s")) for r in records[-max(1, len(records) // 10):]]
+    tps = [t for t in tps if math.isfinite(t)]
+    if plan_tokens_per_s and tps and _mean(tps) < plan_tokens_per_s:
+        keep = max(0.5, _mean(tps) / plan_tokens_per_s)
+    new_total = at + max(1, round((total_steps - at) * keep))
+    out: dict[str, Any] = {"reason": reason, "at_step": at, "new_total_steps": new_total,
+                           "keep_fraction_of_remaining": keep}
+    if schedule is None:
+        out["note"] = "the run's LR schedule is unknown here: run operations/replan_lr.py to get lr_replans"
+        return out
+    if at < schedule.warmup_steps:
+        out["note"] = f"still in warmup ({schedule.warmup_steps} steps): re-plan after it"
+        return out
+    out.update(replan_horizon(schedule, at, new_total, tokens_per_step))
+    return out
+
+
+def format_prediction_report(report: dict[str, Any]) -> str:
+    """The checklist: one line per window, the next window, and the contingency when proposed."""
+    head = (f"against the ladder's prediction for {report.get('target')} "
+            f"(step {report.get('last_step', 0)}, {100 * report.get('progress', 0):.1f}% of {report.get('total_steps')}):")
+    lines = [head]
+    for w in report["windows"]:
+        parts = [i["text"] + ("" if i["level"] == "clear" else f": {i['level'].upper()}") for i in w["items"]]
+        lines.append(f"  {w['label']}: {w['level']} ({'; '.join(parts)})")
+    lines.append(f"  {report['next']}")
+    c = report.get("contingency")
+    if c:
+        lines.append(f"  contingency ({c['reason']} within the first {100 * CONTINGENCY_BEFORE:g}%): shorten the horizon "
+                     f"to {c['new_total_steps']:,} steps from step {c['at_step']:,}")
+        if "lr_replans" in c:
+            lines.append(f"    default_train(..., lr_replans={tuple(tuple(r) for r in c['lr_replans'])}): the LR still "
+                         f"decays linearly to 5% of peak, now at step {c['new_total_steps']:,}")
+        if "note" in c:
+            lines.append(f"    {c['note']}")
+    return "\n".join(lines)
+
+
+def run_schedule(run_path: str) -> tuple[Any, int, int | None]:
+    """(LR schedule, tokens per step, final horizon) of a run from its ``.executor_info.json``, or
+    from its latest checkpoint's metadata; (None, 0, None) when neither is there yet."""
+    from marin.training.schedule import schedule_from_config
+
+    config = None
+    try:
+        from marin.execution.status import read_info
+
+        info = read_info(run_path.rstrip("/"))
+        config = (info or {}).get("config")
+    except Exception:  # noqa: BLE001 - a run outside the executor has no info file
+        config = None
+    if not config:
+        try:
+            from marin.training.checkpoint import (
+                CheckpointManager,
+                CheckpointPolicy,
+                read_metadata,
+            )
+
+            mgr = CheckpointManager(run_path, CheckpointPolicy())
+            latest = mgr.latest_step()
+            config = read_metadata(mgr.path_for(latest))["config"] if latest is not None else None
+        except Exception:  # noqa: BLE001
+            config = None
+    if not config or "peak_lr" not in config:
+        return None, 0, None
+    sched = schedule_from_config(config)
+    return sched, int(config.get("tokens_per_step", 0)), sched.final_total_steps
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -118,10 +365,15 @@ class HealthReportConfig:
     """A training step's output directory (holding metrics.jsonl)."""
     output_path: str
     total_steps: int | None = None
+    fit_path: str | None = None
+    """A ladder fit step's directory (fit.json): judge the run against its prediction too."""
+    plan_mfu: float | None = None
+    plan_tokens_per_s: float | None = None
 
 
 def health_report_step(config: HealthReportConfig) -> dict[str, Any]:
-    """Write ``health.json`` for a finished training step (``format_report`` renders it)."""
+    """Write ``health.json`` for a finished training step (``format_report`` renders it); with a
+    ladder fit, ``report["prediction"]`` holds the window-by-window checklist."""
     import json
 
     import fsspec
@@ -129,6 +381,9 @@ def health_report_step(config: HealthReportConfig) -> dict[str, Any]:
     from marin.training.metrics import read_metrics
 
     report = health(read_metrics(config.run_path), config.total_steps)
+    if config.fit_path:
+        report["prediction"] = prediction_report(config.run_path, config.fit_path, config.total_steps,
+                                                 config.plan_mfu, config.plan_tokens_per_s)
     with fsspec.open(f"{config.output_path}/health.json", "w") as f:
         json.dump(report, f, indent=1)
     return report

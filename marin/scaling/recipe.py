@@ -203,8 +203,9 @@ def format_ladder(rungs: Sequence[Rung], target_flops: float, target_name: str =
     header = (f"{'rung':>8} {'layers':>6} {'active':>9} {'total':>9} {'batch':>7} {'steps':>9} {'tokens':>9} "
               f"{'tok/param':>9} {'FLOPs':>9} {'% ' + target_name:>8}")
     lines = [header]
+    any_published = any(r.budget_published for r in rungs)
     for r in rungs:
-        note = "" if r.budget_published else "  (budget assumed)"
+        note = "" if r.budget_published or not any_published else "  (budget assumed)"
         lines.append(f"{r.name:>8} {r.model.n_layers:>6} {r.active_params / 1e9:>8.3g}B {r.total_params / 1e9:>8.3g}B "
                      f"{r.batch_sequences:>7,} {r.train_steps:>9,} {r.tokens:>9.3g} {r.tokens / r.active_params:>9.0f} "
                      f"{r.flops:>9.3g} {100 * r.flops / target_flops:>7.3f}%{note}")

@@ -150,7 +150,15 @@ def read_metrics(url: str, kind: str | None = "train") -> list[dict[str, Any]]:
     if not url.rstrip("/").endswith(METRICS_FILE):
         url = f"{url.rstrip('/')}/{METRICS_FILE}"
     with fsspec.open(url, "r") as f:
-        records = [json.loads(line) for line in f if line.strip()]
+        lines = [line for line in f if line.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1 and not line.endswith("\n"):
+                break  # a live run is writing this line right now: read it next time
+            raise
     return records if kind is None else [r for r in records if r.get("kind", "train") == kind]
 
 

@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -225,15 +226,17 @@ def _placement_groups(pool: PoolSpec) -> list[Any]:
     from ray.util.placement_group import placement_group
 
     groups = []
+    # Unique per launch: two steps training on the same pool at once (ladder rungs) each get their own.
+    launch_id = uuid.uuid4().hex[:8]
     for rack in range(pool.racks):
         bundles = [pool.bundle() for _ in range(pool.hosts_per_rack)]
         if pool.rack_label:
             strategy = {"ray.io/node-id": "STRICT_SPREAD" if pool.hosts_per_rack > 1 else "PACK",
                         pool.rack_label: "STRICT_PACK"}
-            groups.append(placement_group(bundles, topology_strategy=strategy, name=f"{pool.name}-rack{rack}"))
+            groups.append(placement_group(bundles, topology_strategy=strategy, name=f"{pool.name}-rack{rack}-{launch_id}"))
         else:
             strategy_name = "STRICT_SPREAD" if pool.hosts_per_rack > 1 else "PACK"
-            groups.append(placement_group(bundles, strategy=strategy_name, name=f"{pool.name}-rack{rack}"))
+            groups.append(placement_group(bundles, strategy=strategy_name, name=f"{pool.name}-rack{rack}-{launch_id}"))
     return groups
 
 

@@ -65,6 +65,34 @@ class LRSchedule:
         return dataclasses.replace(self, replans=self.replans + (Replan(at_step, total_steps),))
 
 
+def schedule_from_config(config: dict) -> LRSchedule:
+    """The LR schedule of a run from its recorded config (``.executor_info.json`` or a checkpoint's
+    metadata): peak, warmup, original horizon, final fraction and the re-plans already made."""
+    return LRSchedule(
+        peak_lr=float(config["peak_lr"]),
+        warmup_steps=int(config["warmup_steps"]),
+        total_steps=int(config["train_steps"]),
+        final_fraction=float(config.get("final_lr_fraction", DEFAULT_FINAL_LR_FRACTION)),
+        replans=tuple(Replan(int(a), int(t)) for a, t in config.get("lr_replans", ())),
+    )
+
+
+def replan_horizon(schedule: LRSchedule, at_step: int, new_total: int, tokens_per_step: int = 0) -> dict:
+    """The seed's contingency as data: the ``lr_replans`` value that moves the horizon to ``new_total``
+    from ``at_step`` on (the LR still decays linearly to ``final_fraction`` of peak, now at the new
+    horizon), the tokens it saves or adds, and a few LR values of the old and new plans to review."""
+    new = schedule.replanned(at_step, new_total)
+    probe = sorted({0, max(0, at_step - 1), at_step, at_step + 1, (at_step + new_total) // 2, new_total,
+                    schedule.final_total_steps})
+    return {
+        "lr_replans": [[r.at_step, r.total_steps] for r in new.replans],
+        "old_total_steps": schedule.final_total_steps,
+        "new_total_steps": new_total,
+        "tokens_saved_or_added": (new_total - schedule.final_total_steps) * int(tokens_per_step),
+        "curve": [{"step": st, "old_lr": lr_at(st, schedule), "new_lr": lr_at(st, new)} for st in probe],
+    }
+
+
 def _base_lr(step: int, s: LRSchedule) -> float:
     """The original plan without re-plans."""
     final = s.final_fraction * s.peak_lr

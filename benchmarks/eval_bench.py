@@ -15,7 +15,6 @@ step's FLOPs) and, last, one JSON object.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import sys
@@ -23,61 +22,32 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _bench_setup import add_model_flags, train_setup  # noqa: E402  (the benchmarks folder is on sys.path)
+
 
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="tiny-ep")
-    p.add_argument("--pool", default="local-cpu")
-    p.add_argument("--tokens-per-step", type=int, default=4096)
-    p.add_argument("--seq-len", type=int, default=128)
+    add_model_flags(p, seq_len=128)
     p.add_argument("--steps", type=int, default=5, help="timed training steps")
-    p.add_argument("--eval-tokens", type=int, default=None, help="document tokens to evaluate (default: 20 training steps worth)")
-    p.add_argument("--dtype", default=None, help="compute dtype override, e.g. bfloat16")
-    p.add_argument("--override", action="append", default=[], help="model field=value, repeatable")
+    p.add_argument("--eval-tokens", type=int, default=None,
+                   help="document tokens to evaluate (default: 20 training steps worth)")
     return p.parse_args()
 
 
 def main() -> None:
     args = _parse()
-    from marin.training.pools import get_pool
-
-    pool = get_pool(args.pool)
-    if pool.is_cpu:
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={pool.devices_per_host}"
+    setup = train_setup(args)  # sets the pool's JAX environment before jax is imported
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from marin.evaluation.evaluator import default_batch_rows, sequence_nll
     from marin.evaluation.windows import pack_windows
-    from marin.parallel.mesh import batch_sharding, make_mesh
-    from marin.training.config import SyntheticDataConfig, TrainConfig
-    from marin.training.trainer import (
-        _place,
-        init_host_state,
-        make_train_step,
-        model_config,
-        state_shardings,
-        synthetic_batch,
-    )
+    from marin.training.trainer import _place, make_train_step, synthetic_batch
 
-    overrides = {}
-    for kv in args.override:
-        k, v = kv.split("=", 1)
-        try:
-            overrides[k] = ast.literal_eval(v)
-        except (ValueError, SyntaxError):
-            overrides[k] = v
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(vocab_size=512), model=args.model,
-                         model_overrides=overrides, pool=args.pool, tokens_per_step=args.tokens_per_step,
-                         seq_len_phases=((0.0, args.seq_len),), compute_dtype=args.dtype, wandb_project=None)
-    cfg = model_config(config)
-    data = SyntheticDataConfig(vocab_size=cfg.vocab_size)
-    mesh = make_mesh(*pool.mesh)
-    host_state = init_host_state(config, cfg)
-    shardings = state_shardings(host_state, mesh)
-    sharding = batch_sharding(mesh)
+    config, cfg, data = setup["config"], setup["cfg"], setup["data"]
+    mesh, host_state, shardings = setup["mesh"], setup["host_state"], setup["shardings"]
+    sharding = setup["sharding"]
     batch_size = args.tokens_per_step // args.seq_len
 
     # --- training ---

@@ -1,8 +1,42 @@
 """Default step builders that experiment files compose.
 
-Each builder returns an :class:`marin.execution.ExecutorStep`; experiment files chain them. Read this
-file top to bottom to learn what a default pipeline does.
+Each builder returns an :class:`marin.execution.ExecutorStep` (``default_mixture`` a config that a
+training step embeds); experiment files chain them. Read this file top to bottom to learn what a
+default pipeline does: data (corpus -> tokenizer -> token store -> mixture), training, health and
+review, the scaling ladder, evaluation. Every builder follows one rule: a value that changes what
+the step writes is versioned (part of the output path); what an operator may change on a live run
+is not, and is listed in docs/training.md ("What is versioned").
+
+Importing this module is cheap (no JAX, no Ray): the step functions import their heavy libraries
+when they run.
 """
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from marin.data.mixture import MixtureConfig, MixtureReportConfig, MixtureStage, mixture_report
+from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
+from marin.data.tokenize import TokenizeConfig, tokenize
+from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
+from marin.evaluation.sets import EvalSet, mixture_validation_sets
+from marin.evaluation.step import EvalConfig, evaluate
+from marin.execution import ExecutorStep, output_path_of, this_output_path, versioned
+from marin.execution.step import InputName, OutputName, VersionedValue
+from marin.monitoring.health import HealthReportConfig, health_report_step
+from marin.review.report import ReportConfig, report_step
+from marin.scaling.ladder import LadderFitConfig, RungRun, ladder_fit_step
+from marin.training.config import SyntheticDataConfig, TrainConfig, resolve_model
+from marin.training.planning import StepDoesNotFit, check_train_config_fits
+from marin.training.pools import get_pool
+from marin.training.schedule import DEFAULT_FINAL_LR_FRACTION
+from marin.training.steps import train
+
+StepOrPath = ExecutorStep | str
+"""An upstream step (its output directory becomes a dependency) or a plain path (versioned as-is)."""
 
 # --- data track (default_tokenize and friends) -------------------------------------------------
 # A data pipeline is: corpus (a K40-layout root, or the miniature generator) -> tokenizer (trained
@@ -10,14 +44,9 @@ file top to bottom to learn what a default pipeline does.
 # training step embeds. Every config field is versioned (it may change what is written) except the
 # placeholders and the fields listed as unversioned next to each builder.
 
-from collections.abc import Mapping as _Mapping
-from collections.abc import Sequence as _Sequence
 
-
-def _data_input(x):
+def _data_input(x: StepOrPath) -> Any:
     """A step becomes output_path_of(step); a plain path string is versioned as-is."""
-    from marin.execution import ExecutorStep, output_path_of, versioned
-
     return output_path_of(x) if isinstance(x, ExecutorStep) else versioned(str(x))
 
 
@@ -25,13 +54,18 @@ def default_k40_miniature(
     name: str = "data/k40_miniature",
     total_bytes: int = 4_000_000,
     seed: int = 0,
-    domains: _Sequence[str] | None = None,
+    domains: Sequence[str] | None = None,
     files_per_source: int = 1,
-):
-    """A deterministic K40-shaped corpus (40 domains x 5 quality buckets) of about ``total_bytes``."""
-    from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
-    from marin.execution import ExecutorStep, this_output_path
+) -> ExecutorStep:
+    """A deterministic K40-shaped corpus (40 domains x 5 quality buckets) of about ``total_bytes``.
 
+    Args:
+        name: step name (the output directory is ``{prefix}/{name}-{hash}``).
+        total_bytes: approximate size of the generated text.
+        seed: generator seed; the same seed gives byte-identical files.
+        domains: K40 domain names to generate (default: all 40).
+        files_per_source: files per (domain, quality bucket) source.
+    """
     return ExecutorStep(
         name=name,
         fn=generate_k40_miniature,
@@ -49,21 +83,27 @@ def default_k40_miniature(
 
 def default_tokenizer(
     name: str,
-    corpus,
+    corpus: StepOrPath,
     vocab_size: int = 8192,
     max_bytes: int = 50_000_000,
     text_field: str = "text",
     min_frequency: int = 2,
     on_corrupt: str = "skip",
     max_corrupt_fraction: float = 0.01,
-):
+) -> ExecutorStep:
     """Train a byte-level BPE tokenizer (``tokenizer.json`` in the step output) on ``corpus``.
 
-    ``on_corrupt="skip"`` leaves corrupt files out (listed in ``tokenizer_info.json``) while at most
-    ``max_corrupt_fraction`` of them are corrupt; ``"fail"`` stops on the first one."""
-    from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
-    from marin.execution import ExecutorStep, this_output_path
-
+    Args:
+        name: step name.
+        corpus: a corpus step or a directory of jsonl / jsonl.gz / jsonl.zst / parquet files.
+        vocab_size: vocabulary size, special tokens included.
+        max_bytes: text sampled for training, at most.
+        text_field: the field of each record that holds the document text.
+        min_frequency: merges rarer than this are not learned.
+        on_corrupt: ``"skip"`` leaves corrupt files out (listed in ``tokenizer_info.json``) while at
+            most ``max_corrupt_fraction`` of them are corrupt; ``"fail"`` stops on the first one.
+        max_corrupt_fraction: the share of corrupt files tolerated under ``"skip"``.
+    """
     return ExecutorStep(
         name=name,
         fn=train_tokenizer,
@@ -84,23 +124,30 @@ def default_tokenizer(
 
 def default_tokenize(
     name: str,
-    source,
-    tokenizer,
-    sources: _Mapping[str, str] | None = None,
+    source: StepOrPath,
+    tokenizer: StepOrPath,
+    sources: Mapping[str, str] | None = None,
     text_field: str = "text",
     max_doc_bytes: int = 8_000_000,
     shard_max_tokens: int = 64 * 1024 * 1024,
     on_corrupt: str = "skip",
     max_corrupt_fraction: float = 0.01,
-):
-    """Tokenize the documents under ``source`` (a step or a path) with ``tokenizer`` (a step or a
-    path to tokenizer.json / its directory) into a token store. ``sources`` maps source names to
-    locations under ``source``; None discovers one source per directory (K40 layout: domain/bucket).
-    ``on_corrupt="skip"`` leaves corrupt files out of the store (listed in its manifest) while at most
-    ``max_corrupt_fraction`` of them are corrupt; ``"fail"`` fails the step on any corrupt file."""
-    from marin.data.tokenize import TokenizeConfig, tokenize
-    from marin.execution import ExecutorStep, this_output_path
+) -> ExecutorStep:
+    """Tokenize the documents under ``source`` into a token store (shards of uint32 ids + manifest).
 
+    Args:
+        name: step name.
+        source: a corpus step or a path.
+        tokenizer: a tokenizer step or a path to ``tokenizer.json`` (or its directory).
+        sources: source name -> location under ``source``; None discovers one source per directory
+            (K40 layout: domain/bucket).
+        text_field: the field of each record that holds the document text.
+        max_doc_bytes: longer documents are skipped (and counted in the manifest).
+        shard_max_tokens: tokens per shard file, at most.
+        on_corrupt: ``"skip"`` leaves corrupt files out of the store (listed in its manifest) while at
+            most ``max_corrupt_fraction`` of them are corrupt; ``"fail"`` fails the step on any.
+        max_corrupt_fraction: the share of corrupt files tolerated under ``"skip"``.
+    """
     return ExecutorStep(
         name=name,
         fn=tokenize,
@@ -121,20 +168,30 @@ def default_tokenize(
 
 
 def default_mixture(
-    tokenized: _Sequence,
-    domain_weights: _Mapping[str, float] | None = None,
-    quality_weights: _Mapping[str, float] | None = None,
-    stages: _Sequence = (),
+    tokenized: Sequence[StepOrPath],
+    domain_weights: Mapping[str, float] | None = None,
+    quality_weights: Mapping[str, float] | None = None,
+    stages: Sequence[MixtureStage] = (),
     seed: int = 0,
     validation_fraction: float = 0.01,
     validation_max_documents: int = 1000,
-    domain_quality_weights: _Mapping[str, _Mapping[str, float]] | None = None,
-):
-    """A :class:`marin.data.mixture.MixtureConfig` over tokenize steps (or store paths), for a
-    training step's config. Placeholders inside it are resolved by the executor; the weights are
-    versioned so changing the mixture changes the training step's hash, never the stores'."""
-    from marin.data.mixture import MixtureConfig
+    domain_quality_weights: Mapping[str, Mapping[str, float]] | None = None,
+) -> MixtureConfig:
+    """A :class:`marin.data.mixture.MixtureConfig` over token stores, for a training step's config.
 
+    Placeholders inside it are resolved by the executor; the weights are versioned, so changing the
+    mixture changes the training step's hash, never the stores'.
+
+    Args:
+        tokenized: tokenize steps (or store paths).
+        domain_weights: relative weight per domain; a domain left out gets weight 0 (None: uniform).
+        quality_weights: relative weight per quality bucket (``q1`` .. ``q5``).
+        stages: later stages with other weights (e.g. quality-weighted from 30% of the run).
+        seed: sampling seed.
+        validation_fraction: share of each source's documents held out for evaluation.
+        validation_max_documents: held-out documents per source, at most.
+        domain_quality_weights: per-domain quality weights, overriding ``quality_weights``.
+    """
     return _versioned_config(MixtureConfig(
         stores=tuple(_data_input(t) for t in tokenized),
         domain_weights=None if domain_weights is None else dict(domain_weights),
@@ -147,12 +204,16 @@ def default_mixture(
     ), keep=("stores",))
 
 
-def default_mixture_report(name: str, mixture, total_tokens: int | None = None, total_steps: int | None = None):
+def default_mixture_report(name: str, mixture: MixtureConfig, total_tokens: int | None = None,
+                           total_steps: int | None = None) -> ExecutorStep:
     """A step writing ``mixture_report.json``: effective shares per stage, held-out sizes, epochs.
-    ``total_steps`` places stages that start at fractions of the run."""
-    from marin.data.mixture import MixtureReportConfig, mixture_report
-    from marin.execution import ExecutorStep, this_output_path, versioned
 
+    Args:
+        name: step name.
+        mixture: a ``default_mixture`` config.
+        total_tokens: planned training tokens; with it the report shows expected epochs per source.
+        total_steps: the run's steps; places stages that start at fractions of the run.
+    """
     return ExecutorStep(
         name=name,
         fn=mixture_report,
@@ -168,16 +229,12 @@ def default_mixture_report(name: str, mixture, total_tokens: int | None = None, 
 TOKENIZE_UNVERSIONED = ("input_path", "tokenizer", "output_path", "num_cpus_per_task", "show_progress", "use_ray")
 
 
-def _versioned_config(config, keep: _Sequence[str] = ()):
+def _versioned_config(config: Any, keep: Sequence[str] = ()) -> Any:
     """``config`` (a dataclass) with every field wrapped in ``versioned`` except those in ``keep``
     (placeholders and settings that do not change what the step writes). Versioning by default means
     a field added to a config later is in the version unless someone decides otherwise. Built
     without ``__init__`` (checks there need plain values); the executor rebuilds the config through
     ``__init__`` when it resolves the placeholders, so each field is its own leaf (``model.n_layers``)."""
-    import dataclasses
-
-    from marin.execution import versioned
-
     out = object.__new__(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
@@ -196,12 +253,12 @@ def _versioned_config(config, keep: _Sequence[str] = ()):
 def default_train(
     name: str,
     *,
-    mixture,
+    mixture: MixtureConfig | SyntheticDataConfig,
     model: str = "tiny-ep",
-    model_overrides: _Mapping | None = None,
+    model_overrides: Mapping[str, Any] | None = None,
     train_steps: int = 100,
     tokens_per_step: int = 4096,
-    seq_len_phases: _Sequence = ((0.0, 64),),
+    seq_len_phases: Sequence[tuple[float, int]] = ((0.0, 64),),
     peak_lr: float = 3e-3,
     warmup_steps: int = 10,
     weight_decay: float = 0.1,
@@ -213,8 +270,8 @@ def default_train(
     final_lr_fraction: float | None = None,
     seed: int = 0,
     pool: str = "local-cpu",
-    lr_replans: _Sequence = (),
-    transport_switches: _Sequence = (),
+    lr_replans: Sequence[tuple[int, int]] = (),
+    transport_switches: Sequence[tuple[int, str]] = (),
     checkpoint_every_steps: int = 100,
     checkpoint_every_minutes: float | None = 30.0,
     keep_last_checkpoints: int = 2,
@@ -225,37 +282,46 @@ def default_train(
     microbatches: int | None = None,
     memory_check: str = "error",
     eval_every_steps: int | None = None,
-    eval_sets: _Sequence = (),
-):
+    eval_sets: Sequence[EvalSet] = (),
+) -> ExecutorStep:
     """A training step: ``model`` preset (+ ``model_overrides``) on ``mixture`` over ``pool``.
 
-    ``seq_len_phases`` are ``(fraction of steps, seq_len)`` pairs at constant ``tokens_per_step``
-    (the hero: ``((0, 4096), (0.5, 8192), (0.95, 65536))``). ``lr_replans`` are ``(at_step,
-    new_total_steps)`` pairs; ``transport_switches`` are ``(step, transport)`` pairs, e.g.
-    ``((0, "fixed"), (81716, "dropless"))``. ``mixture`` may also be a
-    ``marin.training.SyntheticDataConfig`` for tests. ``microbatches`` splits each step for gradient
-    accumulation (default: the smallest count the memory planner says fits; not versioned).
-    ``memory_check`` ("error", "warn" or "off"): what to do at declaration time when the planner says
-    a phase of the run does not fit its pool's device memory.
-
     The step's version holds the resolved model (every ``MoEConfig`` field after the preset,
-    ``model_overrides`` and ``compute_dtype``; z-loss weight, router-bias update and rate, capacity
-    factor, dtype and remat policy are set through ``model_overrides``), so editing a preset re-runs
-    the steps that use it. ``final_lr_fraction`` None keeps the schedule's default.
+    ``model_overrides`` and ``compute_dtype``), so editing a preset re-runs the steps that use it,
+    and every constant of the math; the settings an operator may change on a live run are not
+    versioned (marked "live" below), so changing them keeps the output path and its checkpoints.
 
-    ``eval_every_steps`` evaluates bits per byte on the mixture's held-out split (plus ``eval_sets``,
-    see :func:`default_eval_suite`) every that many steps and at the last step, as ``kind: "eval"``
-    records in metrics.jsonl. It is telemetry, not part of the run's identity; named ``eval_sets``
-    do add their tokenize steps as dependencies, which are.
+    Args:
+        name: step name.
+        mixture: a ``default_mixture`` config (or a ``SyntheticDataConfig`` for tests).
+        model: a preset of ``marin.models.config.PRESETS``.
+        model_overrides: MoEConfig fields to change, e.g. z-loss weight, router-bias update and rate,
+            capacity factor, dtype, remat policy.
+        train_steps: the horizon as planned.
+        tokens_per_step: tokens per optimizer step, constant over the sequence-length phases.
+        seq_len_phases: ``(fraction of the run, seq_len)`` pairs (the hero: ``((0, 4096), (0.5, 8192),
+            (0.95, 65536))``).
+        peak_lr, warmup_steps, weight_decay, grad_clip, beta1, beta2, adam_eps: AdamW with global-norm
+            clipping and a linear warmup then linear decay.
+        final_lr_fraction: the decay ends at this fraction of the peak (None: the default, 5%).
+        compute_dtype: e.g. ``"bfloat16"`` (float32 master weights); None keeps the preset's dtype.
+        seed: initialisation and data seed.
+        pool: the device pool (``marin.training.pools.POOLS``). Live.
+        lr_replans: ``(at_step, new_total_steps)`` pairs that move the horizon. Live.
+        transport_switches: ``(step, transport)`` pairs, e.g. ``((0, "fixed"), (81716, "dropless"))``. Live.
+        checkpoint_every_steps, checkpoint_every_minutes, keep_last_checkpoints, keep_every_steps:
+            checkpoint cadence and retention. Live.
+        wandb_project, log_every: telemetry. Live.
+        description: a line for ``marin status`` and the report.
+        microbatches: gradient accumulation per step (None: the smallest count the memory planner says
+            fits). Live: it changes the math only by float reassociation.
+        memory_check: ``"error"``, ``"warn"`` or ``"off"``: what to do at declaration time when the
+            planner says a phase of the run does not fit its pool's device memory.
+        eval_every_steps: evaluate bits per byte on the mixture's held-out split (plus ``eval_sets``)
+            every this many steps and at the last, as ``kind: "eval"`` records in metrics.jsonl. Live.
+        eval_sets: named eval sets (see :func:`default_eval_suite`); their tokenize steps become
+            dependencies, which are versioned.
     """
-    from marin.execution import ExecutorStep, this_output_path, versioned
-    from marin.training.config import TrainConfig, resolve_model
-    from marin.training.schedule import DEFAULT_FINAL_LR_FRACTION
-    from marin.training.pools import get_pool
-    from marin.training.steps import train
-
-    from marin.training.config import SyntheticDataConfig
-
     get_pool(pool)  # fail at declaration time on a typo, not inside a Ray task
     _check_train_memory(memory_check, TrainConfig(
         output_path="", data=None, model=model, model_overrides=dict(model_overrides or {}), pool=pool,
@@ -308,13 +374,9 @@ def default_train(
     )
 
 
-def _check_train_memory(mode: str, config) -> None:
+def _check_train_memory(mode: str, config: TrainConfig) -> None:
     """Plan-time memory check of a training step (marin.training.planning): a step that cannot fit
     its pool fails when the experiment file is read (dry runs included), not on 176 hosts."""
-    import warnings
-
-    from marin.training.planning import StepDoesNotFit, check_train_config_fits
-
     if mode not in ("error", "warn", "off"):
         raise ValueError(f"memory_check must be 'error', 'warn' or 'off', got {mode!r}")
     if mode == "off":
@@ -327,16 +389,23 @@ def _check_train_memory(mode: str, config) -> None:
         warnings.warn(str(e), stacklevel=3)
 
 
-# --- review (health of a run against the seed's healthy ranges) --------------------------------
+# --- review (health of a run against healthy ranges and the ladder's prediction; the HTML report) ---
 
 
-def default_health_report(name: str, train_step, total_steps: int | None = None, fit=None,
-                          plan_mfu: float | None = None, plan_tokens_per_s: float | None = None):
-    """A step writing ``health.json`` for ``train_step``: loss falling, drops < 8%, grad-norm peak;
-    with ``fit`` (a ``default_ladder_fit`` step), also window by window against its prediction."""
-    from marin.execution import ExecutorStep, output_path_of, this_output_path, versioned
-    from marin.monitoring.health import HealthReportConfig, health_report_step
+def default_health_report(name: str, train_step: ExecutorStep, total_steps: int | None = None,
+                          fit: ExecutorStep | None = None, plan_mfu: float | None = None,
+                          plan_tokens_per_s: float | None = None) -> ExecutorStep:
+    """A step writing ``health.json`` for ``train_step``: loss falling, drops < 8%, grad-norm peak.
 
+    Args:
+        name: step name.
+        train_step: the ``default_train`` step to judge.
+        total_steps: the run's horizon (fractions of the run are measured against it).
+        fit: a ``default_ladder_fit`` step; with it, each window of the run is also judged against
+            the ladder's predicted band (clear / watch / act).
+        plan_mfu: planned MFU; measured MFU well below it is flagged.
+        plan_tokens_per_s: planned throughput; measured throughput well below it is flagged.
+    """
     return ExecutorStep(
         name=name,
         fn=health_report_step,
@@ -349,15 +418,17 @@ def default_health_report(name: str, train_step, total_steps: int | None = None,
     )
 
 
-def default_report(name: str, steps, description: str | None = None):
+def default_report(name: str, steps: Sequence[ExecutorStep], description: str | None = None) -> ExecutorStep:
     """A step writing ``report.html`` (the ``marin report`` page) for ``steps`` and everything they read.
 
     It depends on every step it reports, so it runs after them and is made again whenever one of
     them changes (their hashes are part of its version).
-    """
-    from marin.execution import ExecutorStep, output_path_of, this_output_path
-    from marin.review.report import ReportConfig, report_step
 
+    Args:
+        name: step name.
+        steps: the steps to report (their dependencies are included).
+        description: a line for the report's header.
+    """
     return ExecutorStep(
         name=name,
         fn=report_step,
@@ -371,17 +442,12 @@ def default_report(name: str, steps, description: str | None = None):
 # --- scaling ladder (fit the rungs, predict the target) -------------------------------------------
 
 
-def _rung_run(name: str, train_step, eval_step=None, *, with_outputs: bool = True):
+def _rung_run(name: str, train_step: ExecutorStep, eval_step: ExecutorStep | None = None, *,
+              with_outputs: bool = True) -> RungRun:
     """What a ladder fit needs to know about a training step: its resolved model and schedule
     (read from the step's config at declaration time) and, ``with_outputs``, where its outputs are.
     A target read without outputs is not a dependency of the fit. Every value is versioned: the
     model as it resolves, not the preset's name."""
-    import dataclasses
-
-    from marin.execution import output_path_of, versioned
-    from marin.execution.step import VersionedValue
-    from marin.scaling.ladder import RungRun
-
     def v(x):
         return x.value if isinstance(x, VersionedValue) else x
 
@@ -402,21 +468,27 @@ def _rung_run(name: str, train_step, eval_step=None, *, with_outputs: bool = Tru
 
 def default_ladder_fit(
     name: str,
-    rungs: _Sequence,
-    target,
+    rungs: Sequence[tuple[ExecutorStep, ExecutorStep | None]],
+    target: ExecutorStep,
     *,
-    validation=None,
-    fractions: _Sequence[float] = (0.03, 0.1, 0.3, 0.5, 1.0),
+    validation: tuple[ExecutorStep, ExecutorStep | None] | None = None,
+    fractions: Sequence[float] = (0.03, 0.1, 0.3, 0.5, 1.0),
     n_boot: int = 400,
     max_validation_rel_error: float | None = None,
-):
-    """A step writing ``fit.json`` and plots: scaling laws over ``rungs`` (``(train_step, eval_step
-    or None)`` pairs) predicting ``target`` (a training step, read for its model and schedule only:
-    it need not have run). ``validation`` (a ``(train_step, eval_step or None)`` pair, never fitted)
-    adds ``validation_rel_error``; with ``max_validation_rel_error`` the step fails beyond it."""
-    from marin.execution import ExecutorStep, this_output_path, versioned
-    from marin.scaling.ladder import LadderFitConfig, ladder_fit_step
+) -> ExecutorStep:
+    """A step writing ``fit.json`` and plots: scaling laws over the rungs that predict ``target``.
 
+    Args:
+        name: step name.
+        rungs: ``(train_step, eval_step or None)`` pairs; bits per byte is fitted when every rung has
+            an eval step, training loss otherwise.
+        target: a training step, read for its model and schedule only (it need not have run).
+        validation: a ``(train_step, eval_step or None)`` pair that is never fitted; adds
+            ``validation_rel_error`` to ``fit.json``.
+        fractions: fractions of each run at which the law is also fitted (the predicted trajectory).
+        n_boot: bootstrap resamples for the parameters' uncertainty.
+        max_validation_rel_error: fail the step when the validation rung is predicted worse than this.
+    """
     runs = tuple(_rung_run(t.name.rsplit("/", 1)[-1], t, e) for t, e in rungs)
     val = None if validation is None else _rung_run(validation[0].name.rsplit("/", 1)[-1], *validation)
     return ExecutorStep(
@@ -442,13 +514,17 @@ def default_ladder_fit(
 # default_eval scores committed checkpoints of a training step on them and writes eval.json.
 
 
-def default_eval_suite(suite: _Mapping[str, str], tokenizer, text_field: str = "text", prefix: str = "eval"):
-    """A Paloma-style suite in one line: ``{set name: path, directory or glob}`` of jsonl / jsonl.gz /
-    jsonl.zst / parquet files on any fsspec path, each tokenized once (a tokenize step named
-    ``{prefix}/{name}``) with ``tokenizer`` (a step or a path: use the run's)."""
-    from marin.evaluation.sets import EvalSet
-    from marin.execution import output_path_of, versioned
+def default_eval_suite(suite: Mapping[str, str], tokenizer: StepOrPath, text_field: str = "text",
+                       prefix: str = "eval") -> tuple[EvalSet, ...]:
+    """A Paloma-style suite in one line, each set tokenized once with the run's tokenizer.
 
+    Args:
+        suite: ``{set name: path, directory or glob}`` of jsonl / jsonl.gz / jsonl.zst / parquet files
+            on any fsspec path.
+        tokenizer: the run's tokenizer (a step or a path).
+        text_field: the field of each record that holds the document text.
+        prefix: tokenize steps are named ``{prefix}/{set name}``.
+    """
     out = []
     for name, path in suite.items():
         path = str(path)
@@ -463,20 +539,13 @@ def default_eval_suite(suite: _Mapping[str, str], tokenizer, text_field: str = "
     return tuple(out)
 
 
-def default_validation_sets(mixture, name: str = "val"):
+def default_validation_sets(mixture: MixtureConfig, name: str = "val") -> tuple[EvalSet, ...]:
     """The held-out split of a ``default_mixture`` as eval sets, one per domain (``{name}/{domain}``)."""
-    from marin.evaluation.sets import mixture_validation_sets
-
     return mixture_validation_sets(mixture, name)
 
 
-def _versioned_eval_set(es):
+def _versioned_eval_set(es: EvalSet) -> EvalSet:
     """Every field of an EvalSet that is not a placeholder yet becomes versioned (it changes the scores)."""
-    import dataclasses
-
-    from marin.execution import versioned
-    from marin.execution.step import InputName, OutputName, VersionedValue
-
     def v(x):
         return x if isinstance(x, (VersionedValue, InputName, OutputName)) else versioned(x)
 
@@ -485,35 +554,32 @@ def _versioned_eval_set(es):
 
 def default_eval(
     name: str,
-    train_step,
-    eval_sets: _Sequence = (),
+    train_step: ExecutorStep,
+    eval_sets: Sequence[EvalSet] = (),
     checkpoint: str | int = "latest",
     pool: str | None = None,
     *,
     held_out: bool = False,
     seq_len: int | None = None,
     stride: int | None = None,
-    tasks: _Mapping[str, str] | None = None,
-):
-    """A step writing ``eval.json``: bits per byte of ``train_step``'s committed checkpoint(s) on
-    ``eval_sets`` (and, with ``held_out``, its mixture's held-out split).
+    tasks: Mapping[str, str] | None = None,
+) -> ExecutorStep:
+    """A step writing ``eval.json``: bits per byte of ``train_step``'s committed checkpoint(s).
 
-    ``checkpoint``: "latest", a step number, or "all" (every retained checkpoint; ``eval.json`` then
-    also holds ``checkpoints``, one record each in step order). ``pool``: None runs on the training
-    step's pool. Windows are the run's longest training sequence (``seq_len``) and disjoint unless
-    ``stride`` is given (then every token has at least ``seq_len - stride`` tokens of context).
-    ``tasks``: multiple-choice tasks ``{name: jsonl path}``, scored as accuracy and byte-normalised
-    accuracy under ``"tasks"`` in ``eval.json``.
+    Args:
+        name: step name.
+        train_step: the ``default_train`` step whose checkpoints are evaluated.
+        eval_sets: named eval sets (see :func:`default_eval_suite`).
+        checkpoint: ``"latest"``, a step number, or ``"all"`` (every retained checkpoint; ``eval.json``
+            then also holds ``checkpoints``, one record each in step order).
+        pool: the device pool; None runs on the training step's pool.
+        held_out: also evaluate the training mixture's held-out split (one set per domain).
+        seq_len: window length (default: the run's longest training sequence).
+        stride: overlapping windows, so every token has at least ``seq_len - stride`` tokens of
+            context (default: disjoint windows).
+        tasks: multiple-choice tasks ``{name: jsonl path}``, scored as accuracy and byte-normalised
+            accuracy under ``"tasks"`` in ``eval.json``.
     """
-    from marin.evaluation.step import EvalConfig, evaluate
-    from marin.execution import (
-        ExecutorStep,
-        output_path_of,
-        this_output_path,
-        versioned,
-    )
-    from marin.training.pools import get_pool
-
     if pool is not None:
         get_pool(pool)
     if not (checkpoint in ("latest", "all") or isinstance(checkpoint, int)):

@@ -1,11 +1,11 @@
-"""The hero run: 535B total / 23B active fine-grained MoE on Harrier K40 (SPEC "The hero model").
+"""The hero run: 535B total / 23B active fine-grained MoE on Harrier K40 (the published Marin run).
 
     python experiments/hero.py --dry_run true                           # plan; no network needed
     marin run experiments/hero.py --address ray://head:10001 --prefix s3://bucket/marin
 
 48 layers, d 6,144, 384 routed experts top-8 plus 2 shared, latent 3,072; 11 GB200 NVL72 racks with
 EP 64 inside a rack and data parallelism 11; 390,139 steps of 11,264 x 4,096 = 46,137,344 tokens
-(18.0T tokens: the seeds' 18.75T does not match steps x batch, and this file follows steps x batch);
+(18.0T tokens: the published 18.75T does not match steps x batch, and this file follows steps x batch);
 sequence length 4K -> 8K at 50% -> 65K at 95%; fixed-buffer all-to-all at capacity 1.15 with the
 hot switch to dropless at step 81,716. Peak LR and warmup are not published: they are assumptions.
 

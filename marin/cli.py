@@ -25,13 +25,9 @@ from typing import Any
 
 
 def _fmt_duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s < 60:
-        return f"{s:.1f}s"
-    if s < 3600:
-        return f"{s / 60:.1f}m"
-    return f"{s / 3600:.1f}h"
+    from marin.execution.review import format_duration
+
+    return format_duration(s)
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
@@ -98,7 +94,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from marin.execution.review import show
+    from marin.review import show
 
     d = show(args.step, args.prefix)
     if args.json:

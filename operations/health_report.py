@@ -2,11 +2,11 @@
 
     python operations/health_report.py <step output dir or metrics.jsonl> [--total-steps N] [--json] [--strict]
 
-Checks, in the spirit of the seed's checklist ("first 3%: clear; next window: the real grad-norm peak
+Checks, in the spirit of the published run's checklist ("first 3%: clear; next window: the real grad-norm peak
 near 30%"):
   - every logged value is finite;
   - loss is falling (recent window below the first window);
-  - token drop fraction, send and receive side, below 8% in the recent window (SPEC: healthy < 8%);
+  - token drop fraction, send and receive side, below 8% in the recent window (published: healthy < 8%);
   - grad norm: where it peaked (as % of the horizon), whether it is still rising, and whether it
     crossed 4 (the ladder bug that z-loss fixed);
   - MFU and throughput in the recent window.

@@ -1,4 +1,4 @@
-"""Re-plan the token horizon of a running training step (the seed's contingency).
+"""Re-plan the token horizon of a running training step (the published run's contingency).
 
     python operations/replan_lr.py <step output dir> --new-total-steps N [--at-step S]
 

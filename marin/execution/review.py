@@ -29,6 +29,17 @@ from marin.execution.status import StepStatus
 from marin.execution.step import ExecutorStep
 
 
+def format_duration(s: float | None) -> str:
+    """Seconds as a human reads them in a table: ``42.0s``, ``3.5m``, ``2.1h`` (``-`` when unknown)."""
+    if s is None:
+        return "-"
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{s / 60:.1f}m"
+    return f"{s / 3600:.1f}h"
+
+
 class ExperimentFileError(FileNotFoundError):
     pass
 
@@ -272,7 +283,8 @@ def step_content(path: str, outputs: list[str]) -> dict[str, Any]:
 
 
 def show(target: str, prefix: str | None = None) -> dict[str, Any]:
-    """Config, version tree, dependencies, outputs, report content and error of one step."""
+    """Config, version tree, dependencies, outputs, report content and error of one step, from the
+    files the executor wrote (``marin.review.show`` adds a training step's health)."""
     path = find_step(target, prefix)
     info = st.read_info(path) or {}
     record = st.read_status(path) or {}
@@ -281,18 +293,10 @@ def show(target: str, prefix: str | None = None) -> dict[str, Any]:
         base = entry.rstrip("/").rsplit("/", 1)[-1]
         if not base.startswith(".executor") and not base.startswith(".tmp-"):
             outputs.append(base)
-    health = None
-    horizon = train_horizon(info.get("config"))
-    if "metrics.jsonl" in outputs:  # a training step: summarise its telemetry against healthy ranges
-        from marin.monitoring.health import health as run_health
-        from marin.training.metrics import read_metrics
-
-        records = [r for r in read_metrics(path) if r.get("kind", "train") == "train"]
-        health = run_health(records, horizon)
     return {
         **row_for(path, info.get("name"), info.get("hash")),
-        "health": health,
-        "horizon": horizon,
+        "health": None,  # filled for training steps by marin.review.show (this package reads files only)
+        "horizon": train_horizon(info.get("config")),
         "content": step_content(path, outputs),
         "description": info.get("description"),
         "fn": info.get("fn"),

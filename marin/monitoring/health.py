@@ -1,7 +1,7 @@
-"""Run health from metrics records: pure checks against the seed's healthy ranges.
+"""Run health from metrics records: pure checks against the published run's healthy ranges.
 
 Used by ``operations/health_report.py`` (an operator's command against a live or finished run) and
-by the quickstart's final step. Checks, in the spirit of the seed's checklist ("first 3%: clear;
+by the quickstart's final step. Checks, in the spirit of the published run's checklist ("first 3%: clear;
 next window: the real grad-norm peak near 30%"): every value finite; loss falling; token drop
 fraction on the send and receive side below 8%; where the grad norm peaked and whether it crossed 4
 (the ladder bug that z-loss fixed); recent MFU and throughput.
@@ -137,7 +137,7 @@ def format_report(report: dict[str, Any]) -> str:
 #   act    further than twice the half-width above the band, grad norm above 4, drops above 8%
 #          after the first window, MFU / throughput below 75% of plan.
 # "act" in a window that ends within the first 25% of the run, while the run is still there,
-# proposes the seed's contingency: shorten the horizon and re-plan the linear LR decay so it still
+# proposes the published run's contingency: shorten the horizon and re-plan the linear LR decay so it still
 # ends at 5% of peak (the lr_replans value to pass to default_train).
 
 LEVELS = ("clear", "watch", "act")

@@ -27,7 +27,7 @@ from marin.execution import storage
 from marin.execution.prefix import resolve_prefix
 from marin.execution.review import CATEGORIES, StepState, step_state, train_horizon
 
-__all__ = ["CATEGORIES", "Experiment", "Step", "StepState", "load", "load_file", "load_prefix", "step_state"]
+__all__ = ["CATEGORIES", "Experiment", "Step", "StepState", "load", "load_file", "load_prefix", "show", "step_state"]
 
 # --------------------------------------------------------------------------------------------- #
 # what a step's files say about its state                                                         #
@@ -425,3 +425,17 @@ def _dependency_order(steps: list[Step]) -> list[Step]:
                 on_stack.add(d.output_path)
                 stack.append((d, iter(d.dependencies)))
     return out
+
+
+def show(target: str, prefix: str | None = None) -> dict[str, Any]:
+    """What ``marin show`` prints: :func:`marin.execution.review.show` (config, version, dependencies,
+    outputs, report content, error) plus, for a training step, its telemetry against healthy ranges."""
+    from marin.execution.review import show as show_files
+
+    d = show_files(target, prefix)
+    if "metrics.jsonl" in d["outputs"]:
+        from marin.monitoring.health import health
+        from marin.training.metrics import read_metrics
+
+        d["health"] = health(read_metrics(d["output_path"]), d["horizon"])
+    return d

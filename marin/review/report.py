@@ -20,6 +20,7 @@ from typing import Any
 
 from marin.execution import storage
 from marin.execution.review import config_leaves, is_versioned
+from marin.execution.review import format_duration as _dur
 from marin.review import CATEGORIES, Experiment, Step
 from marin.review import dag as dagmod
 from marin.review.plots import line_plot
@@ -92,16 +93,6 @@ def _anchor(step: Step) -> str:
 
 def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
-
-
-def _dur(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s < 60:
-        return f"{s:.1f}s"
-    if s < 3600:
-        return f"{s / 60:.1f}m"
-    return f"{s / 3600:.1f}h"
 
 
 def _size(n: int | None) -> str:

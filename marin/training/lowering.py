@@ -4,8 +4,9 @@ A CPU-only machine can trace and lower the exact program a GPU pool runs: an abs
 pool's shape (``jax.sharding.AbstractMesh``), abstract state and batch (``jax.ShapeDtypeStruct`` with
 shardings), platform-specific choices made for the target (``marin.jaxcompat.lowering_for``) and
 ``Traced.lower(lowering_platforms=(platform,))``. CI uses it to prove every transport's GPU program
-(forward, backward, AdamW, router-bias update) builds at the production mesh shape and holds no host
-callback or CPU-only custom call; the memory planner's validation compiles the same step for CPU.
+(forward, backward, AdamW, router-bias update), and the evaluator's forward, build at the production
+mesh shape and hold no host callback or CPU-only custom call; the memory planner's validation
+compiles the same step for CPU.
 """
 
 from __future__ import annotations
@@ -65,6 +66,20 @@ def lower_train_step(config: TrainConfig, cfg, mesh_shape: tuple[int, int], tran
         state, shardings = abstract_state(config, cfg, mesh)
         step = _build_train_step(config, cfg, mesh, transport, shardings, microbatches)
         traced = step.trace(state, *abstract_batch(mesh, batch_size, seq_len))
+        return traced.lower(lowering_platforms=(platform,))
+
+
+def lower_eval_forward(config: TrainConfig, cfg, mesh_shape: tuple[int, int], *, batch_size: int, seq_len: int,
+                       platform: str = "cuda"):
+    """The evaluator's jitted forward (per-token NLL, ``marin.evaluation.evaluator.nll_fn``) traced for
+    ``platform`` on an abstract mesh of ``mesh_shape`` and lowered (not compiled)."""
+    from marin.evaluation.evaluator import nll_fn
+
+    mesh = abstract_mesh(*mesh_shape)
+    with lowering_for(platform):
+        state, _ = abstract_state(config, cfg, mesh)
+        rows = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=batch_sharding(mesh))
+        traced = nll_fn(cfg, mesh).trace(state["params"], state["router_bias"], rows, rows, rows)
         return traced.lower(lowering_platforms=(platform,))
 
 

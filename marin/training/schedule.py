@@ -2,7 +2,7 @@
 
 Everything here is plain Python on integers and floats (no JAX): the trainer evaluates the schedules on
 the host once per step and feeds the results into the compiled step as arguments. That keeps the
-compiled step independent of the horizon, so a re-planned horizon (the seed's contingency: "shorten
+compiled step independent of the horizon, so a re-planned horizon (the published run's contingency: "shorten
 the token horizon and re-plan the linear LR decay so that it still ends at 5% of peak") needs no
 recompilation and no change to the checkpoint format.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-# The hero recipe ends the linear decay at 5% of peak (SPEC: Schedule and contingencies).
+# The hero recipe ends the linear decay at 5% of peak (the published schedule).
 DEFAULT_FINAL_LR_FRACTION = 0.05
 
 
@@ -78,7 +78,7 @@ def schedule_from_config(config: dict) -> LRSchedule:
 
 
 def replan_horizon(schedule: LRSchedule, at_step: int, new_total: int, tokens_per_step: int = 0) -> dict:
-    """The seed's contingency as data: the ``lr_replans`` value that moves the horizon to ``new_total``
+    """The published contingency as data: the ``lr_replans`` value that moves the horizon to ``new_total``
     from ``at_step`` on (the LR still decays linearly to ``final_fraction`` of peak, now at the new
     horizon), the tokens it saves or adds, and a few LR values of the old and new plans to review."""
     new = schedule.replanned(at_step, new_total)
@@ -146,7 +146,7 @@ class SeqLenPhase:
 class SeqLenSchedule:
     """Sequence length by phase at a constant number of tokens per step.
 
-    The hero starts at 4K, moves to 8K at ~50% and 65K at ~95% (SPEC); the batch in sequences shrinks
+    The hero starts at 4K, moves to 8K at ~50% and 65K at ~95% (as published); the batch in sequences shrinks
     so that ``batch * seq_len == tokens_per_step`` throughout. Phases are keyed by fractions of the
     horizon so that a re-planned horizon moves them with it.
     """

@@ -1,4 +1,4 @@
-"""The production experiment files plan offline and say what SPEC says."""
+"""The production experiment files plan offline and match the published run's numbers."""
 
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ def test_gb200_manifest_fields_and_rack_layout():
     assert len(racks) == 11
     nodes = _gb200_nodes(m)
     assert sum(n["resources"]["GPU"] for n in nodes) == hero.num_devices == 704
-    # SPEC: EP 64 per rack, DP 11
+    # as published: EP 64 per rack, DP 11
     assert hero.devices_per_rack == hero.mesh[1] == 64 and hero.mesh[0] == 11
 
 

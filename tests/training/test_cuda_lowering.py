@@ -8,7 +8,7 @@ import pytest
 from marin.kernels import cpu as kernels
 from marin.jaxcompat import compute_platform, lowering_for
 from marin.training.config import SyntheticDataConfig, TrainConfig
-from marin.training.lowering import custom_call_targets, forbidden_ops, lower_train_step
+from marin.training.lowering import custom_call_targets, forbidden_ops, lower_eval_forward, lower_train_step
 from marin.training.trainer import model_config
 
 # d2048 and the hero with 2 layers (one local, one global: both attention kinds); a small batch that
@@ -68,3 +68,16 @@ def test_accumulating_train_step_lowers_for_cuda(transport):
                             microbatches=4).as_text()
     assert forbidden_ops(text) == []
     assert text.count("stablehlo.while") >= 2  # the microbatch scan around the layer scan
+
+
+@pytest.mark.parametrize("mesh", sorted(MESHES))
+@pytest.mark.parametrize("model", ["d2048", "hero"])
+def test_eval_forward_lowers_for_cuda(model, mesh):
+    """The evaluator's forward (dropless experts on an EP mesh, per-token NLL) is GPU-clean too."""
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model=model, model_overrides={"n_layers": 2},
+                         seq_len_phases=((0.0, 256),), wandb_project=None)
+    shape = MESHES[mesh]
+    text = lower_eval_forward(config, model_config(config), shape, batch_size=shape[0] * shape[1],
+                              seq_len=256).as_text()
+    assert forbidden_ops(text) == []
+    assert "stablehlo.all_to_all" in text or "ragged_all_to_all" in text

@@ -51,7 +51,7 @@ def test_default_train_runs_as_executor_step(ray_local, tmp_path):
     final, meta = read_checkpoint(f"{path}/checkpoints/step-00000006")
     assert meta["tokens"] == 6 * 1024
     # review: `marin show` of a training step summarises its telemetry against healthy ranges
-    from marin.execution.review import show
+    from marin.review import show
 
     shown = show(path)
     assert shown["status"] == "SUCCESS" and "metrics.jsonl" in shown["outputs"]

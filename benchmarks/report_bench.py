@@ -62,11 +62,27 @@ def main() -> None:
         [ps] = plan.steps
         lease, rec = _succeed(ps, plan)
         with open(f"{ps.output_path}/metrics.jsonl", "w") as f:
-            f.writelines(json.dumps({"step": i, "loss": 2 + 8 * math.exp(-i / 20000), "grad_norm": 0.3 + (5.0 if i == 123_457 else 0),
-                                    "lr": 1e-4, "drop_frac_send": 0.01, "drop_frac_recv": 0.012, "expert_load_max": 1.3,
-                                    "expert_load_mean": 1.1, "tokens_per_s": 1e6, "mfu": 0.4, "tokens": 46_137_344 * i,
-                                    "seq_len": 4096 if i < 200_000 else 8192,
-                                    "transport": "fixed" if i < 81_716 else "dropless"}) + "\n" for i in range(1, args.records + 1))
+            f.writelines(
+                json.dumps(
+                    {
+                        "step": i,
+                        "loss": 2 + 8 * math.exp(-i / 20000),
+                        "grad_norm": 0.3 + (5.0 if i == 123_457 else 0),
+                        "lr": 1e-4,
+                        "drop_frac_send": 0.01,
+                        "drop_frac_recv": 0.012,
+                        "expert_load_max": 1.3,
+                        "expert_load_mean": 1.1,
+                        "tokens_per_s": 1e6,
+                        "mfu": 0.4,
+                        "tokens": 46_137_344 * i,
+                        "seq_len": 4096 if i < 200_000 else 8192,
+                        "transport": "fixed" if i < 81_716 else "dropless",
+                    }
+                )
+                + "\n"
+                for i in range(1, args.records + 1)
+            )
         _finish(ps, lease, rec)
         t = time.perf_counter()
         long_html = render(mr.load(prefix=long_prefix))

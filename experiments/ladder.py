@@ -90,7 +90,11 @@ def ladder_steps():
         )
         evaluation = default_eval(f"ladder/{rung.name}-eval", train, held_out=True)
         rungs.append((train, evaluation))
-        out += [train, evaluation, default_health_report(f"ladder/{rung.name}-health", train, total_steps=rung.train_steps)]
+        out += [
+            train,
+            evaluation,
+            default_health_report(f"ladder/{rung.name}-health", train, total_steps=rung.train_steps),
+        ]
     return [*out, default_ladder_fit("ladder/fit", rungs, target=hero)]
 
 

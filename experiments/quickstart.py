@@ -64,7 +64,10 @@ health = default_health_report("quickstart/health", train, total_steps=TRAIN_STE
 evaluation = default_eval("quickstart/eval", train, held_out=True)  # the mixture's held-out documents
 
 if __name__ == "__main__":
-    result = executor_main(steps=[mixture_report, health, evaluation], description="Quickstart: K40 miniature -> tokenizer -> tokens -> tiny MoE")
+    result = executor_main(
+        steps=[mixture_report, health, evaluation],
+        description="Quickstart: K40 miniature -> tokenizer -> tokens -> tiny MoE",
+    )
     import json
 
     import fsspec

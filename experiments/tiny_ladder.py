@@ -80,8 +80,14 @@ def tiny_ladder(size: str = "full"):
         stages=(MixtureStage(start_fraction=STAGE2_FRACTION, quality_weights=QUALITY_WEIGHTS),),
     )
     all_widths = (*widths, val_width)
-    rungs = ladder_rungs(TARGET, all_widths, shape=SHAPE if size == "full" else REDUCED_SHAPE, depths={d: 2 for d in all_widths},
-                         batch_sequences=BATCH_SEQUENCES, tokens_per_active_param=tokens_per_param)
+    rungs = ladder_rungs(
+        TARGET,
+        all_widths,
+        shape=SHAPE if size == "full" else REDUCED_SHAPE,
+        depths={d: 2 for d in all_widths},
+        batch_sequences=BATCH_SEQUENCES,
+        tokens_per_active_param=tokens_per_param,
+    )
     trains, evals = {}, {}
     for rung in rungs:
         trains[rung.name] = default_train(
@@ -106,7 +112,9 @@ def tiny_ladder(size: str = "full"):
     fitted = [(trains[r.name], evals[r.name]) for r in rungs if r.name != val_name]
     biggest = max(rungs, key=lambda r: r.tokens)  # the validation rung: no run may repeat data
     fit = default_ladder_fit(f"{p}/fit", fitted, target=trains[val_name])
-    check = default_ladder_fit(f"{p}/check", fitted, target=trains[val_name], validation=(trains[val_name], evals[val_name]))
+    check = default_ladder_fit(
+        f"{p}/check", fitted, target=trains[val_name], validation=(trains[val_name], evals[val_name])
+    )
     report = default_mixture_report(f"{p}/mixture", mixture, total_tokens=biggest.tokens,
                                     total_steps=biggest.train_steps)
     return {"rungs": rungs, "trains": trains, "evals": evals, "fit": fit, "check": check, "mixture_report": report,

@@ -31,7 +31,9 @@ def _fmt_duration(s: float | None) -> str:
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
-    cells = [[h for _, h in columns]] + [[str(r.get(k) if r.get(k) is not None else "-") for k, _ in columns] for r in rows]
+    cells = [[h for _, h in columns]] + [
+        [str(r.get(k) if r.get(k) is not None else "-") for k, _ in columns] for r in rows
+    ]
     widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
     lines = ["  ".join(c[i].ljust(widths[i]) for i in range(len(columns))).rstrip() for c in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -152,8 +152,15 @@ def source_probabilities(
         _check_weights("quality_weights", quality_weights, known_buckets, "bucket")
     for d, qw in (domain_quality_weights or {}).items():
         if d not in known_domains:
-            raise MixtureError(f"domain_quality_weights: unknown domain {d!r}; the token stores hold domains {known_domains}")
-        _check_weights(f"domain_quality_weights[{d!r}]", qw, sorted({b for i, b in enumerate(buckets) if domains[i] == d}), "bucket")
+            raise MixtureError(
+                f"domain_quality_weights: unknown domain {d!r}; the token stores hold domains {known_domains}"
+            )
+        _check_weights(
+            f"domain_quality_weights[{d!r}]",
+            qw,
+            sorted({b for i, b in enumerate(buckets) if domains[i] == d}),
+            "bucket",
+        )
     total_w = sum(dw.values())
     if total_w <= 0:
         raise MixtureError("the mixture has no training tokens: every source is empty")
@@ -167,7 +174,9 @@ def source_probabilities(
         idx = [i for i in range(len(sources)) if domains[i] == d]
         mass = np.array([n[i] * (1.0 if qw is None else float(qw.get(buckets[i], 0.0))) for i in idx])
         if mass.sum() <= 0:
-            raise MixtureError(f"domain {d!r} has weight {dw[d]} but its quality weights give every bucket with tokens zero weight")
+            raise MixtureError(
+                f"domain {d!r} has weight {dw[d]} but its quality weights give every bucket with tokens zero weight"
+            )
         probs[idx] = dw[d] / total_w * mass / mass.sum()
     return probs / probs.sum()
 
@@ -307,8 +316,10 @@ class MixtureLoader:
 
     def __init__(self, config: MixtureConfig, total_steps: int | None = None):
         if isinstance(config.stores, str):
-            raise MixtureError(f"MixtureConfig.stores must be a tuple of store paths, got the string {config.stores!r}; "
-                               f"write stores=({config.stores!r},)")
+            raise MixtureError(
+                f"MixtureConfig.stores must be a tuple of store paths, got the string {config.stores!r}; "
+                f"write stores=({config.stores!r},)"
+            )
         if not config.stores:
             raise MixtureError("MixtureConfig.stores is empty; give at least one token store path")
         self.config = config
@@ -584,7 +595,9 @@ class MixtureLoader:
                 raise KeyError(f"unknown domain or source {domain!r}; domains: {domains}")
         idx = [i for i in idx if self.total_tokens[i] > self.train_tokens[i]]
         if not idx:
-            raise MixtureError(f"{domain!r} has no validation documents (validation_fraction={self.config.validation_fraction})")
+            raise MixtureError(
+                f"{domain!r} has no validation documents (validation_fraction={self.config.validation_fraction})"
+            )
         return idx
 
     def validation_tokens(self, domain: str) -> int:

@@ -52,7 +52,9 @@ def shard_paths(store: str, source: str, shard_id: str) -> dict[str, str]:
     return {"tokens": base + ".tokens", "docs": base + ".docs", "meta": base + ".json"}
 
 
-def write_shard(store: str, source: str, shard_id: str, tokens: np.ndarray, doc_offsets: np.ndarray, meta: dict) -> dict:
+def write_shard(
+    store: str, source: str, shard_id: str, tokens: np.ndarray, doc_offsets: np.ndarray, meta: dict
+) -> dict:
     """Write one shard's data files, then its ``.json`` (the finished marker). Returns the meta written."""
     tokens = np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE)
     doc_offsets = np.ascontiguousarray(doc_offsets, dtype=OFFSET_DTYPE)
@@ -313,6 +315,8 @@ class TokenStore:
             try:
                 entry = self.manifest["sources"][name]
             except KeyError:
-                raise KeyError(f"source {name!r} not in token store {self.path}; it has {list(self.source_names)}") from None
+                raise KeyError(
+                    f"source {name!r} not in token store {self.path}; it has {list(self.source_names)}"
+                ) from None
             r = self._readers[name] = SourceReader(self.path, name, entry)
         return r

@@ -80,7 +80,9 @@ def domain_language(domain: str, seed: int) -> DomainLanguage:
     return DomainLanguage(vocab, successors, probs)
 
 
-def generate_document(lang: DomainLanguage, domain_title: str, bucket: str, seed: int, domain_i: int, bucket_i: int, doc: int) -> str:
+def generate_document(
+    lang: DomainLanguage, domain_title: str, bucket: str, seed: int, domain_i: int, bucket_i: int, doc: int
+) -> str:
     """One document: a title line and 2-8 sentences walked on the domain's Markov chain, plus noise."""
     rng = _rng(seed, domain_i, bucket_i, doc)
     noise = NOISE.get(bucket, 0.0)
@@ -164,7 +166,9 @@ def generate_k40_miniature(config: SyntheticK40Config) -> None:
         unknown = set(config.domains) - {d.name for d in domains}
         if unknown:
             raise ValueError(f"unknown K40 domains {sorted(unknown)}")
-    layout = K40Layout(config.output_path, config.source_template, tuple(d.name for d in domains), tuple(config.buckets))
+    layout = K40Layout(
+        config.output_path, config.source_template, tuple(d.name for d in domains), tuple(config.buckets)
+    )
     share_sum = sum(d.share for d in domains)
     frac_sum = sum(BUCKET_FRACTION.get(b, 1.0) for b in config.buckets)
     fs, root = fsspec.core.url_to_fs(config.output_path)

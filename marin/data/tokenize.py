@@ -298,7 +298,9 @@ def build_manifest(config: TokenizeConfig, results: list[dict], tok) -> dict:
                                                   "skipped", "doc_start", "doc_end")})
     for e in sources.values():
         e["skipped"] = dict(sorted(e["skipped"].items()))
-    totals = {k: sum(e[k] for e in sources.values()) for k in ("documents", "tokens", "bytes", "skipped_bytes", "files")}
+    totals = {
+        k: sum(e[k] for e in sources.values()) for k in ("documents", "tokens", "bytes", "skipped_bytes", "files")
+    }
     totals["skipped"] = dict(sum((Counter(e["skipped"]) for e in sources.values()), Counter()))
     totals["skipped_files"] = len(skipped_files)
     return {

@@ -22,7 +22,9 @@ from typing import Any
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="marin eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="marin eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("run", help="training step output directory (local, s3://, gs://)")
     p.add_argument("--data", action="append", default=[], metavar="NAME=PATH_OR_GLOB",
                    help="an eval set: documents (file, directory, glob) or a token store; repeatable")
@@ -145,8 +147,14 @@ def _sets_table(result: dict[str, Any]) -> str:
         rows.append((n, str(m["documents"]), str(m["tokens"]), str(m["bytes"]), f"{m['loss']:.4f}", f"{m['bpb']:.4f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-    lines += ["", (f"macro bpb {result['macro_bpb']:.4f} over {len(result['sets'])} set{'s' if len(result['sets']) != 1 else ''}   "
-                   f"micro bpb {result['micro_bpb']:.4f}")]
+    lines += [
+        "",
+        (
+            f"macro bpb {result['macro_bpb']:.4f} over {len(result['sets'])} "
+            f"set{'s' if len(result['sets']) != 1 else ''}   "
+            f"micro bpb {result['micro_bpb']:.4f}"
+        ),
+    ]
     return "\n".join(lines)
 
 

@@ -72,7 +72,9 @@ class PreparedSuite:
         return int(self.sequence_tokens.sum())
 
 
-def prepare_suite(sets: dict[str, Documents], seq_len: int, batch_rows: int, stride: int | None = None) -> PreparedSuite:
+def prepare_suite(
+    sets: dict[str, Documents], seq_len: int, batch_rows: int, stride: int | None = None
+) -> PreparedSuite:
     """Window and pack every document of every set (documents never share a window)."""
     names = sorted(sets)
     seqs: list[np.ndarray] = []

@@ -105,8 +105,10 @@ def load_eval_set(es: EvalSet, tokenizer=None) -> dict[str, Documents]:
             t = reader.document(d)
             docs.append(np.asarray(t[:-1], dtype=np.int32))  # drop the closing EOS: the text's own tokens
     if not groups or not any(groups.values()):
-        raise EvalSetError(f"eval set {es.name!r} at {es.store} has no documents"
-                           + (" held out (validation_fraction is 0 or every source has one document)" if es.held_out else ""))
+        raise EvalSetError(
+            f"eval set {es.name!r} at {es.store} has no documents"
+            + (" held out (validation_fraction is 0 or every source has one document)" if es.held_out else "")
+        )
     out = {}
     tok_path = store.manifest["tokenizer"]["path"]
     for set_name, docs in groups.items():

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def sequence_windows(length: int, seq_len: int, stride: int | None = None, score_from: int = 1) -> list[tuple[int, int, int]]:
+def sequence_windows(
+    length: int, seq_len: int, stride: int | None = None, score_from: int = 1
+) -> list[tuple[int, int, int]]:
     """Windows of a sequence of ``length`` tokens: ``(begin, end, first_scored)`` triples.
 
     The window's inputs are ``s[begin:end]`` and its targets ``s[begin + 1:end + 1]``; it scores
@@ -73,7 +75,9 @@ class PackedRows:
         extra = -n % multiple + (n - self.num_rows)
         if not extra:
             return self
-        z = lambda a, v: np.concatenate([a, np.full((extra, a.shape[1]), v, a.dtype)])
+        def z(a: np.ndarray, v: int) -> np.ndarray:
+            return np.concatenate([a, np.full((extra, a.shape[1]), v, a.dtype)])
+
         return PackedRows(z(self.inputs, 0), z(self.targets, 0), z(self.segment_ids, 0), z(self.sequence, -1))
 
 

@@ -100,7 +100,9 @@ def _encode_container(value: Any, kind: str, items: list[tuple[str, Any, Any]], 
         try:
             pairs.append([encode(k, path.child(KEY, k)), v])
         except UnhashableConfigError as e:
-            raise UnhashableConfigError(f"config field {path.describe()} has a dict key that cannot be versioned: {e}") from None
+            raise UnhashableConfigError(
+                f"config field {path.describe()} has a dict key that cannot be versioned: {e}"
+            ) from None
     return {"dict_items": sorted(pairs, key=lambda kv: canonical_json(kv[0]))}
 
 

@@ -166,7 +166,7 @@ def _topological(roots: list[ExecutorStep]) -> tuple[list[ExecutorStep], dict[in
         stack: list[tuple[ExecutorStep, Iterator[ExecutorStep]]] = []
         path: list[ExecutorStep] = []
 
-        def push(s: ExecutorStep) -> None:
+        def push(s: ExecutorStep, stack: list = stack, path: list = path) -> None:  # this root's DFS
             if id(s) not in inputs:
                 inputs[id(s)] = _inputs_of(s)
             state[id(s)] = 1
@@ -310,7 +310,11 @@ def _refuse_unversioned_difference(first: PlannedStep, again: ExecutorStep, by_i
     a, b = unversioned_view(first.step, by_id), unversioned_view(again, by_id)
     if a == b:
         return
-    diffs = [f"{p}: {a.get(p, '<absent>')} vs {b.get(p, '<absent>')}" for p in sorted(set(a) | set(b)) if a.get(p) != b.get(p)]
+    diffs = [
+        f"{p}: {a.get(p, '<absent>')} vs {b.get(p, '<absent>')}"
+        for p in sorted(set(a) | set(b))
+        if a.get(p) != b.get(p)
+    ]
     shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
     raise PlanError(
         f"step {again.name!r} is declared twice with the same version ({first.hash}) but different unversioned "

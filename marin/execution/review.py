@@ -428,9 +428,13 @@ def explain(experiment: str, prefix: str | None = None) -> list[dict[str, Any]]:
             elif status == StepStatus.RUNNING:
                 state = step_state(ps.output_path, record)
                 if state.category == "running":
-                    reasons.append(f"running now under {state.lease_holder}; a new run waits for it and reuses its output")
+                    reasons.append(
+                        f"running now under {state.lease_holder}; a new run waits for it and reuses its output"
+                    )
                 else:
-                    reasons.append(f"{state.label}: the run stopped before this step finished; resumes under a new lease")
+                    reasons.append(
+                        f"{state.label}: the run stopped before this step finished; resumes under a new lease"
+                    )
             elif status == StepStatus.DEP_FAILED:
                 reasons.append("a dependency failed in an earlier run")
             elif status is not None:  # a state this code does not name (INTERRUPTED, ...): it did not finish

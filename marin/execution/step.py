@@ -136,8 +136,9 @@ def validate_step_name(name: str) -> None:
     if ".." in name.split("/"):
         raise InvalidStepError(f"step name {name!r} contains '..', which would escape the prefix")
     if "." in name.split("/") or "" in name.split("/"):
+        spelling = "/".join(p for p in name.split("/") if p not in ("", "."))
         raise InvalidStepError(
-            f"step name {name!r} has an empty or '.' part; write it as {'/'.join(p for p in name.split('/') if p not in ('', '.'))!r}"
+            f"step name {name!r} has an empty or '.' part; write it as {spelling!r}"
             " (each name has one spelling, so one step has one output directory)"
         )
     if not _NAME_RE.match(name):

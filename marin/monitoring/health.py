@@ -225,11 +225,19 @@ def health_vs_prediction(
                 trend = _slope(gn[k:] if len(gn) > 2 * k else gn)
                 expect_rise = gn_peak_at is not None and f <= gn_peak_at
                 expect_fall = gn_peak_at is not None and prev >= gn_peak_at
-                off = (expect_rise and trend < 0 and gn[-1] < 0.8 * max(gn)) or (expect_fall and trend > 0 and gn[-1] > 1.25 * min(gn))
+                off = (expect_rise and trend < 0 and gn[-1] < 0.8 * max(gn)) or (
+                    expect_fall and trend > 0 and gn[-1] > 1.25 * min(gn)
+                )
                 shape = ("rising" if trend > 0 else "falling") + (
                     "" if gn_peak_at is None else f", ladder peak near {100 * gn_peak_at:.0f}%")
-                items.append({"name": "grad_norm", "level": "watch" if off else "clear",
-                              "text": f"grad norm {gn[-1]:.3g} {shape}" + (": departs from the ladder's shape" if off else "")})
+                items.append(
+                    {
+                        "name": "grad_norm",
+                        "level": "watch" if off else "clear",
+                        "text": f"grad norm {gn[-1]:.3g} {shape}"
+                        + (": departs from the ladder's shape" if off else ""),
+                    }
+                )
         for side in ("send", "recv"):
             d = window_mean(records, f"drop_frac_{side}", step, total_steps, width=max(0.005, (f - prev) / 2))
             if not math.isfinite(d):
@@ -301,8 +309,10 @@ def propose_contingency(records: list[dict[str, Any]], total_steps: int, schedul
 
 def format_prediction_report(report: dict[str, Any]) -> str:
     """The checklist: one line per window, the next window, and the contingency when proposed."""
-    head = (f"against the ladder's prediction for {report.get('target')} "
-            f"(step {report.get('last_step', 0)}, {100 * report.get('progress', 0):.1f}% of {report.get('total_steps')}):")
+    head = (
+        f"against the ladder's prediction for {report.get('target')} "
+        f"(step {report.get('last_step', 0)}, {100 * report.get('progress', 0):.1f}% of {report.get('total_steps')}):"
+    )
     lines = [head]
     for w in report["windows"]:
         parts = [i["text"] + ("" if i["level"] == "clear" else f": {i['level'].upper()}") for i in w["items"]]
@@ -310,8 +320,10 @@ def format_prediction_report(report: dict[str, Any]) -> str:
     lines.append(f"  {report['next']}")
     c = report.get("contingency")
     if c:
-        lines.append(f"  contingency ({c['reason']} within the first {100 * CONTINGENCY_BEFORE:g}%): shorten the horizon "
-                     f"to {c['new_total_steps']:,} steps from step {c['at_step']:,}")
+        lines.append(
+            f"  contingency ({c['reason']} within the first {100 * CONTINGENCY_BEFORE:g}%): shorten the horizon "
+            f"to {c['new_total_steps']:,} steps from step {c['at_step']:,}"
+        )
         if "lr_replans" in c:
             lines.append(f"    default_train(..., lr_replans={tuple(tuple(r) for r in c['lr_replans'])}): the LR still "
                          f"decays linearly to 5% of peak, now at step {c['new_total_steps']:,}")

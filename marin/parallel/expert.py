@@ -143,7 +143,16 @@ block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
 
 
 # ---- capacity-padded grouped SwiGLU (CPU default) ---------------------------------------------
-CAPACITY_BUCKETS = (1.03125, 1.0625, 1.09375, 1.125, 1.1875, 1.25, 1.5, 2.0)  # per-expert buffer sizes, x the expected rows
+CAPACITY_BUCKETS = (
+    1.03125,
+    1.0625,
+    1.09375,
+    1.125,
+    1.1875,
+    1.25,
+    1.5,
+    2.0,
+)  # per-expert buffer sizes, x the expected rows
 
 
 def capacity_buckets(expected_rows: float) -> tuple:
@@ -403,7 +412,9 @@ def local_moe(x, expert_ids, weights, experts, impl=None):
                          weights.astype(x.dtype), experts["gate"], experts["up"], experts["down"])
         zero = jnp.zeros((), jnp.float32)
         return y, {"send_drops": zero, "recv_drops": zero, "assignments": jnp.float32(t * k)}
-    y = grouped_swiglu(jnp.repeat(x, k, axis=0), expert_ids.reshape(-1), experts["gate"], experts["up"], experts["down"], impl)
+    y = grouped_swiglu(
+        jnp.repeat(x, k, axis=0), expert_ids.reshape(-1), experts["gate"], experts["up"], experts["down"], impl
+    )
     zero = jnp.zeros((), jnp.float32)
     return combine(y, weights), {"send_drops": zero, "recv_drops": zero, "assignments": jnp.float32(t * k)}
 
@@ -612,5 +623,18 @@ def moe_experts(x, expert_ids, weights, experts, *, n_experts: int, transport: s
                   capacity_factor=capacity_factor, impl=impl)
 
 
-__all__ = ["moe_experts", "ep_moe", "local_moe", "grouped_swiglu", "capacity_swiglu", "capacity_moe", "swiglu_experts", "rank_within_groups",
-           "sender_layout", "receiver_layout", "send_capacity", "recv_capacity", "DATA"]
+__all__ = [
+    "moe_experts",
+    "ep_moe",
+    "local_moe",
+    "grouped_swiglu",
+    "capacity_swiglu",
+    "capacity_moe",
+    "swiglu_experts",
+    "rank_within_groups",
+    "sender_layout",
+    "receiver_layout",
+    "send_capacity",
+    "recv_capacity",
+    "DATA",
+]

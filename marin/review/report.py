@@ -10,6 +10,7 @@ the step's report files, training plots, error and traceback).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import html
 import json
@@ -184,7 +185,9 @@ def _checklist(report: dict[str, Any]) -> str:
                    f'{"clear" if report["ok"] else "needs a look"}</span></p>')
     checks = report.get("checks") or report.get("checklist") or []
     if isinstance(checks, dict):
-        checks = [{"name": k, **(v if isinstance(v, dict) else {"ok": bool(v), "detail": v})} for k, v in checks.items()]
+        checks = [
+            {"name": k, **(v if isinstance(v, dict) else {"ok": bool(v), "detail": v})} for k, v in checks.items()
+        ]
     if checks:
         out.append("<table><tr><th>check<th>state<th>detail")
         for c in checks:
@@ -446,8 +449,6 @@ def write_report(exp: Experiment, path: str) -> str:
 # as an executor step                                                                              #
 # --------------------------------------------------------------------------------------------- #
 
-import dataclasses
-
 
 @dataclasses.dataclass(frozen=True)
 class ReportConfig:
@@ -474,8 +475,11 @@ def experiment_from_steps(name: str, step_paths: list[str], prefix: str | None =
         todo.extend(seen[p].dependencies)
     steps = _dependency_order(list(seen.values()))
     if prefix is None:
-        prefix = os.path.commonpath([s.output_path for s in steps]) if steps and all(
-            storage.is_local(s.output_path) for s in steps) else (steps[0].output_path.rsplit("/", 2)[0] if steps else "")
+        prefix = (
+            os.path.commonpath([s.output_path for s in steps])
+            if steps and all(storage.is_local(s.output_path) for s in steps)
+            else (steps[0].output_path.rsplit("/", 2)[0] if steps else "")
+        )
     return Experiment(name, prefix, steps, description)
 
 

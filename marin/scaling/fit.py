@@ -61,7 +61,9 @@ class PowerLawFit:
 
     def band(self, c: float, z: float = Z_95) -> tuple[float, float]:
         """``(low, high)`` for a new point at compute ``c`` (see module docstring)."""
-        preds = _law(c / self.c_ref, self.boot[:, 0], self.boot[:, 1], self.boot[:, 2]) if len(self.boot) else np.array([])
+        preds = (
+            _law(c / self.c_ref, self.boot[:, 0], self.boot[:, 1], self.boot[:, 2]) if len(self.boot) else np.array([])
+        )
         sd_boot = float(np.std(preds)) if preds.size > 1 else 0.0
         half = z * math.sqrt(sd_boot ** 2 + self.resid_std ** 2)
         mid = float(self.predict(c))
@@ -177,7 +179,9 @@ def fit_power_law(c: Sequence[float], y: Sequence[float], *, n_boot: int = 400, 
             continue
     boot_arr = np.array(boot) if boot else np.zeros((0, 3))
     a_flops = boot_arr[:, 1] * c_ref ** boot_arr[:, 2] if len(boot_arr) else np.array([])
-    sd = (lambda v: float(np.std(v)) if len(v) > 1 else float("nan"))
+    def sd(v: np.ndarray) -> float:
+        return float(np.std(v)) if len(v) > 1 else float("nan")
+
     return PowerLawFit(
         form=form, why=why, E=float(p[0]), A=float(p[1] * c_ref ** p[2]), alpha=float(p[2]),
         E_std=sd(boot_arr[:, 0]) if len(boot_arr) else float("nan"), A_std=sd(a_flops),

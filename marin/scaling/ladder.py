@@ -128,7 +128,9 @@ def window_mean(train: list[dict[str, Any]], key: str, step: int, total_steps: i
     return float(np.mean(vals)) if vals else float("nan")
 
 
-def smoothed(train: list[dict[str, Any]], key: str, total_steps: int, width: float = GRAD_NORM_SMOOTH) -> tuple[np.ndarray, np.ndarray]:
+def smoothed(
+    train: list[dict[str, Any]], key: str, total_steps: int, width: float = GRAD_NORM_SMOOTH
+) -> tuple[np.ndarray, np.ndarray]:
     """(steps, centred rolling mean of ``key`` over ``width`` of the run)."""
     steps = np.array([r["step"] for r in train], dtype=float)
     vals = np.array([_num(r.get(key)) for r in train], dtype=float)
@@ -161,7 +163,9 @@ def rung_values(run: RungRun, records: list[dict[str, Any]], final_eval: dict[st
         raise LadderFitError(f"rung {run.name}: no training records in {run.run_path}/metrics.jsonl")
     last = train[-1]["step"]
     if last < run.train_steps:
-        raise LadderFitError(f"rung {run.name}: metrics stop at step {last} of {run.train_steps}; the run is unfinished")
+        raise LadderFitError(
+            f"rung {run.name}: metrics stop at step {last} of {run.train_steps}; the run is unfinished"
+        )
     at: dict[str, dict[str, float]] = {}
     for f in fractions:
         step = max(1, round(f * run.train_steps))
@@ -174,8 +178,12 @@ def rung_values(run: RungRun, records: list[dict[str, Any]], final_eval: dict[st
             if abs(near["step"] - step) <= EVAL_MATCH * run.train_steps:
                 row["bpb"] = _num(near.get("eval/macro_bpb"))
         at[_fkey(f)] = row
-    final = {"loss": at[_fkey(1.0)]["loss"] if 1.0 in fractions else window_mean(train, "loss", run.train_steps, run.train_steps),
-             "bpb": float("nan")}
+    final = {
+        "loss": at[_fkey(1.0)]["loss"]
+        if 1.0 in fractions
+        else window_mean(train, "loss", run.train_steps, run.train_steps),
+        "bpb": float("nan"),
+    }
     if final_eval is not None:
         final["bpb"] = _num(final_eval.get("macro_bpb"))
     elif 1.0 in fractions:
@@ -211,7 +219,9 @@ def _fit_metric(cs: list[float], ys: list[float], n_boot: int) -> Any:
     return fit_power_law([c for c, _ in pts], [y for _, y in pts], n_boot=n_boot)
 
 
-def fit_ladder(rungs: list[dict[str, Any]], target: RungRun, fractions: Sequence[float], n_boot: int = 400) -> dict[str, Any]:
+def fit_ladder(
+    rungs: list[dict[str, Any]], target: RungRun, fractions: Sequence[float], n_boot: int = 400
+) -> dict[str, Any]:
     """The fit document (``fit.json`` without validation) from :func:`rung_values` of every rung."""
     if len(rungs) < 2:
         raise LadderFitError(f"a ladder fit needs at least 2 rungs, got {len(rungs)}")

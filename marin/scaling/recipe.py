@@ -143,7 +143,9 @@ def phase_steps(train_steps: int, seq_len_phases: Sequence[tuple[float, int]]) -
 def run_flops(model: MoEConfig, train_steps: int, tokens_per_step: int,
               seq_len_phases: Sequence[tuple[float, int]]) -> float:
     """Training FLOPs of a run: per phase, tokens x FLOPs per token at the phase's sequence length."""
-    return sum(steps * tokens_per_step * flops_per_token(model, n) for steps, n in phase_steps(train_steps, seq_len_phases))
+    return sum(
+        steps * tokens_per_step * flops_per_token(model, n) for steps, n in phase_steps(train_steps, seq_len_phases)
+    )
 
 
 def flops_per_step(model: MoEConfig, tokens_per_step: int, seq_len_phases: Sequence[tuple[float, int]]) -> float:

@@ -121,7 +121,9 @@ def write_checkpoint(path: str, tree: Any, metadata: Mapping[str, Any], *, step:
     chunks = []
     for key, arr in zip(keys, host_leaves, strict=True):
         data = np.ascontiguousarray(arr).tobytes()
-        entries.append({"key": key, "dtype": arr.dtype.name, "shape": list(arr.shape), "offset": offset, "nbytes": len(data)})
+        entries.append(
+            {"key": key, "dtype": arr.dtype.name, "shape": list(arr.shape), "offset": offset, "nbytes": len(data)}
+        )
         offset += len(data)
         digest.update(data)
         chunks.append(data)

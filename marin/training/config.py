@@ -149,7 +149,9 @@ class TrainConfig:
         return self.lr_schedule().final_total_steps
 
     def seq_len_schedule(self) -> SeqLenSchedule:
-        return SeqLenSchedule(self.tokens_per_step, tuple(SeqLenPhase(float(f), int(n)) for f, n in self.seq_len_phases))
+        return SeqLenSchedule(
+            self.tokens_per_step, tuple(SeqLenPhase(float(f), int(n)) for f, n in self.seq_len_phases)
+        )
 
     def transport_schedule(self, default: str) -> TransportSchedule:
         if not self.transport_switches:

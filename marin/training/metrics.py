@@ -1,8 +1,9 @@
 """Training telemetry: ``metrics.jsonl`` in the step directory, W&B (offline by default), progress line.
 
-The keys are the project's telemetry contract (docs/training.md, "Telemetry"), so monitoring, the health report and the ladder fits can read any
-run the same way. MFU is a pure function of throughput, the model's FLOPs per token and the pool's
-peak FLOP rate; the peak table lives here so that every report uses the same denominators.
+The keys are the project's telemetry contract (docs/training.md, "Telemetry"), so monitoring, the
+health report and the ladder fits can read any run the same way. MFU is a pure function of
+throughput, the model's FLOPs per token and the pool's peak FLOP rate; the peak table lives here so
+that every report uses the same denominators.
 """
 
 from __future__ import annotations

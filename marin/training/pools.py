@@ -233,7 +233,9 @@ def _placement_groups(pool: PoolSpec) -> list[Any]:
         if pool.rack_label:
             strategy = {"ray.io/node-id": "STRICT_SPREAD" if pool.hosts_per_rack > 1 else "PACK",
                         pool.rack_label: "STRICT_PACK"}
-            groups.append(placement_group(bundles, topology_strategy=strategy, name=f"{pool.name}-rack{rack}-{launch_id}"))
+            groups.append(
+                placement_group(bundles, topology_strategy=strategy, name=f"{pool.name}-rack{rack}-{launch_id}")
+            )
         else:
             strategy_name = "STRICT_SPREAD" if pool.hosts_per_rack > 1 else "PACK"
             groups.append(placement_group(bundles, strategy=strategy_name, name=f"{pool.name}-rack{rack}-{launch_id}"))
@@ -255,7 +257,9 @@ def _one_line(error: BaseException) -> str:
     return (cause if cause.startswith(f"{name}:") else f"{name}: {cause}" if cause else name)[:400]
 
 
-def launch(pool: PoolSpec, fn: Callable[..., Any], args: Sequence[Any] = (), *, max_retries: int | None = None) -> list[Any]:
+def launch(
+    pool: PoolSpec, fn: Callable[..., Any], args: Sequence[Any] = (), *, max_retries: int | None = None
+) -> list[Any]:
     """Run ``fn(ctx, *args)`` once per host of ``pool``; returns the per-host results in host order.
 
     Needs an initialised Ray (the executor's step task has one). Raises the host's exception for

@@ -209,7 +209,9 @@ def _build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings:
     from marin.parallel.mesh import batch_sharding, replicated
 
     rep, batch = replicated(mesh), batch_sharding(mesh)
-    return jax.jit(step, donate_argnums=(0,), in_shardings=(shardings, batch, batch, rep), out_shardings=(shardings, rep))
+    return jax.jit(
+        step, donate_argnums=(0,), in_shardings=(shardings, batch, batch, rep), out_shardings=(shardings, rep)
+    )
 
 
 def microbatches_for(config: TrainConfig, cfg, pool, seq_len: int, transport: str) -> int:

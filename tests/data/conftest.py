@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-
 # --------------------------------------------------------------------------------------------------
 # A small K40-shaped corpus, tokenizer and token store shared by the data tests.
 

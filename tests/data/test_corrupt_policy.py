@@ -115,7 +115,9 @@ def test_tokenizer_trainer_policies(tmp_path):
     assert (skip / "tokenizer.json").exists()
 
     # the default budget (1%) stops at the first corrupt file, without reading the rest
-    too_many = r"1 of 8 input files corrupt so far \(12.5% of the files are corrupt, more than max_corrupt_fraction=0.01"
+    too_many = (
+        r"1 of 8 input files corrupt so far \(12.5% of the files are corrupt, more than max_corrupt_fraction=0.01"
+    )
     with pytest.raises(TooManyCorruptFilesError, match=too_many):
         train_tokenizer(TrainTokenizerConfig(str(tmp_path / "corpus"), str(tmp_path / "tok-default"), vocab_size=300))
     with pytest.raises(CorruptInputError, match="corrupt input file"):

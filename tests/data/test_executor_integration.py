@@ -13,8 +13,13 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 
 
 def test_pipeline_through_executor_main(tmp_path):
-    from experiments.defaults import default_k40_miniature, default_mixture, default_tokenize, default_tokenizer
-    from experiments.defaults import default_mixture_report
+    from experiments.defaults import (
+        default_k40_miniature,
+        default_mixture,
+        default_mixture_report,
+        default_tokenize,
+        default_tokenizer,
+    )
 
     corpus = default_k40_miniature("data/k40_mini", total_bytes=80_000, seed=2, domains=("council", "law"))
     tok = default_tokenizer("tokenizers/mini_bpe", corpus, vocab_size=700)

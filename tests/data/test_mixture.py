@@ -70,7 +70,9 @@ def test_segment_ids_and_ring_against_loops():
             seg += toks[r, j] == 0
     np.testing.assert_array_equal(segment_ids_from_eos(toks, 0), ref)
     edge = np.array([[0, 1, 2, 0], [3, 0, 0, 0], [5, 5, 5, 5], [0, 0, 0, 0]], dtype=np.int32)
-    np.testing.assert_array_equal(segment_ids_from_eos(edge, 0), [[0, 1, 1, 1], [0, 0, 1, 2], [0, 0, 0, 0], [0, 1, 2, 3]])
+    np.testing.assert_array_equal(
+        segment_ids_from_eos(edge, 0), [[0, 1, 1, 1], [0, 0, 1, 2], [0, 0, 0, 0], [0, 1, 2, 3]]
+    )
     np.testing.assert_array_equal(segment_ids_from_eos(np.zeros((3, 1), np.int32), 0), np.zeros((3, 1)))
     for start, n, ring in [(3, 4, 10), (8, 5, 10), (9, 25, 10), (0, 10, 10)]:
         got = np.concatenate([np.arange(a, b) for a, b in ring_pieces(start, n, ring)])

@@ -114,7 +114,9 @@ def test_kernel_rows_and_pieces_match_numpy(kernel):
 def test_kernel_segment_ids_edges(kernel):
     edge = np.array([[0, 1, 2, 0], [3, 0, 0, 0], [5, 5, 5, 5], [0, 0, 0, 0]], dtype=np.int32)
     for _ in _isas(kernel):
-        np.testing.assert_array_equal(kernel.segment_ids(edge, 0), [[0, 1, 1, 1], [0, 0, 1, 2], [0, 0, 0, 0], [0, 1, 2, 3]])
+        np.testing.assert_array_equal(
+            kernel.segment_ids(edge, 0), [[0, 1, 1, 1], [0, 0, 1, 2], [0, 0, 0, 0], [0, 1, 2, 3]]
+        )
         long_eos = np.zeros((2, 1000), np.int32)  # every token an EOS: ids 0..999 per row
         np.testing.assert_array_equal(kernel.segment_ids(long_eos, 0), np.tile(np.arange(1000, dtype=np.int32), (2, 1)))
 
@@ -124,8 +126,13 @@ def test_kernel_rejects_pieces_that_do_not_add_up(kernel):
     pool = np.arange(100, dtype=np.uint32)
     out, seg = np.empty((2, 10), np.uint32), np.empty((2, 10), np.int32)
     rp = np.array([pool.ctypes.data, 0], np.uint64)
-    for extra in ([], [(pool.ctypes.data, 4)], [(pool.ctypes.data, 11)], [(pool.ctypes.data, 10), (pool.ctypes.data, 1)],
-                  [(0, 10)]):
+    for extra in (
+        [],
+        [(pool.ctypes.data, 4)],
+        [(pool.ctypes.data, 11)],
+        [(pool.ctypes.data, 10), (pool.ctypes.data, 1)],
+        [(0, 10)],
+    ):
         with pytest.raises(RuntimeError, match="do not add up"):
             kernel.fill_rows(rp, np.array(extra, np.uint64).reshape(-1, 2), out, seg, 0)
     kernel.fill_rows(rp, np.array([(pool.ctypes.data + 40, 10), (0, 0)], np.uint64), out, seg, 10)
@@ -253,8 +260,15 @@ def _run_python(code: str, xdg: Path, **env_extra: str) -> subprocess.CompletedP
     env.pop(native.DISABLE_ENV, None)
     env.pop(nativebuild.CACHE_ENV, None)
     root = str(Path(native.__file__).resolve().parents[2])
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=False, env=env, cwd=root, capture_output=True,
-                          text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        check=False,
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 @needs_cc

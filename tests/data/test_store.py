@@ -48,7 +48,9 @@ def test_random_access_matches_reference(mini_store):
     ref, doc_starts = _reference_stream(mini_store, "council/q1")
     assert src.num_tokens == ref.size and src.num_documents == doc_starts.size - 1
     rng = np.random.default_rng(1)
-    ranges = [(int(a), int(min(a + b, ref.size))) for a, b in zip(rng.integers(0, ref.size, 50), rng.integers(0, 5000, 50))]
+    ranges = [
+        (int(a), int(min(a + b, ref.size))) for a, b in zip(rng.integers(0, ref.size, 50), rng.integers(0, 5000, 50))
+    ]
     for (a, b), got in zip(ranges, src.read_many(ranges)):
         np.testing.assert_array_equal(got, ref[a:b])
     for d in rng.integers(0, src.num_documents, 20).tolist():

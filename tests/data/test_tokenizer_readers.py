@@ -92,7 +92,10 @@ def test_parquet_missing_column_and_binary_text(tmp_path):
     pq.write_table(pa.table({"body": ["a", "b"]}), tmp_path / "a.parquet")
     assert [r.skip for r in iter_documents(str(tmp_path / "a.parquet"))] == ["missing_text"] * 2
     pq.write_table(pa.table({"text": pa.array([b"ok", b"\xff"], pa.binary())}), tmp_path / "b.parquet")
-    assert [(r.text, r.skip) for r in iter_documents(str(tmp_path / "b.parquet"))] == [("ok", None), (None, "invalid_utf8")]
+    assert [(r.text, r.skip) for r in iter_documents(str(tmp_path / "b.parquet"))] == [
+        ("ok", None),
+        (None, "invalid_utf8"),
+    ]
 
 
 @pytest.mark.parametrize("kind", ["gz", "zst", "parquet"])

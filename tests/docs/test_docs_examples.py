@@ -65,14 +65,18 @@ def test_user_guide_review_in_python_runs(tmp_path):
 
     fixtures = sys.modules.get("review_fixtures")
     if fixtures is None:
-        spec = importlib.util.spec_from_file_location("review_fixtures", REPO / "tests" / "review" / "review_fixtures.py")
+        spec = importlib.util.spec_from_file_location(
+            "review_fixtures", REPO / "tests" / "review" / "review_fixtures.py"
+        )
         fixtures = sys.modules["review_fixtures"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(fixtures)
     fixtures.build_small(str(tmp_path / "local_store"))
     script = tmp_path / "review.py"
     script.write_text(_python_block("docs/user-guide.md", "# review in Python"))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "small/train" in r.stdout and "step 60 of 60" in r.stdout and "peak grad norm 4.0" in r.stdout
     assert "'ok': False" in r.stdout and "'macro_bpb': 1.315" in r.stdout

@@ -32,8 +32,12 @@ def test_eval_cli_json_and_table(capsys, trained_run, eval_corpus, eval_store):
 
 def test_eval_cli_task(capsys, trained_run, tmp_path):
     task = tmp_path / "task.jsonl"
-    task.write_text("".join(json.dumps({"context": "Council note 1.", "choices": [" Vote", " zzqx", " kkk"], "gold": i % 3}) + "\n"
-                            for i in range(6)))
+    task.write_text(
+        "".join(
+            json.dumps({"context": "Council note 1.", "choices": [" Vote", " zzqx", " kkk"], "gold": i % 3}) + "\n"
+            for i in range(6)
+        )
+    )
     rc, out, err = _run(capsys, trained_run.output_path, "--task", f"toy={task}", "--json")
     assert rc == 0, err
     res = json.loads(out)

@@ -126,8 +126,13 @@ def test_default_eval_step_writes_eval_json_and_is_cached(ray_local, trained_run
 
     # the training step pinned to the finished run's directory: it resumes at its last step (no work)
     prefix, run_dir = os.path.split(trained_run.output_path)
-    train = ExecutorStep(name="run", fn=train_fn, config=dataclasses.replace(trained_run, output_path=this_output_path()),
-                         override_output_path=run_dir, resources={"num_cpus": 0})
+    train = ExecutorStep(
+        name="run",
+        fn=train_fn,
+        config=dataclasses.replace(trained_run, output_path=this_output_path()),
+        override_output_path=run_dir,
+        resources={"num_cpus": 0},
+    )
     suite = default_eval_suite({"council-q5": f"{eval_corpus}/council/q5/*"}, eval_tokenizer)
     task = os.path.join(prefix, "toy_task.jsonl")
     with open(task, "w") as f:

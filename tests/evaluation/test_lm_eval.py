@@ -31,7 +31,9 @@ def test_metrics_formulas():
         set_metrics(SetTotals(1, 0, 0, 0.0))
 
 
-@pytest.mark.parametrize("length,seq_len,stride", [(1, 4, 4), (2, 4, 4), (5, 4, 4), (6, 4, 4), (23, 8, 3), (30, 8, 8), (9, 8, 1)])
+@pytest.mark.parametrize(
+    "length,seq_len,stride", [(1, 4, 4), (2, 4, 4), (5, 4, 4), (6, 4, 4), (23, 8, 3), (30, 8, 8), (9, 8, 1)]
+)
 def test_windows_score_every_target_once_with_min_context(length, seq_len, stride):
     wins = sequence_windows(length, seq_len, stride)
     scored = [j for b, e, f in wins for j in range(f, e + 1)]

@@ -69,13 +69,24 @@ def dead_pid() -> int:
 def train_records(n: int, transport_switch: int, seq_switch: int) -> list[dict]:
     out = []
     for i in range(1, n + 1):
-        out.append({"step": i, "loss": 7.0 * math.exp(-i / (n / 3)) + 2.0, "ce_loss": 7.0 * math.exp(-i / (n / 3)) + 1.9,
-                    "grad_norm": 0.5 + (3.5 if i == n // 3 else 0.0), "lr": 1e-3 * min(1.0, i / 5),
-                    "drop_frac_send": 0.02 if i < transport_switch else 0.0,
-                    "drop_frac_recv": 0.03 if i < transport_switch else 0.0,
-                    "expert_load_max": 1.4, "expert_load_mean": 1.2, "tokens_per_s": 30000.0, "mfu": 0.07,
-                    "tokens": 4096 * i, "seq_len": 64 if i < seq_switch else 128,
-                    "transport": "fixed" if i < transport_switch else "dropless"})
+        out.append(
+            {
+                "step": i,
+                "loss": 7.0 * math.exp(-i / (n / 3)) + 2.0,
+                "ce_loss": 7.0 * math.exp(-i / (n / 3)) + 1.9,
+                "grad_norm": 0.5 + (3.5 if i == n // 3 else 0.0),
+                "lr": 1e-3 * min(1.0, i / 5),
+                "drop_frac_send": 0.02 if i < transport_switch else 0.0,
+                "drop_frac_recv": 0.03 if i < transport_switch else 0.0,
+                "expert_load_max": 1.4,
+                "expert_load_mean": 1.2,
+                "tokens_per_s": 30000.0,
+                "mfu": 0.07,
+                "tokens": 4096 * i,
+                "seq_len": 64 if i < seq_switch else 128,
+                "transport": "fixed" if i < transport_switch else "dropless",
+            }
+        )
         if i % 20 == 0:
             out.append({"kind": "eval", "step": i, "eval/web/bpb": 1.5 - i / 1000, "eval/code/bpb": 1.3 - i / 1000,
                         "eval/macro_bpb": 1.4 - i / 1000})
@@ -93,8 +104,16 @@ def build_small(prefix: str) -> dict:
     evals = ExecutorStep("small/eval", noop, {"run": output_path_of(train), "out": this_output_path()})
     ladder = ExecutorStep("small/ladder-fit", noop, {"run": output_path_of(train), "out": this_output_path()})
     broken = ExecutorStep("small/broken", noop, {"run": output_path_of(tok), "out": this_output_path()})
-    live = ExecutorStep("small/live-train", noop, TrainLikeConfig(data=output_path_of(tok), output_path=this_output_path(),
-                                                                  train_steps=versioned(100), peak_lr=versioned(2e-2)))
+    live = ExecutorStep(
+        "small/live-train",
+        noop,
+        TrainLikeConfig(
+            data=output_path_of(tok),
+            output_path=this_output_path(),
+            train_steps=versioned(100),
+            peak_lr=versioned(2e-2),
+        ),
+    )
     stopped = ExecutorStep("small/stopped", noop, {"run": output_path_of(tok), "out": this_output_path()})
     never = ExecutorStep("small/never", noop, {"run": output_path_of(broken), "out": this_output_path()})
     roots = [evals, ladder, never, live, stopped]

@@ -40,11 +40,15 @@ def _write(run: RungRun, root, bpb_scale: float | None = 0.8):
         lines.append(json.dumps({"step": s, "tokens": 4096 * s, "loss": loss, "grad_norm": gn,
                                  "drop_frac_send": 0.01, "drop_frac_recv": 0.005}))
         if bpb_scale is not None and s % max(1, run.train_steps // 20) == 0:  # in-training eval, every 5%
-            lines.append(json.dumps({"step": s, "tokens": 4096 * s, "kind": "eval", "eval/macro_bpb": bpb_scale * loss}))
+            lines.append(
+                json.dumps({"step": s, "tokens": 4096 * s, "kind": "eval", "eval/macro_bpb": bpb_scale * loss})
+            )
     (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     if bpb_scale is not None:
         (root / f"{run.name}-eval").mkdir()
-        (root / f"{run.name}-eval" / "eval.json").write_text(json.dumps({"macro_bpb": bpb_scale * (E + A * run.flops ** -ALPHA)}))
+        (root / f"{run.name}-eval" / "eval.json").write_text(
+            json.dumps({"macro_bpb": bpb_scale * (E + A * run.flops**-ALPHA)})
+        )
         return RungRun(**{**run.__dict__, "eval_path": str(root / f"{run.name}-eval")})
     return run
 

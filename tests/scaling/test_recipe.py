@@ -42,7 +42,9 @@ def test_recipe_refuses_widths_that_break_a_ratio():
     with pytest.raises(RecipeError, match="latent_dim .* is not an integer"):
         rung_model(tiny.replace(latent_dim=30), 48, 2)
     with pytest.raises(RecipeError, match="no depth given"):
-        ladder_rungs(HERO, [768], shape=RunShape(((0.0, 4096),), 0.01), depths={}, batch_sequences=1, budgets={768: 1e19})
+        ladder_rungs(
+            HERO, [768], shape=RunShape(((0.0, 4096),), 0.01), depths={}, batch_sequences=1, budgets={768: 1e19}
+        )
     with pytest.raises(RecipeError, match="no compute budget"):
         ladder_rungs(HERO, [768], shape=RunShape(((0.0, 4096),), 0.01), depths={768: 8}, batch_sequences=1)
 

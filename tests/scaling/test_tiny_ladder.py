@@ -52,7 +52,9 @@ def _check_outputs(steps, result):
     epochs: dict[str, float] = {}
     for st, end in zip(stages, ends):
         for s in st["sources"]:
-            epochs[s["source"]] = epochs.get(s["source"], 0.0) + s.get("epochs", 0.0) * (end - st["start_step"]) / total_steps
+            epochs[s["source"]] = (
+                epochs.get(s["source"], 0.0) + s.get("epochs", 0.0) * (end - st["start_step"]) / total_steps
+            )
     assert stages[1]["start_fraction"] == 0.3 and 0 < max(epochs.values()) < 1.0, max(epochs.values())
     return fit, check
 

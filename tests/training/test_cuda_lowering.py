@@ -5,8 +5,8 @@ no CPU-only custom call on the GPU path."""
 import jax
 import pytest
 
-from marin.kernels import cpu as kernels
 from marin.jaxcompat import compute_platform, lowering_for
+from marin.kernels import cpu as kernels
 from marin.training.config import SyntheticDataConfig, TrainConfig
 from marin.training.lowering import custom_call_targets, forbidden_ops, lower_eval_forward, lower_train_step
 from marin.training.trainer import model_config

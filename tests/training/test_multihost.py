@@ -39,7 +39,8 @@ _SCRIPT = textwrap.dedent(
     two = launch(pool, train_on_host, (TrainConfig(output_path=out + "/two", pool="local-2host", **base),))
     t_two = time.time() - t
     # the single-process twin runs as one host on the same cluster (mesh (1, 8) in one process)
-    one = launch(get_pool("local-cpu-ep8"), train_on_host, (TrainConfig(output_path=out + "/one", pool="local-cpu-ep8", **base),))
+    one_config = TrainConfig(output_path=out + "/one", pool="local-cpu-ep8", **base)
+    one = launch(get_pool("local-cpu-ep8"), train_on_host, (one_config,))
     print("RESULT " + json.dumps({
         "two": [r["loss"] for r in read_metrics(out + "/two")],
         "one": [r["loss"] for r in read_metrics(out + "/one")],

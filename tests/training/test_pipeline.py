@@ -24,7 +24,9 @@ def test_quickstart_pipeline(ray_local, tmp_path):
     first = sum(r["loss"] for r in records[:3]) / 3
     last = sum(r["loss"] for r in records[-3:]) / 3
     assert last < first - 1.0, (first, last)
-    assert {r["transport"] for r in records[:40]} == {"fixed"} and {r["transport"] for r in records[40:]} == {"dropless"}
+    assert {r["transport"] for r in records[:40]} == {"fixed"} and {r["transport"] for r in records[40:]} == {
+        "dropless"
+    }
     assert {r["seq_len"] for r in records} == {64, 128}
     assert len({r["tokens"] - p["tokens"] for p, r in zip(records, records[1:])}) == 1  # constant tokens/step
     assert glob.glob(os.path.join(path, "wandb", "offline-run-*", "*.wandb"))

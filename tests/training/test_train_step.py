@@ -8,7 +8,6 @@ import sys
 import textwrap
 import time
 
-
 from marin.execution import ExecutorMainConfig, executor_main
 from marin.execution.status import current_status, read_info, read_status
 from marin.training.checkpoint import read_checkpoint

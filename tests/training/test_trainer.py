@@ -62,7 +62,10 @@ def test_train_metrics_wandb_and_final_checkpoint(tmp_path):
     summary_file = json.load(open(os.path.join(cfg.output_path, "train_summary.json")))
     assert summary_file["final_step"] == 10
     # drop fraction and throughput per seq-len phase
-    assert [(p["seq_len"], p["first_step"], p["last_step"]) for p in summary_file["phases"]] == [(16, 1, 5), (32, 6, 10)]
+    assert [(p["seq_len"], p["first_step"], p["last_step"]) for p in summary_file["phases"]] == [
+        (16, 1, 5),
+        (32, 6, 10),
+    ]
     # evaluation finds the model by path
     assert latest_checkpoint(cfg.output_path).endswith("checkpoints/step-00000010")
 

@@ -1,6 +1,6 @@
 # Two commands, both self-installing into .venv under the repo:
 #   make quickstart   set up and run the end-to-end quickstart experiment (local Ray, ./local_store)
-#   make test         set up and run the test suite (what .ci/run calls)
+#   make test         set up, lint (ruff) and run the test suite (what .ci/run calls)
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -22,6 +22,7 @@ quickstart: $(STAMP)
 	$(BIN)/marin run experiments/quickstart.py --prefix $(PREFIX)
 
 test: $(STAMP)
+	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)

@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from marin.data.mixture import MixtureConfig, MixtureLoader  # noqa: E402
+from marin.data.loader import MixtureLoader  # noqa: E402
+from marin.data.mixture import MixtureConfig  # noqa: E402
 from marin.data.readers import iter_documents, list_document_files  # noqa: E402
 from marin.data.store import TokenStore  # noqa: E402
 from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature  # noqa: E402

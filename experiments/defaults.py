@@ -18,7 +18,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from marin.data.mixture import MixtureConfig, MixtureReportConfig, MixtureStage, mixture_report
+from marin.data.mixture import MixtureConfig, MixtureStage
+from marin.data.mixture_report import MixtureReportConfig, mixture_report
 from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
 from marin.data.tokenize import TokenizeConfig, tokenize
 from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer

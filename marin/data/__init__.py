@@ -13,7 +13,8 @@ Nothing here imports JAX; ``tokenizers`` and ``pyarrow`` are imported only when 
 """
 
 from marin.data.k40 import K40_DOMAINS, QUALITY_BUCKETS, K40Layout
-from marin.data.mixture import MixtureConfig, MixtureError, MixtureLoader, MixtureStage
+from marin.data.loader import MixtureLoader
+from marin.data.mixture import MixtureConfig, MixtureError, MixtureStage
 from marin.data.store import StoreError, TokenizerMismatchError, TokenStore
 from marin.data.tokenize import TokenizeConfig, TokenizeError, tokenize
 from marin.data.tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer

@@ -10,7 +10,7 @@ When there is no compiler, the build or the check fails, or the platform is unsu
 is logged and :func:`kernel` returns None: callers then use their numpy path, which gives identical
 results. ``MARIN_DISABLE_NATIVE=1`` forces that fallback (checked on every call).
 
-Semantics of the segment ids (same as :func:`marin.data.mixture.segment_ids_from_eos`): per row,
+Semantics of the segment ids (same as :func:`marin.data.segments.segment_ids_from_eos`): per row,
 ``seg[i]`` is the number of EOS tokens strictly before position ``i`` in the row, so an EOS token
 belongs to the document it ends, and every row starts at 0.
 """
@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from marin import nativebuild
+from marin.data.segments import segment_ids_from_eos
 from marin.nativebuild import DISABLE_ENV, native_disabled  # noqa: F401  (re-exported for callers and tests)
 
 logger = logging.getLogger(__name__)
@@ -261,11 +262,6 @@ class NativeKernel:
         return out
 
 
-def _reference_segment_ids(tokens: np.ndarray, eos: int) -> np.ndarray:
-    is_eos = (tokens == eos).astype(np.int32)
-    return np.cumsum(is_eos, axis=1, dtype=np.int32) - is_eos
-
-
 def _self_test(k: NativeKernel) -> None:
     """A small random batch (odd lengths, split rows, dense EOS) against the numpy reference."""
     rng = np.random.default_rng(12345)
@@ -286,7 +282,7 @@ def _self_test(k: NativeKernel) -> None:
         out = np.empty((rows, n), np.uint32)
         seg = np.empty((rows, n), np.int32)
         k.fill_rows(row_ptr, np.array(extra, np.uint64), out, seg, 0)
-        if not (np.array_equal(out, want) and np.array_equal(seg, _reference_segment_ids(want, 0))
+        if not (np.array_equal(out, want) and np.array_equal(seg, segment_ids_from_eos(want.view(np.int32), 0))
                 and np.array_equal(k.segment_ids(want, 0), seg)):
             raise RuntimeError("self-test: native result differs from numpy")
 

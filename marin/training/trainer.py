@@ -79,7 +79,7 @@ def make_batch_fn(data: Any, total_steps: int | None = None) -> tuple[BatchFn, i
     (``total_steps`` places mixture stages given as fractions of the run)."""
     if isinstance(data, SyntheticDataConfig):
         return (lambda step, b, l: synthetic_batch(data, step, b, l)), data.vocab_size
-    from marin.data.mixture import MixtureLoader
+    from marin.data.loader import MixtureLoader
 
     loader = MixtureLoader(data, total_steps=total_steps)
     return loader.batch, int(loader.vocab_size)

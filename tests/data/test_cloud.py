@@ -9,7 +9,8 @@ import fsspec
 import numpy as np
 import pytest
 
-from marin.data.mixture import MixtureConfig, MixtureLoader
+from marin.data.loader import MixtureLoader
+from marin.data.mixture import MixtureConfig
 from marin.data.store import TokenStore
 from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
 from marin.data.tokenize import TokenizeConfig, TokenizeError, tokenize

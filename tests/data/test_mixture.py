@@ -9,16 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from marin.data.loader import MixtureLoader, ring_pieces
 from marin.data.mixture import (
     MixtureConfig,
     MixtureError,
-    MixtureLoader,
     MixtureStage,
-    ring_pieces,
-    segment_ids_from_eos,
     source_probabilities,
     validation_documents,
 )
+from marin.data.segments import segment_ids_from_eos
 from marin.data.store import TokenizerMismatchError, TokenStore, shard_paths
 from marin.data.tokenize import TokenizeConfig, tokenize
 from marin.data.tokenizer import load_tokenizer

@@ -20,7 +20,9 @@ import pytest
 
 from marin import nativebuild
 from marin.data import native
-from marin.data.mixture import MixtureConfig, MixtureLoader, segment_ids_from_eos
+from marin.data.loader import MixtureLoader
+from marin.data.mixture import MixtureConfig
+from marin.data.segments import segment_ids_from_eos
 
 HAVE_CC = shutil.which((native.compiler_command() or ["cc"])[0]) is not None
 needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler to build the native kernel")

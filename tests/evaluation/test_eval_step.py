@@ -30,7 +30,8 @@ def test_named_set_bytes_are_the_input_text_bytes(eval_store):
 
 
 def test_held_out_sets_are_the_mixtures_validation_documents(eval_store):
-    from marin.data.mixture import MixtureConfig, MixtureLoader
+    from marin.data.loader import MixtureLoader
+    from marin.data.mixture import MixtureConfig
 
     mix = MixtureConfig(stores=(eval_store,), validation_fraction=0.05)
     (es,) = mixture_validation_sets(mix)

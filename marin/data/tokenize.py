@@ -105,6 +105,14 @@ def _file_key(rel: str) -> str:
     return rel.replace("/", "__")
 
 
+def _relative_to(f: str, base: str) -> str:
+    """``f``'s path below ``base``, both compared as fsspec sees them (a relative local ``base`` matches
+    the absolute paths a listing returns); the file's name when ``f`` is not below ``base``."""
+    fs, b = fsspec.core.url_to_fs(base)
+    p, b = fs._strip_protocol(f), b.rstrip("/")
+    return p[len(b) + 1:] if p.startswith(b + "/") else p.rsplit("/", 1)[-1]
+
+
 def discover_sources(input_path: str, sources: Mapping[str, str] | None = None) -> dict[str, list[tuple[str, str]]]:
     """Source name -> [(file url, file path relative to the source location)] in a stable order."""
     root = input_path.rstrip("/")
@@ -114,8 +122,7 @@ def discover_sources(input_path: str, sources: Mapping[str, str] | None = None) 
         if not files:
             raise TokenizeError(f"no document files (*.jsonl, *.ndjson, *.parquet, optionally .gz/.zst) under {root}")
         for f in files:
-            rel = f[len(root):].lstrip("/") if f.startswith(root) else f.rsplit("/", 1)[-1]
-            d, _, name = rel.rpartition("/")
+            d, _, name = _relative_to(f, root).rpartition("/")
             out.setdefault(d or "default", []).append((f, name))
         return out
     for name, loc in sources.items():
@@ -132,8 +139,13 @@ def discover_sources(input_path: str, sources: Mapping[str, str] | None = None) 
         if any(c in loc for c in "*?["):
             parts = where.split("/")
             base = "/".join(parts[: next(i for i, p in enumerate(parts) if any(c in p for c in "*?["))])
-        out[name] = [(f, f[len(base):].lstrip("/") if f.startswith(base) and f != base else f.rsplit("/", 1)[-1])
-                     for f in files]
+        out[name] = [(f, _relative_to(f, base)) for f in files]
+    for name, files in out.items():  # shard names derive from these keys: two files must never share one
+        keys = [_file_key(rel) for _, rel in files]
+        if len(set(keys)) != len(keys):
+            dup = sorted({k for k in keys if keys.count(k) > 1})
+            raise TokenizeError(f"source {name!r}: several input files map to the shard key(s) {dup[:3]}; "
+                                "give each file a distinct path below the source's location")
     return out
 
 

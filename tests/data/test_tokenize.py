@@ -157,3 +157,26 @@ def test_changed_input_is_redone_and_other_tokenizer_refused(mini_tokenizer, tmp
         tokenize(TokenizeConfig(str(tmp_path / "corpus"), str(other), str(out), show_progress=False))
     print(e.value)
     assert "written with tokenizer" in str(e.value) and "use a fresh output path" in str(e.value)
+
+
+@pytest.mark.parametrize("glob", [False, True])
+def test_same_file_names_in_sibling_folders_under_a_relative_path(mini_tokenizer, tmp_path, monkeypatch, glob):
+    """Files named alike in different folders of one source (q1/part-0.jsonl, q5/part-0.jsonl), given as
+    a path relative to the working directory: each keeps its own shards, and every document reads back."""
+    corpus = tmp_path / "corpus" / "council"
+    texts = {}
+    for bucket in ("q1", "q5"):
+        (corpus / bucket).mkdir(parents=True)
+        docs = [f"{bucket} document {i} about the council" for i in range(6)]
+        (corpus / bucket / "part-0.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+        texts[bucket] = docs
+    monkeypatch.chdir(tmp_path)
+    loc = "council/*/*" if glob else "council"
+    out = tmp_path / "store"
+    tokenize(TokenizeConfig("corpus", mini_tokenizer, str(out), sources={"council": loc}, show_progress=False,
+                            use_ray=False))
+    store = TokenStore.open(str(out), tokenizer=mini_tokenizer)
+    reader = store.source("council")
+    tok = load_tokenizer(mini_tokenizer)
+    got = [tok.decode(list(reader.document(d)[:-1])) for d in range(reader.num_documents)]
+    assert sorted(got) == sorted(texts["q1"] + texts["q5"])

@@ -229,6 +229,7 @@ def _capacity_bwd(buckets, res, dy):
 capacity_swiglu.defvjp(_capacity_fwd, _capacity_bwd)
 
 
+# ---- grouped SwiGLU: rows with an expert id each (the EP receivers) ----------------------------
 def grouped_swiglu(rows, row_expert, w_gate, w_up, w_down, impl: str | None = None,
                    expected_rows: float | None = None):
     """rows [N, D]; row_expert int [N] in [0, E] (E = skip the row). Returns [N, D], 0 for skipped.
@@ -266,7 +267,7 @@ def combine(y_assign, weights):
     return jnp.sum(y_assign.reshape(t, k, -1) * weights.astype(y_assign.dtype)[:, :, None], axis=1)
 
 
-# ---- fused local routed path (capacity buffers filled from the tokens; weighted combine) --------
+# ---- fused routed path (capacity buffers filled from the tokens; weighted combine) --------------
 def _fused_fwd_rounds(cap, x, weights, flat, plan, w_gate, w_up, w_down):
     t, k = weights.shape
     d = x.shape[1]
@@ -336,6 +337,8 @@ def _capacity_moe_bwd(buckets, res, dy):
 
 capacity_moe.defvjp(_capacity_moe_fwd, _capacity_moe_bwd)
 
+
+# ---- one device's routed experts ------------------------------------------------------------
 def routed_experts(x, expert_ids, weights, experts, impl: str | None = None):
     """The routed experts of one device's tokens: x [T, D], expert_ids int [T, k], weights [T, k],
     experts {"gate", "up", "down"} [E, ...] -> y [T, D] (every assignment computed).

@@ -30,7 +30,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-TRANSPORTS = ("fixed", "dropless", "ragged")
+from marin.models.config import EP_TRANSPORTS  # noqa: E402  (pure Python, no JAX)
+
 BUDGET_S = 480.0  # the whole check, 8 minutes
 
 # (model, overrides, pool, tokens_per_step, seq_len, dtype, timed steps)
@@ -41,7 +42,7 @@ CPU_CASE = ("tiny-ep", {"n_layers": 2}, "local-cpu-1", 1024, 32, None, 2)
 def _parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu-smoke", action="store_true", help="tiny model on CPU (checks the JSON contract)")
-    p.add_argument("--transports", default=",".join(TRANSPORTS))
+    p.add_argument("--transports", default=",".join(EP_TRANSPORTS))
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one transport, in this process
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # what jax sees, in this process
     return p.parse_args(argv)

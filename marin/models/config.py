@@ -21,6 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 
 TRANSPORTS = ("local", "fixed", "dropless", "ragged")
+EP_TRANSPORTS = tuple(t for t in TRANSPORTS if t != "local")  # the ones that move tokens between devices
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ROUTER_BIAS_UPDATES = ("quantile", "sign")
 DTYPES = ("float32", "bfloat16")

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from marin.models import router as rt
 from marin.models.config import MoEConfig
-from marin.parallel.expert import moe_experts
+from marin.parallel.transports import moe_experts
 
 GLOBAL_WINDOW = 1 << 30  # "window" of a global layer
 

@@ -1,1 +1,2 @@
-"""Meshes and expert-parallel (EP) transports for the MoE model."""
+"""Meshes (mesh.py), grouped expert compute on one device (grouped.py) and the expert-parallel (EP)
+transports that move tokens to their experts (transports.py) for the MoE model."""

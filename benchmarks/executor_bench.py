@@ -4,7 +4,8 @@
 
 Every pipeline timing is the whole `python experiment.py` process, import included, as a user would
 time it. Both sides give each task the default one CPU that a step declaring no resources gets
-(fractional CPUs would make Ray start one worker process per task and measure that instead). The last line is one JSON object (keys documented in docs/performance.md).
+(fractional CPUs would make Ray start one worker process per task and measure that instead).
+The last line is one JSON object (keys documented in docs/performance.md).
 """
 
 from __future__ import annotations

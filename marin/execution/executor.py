@@ -101,7 +101,8 @@ def select_steps(
     wanted: set[PlannedStep] = set()
     stack = [s for s in plan.steps if any(p.search(s.name) for p in patterns)]
     if not stack:
-        raise ExecutorError(f"--run_only {run_only} matches no step; step names: {sorted({s.name for s in plan.steps})}")
+        names = sorted({s.name for s in plan.steps})
+        raise ExecutorError(f"--run_only {run_only} matches no step; step names: {names}")
     while stack:
         s = stack.pop()
         if s in wanted:
@@ -320,6 +321,27 @@ def _execute_step(fn: Any, config: Any, output_path: str) -> None:
     fn(config)
 
 
+_REMOTE_BODIES: dict[int, tuple[Any, Any]] = {}
+"""id(step function) -> (the function, its Ray remote function): one per function per process."""
+
+
+def remote_body(fn: Any) -> Any:
+    """The Ray remote function that runs ``fn``'s steps, created once per step function.
+
+    Ray exports (pickles and uploads) a remote function the first time it is called; creating one
+    per step would export it again for every step and pickle ``fn`` into every task's arguments.
+    Per-step options (name, resources) are applied with ``.options()``, which exports nothing."""
+    entry = _REMOTE_BODIES.get(id(fn))
+    if entry is None or entry[0] is not fn:
+        import ray
+
+        def run_step(config: Any, output_path: str) -> None:
+            _execute_step(fn, config, output_path)
+
+        entry = _REMOTE_BODIES[id(fn)] = (fn, ray.remote(run_step))
+    return entry[1]
+
+
 def _ray_options(ps: PlannedStep) -> dict[str, Any]:
     res = dict(ps.step.resources or {})
     opts: dict[str, Any] = {"num_cpus": res.pop("num_cpus", 1), "max_retries": 0, "name": ps.name}
@@ -394,6 +416,11 @@ class _Runner:
             for s, lease in held:
                 try:
                     new = leases.renew(s.output_path, lease, self.opts.lease_ttl)
+                except leases.LeaseReleased:  # we finished or stopped the step meanwhile
+                    with self.lock:
+                        if self.held.get(s) == lease:
+                            del self.held[s]
+                    continue
                 except leases.LeaseLost as e:
                     logger.error("step %s: %s; stopping it", s.name, e)
                     with self.lock:
@@ -464,8 +491,6 @@ class _Runner:
             self.info[s] = info
             st.write_status(s.output_path, StepStatus.RUNNING, holder=self.holder, previous=record)
             st.write_info(s.output_path, info)
-            import ray
-
             options = _ray_options(s)
             missing = infeasible(options, self._cluster_resources())
             if missing:
@@ -474,13 +499,21 @@ class _Runner:
                 if not (self.opts.address or os.environ.get("RAY_ADDRESS")):
                     raise RuntimeError(msg + "; the local cluster cannot grow: run on a cluster that has it")
                 self._print(f"warning: {msg}; waiting for the autoscaler")
-            task = ray.remote(_execute_step).options(**options)
-            ref = task.remote(s.step.fn, config, s.output_path)
+            ref = remote_body(s.step.fn).options(**options).remote(config, s.output_path)
         except Exception as e:  # bookkeeping or submission failed: the step failed
             self._record_failure(s, f"{type(e).__name__}: {e}", traceback.format_exc())
             return
         self.running[ref] = s
         self.refs[s] = ref
+
+    def _submission_window(self) -> int:
+        """How many steps may be submitted to Ray (and hold a lease) at once.
+
+        Enough to keep every CPU of the cluster busy while the driver collects results (four per
+        CPU, at least 32), and no more: a step that only waits in Ray's queue would hold its lease
+        and be renewed by every heartbeat, and could not be taken by another executor meanwhile."""
+        window = max(32, 4 * int(self._cluster_resources().get("CPU", 0)))
+        return min(window, self.opts.max_concurrent) if self.opts.max_concurrent else window
 
     def _cluster_resources(self) -> dict[str, float]:
         if self._resources is None:
@@ -524,23 +557,26 @@ class _Runner:
             error, tb = describe_failure(e)
             self._record_failure(s, error, tb)
             return
-        with self.lock:
-            lease = self.held.get(s)
+        with self.lock:  # from here on the heartbeat leaves this lease alone
+            lease = self.held.pop(s, None)
         try:
             if lease is None:
                 raise leases.LeaseLost("lease lost during the run")
-            lease = leases.renew(s.output_path, lease, self.opts.lease_ttl)  # fence: still ours?
-            info = self.info[s]
-            info["end_time"] = time.time()
-            st.write_info(s.output_path, info)
-            st.write_status(s.output_path, StepStatus.SUCCESS, holder=self.holder)
+            with leases.fenced(s.output_path, lease):  # still ours? then commit, SUCCESS last
+                info = self.info[s]
+                info["end_time"] = time.time()
+                st.write_info(s.output_path, info)
+                st.write_status(s.output_path, StepStatus.SUCCESS, holder=self.holder)
+                leases.release_fenced(s.output_path, lease)
         except leases.LeaseLost as e:
             self.errors[s.output_path] = f"lease lost before SUCCESS could be written: {e}"
-            with self.lock:
-                self.held.pop(s, None)
             self._finish(s, "lost")
             return
-        self._release(s)
+        except Exception as e:  # store unreachable while committing: the step is not finished
+            with self.lock:
+                self.held[s] = lease
+            self._record_failure(s, f"could not record success: {type(e).__name__}: {e}", traceback.format_exc())
+            return
         self._finish(s, "succeeded")
 
     def interrupt(self) -> None:
@@ -548,7 +584,8 @@ class _Runner:
 
         Signals are ignored meanwhile so a second Ctrl-C cannot leave a step RUNNING with a dead
         holder (the next run would then wait for the holder's lease to expire)."""
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if threading.current_thread() is threading.main_thread() else None
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
         try:
             import ray
 
@@ -602,13 +639,12 @@ class _Runner:
             total=len(self.todo), desc="steps", unit="step", file=sys.stderr, disable=not self.opts.progress,
             mininterval=0.5, dynamic_ncols=True,
         )
+        window = self._submission_window()
         beat = threading.Thread(target=self._heartbeat, name="marin-lease-heartbeat", daemon=True)
         beat.start()
         try:
             while self.ready or self.running or self.waiting:
-                while self.ready and (
-                    self.opts.max_concurrent is None or len(self.running) < self.opts.max_concurrent
-                ):
+                while self.ready and len(self.running) < window:
                     self._start(self.ready.popleft())
                 with self.lock:
                     lost = [s for s in self.lost if s in self.refs]

@@ -2,8 +2,17 @@
 
 The driver (this process) owns all bookkeeping: it takes each step's lease, writes RUNNING and the
 step info, submits ``fn(config)`` as a Ray task with the step's resources, and when the task ends
-writes FAILED, or checks it still holds the lease and writes SUCCESS last. A heartbeat thread
-renews every held lease; a lease lost to a takeover cancels the task and writes nothing more.
+writes FAILED, or, under the step's lock, checks it still holds the lease and writes SUCCESS last.
+A heartbeat thread renews every held lease; a lease lost to a takeover cancels the task and writes
+nothing more.
+
+A step is submitted as soon as its blocking dependencies are submitted, not finished: the tasks of
+unfinished upstreams are passed to it as arguments, so Ray starts it the moment they return and a
+chain runs without a round trip through the driver per step. Ray never starts it if an upstream
+raised; the driver judges results upstream-first, so a dependent's SUCCESS is committed only after
+its upstream's, and an upstream that did not succeed turns its submitted dependents into
+DEP_FAILED (cancelling them). At most a window of steps (four per cluster CPU, at least 32) is
+submitted at once, so leases are held only by steps that are about to run.
 
 Several drivers may run the same experiment at once: a step whose lease is held by a live driver is
 waited for and its result reused, so each step body runs exactly once.
@@ -335,8 +344,8 @@ def remote_body(fn: Any) -> Any:
     if entry is None or entry[0] is not fn:
         import ray
 
-        def run_step(config: Any, output_path: str) -> None:
-            _execute_step(fn, config, output_path)
+        def run_step(config: Any, output_path: str, *upstream: None) -> None:
+            _execute_step(fn, config, output_path)  # upstream: refs of steps that had to finish first
 
         entry = _REMOTE_BODIES[id(fn)] = (fn, ray.remote(run_step))
     return entry[1]
@@ -391,7 +400,11 @@ class _Runner:
         self.holder = leases.new_holder_id()
         todo_set = set(todo)
         self.dependents = plan.dependents()
+        self.order = {s: i for i, s in enumerate(plan.steps)}
+        # blocking dependencies (in todo) neither submitted to Ray by us nor finished: a step is
+        # ready to submit when this reaches 0 (upstream tasks still running are passed as arguments)
         self.remaining = {s: sum(1 for d in s.dependencies if d in todo_set) for s in todo}
+        self.submitted: set[PlannedStep] = set()
         self.ready = collections.deque(s for s in todo if self.remaining[s] == 0)
         self.waiting: dict[PlannedStep, float] = {}
         self.running: dict[Any, PlannedStep] = {}
@@ -440,20 +453,31 @@ class _Runner:
         self.outcome[s.output_path] = outcome
         if self.bar is not None:
             self.bar.update(1)
-        if outcome in ("succeeded", "reused"):
-            for d in self.dependents[s]:
-                if d in self.remaining and s in d.dependencies:
-                    self.remaining[d] -= 1
-                    if self.remaining[d] == 0:
-                        self.ready.append(d)
+        if outcome in ("succeeded", "reused") and s not in self.submitted:
+            self._upstream_on_its_way(s)
         elif outcome in ("failed", "dep_failed", "lost"):
             self._fail_dependents(s)
+
+    def _upstream_on_its_way(self, s: PlannedStep) -> None:
+        """``s`` was submitted (or finished without us): dependents waiting only for it become ready."""
+        for d in self.dependents[s]:
+            if d in self.remaining and s in d.dependencies:
+                self.remaining[d] -= 1
+                if self.remaining[d] == 0:
+                    self.ready.append(d)
 
     def _fail_dependents(self, s: PlannedStep) -> None:
         for d in self.dependents[s]:
             if d not in self.remaining or d.output_path in self.outcome or s not in d.dependencies:
                 continue
-            lease = leases.try_acquire(d.output_path, self.holder, self.opts.lease_ttl)
+            self.waiting.pop(d, None)
+            ref = self.refs.pop(d, None)
+            if ref is not None:  # submitted behind s: stop it (Ray does not start it after s failed)
+                self.running.pop(ref, None)
+                self._cancel(ref)
+            with self.lock:
+                lease = self.held.pop(d, None)
+            lease = lease or leases.try_acquire(d.output_path, self.holder, self.opts.lease_ttl)
             if lease is not None:
                 try:
                     record = st.read_status(d.output_path)
@@ -467,7 +491,18 @@ class _Runner:
             self.errors[d.output_path] = f"not run: dependency {s.name} did not succeed"
             self._finish(d, "dep_failed")
 
+    @staticmethod
+    def _cancel(ref: Any) -> None:
+        import ray
+
+        try:
+            ray.cancel(ref, force=True)
+        except Exception:  # already finished or the cluster is going away: nothing to stop
+            pass
+
     def _start(self, s: PlannedStep) -> None:
+        if s.output_path in self.outcome:  # an upstream failed after s became ready
+            return
         lease = leases.try_acquire(s.output_path, self.holder, self.opts.lease_ttl)
         if lease is None:
             self.waiting[s] = time.monotonic()
@@ -499,12 +534,15 @@ class _Runner:
                 if not (self.opts.address or os.environ.get("RAY_ADDRESS")):
                     raise RuntimeError(msg + "; the local cluster cannot grow: run on a cluster that has it")
                 self._print(f"warning: {msg}; waiting for the autoscaler")
-            ref = remote_body(s.step.fn).options(**options).remote(config, s.output_path)
+            upstream = [self.refs[d] for d in s.dependencies if d in self.refs]
+            ref = remote_body(s.step.fn).options(**options).remote(config, s.output_path, *upstream)
         except Exception as e:  # bookkeeping or submission failed: the step failed
             self._record_failure(s, f"{type(e).__name__}: {e}", traceback.format_exc())
             return
         self.running[ref] = s
         self.refs[s] = ref
+        self.submitted.add(s)
+        self._upstream_on_its_way(s)
 
     def _submission_window(self) -> int:
         """How many steps may be submitted to Ray (and hold a lease) at once.
@@ -546,7 +584,9 @@ class _Runner:
     def _on_done(self, ref: Any) -> None:
         import ray
 
-        s = self.running.pop(ref)
+        s = self.running.pop(ref, None)
+        if s is None:  # dropped meanwhile: an upstream processed in the same batch failed
+            return
         self.refs.pop(s, None)
         try:
             ray.get(ref)
@@ -657,7 +697,8 @@ class _Runner:
                     done, _ = ray.wait(list(self.running), num_returns=1, timeout=timeout)
                     if done:  # collect everything else that is already finished too
                         more, _ = ray.wait(list(self.running), num_returns=len(self.running), timeout=0)
-                        for ref in dict.fromkeys(done + more):
+                        # upstreams first: a dependent's result is judged after its upstream's
+                        for ref in sorted(set(done + more), key=lambda r: self.order[self.running[r]]):
                             self._on_done(ref)
                 elif self.waiting and not self.ready:
                     time.sleep(min(self.opts.poll_interval, 0.2))

@@ -25,7 +25,6 @@ import dataclasses
 import json
 import logging
 import os
-import queue
 import re
 import shlex
 import signal
@@ -418,10 +417,6 @@ class _Runner:
         self.errors: dict[str, str] = {}
         self.info: dict[PlannedStep, dict] = {}
         self.initial_events = {s: len((statuses.get(s) or {}).get("events", [])) for s in todo}
-        self.commit_queue: queue.SimpleQueue[PlannedStep | None] = queue.SimpleQueue()
-        self.commit_results: queue.SimpleQueue[tuple[PlannedStep, tuple[str, ...] | None]] = queue.SimpleQueue()
-        self.pending_commits = 0
-        self.committer: threading.Thread | None = None
         self.bar = None
         self._resources: dict[str, float] | None = None
 
@@ -602,68 +597,27 @@ class _Runner:
             error, tb = describe_failure(e)
             self._record_failure(s, error, tb)
             return
-        self.pending_commits += 1
-        self.commit_queue.put(s)
-
-    # -- committing SUCCESS (one thread, in the order results were judged: upstreams first) ----------
-    def _committer(self) -> None:
-        """Commit finished steps off the main loop, so their file writes overlap with task submission.
-
-        One thread, first in first out: results are queued upstream-first, so an upstream's commit
-        is decided before its dependents', and a dependent whose upstream (submitted by this run)
-        was not committed is never committed either."""
-        committed: set[PlannedStep] = set()
-        while (s := self.commit_queue.get()) is not None:
+        with self.lock:  # from here on the heartbeat leaves this lease alone
+            lease = self.held.pop(s, None)
+        try:
+            if lease is None:
+                raise leases.LeaseLost("lease lost during the run")
+            with leases.fenced(s.output_path, lease):  # still ours? then commit, SUCCESS last
+                info = self.info[s]
+                info["end_time"] = time.time()
+                st.write_info(s.output_path, info)
+                st.write_status(s.output_path, StepStatus.SUCCESS, holder=self.holder)
+                leases.release_fenced(s.output_path, lease)
+        except leases.LeaseLost as e:
+            self.errors[s.output_path] = f"lease lost before SUCCESS could be written: {e}"
+            self._finish(s, "lost")
+            return
+        except Exception as e:  # store unreachable while committing: the step is not finished
             with self.lock:
-                lease = self.held.get(s)
-            try:
-                if lease is None:
-                    raise leases.LeaseLost("lease lost during the run")
-                if any(d in self.submitted and d not in committed for d in s.dependencies):
-                    raise leases.LeaseLost("an upstream step did not succeed")  # it marks s DEP_FAILED
-                with leases.fenced(s.output_path, lease):  # still ours? then commit, SUCCESS last
-                    info = self.info[s]
-                    info["end_time"] = time.time()
-                    st.write_info(s.output_path, info)
-                    st.write_status(s.output_path, StepStatus.SUCCESS, holder=self.holder)
-                    leases.release_fenced(s.output_path, lease)
-                committed.add(s)
-                result: tuple[str, ...] | None = None
-            except leases.LeaseLost as e:
-                result = ("lost", f"lease lost before SUCCESS could be written: {e}")
-            except Exception as e:  # store unreachable while committing: the step is not finished
-                result = ("error", f"could not record success: {type(e).__name__}: {e}", traceback.format_exc())
-            if result is None or result[0] == "lost":
-                with self.lock:
-                    if self.held.get(s) == lease:
-                        del self.held[s]
-            self.commit_results.put((s, result))
-
-    def _collect_commits(self, block: bool = False) -> None:
-        """Apply the committer's results on the main loop (outcomes, dependents, failures)."""
-        while self.pending_commits:
-            try:
-                s, result = self.commit_results.get(block=block, timeout=1.0 if block else None)
-            except queue.Empty:
-                return
-            self.pending_commits -= 1
-            block = False
-            if s.output_path in self.outcome:  # an upstream's failure already marked it DEP_FAILED
-                continue
-            if result is None:
-                self._finish(s, "succeeded")
-            elif result[0] == "lost":
-                self.errors[s.output_path] = result[1]
-                self._finish(s, "lost")
-            else:
-                self._record_failure(s, result[1], result[2])
-
-    def _stop_committer(self) -> None:
-        """Let the committer finish what it has (a few writes per step) and apply its results."""
-        if self.committer is not None and self.committer.is_alive():
-            self.commit_queue.put(None)
-            self.committer.join()
-        self._collect_commits()
+                self.held[s] = lease
+            self._record_failure(s, f"could not record success: {type(e).__name__}: {e}", traceback.format_exc())
+            return
+        self._finish(s, "succeeded")
 
     def interrupt(self) -> None:
         """Ctrl-C: stop every step this driver holds, mark it INTERRUPTED, release its lease.
@@ -680,7 +634,6 @@ class _Runner:
                     ray.cancel(ref, force=True)
                 except Exception:  # already finished or the cluster is going away: nothing to stop
                     pass
-            self._stop_committer()  # steps that finished are committed; the others are stopped below
             with self.lock:
                 held = list(self.held)
             for s in held:
@@ -729,11 +682,8 @@ class _Runner:
         window = self._submission_window()
         beat = threading.Thread(target=self._heartbeat, name="marin-lease-heartbeat", daemon=True)
         beat.start()
-        self.committer = threading.Thread(target=self._committer, name="marin-commit", daemon=True)
-        self.committer.start()
         try:
-            while self.ready or self.running or self.waiting or self.pending_commits:
-                self._collect_commits()
+            while self.ready or self.running or self.waiting:
                 while self.ready and len(self.running) < window:
                     self._start(self.ready.popleft())
                 with self.lock:
@@ -750,8 +700,6 @@ class _Runner:
                         # upstreams first: a dependent's result is judged after its upstream's
                         for ref in sorted(set(done + more), key=lambda r: self.order[self.running[r]]):
                             self._on_done(ref)
-                elif self.pending_commits and not self.ready:
-                    self._collect_commits(block=True)
                 elif self.waiting and not self.ready:
                     time.sleep(min(self.opts.poll_interval, 0.2))
                 self.bar.set_postfix(running=len(self.running), waiting=len(self.waiting), refresh=False)
@@ -759,7 +707,6 @@ class _Runner:
             self.interrupt()
             raise
         finally:
-            self._stop_committer()
             self.stop.set()
             for s in list(self.held):
                 self._release(s)

@@ -435,11 +435,13 @@ class _Runner:
                             del self.held[s]
                     continue
                 except leases.LeaseLost as e:
-                    logger.error("step %s: %s; stopping it", s.name, e)
                     with self.lock:
-                        self.held.pop(s, None)
+                        if self.held.get(s) != lease:  # the loop committed or stopped it meanwhile
+                            continue
+                        del self.held[s]
                         self.lost.add(s)
                         self.errors[s.output_path] = f"lease lost while running, step stopped: {e}"
+                    logger.error("step %s: %s; stopping it", s.name, e)
                     continue
                 except Exception as e:  # transient store error: try again next beat
                     logger.warning("step %s: lease renewal failed (%s); will retry", s.name, e)

@@ -279,3 +279,13 @@ def test_dependent_submitted_behind_a_step_that_loses_its_lease_never_runs_or_su
     assert st.read_status(p_down)["status"] == "DEP_FAILED"  # never SUCCESS
     assert p_down not in executions(log)  # its body never ran
     assert leases.read_lease(p_down).released
+
+
+def test_heartbeat_racing_the_commit_never_loses_a_lease_of_its_own(tmp_path, ray_local):
+    """A heartbeat every 50 ms renews leases while the loop commits and releases them: a renewal
+    that collides with the driver's own commit must not be taken for a takeover."""
+    log = tmp_path / "log"
+    steps = [step(f"quick{i}", log, value=i) for i in range(150)]
+    result = run(steps, tmp_path / "out", lease_ttl=0.2)
+    assert set(result.outcome.values()) == {"succeeded"} and not result.errors
+    assert len(executions(log)) == 150

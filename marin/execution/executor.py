@@ -2,8 +2,17 @@
 
 The driver (this process) owns all bookkeeping: it takes each step's lease, writes RUNNING and the
 step info, submits ``fn(config)`` as a Ray task with the step's resources, and when the task ends
-writes FAILED, or checks it still holds the lease and writes SUCCESS last. A heartbeat thread
-renews every held lease; a lease lost to a takeover cancels the task and writes nothing more.
+writes FAILED, or, under the step's lock, checks it still holds the lease and writes SUCCESS last.
+A heartbeat thread renews every held lease; a lease lost to a takeover cancels the task and writes
+nothing more.
+
+A step is submitted as soon as its blocking dependencies are submitted, not finished: the tasks of
+unfinished upstreams are passed to it as arguments, so Ray starts it the moment they return and a
+chain runs without a round trip through the driver per step. Ray never starts it if an upstream
+raised; the driver judges results upstream-first, so a dependent's SUCCESS is committed only after
+its upstream's, and an upstream that did not succeed turns its submitted dependents into
+DEP_FAILED (cancelling them). At most a window of steps (four per cluster CPU, at least 32) is
+submitted at once, so leases are held only by steps that are about to run.
 
 Several drivers may run the same experiment at once: a step whose lease is held by a live driver is
 waited for and its result reused, so each step body runs exactly once.
@@ -101,7 +110,8 @@ def select_steps(
     wanted: set[PlannedStep] = set()
     stack = [s for s in plan.steps if any(p.search(s.name) for p in patterns)]
     if not stack:
-        raise ExecutorError(f"--run_only {run_only} matches no step; step names: {sorted({s.name for s in plan.steps})}")
+        names = sorted({s.name for s in plan.steps})
+        raise ExecutorError(f"--run_only {run_only} matches no step; step names: {names}")
     while stack:
         s = stack.pop()
         if s in wanted:
@@ -320,6 +330,27 @@ def _execute_step(fn: Any, config: Any, output_path: str) -> None:
     fn(config)
 
 
+_REMOTE_BODIES: dict[int, tuple[Any, Any]] = {}
+"""id(step function) -> (the function, its Ray remote function): one per function per process."""
+
+
+def remote_body(fn: Any) -> Any:
+    """The Ray remote function that runs ``fn``'s steps, created once per step function.
+
+    Ray exports (pickles and uploads) a remote function the first time it is called; creating one
+    per step would export it again for every step and pickle ``fn`` into every task's arguments.
+    Per-step options (name, resources) are applied with ``.options()``, which exports nothing."""
+    entry = _REMOTE_BODIES.get(id(fn))
+    if entry is None or entry[0] is not fn:
+        import ray
+
+        def run_step(config: Any, output_path: str, *upstream: None) -> None:
+            _execute_step(fn, config, output_path)  # upstream: refs of steps that had to finish first
+
+        entry = _REMOTE_BODIES[id(fn)] = (fn, ray.remote(run_step))
+    return entry[1]
+
+
 def _ray_options(ps: PlannedStep) -> dict[str, Any]:
     res = dict(ps.step.resources or {})
     opts: dict[str, Any] = {"num_cpus": res.pop("num_cpus", 1), "max_retries": 0, "name": ps.name}
@@ -369,7 +400,11 @@ class _Runner:
         self.holder = leases.new_holder_id()
         todo_set = set(todo)
         self.dependents = plan.dependents()
+        self.order = {s: i for i, s in enumerate(plan.steps)}
+        # blocking dependencies (in todo) neither submitted to Ray by us nor finished: a step is
+        # ready to submit when this reaches 0 (upstream tasks still running are passed as arguments)
         self.remaining = {s: sum(1 for d in s.dependencies if d in todo_set) for s in todo}
+        self.submitted: set[PlannedStep] = set()
         self.ready = collections.deque(s for s in todo if self.remaining[s] == 0)
         self.waiting: dict[PlannedStep, float] = {}
         self.running: dict[Any, PlannedStep] = {}
@@ -394,12 +429,19 @@ class _Runner:
             for s, lease in held:
                 try:
                     new = leases.renew(s.output_path, lease, self.opts.lease_ttl)
-                except leases.LeaseLost as e:
-                    logger.error("step %s: %s; stopping it", s.name, e)
+                except leases.LeaseReleased:  # we finished or stopped the step meanwhile
                     with self.lock:
-                        self.held.pop(s, None)
+                        if self.held.get(s) == lease:
+                            del self.held[s]
+                    continue
+                except leases.LeaseLost as e:
+                    with self.lock:
+                        if self.held.get(s) != lease:  # the loop committed or stopped it meanwhile
+                            continue
+                        del self.held[s]
                         self.lost.add(s)
                         self.errors[s.output_path] = f"lease lost while running, step stopped: {e}"
+                    logger.error("step %s: %s; stopping it", s.name, e)
                     continue
                 except Exception as e:  # transient store error: try again next beat
                     logger.warning("step %s: lease renewal failed (%s); will retry", s.name, e)
@@ -413,20 +455,31 @@ class _Runner:
         self.outcome[s.output_path] = outcome
         if self.bar is not None:
             self.bar.update(1)
-        if outcome in ("succeeded", "reused"):
-            for d in self.dependents[s]:
-                if d in self.remaining and s in d.dependencies:
-                    self.remaining[d] -= 1
-                    if self.remaining[d] == 0:
-                        self.ready.append(d)
+        if outcome in ("succeeded", "reused") and s not in self.submitted:
+            self._upstream_on_its_way(s)
         elif outcome in ("failed", "dep_failed", "lost"):
             self._fail_dependents(s)
+
+    def _upstream_on_its_way(self, s: PlannedStep) -> None:
+        """``s`` was submitted (or finished without us): dependents waiting only for it become ready."""
+        for d in self.dependents[s]:
+            if d in self.remaining and s in d.dependencies:
+                self.remaining[d] -= 1
+                if self.remaining[d] == 0:
+                    self.ready.append(d)
 
     def _fail_dependents(self, s: PlannedStep) -> None:
         for d in self.dependents[s]:
             if d not in self.remaining or d.output_path in self.outcome or s not in d.dependencies:
                 continue
-            lease = leases.try_acquire(d.output_path, self.holder, self.opts.lease_ttl)
+            self.waiting.pop(d, None)
+            ref = self.refs.pop(d, None)
+            if ref is not None:  # submitted behind s: stop it (Ray does not start it after s failed)
+                self.running.pop(ref, None)
+                self._cancel(ref)
+            with self.lock:
+                lease = self.held.pop(d, None)
+            lease = lease or leases.try_acquire(d.output_path, self.holder, self.opts.lease_ttl)
             if lease is not None:
                 try:
                     record = st.read_status(d.output_path)
@@ -440,7 +493,18 @@ class _Runner:
             self.errors[d.output_path] = f"not run: dependency {s.name} did not succeed"
             self._finish(d, "dep_failed")
 
+    @staticmethod
+    def _cancel(ref: Any) -> None:
+        import ray
+
+        try:
+            ray.cancel(ref, force=True)
+        except Exception:  # already finished or the cluster is going away: nothing to stop
+            pass
+
     def _start(self, s: PlannedStep) -> None:
+        if s.output_path in self.outcome:  # an upstream failed after s became ready
+            return
         lease = leases.try_acquire(s.output_path, self.holder, self.opts.lease_ttl)
         if lease is None:
             self.waiting[s] = time.monotonic()
@@ -464,8 +528,6 @@ class _Runner:
             self.info[s] = info
             st.write_status(s.output_path, StepStatus.RUNNING, holder=self.holder, previous=record)
             st.write_info(s.output_path, info)
-            import ray
-
             options = _ray_options(s)
             missing = infeasible(options, self._cluster_resources())
             if missing:
@@ -474,13 +536,24 @@ class _Runner:
                 if not (self.opts.address or os.environ.get("RAY_ADDRESS")):
                     raise RuntimeError(msg + "; the local cluster cannot grow: run on a cluster that has it")
                 self._print(f"warning: {msg}; waiting for the autoscaler")
-            task = ray.remote(_execute_step).options(**options)
-            ref = task.remote(s.step.fn, config, s.output_path)
+            upstream = [self.refs[d] for d in s.dependencies if d in self.refs]
+            ref = remote_body(s.step.fn).options(**options).remote(config, s.output_path, *upstream)
         except Exception as e:  # bookkeeping or submission failed: the step failed
             self._record_failure(s, f"{type(e).__name__}: {e}", traceback.format_exc())
             return
         self.running[ref] = s
         self.refs[s] = ref
+        self.submitted.add(s)
+        self._upstream_on_its_way(s)
+
+    def _submission_window(self) -> int:
+        """How many steps may be submitted to Ray (and hold a lease) at once.
+
+        Enough to keep every CPU of the cluster busy while the driver collects results (four per
+        CPU, at least 32), and no more: a step that only waits in Ray's queue would hold its lease
+        and be renewed by every heartbeat, and could not be taken by another executor meanwhile."""
+        window = max(32, 4 * int(self._cluster_resources().get("CPU", 0)))
+        return min(window, self.opts.max_concurrent) if self.opts.max_concurrent else window
 
     def _cluster_resources(self) -> dict[str, float]:
         if self._resources is None:
@@ -513,7 +586,9 @@ class _Runner:
     def _on_done(self, ref: Any) -> None:
         import ray
 
-        s = self.running.pop(ref)
+        s = self.running.pop(ref, None)
+        if s is None:  # dropped meanwhile: an upstream processed in the same batch failed
+            return
         self.refs.pop(s, None)
         try:
             ray.get(ref)
@@ -524,23 +599,26 @@ class _Runner:
             error, tb = describe_failure(e)
             self._record_failure(s, error, tb)
             return
-        with self.lock:
-            lease = self.held.get(s)
+        with self.lock:  # from here on the heartbeat leaves this lease alone
+            lease = self.held.pop(s, None)
         try:
             if lease is None:
                 raise leases.LeaseLost("lease lost during the run")
-            lease = leases.renew(s.output_path, lease, self.opts.lease_ttl)  # fence: still ours?
-            info = self.info[s]
-            info["end_time"] = time.time()
-            st.write_info(s.output_path, info)
-            st.write_status(s.output_path, StepStatus.SUCCESS, holder=self.holder)
+            with leases.fenced(s.output_path, lease):  # still ours? then commit, SUCCESS last
+                info = self.info[s]
+                info["end_time"] = time.time()
+                st.write_info(s.output_path, info)
+                st.write_status(s.output_path, StepStatus.SUCCESS, holder=self.holder)
+                leases.release_fenced(s.output_path, lease)
         except leases.LeaseLost as e:
             self.errors[s.output_path] = f"lease lost before SUCCESS could be written: {e}"
-            with self.lock:
-                self.held.pop(s, None)
             self._finish(s, "lost")
             return
-        self._release(s)
+        except Exception as e:  # store unreachable while committing: the step is not finished
+            with self.lock:
+                self.held[s] = lease
+            self._record_failure(s, f"could not record success: {type(e).__name__}: {e}", traceback.format_exc())
+            return
         self._finish(s, "succeeded")
 
     def interrupt(self) -> None:
@@ -548,7 +626,8 @@ class _Runner:
 
         Signals are ignored meanwhile so a second Ctrl-C cannot leave a step RUNNING with a dead
         holder (the next run would then wait for the holder's lease to expire)."""
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if threading.current_thread() is threading.main_thread() else None
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
         try:
             import ray
 
@@ -602,13 +681,12 @@ class _Runner:
             total=len(self.todo), desc="steps", unit="step", file=sys.stderr, disable=not self.opts.progress,
             mininterval=0.5, dynamic_ncols=True,
         )
+        window = self._submission_window()
         beat = threading.Thread(target=self._heartbeat, name="marin-lease-heartbeat", daemon=True)
         beat.start()
         try:
             while self.ready or self.running or self.waiting:
-                while self.ready and (
-                    self.opts.max_concurrent is None or len(self.running) < self.opts.max_concurrent
-                ):
+                while self.ready and len(self.running) < window:
                     self._start(self.ready.popleft())
                 with self.lock:
                     lost = [s for s in self.lost if s in self.refs]
@@ -621,7 +699,8 @@ class _Runner:
                     done, _ = ray.wait(list(self.running), num_returns=1, timeout=timeout)
                     if done:  # collect everything else that is already finished too
                         more, _ = ray.wait(list(self.running), num_returns=len(self.running), timeout=0)
-                        for ref in dict.fromkeys(done + more):
+                        # upstreams first: a dependent's result is judged after its upstream's
+                        for ref in sorted(set(done + more), key=lambda r: self.order[self.running[r]]):
                             self._on_done(ref)
                 elif self.waiting and not self.ready:
                     time.sleep(min(self.opts.poll_interval, 0.2))

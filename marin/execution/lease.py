@@ -12,12 +12,14 @@ laptop is replaced at once, not after the expiry).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import socket
 import time
 import uuid
+from typing import Iterator
 
 from marin.execution import storage
 from marin.execution.status import LEASE_FILE
@@ -29,6 +31,10 @@ second, a dead holder on another host is replaced within TTL + poll (about 21 s)
 
 class LeaseLost(RuntimeError):
     """Our lease was taken over (we were presumed dead); stop writing to the step."""
+
+
+class LeaseReleased(LeaseLost):
+    """Our own lease was released (the step was finished or stopped by us): nothing more to renew."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,13 +111,46 @@ def renew(step_dir: str, lease: Lease, ttl: float = DEFAULT_TTL_S) -> Lease:
     path = lease_path(step_dir)
     text, tag = storage.read_with_tag(path)
     current = Lease.from_json(text) if text else None
-    if current is None or current.holder != lease.holder or current.token != lease.token or current.released:
-        other = f"{current.holder} (token {current.token})" if current else "nobody"
-        raise LeaseLost(f"lease on {step_dir} now held by {other}; we had token {lease.token}")
+    _check_ours(step_dir, current, lease)
     new = dataclasses.replace(lease, expiry=time.time() + ttl)
     if not storage.compare_and_swap(path, new.to_json(), tag):
         raise LeaseLost(f"lease on {step_dir} changed while renewing token {lease.token}")
     return new
+
+
+def _check_ours(step_dir: str, current: Lease | None, lease: Lease) -> None:
+    """Raise :class:`LeaseLost` unless ``current`` is ``lease``'s token, still held."""
+    if current is not None and current.holder == lease.holder and current.token == lease.token:
+        if current.released:
+            raise LeaseReleased(f"lease on {step_dir} (token {lease.token}) was released")
+        return
+    other = f"{current.holder} (token {current.token})" if current else "nobody"
+    raise LeaseLost(f"lease on {step_dir} now held by {other}; we had token {lease.token}")
+
+
+@contextlib.contextmanager
+def fenced(step_dir: str, lease: Lease) -> Iterator[Lease]:
+    """Writes that only the current holder may make: check the token, write, and release if asked.
+
+    Raises :class:`LeaseLost` (writing nothing) unless ``lease`` is still the step's current lease.
+    On local disk the check and the writes inside run under the step directory's lock, which every
+    lease compare-and-swap also takes, so a takeover cannot slip in between the check and the writes.
+    Object stores have no such lock: the check is a read, and a takeover in the instant between it
+    and the writes goes unnoticed, as with a renewal followed by a write.
+    """
+    with storage.step_lock(step_dir):
+        text, _ = storage.read_with_tag(lease_path(step_dir))
+        _check_ours(step_dir, Lease.from_json(text) if text else None, lease)
+        yield lease
+
+
+def release_fenced(step_dir: str, lease: Lease) -> None:
+    """Release ``lease`` inside :func:`fenced` (which already checked it is current)."""
+    path = lease_path(step_dir)
+    text, tag = storage.read_with_tag(path)
+    if text:
+        done = dataclasses.replace(Lease.from_json(text), released=True, expiry=0.0)
+        storage.compare_and_swap(path, done.to_json(), tag, locked=True)
 
 
 def release(step_dir: str, lease: Lease) -> None:

@@ -64,8 +64,11 @@ def write_text(path: str, text: str) -> None:
     if is_local(path):
         p = _local(path)
         d = os.path.dirname(p)
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+        try:  # the directory exists nearly always: create it only when needed (saves a syscall per write)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+        except FileNotFoundError:
+            os.makedirs(d, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
@@ -146,14 +149,32 @@ def glob(pattern: str) -> list[str]:
 
 @contextlib.contextmanager
 def _dir_lock(directory: str) -> Iterator[None]:
-    os.makedirs(directory, exist_ok=True)
-    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except FileNotFoundError:
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(directory, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+@contextlib.contextmanager
+def step_lock(directory: str) -> Iterator[None]:
+    """Exclusive section on one step directory, shared with :func:`compare_and_swap` there.
+
+    On local disk this is the directory's ``flock``, so a check of the lease and the writes that
+    depend on it cannot interleave with another process's compare-and-swap of that lease; object
+    stores have no lock (their compare-and-swap is conditional writes, see the module docstring).
+    Not re-entrant: inside it, call :func:`compare_and_swap` with ``locked=True``."""
+    if is_local(directory):
+        with _dir_lock(_local(directory)):
+            yield
+    else:
+        yield
 
 
 def read_with_tag(path: str) -> tuple[str | None, str | None]:
@@ -174,14 +195,15 @@ def read_with_tag(path: str) -> tuple[str | None, str | None]:
     return text, text
 
 
-def compare_and_swap(path: str, text: str, expected_tag: str | None) -> bool:
+def compare_and_swap(path: str, text: str, expected_tag: str | None, *, locked: bool = False) -> bool:
     """Write ``text`` to ``path`` only if it is still at ``expected_tag`` (None: only if absent).
 
-    Returns True if this call's write won.
+    Returns True if this call's write won. ``locked``: the caller already holds :func:`step_lock` on
+    the file's directory.
     """
     if is_local(path):
         p = _local(path)
-        with _dir_lock(os.path.dirname(p)):
+        with contextlib.nullcontext() if locked else _dir_lock(os.path.dirname(p)):
             current = read_text(p)
             if current != expected_tag:
                 return False

@@ -140,7 +140,8 @@ def test_failure_marks_dependents_keeps_independent_branch_then_force_rerun(tmp_
     fix.write_text("ok")
     result = run([c, indep], tmp_path / "out", force_run_failed=True)
     assert result.outcome[pb.output_path] == "succeeded" and result.outcome[pc.output_path] == "succeeded"
-    assert [e["status"] for e in st.read_status(pb.output_path)["events"]] == ["RUNNING", "FAILED", "RUNNING", "SUCCESS"]
+    events = [e["status"] for e in st.read_status(pb.output_path)["events"]]
+    assert events == ["RUNNING", "FAILED", "RUNNING", "SUCCESS"]
     assert executions(log).count(result.plan.steps[0].output_path) == 1  # a was not rerun
 
 
@@ -241,3 +242,50 @@ def test_resources_no_node_offers_fail_fast_with_a_clear_message(tmp_path, ray_l
         run([s], tmp_path / "out")
     assert "asks for {'GB200': 4}, which no node of the Ray cluster offers" in str(e.value)
     assert not os.path.exists(tmp_path / "log")
+
+
+def test_dependent_submitted_behind_a_step_that_loses_its_lease_never_runs_or_succeeds(tmp_path, ray_local):
+    """Dependents are handed to Ray before their upstream finishes (so Ray pipelines a chain); an
+    upstream that loses its lease mid-run must take its queued dependents down with it."""
+    import threading
+
+    from marin.execution import lease as leases
+    from marin.execution import plan_steps
+
+    log = tmp_path / "log"
+    up = step("up", log, sleep=4.0)
+    down = step("down", log, up)
+    prefix = tmp_path / "out"
+    p_up, p_down = (s.output_path for s in plan_steps([down], str(prefix)).steps)
+
+    def thief():
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            current, queued = leases.read_lease(p_up), leases.read_lease(p_down)
+            if current is not None and not current.released and queued is not None:  # both submitted
+                stolen = dataclasses.replace(current, holder="thief", token=current.token + 1, host="elsewhere",
+                                             expiry=time.time() + 60)
+                open(f"{p_up}/.executor_lease", "w").write(stolen.to_json())
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=thief)
+    t.start()
+    with pytest.raises(ExecutorError) as e:
+        run([down], prefix, lease_ttl=0.8)
+    t.join()
+    outcome = e.value.result.outcome
+    assert outcome[p_up] == "lost" and outcome[p_down] == "dep_failed"
+    assert st.read_status(p_down)["status"] == "DEP_FAILED"  # never SUCCESS
+    assert p_down not in executions(log)  # its body never ran
+    assert leases.read_lease(p_down).released
+
+
+def test_heartbeat_racing_the_commit_never_loses_a_lease_of_its_own(tmp_path, ray_local):
+    """A heartbeat every 50 ms renews leases while the loop commits and releases them: a renewal
+    that collides with the driver's own commit must not be taken for a takeover."""
+    log = tmp_path / "log"
+    steps = [step(f"quick{i}", log, value=i) for i in range(150)]
+    result = run(steps, tmp_path / "out", lease_ttl=0.2)
+    assert set(result.outcome.values()) == {"succeeded"} and not result.errors
+    assert len(executions(log)) == 150

@@ -260,7 +260,9 @@ def test_unreachable_store_is_a_clear_error_and_dry_run_still_plans(tmp_path):
                AWS_EC2_METADATA_DISABLED="true")
     cmd = [sys.executable, str(exp), "--prefix", "s3://no-credentials-bucket/run"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
-    assert r.returncode == 1 and "marin: error: cannot read step status under s3://no-credentials-bucket/run" in r.stderr
+    assert (
+        r.returncode == 1 and "marin: error: cannot read step status under s3://no-credentials-bucket/run" in r.stderr
+    )
     assert "Traceback" not in r.stderr
     r = subprocess.run([*cmd, "--dry_run", "true"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == 0 and "4 of 4 steps would run" in r.stdout and "warning: cannot read step status" in r.stderr

@@ -60,7 +60,9 @@ def test_cycle_is_refused_naming_the_cycle():
     with pytest.raises(PlanError) as e:
         plan_steps([c], "/p")
     assert "dependency cycle" in str(e.value)
-    assert "c -> b -> a -> c" in str(e.value) or "a -> c -> b -> a" in str(e.value) or "b -> a -> c -> b" in str(e.value)
+    assert (
+        "c -> b -> a -> c" in str(e.value) or "a -> c -> b -> a" in str(e.value) or "b -> a -> c -> b" in str(e.value)
+    )
 
 
 def test_non_step_inputs_are_refused_with_the_field_path():

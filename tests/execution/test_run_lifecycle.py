@@ -44,8 +44,10 @@ EXPERIMENT = textwrap.dedent(
 )
 
 # Runs the experiment file in-process and reports whether Ray was ever imported.
-DRIVER = "import runpy, sys\nsys.argv = sys.argv[1:]\ntry:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nfinally:\n" \
-         "    print('ray imported:', 'ray' in sys.modules)\n"
+DRIVER = (
+    "import runpy, sys\nsys.argv = sys.argv[1:]\ntry:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nfinally:\n"
+    "    print('ray imported:', 'ray' in sys.modules)\n"
+)
 
 
 def env_for(tmp_path: Path, **extra: str) -> dict:

@@ -344,8 +344,10 @@ def remote_body(fn: Any) -> Any:
     if entry is None or entry[0] is not fn:
         import ray
 
-        def run_step(config: Any, output_path: str, *upstream: None) -> None:
-            _execute_step(fn, config, output_path)  # upstream: refs of steps that had to finish first
+        def run_step(config: Any, output_path: str, *upstream: float) -> float:
+            started = time.time()  # upstream: results of the steps that had to finish first
+            _execute_step(fn, config, output_path)
+            return started  # when the body began: the step may have waited in Ray's queue before
 
         entry = _REMOTE_BODIES[id(fn)] = (fn, ray.remote(run_step))
     return entry[1]
@@ -591,7 +593,7 @@ class _Runner:
             return
         self.refs.pop(s, None)
         try:
-            ray.get(ref)
+            started = ray.get(ref)
         except Exception as e:
             if s in self.lost:
                 self._finish(s, "lost")
@@ -606,9 +608,9 @@ class _Runner:
                 raise leases.LeaseLost("lease lost during the run")
             with leases.fenced(s.output_path, lease):  # still ours? then commit, SUCCESS last
                 info = self.info[s]
-                info["end_time"] = time.time()
+                info.update(queued_time=info["start_time"], start_time=started, end_time=time.time())
                 st.write_info(s.output_path, info)
-                st.write_status(s.output_path, StepStatus.SUCCESS, holder=self.holder)
+                st.write_status(s.output_path, StepStatus.SUCCESS, holder=self.holder, started=started)
                 leases.release_fenced(s.output_path, lease)
         except leases.LeaseLost as e:
             self.errors[s.output_path] = f"lease lost before SUCCESS could be written: {e}"

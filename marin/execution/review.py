@@ -158,17 +158,6 @@ def step_dirs(prefix: str) -> list[str]:
     return sorted(p.rsplit("/", 1)[0] for p in storage.glob(f"{prefix}/**/{st.STATUS_FILE}"))
 
 
-def _duration(record: dict | None) -> float | None:
-    if not record:
-        return None
-    events = record["events"]
-    starts = [e["time"] for e in events if e["status"] == "RUNNING"]
-    if not starts:
-        return None
-    end = events[-1]["time"] if events[-1]["status"] != "RUNNING" else time.time()
-    return end - starts[-1]
-
-
 def train_horizon(config: Any) -> int | None:
     """``train_steps`` (or ``total_steps``) of a training config as recorded, wherever it sits."""
     if not isinstance(config, dict):
@@ -207,7 +196,7 @@ def row_for(path: str, name: str | None = None, hash_: str | None = None) -> dic
         "lease_holder": holder,
         "lease_age_s": state.lease_age_s,
         "advice": state.advice,
-        "duration_s": _duration(record),
+        "duration_s": st.attempt_times(record)[0],
         "output_path": path,
     }
 

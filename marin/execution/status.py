@@ -73,15 +73,20 @@ def current_status(record: dict[str, Any] | None) -> StepStatus | None:
 
 
 def write_status(
-    step_dir: str, new: StepStatus, *, holder: str, message: str | None = None, previous: dict | None = None
+    step_dir: str, new: StepStatus, *, holder: str, message: str | None = None, previous: dict | None = None,
+    started: float | None = None,
 ) -> dict[str, Any]:
-    """Append an event and set the status; ``previous`` (if already read) saves a read."""
+    """Append an event and set the status; ``previous`` (if already read) saves a read. ``started``
+    (on a finishing event) is when the step's body began on its worker: a step submitted behind its
+    upstreams is RUNNING while it waits in Ray's queue, and its duration counts from this instead."""
     record = previous if previous is not None else read_status(step_dir)
     check_transition(current_status(record), new)
     events = list(record["events"]) if record else []
     event = {"status": new.value, "time": time.time(), "holder": holder}
     if message:
         event["message"] = message
+    if started is not None:
+        event["started"] = started
     events.append(event)
     out = {"status": new.value, "events": events}
     storage.write_text(f"{step_dir}/{STATUS_FILE}", json.dumps(out, indent=1))
@@ -95,3 +100,24 @@ def read_info(step_dir: str) -> dict[str, Any] | None:
 
 def write_info(step_dir: str, info: dict[str, Any]) -> None:
     storage.write_text(f"{step_dir}/{INFO_FILE}", json.dumps(info, indent=2, sort_keys=True, default=repr))
+
+
+def attempt_times(
+    record: dict[str, Any] | None, now: float | None = None
+) -> tuple[float | None, float | None, float | None]:
+    """``(duration, start, end)`` of the latest attempt in a status record (None where unknown).
+
+    The start is the attempt's RUNNING event or, once it finished, the time its body began on the
+    worker when the finishing event records it (see :func:`write_status`); a running attempt's
+    duration runs to ``now``."""
+    if not record or not record.get("events"):
+        return None, None, None
+    events = record["events"]
+    starts = [e["time"] for e in events if e["status"] == StepStatus.RUNNING.value]
+    if not starts:
+        return None, None, None
+    last = events[-1]
+    if last["status"] == StepStatus.RUNNING.value:
+        return (time.time() if now is None else now) - starts[-1], starts[-1], None
+    start = last.get("started", starts[-1])
+    return last["time"] - start, start, last["time"]

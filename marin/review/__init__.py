@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,18 +31,6 @@ __all__ = ["CATEGORIES", "Experiment", "Step", "StepState", "load", "load_file",
 # --------------------------------------------------------------------------------------------- #
 # what a step's files say about its state                                                         #
 # --------------------------------------------------------------------------------------------- #
-
-def _duration(record: dict | None, now: float) -> tuple[float | None, float | None, float | None]:
-    """(duration, start, end) of the latest attempt in a status record."""
-    if not record or not record.get("events"):
-        return None, None, None
-    events = record["events"]
-    starts = [e["time"] for e in events if e["status"] == "RUNNING"]
-    if not starts:
-        return None, None, None
-    end = events[-1]["time"] if events[-1]["status"] != "RUNNING" else None
-    return (end if end is not None else now) - starts[-1], starts[-1], end
-
 
 # --------------------------------------------------------------------------------------------- #
 # steps                                                                                            #
@@ -122,15 +109,15 @@ class Step:
 
     @property
     def duration_s(self) -> float | None:
-        return _duration(self.status_record, time.time())[0]
+        return st.attempt_times(self.status_record)[0]
 
     @property
     def start_time(self) -> float | None:
-        return _duration(self.status_record, time.time())[1]
+        return st.attempt_times(self.status_record)[1]
 
     @property
     def end_time(self) -> float | None:
-        return _duration(self.status_record, time.time())[2]
+        return st.attempt_times(self.status_record)[2]
 
     @property
     def error(self) -> str | None:

@@ -289,3 +289,21 @@ def test_heartbeat_racing_the_commit_never_loses_a_lease_of_its_own(tmp_path, ra
     result = run(steps, tmp_path / "out", lease_ttl=0.2)
     assert set(result.outcome.values()) == {"succeeded"} and not result.errors
     assert len(executions(log)) == 150
+
+
+def test_a_step_queued_behind_its_upstream_counts_its_time_from_when_it_ran(tmp_path, ray_local):
+    """Dependents are submitted behind their running upstreams (so Ray pipelines a chain); the time a
+    step spent queued is not its duration: `marin status` and the report count from the worker's start."""
+    from marin.review import load
+
+    log = tmp_path / "log.txt"
+    slow = step("slow", log, value=1, sleep=1.5)
+    quick = step("quick", log, slow, value=2)
+    result = run([quick], tmp_path / "out")
+    assert sorted(result.outcome.values()) == ["succeeded"] * 2
+    exp = load(prefix=str(tmp_path / "out"))
+    by_name = {s.name: s for s in exp}
+    assert by_name["slow"].duration_s >= 1.5
+    assert by_name["quick"].duration_s < 1.0, by_name["quick"].duration_s
+    info = st.read_info(result.plan.planned(quick).output_path)
+    assert info["queued_time"] <= info["start_time"] <= info["end_time"]

@@ -240,12 +240,7 @@ def find_step(target: str, prefix: str | None = None) -> str:
     return max(matches, key=lambda p: (st.read_info(p) or {}).get("start_time") or 0)
 
 
-def _read_json(path: str) -> Any:
-    text = storage.read_text(path)
-    try:
-        return json.loads(text) if text else None
-    except json.JSONDecodeError:
-        return None
+_read_json = storage.read_json
 
 
 def step_content(path: str, outputs: list[str]) -> dict[str, Any]:

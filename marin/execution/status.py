@@ -58,14 +58,7 @@ def check_transition(old: StepStatus | None, new: StepStatus) -> None:
 
 def read_status(step_dir: str) -> dict[str, Any] | None:
     """``{"status": ..., "events": [...]}`` or None when the step never started."""
-    text = storage.read_text(f"{step_dir}/{STATUS_FILE}")
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        # a status file is written atomically, so this is foreign damage: treat as never started
-        return None
+    return storage.read_json(f"{step_dir}/{STATUS_FILE}")  # damaged: read as never started
 
 
 def current_status(record: dict[str, Any] | None) -> StepStatus | None:
@@ -94,8 +87,7 @@ def write_status(
 
 
 def read_info(step_dir: str) -> dict[str, Any] | None:
-    text = storage.read_text(f"{step_dir}/{INFO_FILE}")
-    return json.loads(text) if text else None
+    return storage.read_json(f"{step_dir}/{INFO_FILE}")
 
 
 def write_info(step_dir: str, info: dict[str, Any]) -> None:

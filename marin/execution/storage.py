@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import json
 import os
 import tempfile
 from typing import Any, Iterator
@@ -56,6 +57,18 @@ def read_text(path: str) -> str | None:
     try:
         return fs.cat_file(path).decode("utf-8")
     except FileNotFoundError:
+        return None
+
+
+def read_json(path: str) -> Any:
+    """The JSON document at ``path``, or None when it is missing, empty or not JSON (files here are
+    written atomically, so unreadable JSON is foreign damage, read as absent)."""
+    text = read_text(path)
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
         return None
 
 

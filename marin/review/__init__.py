@@ -165,13 +165,7 @@ class Step:
 
     def read_json(self, name: str) -> Any:
         """A JSON output of the step, or None when it is absent (or not JSON)."""
-        text = storage.read_text(f"{self.output_path}/{name}")
-        if text is None:
-            return None
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return None
+        return storage.read_json(f"{self.output_path}/{name}")
 
     def metric_records(self) -> list[dict[str, Any]]:
         """Every record of the step's ``metrics.jsonl`` (training and eval records), in file order."""

@@ -111,30 +111,35 @@ def _step_dir(prefix):
 
 
 def test_sigkill_then_rerun_resumes_bitwise(tmp_path):
+    # 40 steps, a checkpoint every 2 (the last 2 kept): a kill after the first checkpoint at or past
+    # step 4 lands well before the end, however fast the machine (polling cannot miss the window).
+    steps = 40
     clean_prefix, killed_prefix = tmp_path / "clean", tmp_path / "killed"
-    rc, out = _run_script(tmp_path, clean_prefix)
+    rc, out = _run_script(tmp_path, clean_prefix, steps=steps)
     assert rc == 0, out
 
-    def has_step_4():
+    def has_a_checkpoint_past_step_4():
         try:
-            return (_step_dir(killed_prefix) / "checkpoints" / "step-00000004" / "COMMIT").exists()
+            commits = (_step_dir(killed_prefix) / "checkpoints").glob("*/COMMIT")
+            done = [int(c.parent.name.split("-")[1]) for c in commits]
         except (FileNotFoundError, ValueError):
             return False
+        return any(4 <= d < steps for d in done)
 
-    _run_script(tmp_path, killed_prefix, wait_for=has_step_4)
+    _run_script(tmp_path, killed_prefix, steps=steps, wait_for=has_a_checkpoint_past_step_4)
     killed_dir = _step_dir(killed_prefix)
     assert current_status(read_status(str(killed_dir))).value == "RUNNING"  # died without a word
-    assert not (killed_dir / "checkpoints" / "step-00000010").exists()
-    rc, out = _run_script(tmp_path, killed_prefix)
+    assert not (killed_dir / "checkpoints" / f"step-{steps:08d}").exists()
+    rc, out = _run_script(tmp_path, killed_prefix, steps=steps)
     assert rc == 0, out
     assert current_status(read_status(str(killed_dir))).value == "SUCCESS"
     assert json.loads((killed_dir / "train_summary.json").read_text())["resumed_from"] >= 4
 
-    a, _ = read_checkpoint(str(_step_dir(clean_prefix) / "checkpoints" / "step-00000010"))
-    b, _ = read_checkpoint(str(killed_dir / "checkpoints" / "step-00000010"))
+    a, _ = read_checkpoint(str(_step_dir(clean_prefix) / "checkpoints" / f"step-{steps:08d}"))
+    b, _ = read_checkpoint(str(killed_dir / "checkpoints" / f"step-{steps:08d}"))
     for k in a:
         assert a[k].tobytes() == b[k].tobytes(), f"leaf {k} differs after resume"
-    assert [r["step"] for r in read_metrics(str(killed_dir))] == list(range(1, 11))
+    assert [r["step"] for r in read_metrics(str(killed_dir))] == list(range(1, steps + 1))
 
 
 def test_divergence_marks_step_failed_with_reason(tmp_path):

@@ -324,15 +324,15 @@ def default_train(
             dependencies, which are versioned.
     """
     get_pool(pool)  # fail at declaration time on a typo, not inside a Ray task
+    phases = tuple((float(f), int(n)) for f, n in seq_len_phases)
+    switches = tuple((int(s), str(t)) for s, t in transport_switches)
+    resolved = resolve_model(model, dict(model_overrides or {}), compute_dtype, phases)
     _check_train_memory(memory_check, TrainConfig(
-        output_path="", data=None, model=model, model_overrides=dict(model_overrides or {}), pool=pool,
-        train_steps=train_steps, tokens_per_step=tokens_per_step, compute_dtype=compute_dtype,
-        seq_len_phases=tuple((float(f), int(n)) for f, n in seq_len_phases), microbatches=microbatches,
-        transport_switches=tuple((int(s), str(t)) for s, t in transport_switches)))
+        output_path="", data=None, model=resolved, preset=model, pool=pool, train_steps=train_steps,
+        tokens_per_step=tokens_per_step, seq_len_phases=phases, microbatches=microbatches,
+        transport_switches=switches))
     # default_mixture versions its own fields; a synthetic stream is versioned whole.
     data = versioned(mixture) if isinstance(mixture, SyntheticDataConfig) else mixture
-    phases = tuple((float(f), int(n)) for f, n in seq_len_phases)
-    resolved = resolve_model(model, dict(model_overrides or {}), compute_dtype, phases)
     config = TrainConfig(
         output_path=this_output_path(),
         data=data,
@@ -353,7 +353,7 @@ def default_train(
         adam_eps=versioned(adam_eps),
         grad_clip=versioned(grad_clip),
         lr_replans=tuple((int(a), int(t)) for a, t in lr_replans),
-        transport_switches=tuple((int(s), str(t)) for s, t in transport_switches),
+        transport_switches=switches,
         checkpoint_every_steps=checkpoint_every_steps,
         checkpoint_every_minutes=checkpoint_every_minutes,
         keep_last_checkpoints=keep_last_checkpoints,

@@ -173,8 +173,6 @@ def step_info(ps: PlannedStep, config: Any, holder: str) -> dict[str, Any]:
         "resources": ps.step.resources or {},
         "host": socket.gethostname(),
         "holder": holder,
-        "start_time": time.time(),
-        "end_time": None,
     }
 
 
@@ -574,7 +572,7 @@ class _Runner:
     def _record_failure(self, s: PlannedStep, error: str, tb: str) -> None:
         error, tb = mask_text(error), mask_text(tb)  # an error message may quote the config
         info = self.info.get(s) or {"name": s.name, "output_path": s.output_path}
-        info.update(end_time=time.time(), error=error, traceback=tb)
+        info.update(error=error, traceback=tb)
         try:
             st.write_info(s.output_path, info)
             st.write_status(s.output_path, StepStatus.FAILED, holder=self.holder, message=error)
@@ -607,11 +605,8 @@ class _Runner:
             if lease is None:
                 raise leases.LeaseLost("lease lost during the run")
             with leases.fenced(s.output_path, lease):  # still ours? then commit, SUCCESS last
-                info = self.info[s]
-                info.update(queued_time=info["start_time"], start_time=started, end_time=time.time())
-                st.write_info(s.output_path, info)
-                st.write_status(s.output_path, StepStatus.SUCCESS, holder=self.holder, started=started)
-                leases.release_fenced(s.output_path, lease)
+                st.write_status(s.output_path, StepStatus.SUCCESS, holder=self.holder, started=started,
+                                consume=leases.lease_path(s.output_path))  # the lease goes with it
         except leases.LeaseLost as e:
             self.errors[s.output_path] = f"lease lost before SUCCESS could be written: {e}"
             self._finish(s, "lost")
@@ -644,9 +639,6 @@ class _Runner:
                 try:
                     record = st.read_status(s.output_path)
                     if st.current_status(record) == StepStatus.RUNNING:
-                        info = self.info.get(s)
-                        if info is not None:
-                            st.write_info(s.output_path, {**info, "end_time": time.time(), "interrupted": True})
                         st.write_status(s.output_path, StepStatus.INTERRUPTED, holder=self.holder,
                                         message="the run was interrupted (Ctrl-C)", previous=record)
                 except Exception as e:  # pragma: no cover - store unreachable

@@ -5,6 +5,11 @@ compare-and-swap on that file (see :mod:`storage` for the per-backend guarantee)
 increments ``token``, so a holder that was presumed dead and replaced can tell (its token is no
 longer current) and must stop writing. The holder renews ``expiry`` by heartbeat.
 
+A finished (SUCCESS) step has no lease file: inside :func:`fenced`, the holder writes SUCCESS with
+``consume=lease_path(step_dir)`` (see :func:`status.write_status`), which removes the lease in the same
+write. A finished step is never acquired again, so its token counter need not survive; an executor
+waiting for it finds no lease, takes a fresh one, reads SUCCESS and reuses the step.
+
 A lease is stale, and may be taken over, when it was released, when its expiry has passed, or when
 its holder ran on this very host and its process no longer exists (so a crashed executor on a
 laptop is replaced at once, not after the expiry).
@@ -142,15 +147,6 @@ def fenced(step_dir: str, lease: Lease) -> Iterator[Lease]:
         text, _ = storage.read_with_tag(lease_path(step_dir))
         _check_ours(step_dir, Lease.from_json(text) if text else None, lease)
         yield lease
-
-
-def release_fenced(step_dir: str, lease: Lease) -> None:
-    """Release ``lease`` inside :func:`fenced` (which already checked it is current)."""
-    path = lease_path(step_dir)
-    text, tag = storage.read_with_tag(path)
-    if text:
-        done = dataclasses.replace(Lease.from_json(text), released=True, expiry=0.0)
-        storage.compare_and_swap(path, done.to_json(), tag, locked=True)
 
 
 def release(step_dir: str, lease: Lease) -> None:

@@ -184,6 +184,7 @@ def row_for(path: str, name: str | None = None, hash_: str | None = None) -> dic
         name = name or info.get("name") or guessed_name
         hash_ = hash_ or info.get("hash") or guessed_hash
     state = step_state(path, record)
+    duration, start, end = st.attempt_times(record)
     holder = state.lease_holder
     if holder and state.category == "interrupted":
         holder += " (stale)"
@@ -196,7 +197,9 @@ def row_for(path: str, name: str | None = None, hash_: str | None = None) -> dic
         "lease_holder": holder,
         "lease_age_s": state.lease_age_s,
         "advice": state.advice,
-        "duration_s": st.attempt_times(record)[0],
+        "duration_s": duration,
+        "start_time": start,
+        "end_time": end,
         "output_path": path,
     }
 
@@ -237,7 +240,7 @@ def find_step(target: str, prefix: str | None = None) -> str:
             f"no step directory {target!r} and no step named {target!r} under {prefix}; "
             "try `marin status --prefix ...` to list steps"
         )
-    return max(matches, key=lambda p: (st.read_info(p) or {}).get("start_time") or 0)
+    return max(matches, key=st.last_started)
 
 
 _read_json = storage.read_json
@@ -289,8 +292,6 @@ def show(target: str, prefix: str | None = None) -> dict[str, Any]:
         "dependencies": info.get("dependencies", []),
         "code_fingerprint": info.get("code_fingerprint"),
         "host": info.get("host"),
-        "start_time": info.get("start_time"),
-        "end_time": info.get("end_time"),
         "outputs": outputs,
         "error": info.get("error"),
         "traceback": info.get("traceback"),
@@ -344,15 +345,15 @@ def unversioned_changes(recorded: Any, current: Any, versioned: Iterable[str]) -
 
 def _previous_run(prefix: str, ps: PlannedStep) -> dict[str, Any] | None:
     """Info of the most recent other run of a step with the same name (for hash-change reasons)."""
-    best = None
+    candidates: list[tuple[float, dict[str, Any]]] = []
     for info_path in storage.glob(f"{prefix}/{ps.name}-*/{st.INFO_FILE}"):
         step_dir = info_path.rsplit("/", 1)[0]
         if step_dir == ps.output_path or step_dir[len(prefix) + 1:].rpartition("-")[0] != ps.name:
             continue
         info = st.read_info(step_dir)
-        if info and (best is None or (info.get("start_time") or 0) > (best.get("start_time") or 0)):
-            best = info
-    return best
+        if info:
+            candidates.append((st.last_started(step_dir), info))
+    return max(candidates, key=lambda c: c[0])[1] if candidates else None
 
 
 def version_changes(old: dict[str, Any], ps: PlannedStep, plan: Plan) -> list[str]:

@@ -3,6 +3,10 @@
 The status file is written only by the holder of the step's lease (see :mod:`lease`), so a plain
 atomic replace is enough. SUCCESS is written last, after the step's outputs are complete: a step
 directory without SUCCESS is never read as finished.
+
+The info file says what the step is (config, version, lineage, code, host, holder), written once
+when an attempt starts, plus the error of a failed attempt; when an attempt started and ended is
+in the status events only (:func:`attempt_times`).
 """
 
 from __future__ import annotations
@@ -67,11 +71,12 @@ def current_status(record: dict[str, Any] | None) -> StepStatus | None:
 
 def write_status(
     step_dir: str, new: StepStatus, *, holder: str, message: str | None = None, previous: dict | None = None,
-    started: float | None = None,
+    started: float | None = None, consume: str | None = None,
 ) -> dict[str, Any]:
     """Append an event and set the status; ``previous`` (if already read) saves a read. ``started``
     (on a finishing event) is when the step's body began on its worker: a step submitted behind its
-    upstreams is RUNNING while it waits in Ray's queue, and its duration counts from this instead."""
+    upstreams is RUNNING while it waits in Ray's queue, and its duration counts from this instead.
+    ``consume``: a file of the step to remove with this write (see :func:`storage.write_text`)."""
     record = previous if previous is not None else read_status(step_dir)
     check_transition(current_status(record), new)
     events = list(record["events"]) if record else []
@@ -82,7 +87,7 @@ def write_status(
         event["started"] = started
     events.append(event)
     out = {"status": new.value, "events": events}
-    storage.write_text(f"{step_dir}/{STATUS_FILE}", json.dumps(out, indent=1))
+    storage.write_text(f"{step_dir}/{STATUS_FILE}", json.dumps(out, indent=1), consume=consume)
     return out
 
 
@@ -113,3 +118,8 @@ def attempt_times(
         return (time.time() if now is None else now) - starts[-1], starts[-1], None
     start = last.get("started", starts[-1])
     return last["time"] - start, start, last["time"]
+
+
+def last_started(step_dir: str) -> float:
+    """When the step's latest attempt started (0 if it never did): orders runs of one step name."""
+    return attempt_times(read_status(step_dir))[1] or 0.0

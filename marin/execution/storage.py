@@ -18,9 +18,11 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import itertools
 import json
 import os
 import tempfile
+import threading
 from typing import Any, Iterator
 
 
@@ -72,19 +74,54 @@ def read_json(path: str) -> Any:
         return None
 
 
-def write_text(path: str, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically (readers see the old or the new file, never half)."""
+_tmp_names = itertools.count()
+
+
+def _temp_name(directory: str) -> str:
+    """A temporary name in ``directory``, unique to this process and thread (leftovers of a crash
+    start with ``.tmp-`` and are ignored by every reader)."""
+    return f"{directory}/.tmp-{os.getpid()}-{threading.get_ident()}-{next(_tmp_names)}"
+
+
+def _create_temp(directory: str) -> tuple[int, str]:
+    """A new, exclusively created temporary file in ``directory``: ``(fd, path)``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    while True:
+        tmp = _temp_name(directory)
+        try:
+            return os.open(tmp, flags, 0o644), tmp
+        except FileExistsError:  # a leftover of a dead process that had the same pid
+            continue
+
+
+def write_text(path: str, text: str, *, consume: str | None = None) -> None:
+    """Replace ``path`` with ``text`` atomically (readers see the old or the new file, never half).
+
+    ``consume``: a file in the same directory to remove with this write (the lease of a step whose
+    SUCCESS this is). On local disk its inode becomes the new file: it is renamed away (removed, for
+    every reader), rewritten under its temporary name and renamed onto ``path``, so the write creates
+    no file; creating one is the dominant cost of a bookkeeping write on some filesystems (see
+    docs/performance.md). A crash midway leaves ``path`` as it was and ``consume`` gone."""
     if is_local(path):
         p = _local(path)
-        d = os.path.dirname(p)
-        try:  # the directory exists nearly always: create it only when needed (saves a syscall per write)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-        except FileNotFoundError:
-            os.makedirs(d, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+        d = os.path.dirname(p) or "."
+        fd = None
+        if consume is not None:
+            tmp = _temp_name(d)
+            try:
+                os.rename(_local(consume), tmp)
+                fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+            except FileNotFoundError:
+                fd = None
+        if fd is None:
+            try:  # the directory exists nearly always: create it only when needed (saves a syscall per write)
+                fd, tmp = _create_temp(d)
+            except FileNotFoundError:
+                os.makedirs(d, exist_ok=True)
+                fd, tmp = _create_temp(d)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
+            with os.fdopen(fd, "wb") as f:
+                f.write(text.encode("utf-8"))
             os.replace(tmp, p)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -93,6 +130,20 @@ def write_text(path: str, text: str) -> None:
         return
     fs = filesystem(path)
     fs.pipe_file(path, text.encode("utf-8"))
+    fs.invalidate_cache(path)
+    if consume is not None:
+        remove(consume)
+
+
+def remove(path: str) -> None:
+    """Delete the file at ``path``; a missing file is not an error."""
+    if is_local(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_local(path))
+        return
+    fs = filesystem(path)
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm_file(path)
     fs.invalidate_cache(path)
 
 
@@ -227,9 +278,10 @@ def compare_and_swap(path: str, text: str, expected_tag: str | None, *, locked: 
         cond = {"mode": "create"} if expected_tag is None else {"IfMatch": expected_tag}
         try:
             fs.pipe_file(path, text.encode("utf-8"), **cond)
-        except Exception as e:  # s3fs maps 412 to various OSError flavours
+        except Exception as e:  # s3fs maps 412 (and 404: If-Match on a removed file) to OSError flavours
             text = str(e).lower()
-            if isinstance(e, FileExistsError) or any(k in text for k in ("412", "precondition", "pre-condition")):
+            lost = isinstance(e, (FileExistsError, FileNotFoundError))
+            if lost or any(k in text for k in ("412", "precondition", "pre-condition")):
                 return False
             raise
         finally:

@@ -99,7 +99,10 @@ def test_diamond_runs_once_then_rerun_is_a_noop(tmp_path, ray_local):
         assert json.load(f) == {"total": 1000 + 11 + 101}
     assert len(executions(log)) == 4
     info = st.read_info(pd.output_path)
-    assert info["name"] == "d" and info["config"]["value"] == 1000 and info["end_time"] >= info["start_time"]
+    assert info["name"] == "d" and info["config"]["value"] == 1000 and info["holder"]
+    duration, start, end = st.attempt_times(st.read_status(pd.output_path))
+    assert 0 <= duration == end - start
+    assert not os.path.exists(f"{pd.output_path}/.executor_lease")  # a finished step holds no lease
     assert sorted(info["dependencies"]) == sorted(s.output_path for s in pd.dependencies)
     assert info["code_fingerprint"]["fn"].endswith("body") and info["host"]
     record = json.load(open(result.record_path))
@@ -196,6 +199,7 @@ def test_object_store_prefix_end_to_end(store, request, tmp_path, ray_local):
     fs.invalidate_cache()
     assert json.loads(fs.cat_file(f"{pb.output_path}/result.json")) == {"total": 5}
     assert json.loads(fs.cat_file(f"{pb.output_path}/.executor_status"))["status"] == "SUCCESS"
+    assert not fs.exists(f"{pb.output_path}/.executor_lease")  # removed with the commit
     assert fs.exists(result.record_path)
     assert set(run([b], prefix).outcome.values()) == {"cached"}
     assert len(executions(log)) == 2
@@ -305,5 +309,6 @@ def test_a_step_queued_behind_its_upstream_counts_its_time_from_when_it_ran(tmp_
     by_name = {s.name: s for s in exp}
     assert by_name["slow"].duration_s >= 1.5
     assert by_name["quick"].duration_s < 1.0, by_name["quick"].duration_s
-    info = st.read_info(result.plan.planned(quick).output_path)
-    assert info["queued_time"] <= info["start_time"] <= info["end_time"]
+    events = st.read_status(result.plan.planned(quick).output_path)["events"]
+    running, success = events
+    assert running["time"] <= success["started"] <= success["time"]

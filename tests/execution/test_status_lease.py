@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -36,6 +37,27 @@ def test_status_file_keeps_event_history(tmp_path):
     assert rec["status"] == "SUCCESS"
     assert [e["status"] for e in st.read_status(d)["events"]] == ["RUNNING", "FAILED", "RUNNING", "SUCCESS"]
     assert st.read_status(d)["events"][1]["message"] == "boom"
+
+
+def test_success_consumes_the_lease_in_one_write(tmp_path):
+    """The commit removes the lease with the SUCCESS write; on local disk the lease's file becomes the
+    status file (no file is created), and a waiting executor then takes a fresh lease and reuses SUCCESS."""
+    d = str(tmp_path / "step")
+    lease = leases.try_acquire(d, "A")
+    rec = st.write_status(d, StepStatus.RUNNING, holder="A")
+    lease_inode = os.stat(leases.lease_path(d)).st_ino
+    with leases.fenced(d, lease):
+        st.write_status(d, StepStatus.SUCCESS, holder="A", previous=rec, consume=leases.lease_path(d))
+    assert st.read_status(d)["status"] == "SUCCESS" and leases.read_lease(d) is None
+    assert os.stat(f"{d}/{st.STATUS_FILE}").st_ino == lease_inode
+    assert sorted(os.listdir(d)) == [st.STATUS_FILE]  # no temporary file left behind
+    with pytest.raises(leases.LeaseLost, match="now held by nobody"):  # a late heartbeat of A
+        leases.renew(d, lease)
+    assert leases.try_acquire(d, "B").token == 1
+    # nothing to consume (a step recorded by hand): a plain write
+    d2 = str(tmp_path / "step2")
+    st.write_status(d2, StepStatus.RUNNING, holder="A", consume=leases.lease_path(d2))
+    assert st.read_status(d2)["status"] == "RUNNING"
 
 
 def _dead_pid() -> int:
@@ -104,6 +126,13 @@ def test_s3_lease_uses_conditional_writes(s3_bucket):
     leases.renew(d, a)
     assert not storage.compare_and_swap(f"{d}/.executor_lease", "{}", tag)
     assert not storage.compare_and_swap(f"{d}/.executor_lease", "{}", None)
+    # a finished step's lease is removed; a renewal that read it before then loses quietly
+    text, tag = storage.read_with_tag(f"{d}/.executor_lease")
+    storage.remove(f"{d}/.executor_lease")
+    assert not storage.compare_and_swap(f"{d}/.executor_lease", "{}", tag)
+    with pytest.raises(leases.LeaseLost, match="now held by nobody"):
+        leases.renew(d, a)
+    assert leases.try_acquire(d, "B", ttl=30).token == 1
 
 
 def test_secret_fields_are_masked():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import textwrap
-import time
 
 import pytest
 
@@ -102,7 +101,7 @@ def test_explain_names_the_preset_field_that_changed(tmp_path, monkeypatch):
     st.write_status(old.output_path, st.StepStatus.RUNNING, holder="test")
     st.write_status(old.output_path, st.StepStatus.SUCCESS, holder="test")
     st.write_info(old.output_path, {"name": old.name, "hash": old.hash, "version": old.version(),
-                                    "output_path": old.output_path, "start_time": time.time()})
+                                    "output_path": old.output_path})
 
     _edit_preset(monkeypatch, n_layers=6)
     rows = {r["name"]: r for r in explain(str(exp), prefix)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import time
 
 from marin.training.checkpoint import latest_checkpoint, read_metadata
 from marin.training.config import SyntheticDataConfig, TrainConfig
@@ -27,6 +28,13 @@ def test_secret_named_field_is_masked_in_every_file_the_run_writes(tmp_path):
                       checkpoint_every_steps=1, checkpoint_every_minutes=None, wandb_project="marin-test",
                       progress_every_s=0.0)
     run_training(cfg, use_ray=False)
+    # W&B's offline run file holds the run config as JSON inside its records. W&B's own service
+    # process writes it and may still be flushing when finish() returns on a loaded machine: wait.
+    [run_file] = glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb"))
+    deadline = time.monotonic() + 60
+    while b'"hf_token":' not in open(run_file, "rb").read() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert b'"hf_token":"***"' in open(run_file, "rb").read()
 
     leaked = []
     for path in glob.glob(str(out / "**" / "*"), recursive=True):
@@ -36,6 +44,3 @@ def test_secret_named_field_is_masked_in_every_file_the_run_writes(tmp_path):
     # the config is still recorded, with the field masked
     assert read_metadata(latest_checkpoint(str(out)))["config"]["data"]["hf_token"] == "***"
     assert (out / "metrics.jsonl").exists()
-    # W&B's offline run file holds the run config as JSON inside its records
-    [run_file] = glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb"))
-    assert b'"hf_token":"***"' in open(run_file, "rb").read()

@@ -128,3 +128,20 @@ def test_config_switch_and_its_errors():
         MoEConfig(attention_impl="flash")
     with pytest.raises(ValueError, match="^MoEConfig: attention_block must be a positive int, got 0$"):
         MoEConfig(attention_block=0)
+
+
+def test_evaluator_forward_with_blocked_attention():
+    """The evaluator's per-token NLL (packed windows with document ids, a row length the block does
+    not divide) is the same with blocked attention."""
+    from marin.evaluation.evaluator import nll_fn
+
+    dense_cfg = get_preset("tiny").replace(sliding_window=7)
+    params = init_params(dense_cfg, jax.random.PRNGKey(0))
+    bias = init_router_bias(dense_cfg)
+    tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 51), 0, dense_cfg.vocab_size)
+    seg = _documents(50)
+    args = (params, bias, tokens[:, :-1], tokens[:, 1:], seg)
+    nll_dense = nll_fn(dense_cfg, None)(*args)
+    nll_blocked = nll_fn(dense_cfg.replace(attention_impl="blocked", attention_block=16), None)(*args)
+    assert nll_blocked.shape == (2, 50)
+    assert _rel(nll_blocked, nll_dense) < 1e-5

@@ -123,6 +123,9 @@ def test_config_switch_and_its_errors():
     assert get_preset("tiny").attention_impl == "dense"
     for name in ("hero", "d768", "d2048", "d3072", "d4096"):
         assert get_preset(name).attention_impl == "blocked"
+    from experiments.ladder import RUNGS  # the production ladder keeps the hero's recipe
+
+    assert RUNGS and all(r.model.attention_impl == "blocked" for r in RUNGS)
     with pytest.raises(ValueError, match=r"^MoEConfig: attention_impl must be one of \('dense', 'blocked'\), "
                                          r"got 'flash'$"):
         MoEConfig(attention_impl="flash")

@@ -148,3 +148,24 @@ def test_evaluator_forward_with_blocked_attention():
     nll_blocked = nll_fn(dense_cfg.replace(attention_impl="blocked", attention_block=16), None)(*args)
     assert nll_blocked.shape == (2, 50)
     assert _rel(nll_blocked, nll_dense) < 1e-5
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (fake) devices")
+def test_blocked_attention_on_a_sharded_batch_matches_dense():
+    """The batch split over a 2 x 4 (data, expert) mesh with the fixed EP transport, as in training."""
+    from marin.parallel.mesh import batch_sharding, make_mesh
+
+    cfg = get_preset("tiny-ep", capacity_factor=100.0, sliding_window=12, max_seq_len=64)
+    params, bias = init_params(cfg, jax.random.PRNGKey(0)), init_router_bias(cfg)
+    mesh = make_mesh(2, 4)
+    tokens = jax.device_put(jax.random.randint(jax.random.PRNGKey(1), (8, 65), 0, cfg.vocab_size), batch_sharding(mesh))
+
+    def value_and_grad(impl):
+        c = cfg.replace(attention_impl=impl, attention_block=16)
+        fn = lambda p: loss_and_stats(p, bias, tokens, c, mesh=mesh, transport="fixed")[0]  # noqa: E731
+        return jax.jit(jax.value_and_grad(fn))(params)
+
+    (loss_d, g_d), (loss_b, g_b) = value_and_grad("dense"), value_and_grad("blocked")
+    assert abs(float(loss_b) - float(loss_d)) < 1e-5 * abs(float(loss_d))
+    for a, b in zip(jax.tree.leaves(g_b), jax.tree.leaves(g_d)):
+        assert _rel(a, b) < 1e-4

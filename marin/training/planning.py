@@ -211,6 +211,7 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
         "seq_len": seq_len,
         "transport": transport or cfg.transport,
         "remat_policy": cfg.remat_policy,
+        "attention_impl": cfg.attention_impl,
         "dtype": cfg.dtype,
         "microbatches": fitting,
         "planned_microbatches": chosen,
@@ -295,7 +296,7 @@ def format_plan(p: dict[str, Any]) -> str:
     mem = p["bytes_per_device"]
     lines = [f"{p['model']} on {p['pool']} ({p['devices']} x {p['accelerator']}, mesh data x expert = "
              f"{p['mesh'][0]} x {p['mesh'][1]}), {p['tokens_per_step']:,} tokens/step at seq_len {p['seq_len']}, "
-             f"transport {p['transport']}, remat {p['remat_policy']}, {p['dtype']}, "
+             f"transport {p['transport']}, remat {p['remat_policy']}, {p['attention_impl']} attention, {p['dtype']}, "
              f"{p['planned_microbatches']} microbatch(es)",
              f"  {'per device':<16} {'bytes':>16}"]
     for k in PARTS:

@@ -85,14 +85,14 @@ def test_eval_forward_lowers_for_cuda(model, mesh):
 
 @pytest.mark.parametrize("lower", ["train", "eval"])
 def test_blocked_attention_lowers_for_cuda(lower):
-    """The hero's blocked attention over several blocks (and its custom backward) in the CUDA train
-    step and the evaluator's forward: loops over key blocks, no [L, L] scores, nothing on the host."""
-    seq_len, block = 1024, 256
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="hero",
-                         model_overrides={"n_layers": 2, "attention_block": block},
+    """The hero's blocked attention (and its custom backward) at the 262K phase in the CUDA train step
+    and the evaluator's forward: loops over key blocks, no [L, L] scores, nothing on the host."""
+    seq_len = 262_144
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="hero", model_overrides={"n_layers": 2},
                          seq_len_phases=((0.0, seq_len),), wandb_project=None)
     cfg = model_config(config)
-    assert cfg.attention_impl == "blocked"
+    block = cfg.attention_block
+    assert cfg.attention_impl == "blocked" and seq_len % block == 0 and block < seq_len
     if lower == "train":
         text = lower_train_step(config, cfg, (1, 64), "fixed", batch_size=64, seq_len=seq_len).as_text()
     else:

@@ -3,8 +3,9 @@
 The sequence is cut into blocks of ``block`` positions. For each query block a loop visits only the
 key blocks it can see and keeps an online softmax in float32: the running row maximum ``m``, the
 normaliser ``l = sum exp(s - m)`` and the unnormalised output ``acc = sum exp(s - m) v``; a new key
-block rescales them by ``exp(m_old - m_new)``. The result is ``acc / l``, exactly the dense softmax
-up to float summation order.
+block rescales them by ``exp(m_old - m_new)``. The result is ``acc / l``: in float32 the dense
+softmax up to summation order; in bf16 the probabilities are rounded before normalising (dense
+rounds them after), which keeps the normalisation in float32.
 
 Which key blocks a query block ``i`` visits: from the block holding the first key its first query
 may see (``i * block - window + 1``, the sliding window) to ``i`` itself (causal). Both bounds are

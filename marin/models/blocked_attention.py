@@ -83,11 +83,11 @@ def _forward(q, k, v, seg, window, block):
                 jnp.zeros((b, kv, g, block, hd), jnp.float32))
         first, last = visible_key_blocks(i, block, window)
         m, l, acc = jax.lax.fori_loop(first, last + 1, key_block, init)
-        return None, (acc / l[..., None], m + jnp.log(l))
+        return None, ((acc / l[..., None]).astype(q.dtype), m + jnp.log(l))
 
     _, (o, lse) = jax.lax.scan(query_block, None, jnp.arange(n))
     # o [n, b, kv, g, block, hd] -> [b, L, kv, g, hd]; lse [n, b, kv, g, block] -> [b, kv, g, L]
-    o = o.transpose(1, 0, 4, 2, 3, 5).reshape(b, length, kv, g, hd).astype(q.dtype)
+    o = o.transpose(1, 0, 4, 2, 3, 5).reshape(b, length, kv, g, hd)
     lse = lse.transpose(1, 2, 3, 0, 4).reshape(b, kv, g, length)
     return o, lse
 
@@ -122,12 +122,12 @@ def _backward(q, k, v, seg, window, block, o, lse, do):
         first, last = visible_key_blocks(i, block, window)
         dq_i = jnp.zeros((b, block, kv, g, hd), jnp.float32)
         dq_i, dk, dv = jax.lax.fori_loop(first, last + 1, key_block, (dq_i, dk, dv))
-        return (dk, dv), dq_i
+        return (dk, dv), dq_i.astype(q.dtype)
 
     zeros_kv = jnp.zeros((b, length, kv, hd), jnp.float32)
     (dk, dv), dq = jax.lax.scan(query_block, (zeros_kv, zeros_kv), jnp.arange(n))
     dq = dq.transpose(1, 0, 2, 3, 4, 5).reshape(b, length, kv, g, hd)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+    return dq, dk.astype(k.dtype), dv.astype(v.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))

@@ -125,10 +125,10 @@ def activation_bytes_per_token_layer(cfg: MoEConfig, seq_len: int, rows: float) 
     if cfg.attention_impl == "blocked":
         # kept: the output and the float32 log-normaliser (outputs of loops, not of dots); while it
         # runs, a few float32 tiles [h, block, block] per sequence (scores, probabilities and their
-        # gradients) and the backward's float32 dq, dk, dv and rowsum(dO * O) buffers
+        # gradients), the backward's dq and its float32 dk, dv and rowsum(dO * O) buffers
         block = min(cfg.attention_block, seq_len)
         other += c * h * hd + 4 * h
-        attention_workspace = 5 * 4 * h * block * block / seq_len + 4 * (h * hd + 2 * kv * hd + h)
+        attention_workspace = 5 * 4 * h * block * block / seq_len + c * h * hd + 4 * (2 * kv * hd + h)
     else:
         dots_batch += 4 * h * seq_len + c * h * hd  # scores, values
         other += (4 + c) * h * seq_len  # softmax, probabilities

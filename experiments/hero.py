@@ -44,8 +44,8 @@ hero = default_train(
     keep_every_steps=10_000,
     wandb_project="marin-hero",
     # `marin plan` says this does not fit yet: the dense weights and their AdamW state are replicated
-    # on every device, and attention keeps the full [L, L] scores, so the 65K phase cannot fit at any
-    # microbatch count (see docs/training.md, "Memory planner"). Warn until that is fixed.
+    # on every device, and at 65K one sequence per device keeps more activations than a device holds
+    # under the dots remat policy (see docs/training.md, "Memory planner"). Warn until that is fixed.
     memory_check="warn",
     description="hero 535B-A23B on Harrier K40, 390,139 steps x 46.1M tokens",
 )

@@ -25,6 +25,7 @@ EP_TRANSPORTS = tuple(t for t in TRANSPORTS if t != "local")  # the ones that mo
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ROUTER_BIAS_UPDATES = ("quantile", "sign")
 DTYPES = ("float32", "bfloat16")
+ATTENTION_IMPLS = ("dense", "blocked")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,10 @@ class MoEConfig:
     sliding_window: int = 1024
     global_every: int = 4
     rope_theta: float = 500_000.0
+    # "dense" materialises the [L, L] scores; "blocked" runs an online softmax over blocks of
+    # attention_block positions (memory O(L x block), the same function up to summation order)
+    attention_impl: str = "dense"  # "dense" | "blocked"
+    attention_block: int = 512
     # MoE block
     latent_dim: int = 3072
     n_experts: int = 384
@@ -81,6 +86,10 @@ class MoEConfig:
         check(self.capacity_factor > 0, "capacity_factor must be positive")
         check(self.head_dim % 2 == 0, "head_dim must be even (RoPE)")
         check(self.global_every >= 1 and self.sliding_window >= 1, "bad attention pattern")
+        check(self.attention_impl in ATTENTION_IMPLS, f"attention_impl must be one of {ATTENTION_IMPLS}, "
+              f"got {self.attention_impl!r}")
+        check(isinstance(self.attention_block, int) and self.attention_block >= 1,
+              f"attention_block must be a positive int, got {self.attention_block!r}")
 
     # ---- derived -------------------------------------------------------------------------
     @property
@@ -106,10 +115,11 @@ class MoEConfig:
 # ---- presets --------------------------------------------------------------------------------
 def _ladder(d: int, n_layers: int, **kw) -> MoEConfig:
     """The hero recipe at width d: head_dim 128, GQA 4:1, latent = expert width = shared width = d/2,
-    384 experts top-8, 2 shared experts."""
+    384 experts top-8, 2 shared experts, blocked attention (the 8K-262K phases cannot hold [L, L])."""
     n_heads = d // 128
     return MoEConfig(d_model=d, n_layers=n_layers, n_heads=n_heads, n_kv_heads=max(1, n_heads // 4),
-                     head_dim=128, latent_dim=d // 2, expert_width=d // 2, shared_width=d // 2, **kw)
+                     head_dim=128, latent_dim=d // 2, expert_width=d // 2, shared_width=d // 2,
+                     attention_impl="blocked", **kw)
 
 
 PRESETS: dict[str, MoEConfig] = {

@@ -3,7 +3,8 @@
     tokens [B, L+1] -> inputs tokens[:, :-1], targets tokens[:, 1:]
     x = embed[inputs]
     for each layer (a lax.scan over stacked weights; window = sliding_window or global):
-        x = x + attention(rmsnorm(x))                    GQA, RoPE, causal (+ window, + documents)
+        x = x + attention(rmsnorm(x))                    GQA, RoPE, causal (+ window, + documents);
+                                                        dense [L, L] scores or blocked (online softmax)
         x = x + moe(rmsnorm(x))                          shared SwiGLU experts on x
                                                         + latent_up(routed experts(latent_down(x)))
     logits = rmsnorm(x) @ lm_head
@@ -20,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from marin.models import router as rt
+from marin.models.blocked_attention import blocked_attention
 from marin.models.config import MoEConfig
 from marin.parallel.transports import moe_experts
 
@@ -107,12 +109,20 @@ def attention(x, p, window, segment_ids, cfg: MoEConfig):
     v = (x @ p["wv"]).reshape(b, l, kv, hd)
     pos = jnp.arange(l)
     q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
-    s = jnp.einsum("bqkgh,bskh->bkgqs", q, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
-    mask = attention_mask(l, window, segment_ids)[:, None, None]  # [B, 1, 1, L, L]
+    if cfg.attention_impl == "blocked":
+        o = blocked_attention(q, k, v, window, segment_ids, block=cfg.attention_block)
+    else:
+        o = dense_attention(q, k, v, window, segment_ids)
+    return o.reshape(b, l, h * hd) @ p["wo"]
+
+
+def dense_attention(q, k, v, window, segment_ids=None):
+    """q [B, L, kv, g, hd], k, v [B, L, kv, hd] -> [B, L, kv, g, hd] through the full [L, L] scores."""
+    s = jnp.einsum("bqkgh,bskh->bkgqs", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
+    mask = attention_mask(q.shape[1], window, segment_ids)[:, None, None]  # [B, 1, 1, L, L]
     s = jnp.where(mask, s, -1e30)
-    probs = jax.nn.softmax(s, axis=-1).astype(x.dtype)
-    o = jnp.einsum("bkgqs,bskh->bqkgh", probs, v).reshape(b, l, h * hd)
-    return o @ p["wo"]
+    probs = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+    return jnp.einsum("bkgqs,bskh->bqkgh", probs, v)
 
 
 def swiglu(x, w_gate, w_up, w_down):

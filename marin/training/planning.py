@@ -17,9 +17,11 @@ sequence length split into ``microbatches`` (gradient accumulation):
     logits           float32 logits of one microbatch (their gradient is computed in place)
 
 Sharding follows marin.parallel.mesh: routed-expert weights (and their moments) split over the
-expert axis, everything else replicated; tokens split over data x expert. The attention of this
-model materialises the full [L, L] score matrix per head (local layers mask it), so it is counted at
-L keys per query. The model is approximate: XLA's buffer reuse and fusion decide the real peak.
+expert axis, everything else replicated; tokens split over data x expert. Dense attention
+materialises the full [L, L] score matrix per head (local layers mask it), so it is counted at L keys
+per query; blocked attention keeps only its output and a log-normaliser per query, and holds
+block x block score tiles while it runs (counted once per microbatch, at block^2 / L keys per
+query). The model is approximate: XLA's buffer reuse and fusion decide the real peak.
 tests/training/test_planning.py holds the model to within 15% of ``compiled.memory_analysis()`` of
 the same step on CPU; docs/training.md lists where it is known to be rough.
 """
@@ -108,18 +110,30 @@ def activation_bytes_per_token_layer(cfg: MoEConfig, seq_len: int, rows: float) 
     """Bytes per token and layer of the forward values, grouped by what a remat policy keeps.
 
     ``dots_nobatch``: outputs of matmuls without batch dimensions (projections, shared experts,
-    router); ``dots_batch``: batched matmuls (attention scores and values, routed experts per
+    router); ``dots_batch``: batched matmuls (dense attention's scores and values, routed experts per
     expert); ``other``: elementwise and data-movement values (norms, RoPE, softmax, masks, SwiGLU
-    products, gathers)."""
+    products, gathers, blocked attention's output); ``attention_workspace``: blocked attention's
+    transient tiles and gradient buffers, live for one layer at a time whatever the remat policy."""
     c = _bytes(cfg.dtype)
     d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     lat, f, k, E = cfg.latent_dim, cfg.expert_width, cfg.top_k, cfg.n_experts
     fs = cfg.n_shared_experts * cfg.shared_width
     dots_nobatch = c * (h * hd + 2 * kv * hd + d + 2 * fs + d + lat + E + d)
-    dots_batch = 4 * h * seq_len + c * h * hd + c * rows * (2 * f + lat)
-    other = (c * (3 * d + (h + kv) * hd + fs + k * lat + 2 * lat) + 4 * 2 * E
-             + (4 + c) * h * seq_len + c * rows * (f + lat))
-    return {"dots_nobatch": dots_nobatch, "dots_batch": dots_batch, "other": other, "carry": c * d}
+    dots_batch = c * rows * (2 * f + lat)
+    other = c * (3 * d + (h + kv) * hd + fs + k * lat + 2 * lat) + 4 * 2 * E + c * rows * (f + lat)
+    attention_workspace = 0.0
+    if cfg.attention_impl == "blocked":
+        # kept: the output and the float32 log-normaliser (outputs of loops, not of dots); while it
+        # runs, a few float32 tiles [h, block, block] per sequence (scores, probabilities and their
+        # gradients), the backward's dq and its float32 dk, dv and rowsum(dO * O) buffers
+        block = min(cfg.attention_block, seq_len)
+        other += c * h * hd + 4 * h
+        attention_workspace = 5 * 4 * h * block * block / seq_len + c * h * hd + 4 * (2 * kv * hd + h)
+    else:
+        dots_batch += 4 * h * seq_len + c * h * hd  # scores, values
+        other += (4 + c) * h * seq_len  # softmax, probabilities
+    return {"dots_nobatch": dots_nobatch, "dots_batch": dots_batch, "other": other, "carry": c * d,
+            "attention_workspace": attention_workspace}
 
 
 def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: int, microbatches: int = 1,
@@ -151,7 +165,7 @@ def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: i
     }[cfg.remat_policy]
     layer_all = a["carry"] + a["dots_nobatch"] + a["dots_batch"] + a["other"]
     workspace = layer_all - kept  # what the backward pass recomputes for one layer at a time
-    activations = tokens * (cfg.n_layers * kept + workspace)
+    activations = tokens * (cfg.n_layers * kept + workspace + a["attention_workspace"])
     lat = cfg.latent_dim
     a2a = tokens * rows["send"] * (lat + 1) * c * 3 if transport != "local" else 0.0
     logits = tokens * cfg.vocab_size * 4  # float32; its gradient reuses the buffer (elementwise)
@@ -197,6 +211,7 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
         "seq_len": seq_len,
         "transport": transport or cfg.transport,
         "remat_policy": cfg.remat_policy,
+        "attention_impl": cfg.attention_impl,
         "dtype": cfg.dtype,
         "microbatches": fitting,
         "planned_microbatches": chosen,
@@ -281,7 +296,7 @@ def format_plan(p: dict[str, Any]) -> str:
     mem = p["bytes_per_device"]
     lines = [f"{p['model']} on {p['pool']} ({p['devices']} x {p['accelerator']}, mesh data x expert = "
              f"{p['mesh'][0]} x {p['mesh'][1]}), {p['tokens_per_step']:,} tokens/step at seq_len {p['seq_len']}, "
-             f"transport {p['transport']}, remat {p['remat_policy']}, {p['dtype']}, "
+             f"transport {p['transport']}, remat {p['remat_policy']}, {p['attention_impl']} attention, {p['dtype']}, "
              f"{p['planned_microbatches']} microbatch(es)",
              f"  {'per device':<16} {'bytes':>16}"]
     for k in PARTS:

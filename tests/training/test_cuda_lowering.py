@@ -81,3 +81,23 @@ def test_eval_forward_lowers_for_cuda(model, mesh):
                               seq_len=256).as_text()
     assert forbidden_ops(text) == []
     assert "stablehlo.all_to_all" in text or "ragged_all_to_all" in text
+
+
+@pytest.mark.parametrize("lower", ["train", "eval"])
+def test_blocked_attention_lowers_for_cuda(lower):
+    """The hero's blocked attention (and its custom backward) at the 262K phase in the CUDA train step
+    and the evaluator's forward: loops over key blocks, no [L, L] scores, nothing on the host."""
+    seq_len = 262_144
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="hero", model_overrides={"n_layers": 2},
+                         seq_len_phases=((0.0, seq_len),), wandb_project=None)
+    cfg = model_config(config)
+    block = cfg.attention_block
+    assert cfg.attention_impl == "blocked" and seq_len % block == 0 and block < seq_len
+    if lower == "train":
+        text = lower_train_step(config, cfg, (1, 64), "fixed", batch_size=64, seq_len=seq_len).as_text()
+    else:
+        text = lower_eval_forward(config, cfg, (1, 64), batch_size=64, seq_len=seq_len).as_text()
+    assert forbidden_ops(text) == []
+    assert f"{seq_len}x{seq_len}x" not in text  # no score matrix over the whole sequence
+    assert f"{block}x{block}x" in text  # the tiles
+    assert text.count("stablehlo.while") >= 3  # layer scan, query blocks, key blocks (x2 with the backward)

@@ -14,6 +14,7 @@ from marin.training.config import SyntheticDataConfig, TrainConfig
 from marin.training.lowering import abstract_mesh, abstract_state, lower_train_step
 from marin.training.planning import (
     StepDoesNotFit,
+    activation_bytes_per_token_layer,
     check_train_config_fits,
     memory_plan,
     plan,
@@ -55,6 +56,10 @@ VALIDATION = [
                  marks=pytest.mark.slow),
     pytest.param("dropless", {"remat_policy": "dots_no_batch", "vocab_size": 4096}, "local-cpu", 4096, 64,
                  marks=pytest.mark.slow),
+    # blocked attention: no [L, L] term, block x block tiles instead
+    ("local", {"attention_impl": "blocked", "attention_block": 64}, "local-cpu-1", 2048, 256),
+    pytest.param("local", {"attention_impl": "blocked", "attention_block": 128, "remat_policy": "dots"},
+                 "local-cpu-1", 4096, 1024, marks=pytest.mark.slow),
 ]
 
 
@@ -150,3 +155,17 @@ def test_experiment_file_fails_at_declaration_when_a_step_cannot_fit():
                       seq_len_phases=((0.0, 4096),), memory_check="warn")
     with pytest.raises(ValueError, match="memory_check must be"):
         default_train("x", mixture=SyntheticDataConfig(), memory_check="maybe")
+
+
+def test_blocked_attention_removes_the_l_squared_term():
+    """Per token and layer, the hero's attention from 4K to 262K: dense grows with L (an [L, L] matrix
+    per sequence), blocked stays flat (its tiles shrink per token as L grows)."""
+    blocked = get_preset("hero")
+    dense = blocked.replace(attention_impl="dense")
+
+    def per_token(cfg, L):
+        return sum(activation_bytes_per_token_layer(cfg, L, cfg.top_k).values())
+
+    assert per_token(dense, 65_536) > 8 * per_token(dense, 4096)
+    assert per_token(blocked, 262_144) < per_token(blocked, 4096)
+    assert per_token(blocked, 65_536) < per_token(dense, 65_536) / 10

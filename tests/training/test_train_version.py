@@ -66,6 +66,7 @@ def test_editing_a_preset_field_moves_the_train_step_and_its_dependents(tmp_path
     {"model": "tiny"}, {"model_overrides": {"z_loss_weight": 0.0}},
     {"model_overrides": {"router_bias_update": "sign"}}, {"model_overrides": {"router_bias_rate": 0.5}},
     {"model_overrides": {"capacity_factor": 2.0}}, {"model_overrides": {"remat_policy": "full"}},
+    {"model_overrides": {"attention_impl": "blocked"}}, {"model_overrides": {"attention_block": 64}},
     {"mixture": SyntheticDataConfig(noise=0.1)},
 ])
 def test_every_field_that_changes_the_math_moves_the_hash(tmp_path, kwargs):

@@ -43,9 +43,11 @@ hero = default_train(
     checkpoint_every_minutes=30.0,
     keep_every_steps=10_000,
     wandb_project="marin-hero",
-    # `marin plan` says this does not fit yet: the dense weights and their AdamW state are replicated
-    # on every device, and attention keeps the full [L, L] scores, so the 65K phase cannot fit at any
-    # microbatch count (see docs/training.md, "Memory planner"). Warn until that is fixed.
+    # weights, gradients and AdamW state split over the mesh (FSDP): on 11 x 64 they split 64 ways
+    # inside each rack (the data axis of 11 divides none of the model's dimensions)
+    param_sharding="fsdp",
+    # `marin plan` says this does not fit yet: attention keeps the full [L, L] scores, so no phase
+    # fits at any microbatch count (see docs/training.md, "Memory planner"). Warn until that is fixed.
     memory_check="warn",
     description="hero 535B-A23B on Harrier K40, 390,139 steps x 46.1M tokens",
 )

@@ -46,8 +46,10 @@ hero = default_train(
     # weights, gradients and AdamW state split over the mesh (FSDP): on 11 x 64 they split 64 ways
     # inside each rack (the data axis of 11 divides none of the model's dimensions)
     param_sharding="fsdp",
-    # `marin plan` says this does not fit yet: attention keeps the full [L, L] scores, so no phase
-    # fits at any microbatch count (see docs/training.md, "Memory planner"). Warn until that is fixed.
+    # `marin plan` says this does not fit yet, at any microbatch count: attention keeps the full
+    # [L, L] scores, and the routed experts split only 64 ways (no dimension divides by the 11 racks),
+    # so their float32 state with the accumulated gradient alone fills a GB200 (docs/training.md,
+    # "Memory planner"). Warn until that is fixed.
     memory_check="warn",
     description="hero 535B-A23B on Harrier K40, 390,139 steps x 46.1M tokens",
 )

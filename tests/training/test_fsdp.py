@@ -15,8 +15,14 @@ from marin.training.checkpoint import CheckpointManager, CheckpointPolicy
 from marin.training.config import SyntheticDataConfig, TrainConfig
 from marin.training.planning import memory_plan, params_per_device
 from marin.training.pools import get_pool
-from marin.training.trainer import _place, init_host_state, make_train_step, model_config, state_shardings, \
-    synthetic_batch
+from marin.training.trainer import (
+    _place,
+    init_host_state,
+    make_train_step,
+    model_config,
+    state_shardings,
+    synthetic_batch,
+)
 
 
 def test_param_shapes_match_init_params():

@@ -223,7 +223,8 @@ def microbatches_for(config: TrainConfig, cfg, pool, seq_len: int, transport: st
         return int(config.microbatches)
     from marin.training.planning import plan
 
-    p = plan(cfg, pool, tokens_per_step=config.tokens_per_step, seq_len=seq_len, transport=transport)
+    p = plan(cfg, pool, tokens_per_step=config.tokens_per_step, seq_len=seq_len, transport=transport,
+             param_sharding=config.param_sharding)
     return p["microbatches"] or 1
 
 

@@ -149,3 +149,18 @@ def test_fsdp_plan_shrinks_the_state_and_pays_a_gathered_layer():
     norms = cfg.n_layers * 2 * cfg.d_model + cfg.d_model  # replicated
     assert rep["optimizer_state"] - fsdp["optimizer_state"] == pytest.approx(8 * (dense - norms) * 63 / 64)
     assert fsdp["activations"] == rep["activations"]
+
+
+def test_trainer_plans_microbatches_for_its_own_layout():
+    """The trainer's automatic microbatch count follows the run's layout: d2048 on 11 racks at 4K
+    needs fewer microbatches once its dense state is split."""
+    from marin.training.trainer import microbatches_for
+
+    pool = get_pool("gb200-11racks")
+    counts = {}
+    for mode in ("replicated", "fsdp"):
+        config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="d2048", pool=pool.name,
+                             tokens_per_step=11_264 * 4096, seq_len_phases=((0.0, 4096),), wandb_project=None,
+                             param_sharding=mode)
+        counts[mode] = microbatches_for(config, config.model, pool, 4096, "fixed")
+    assert counts["fsdp"] < counts["replicated"]

@@ -281,6 +281,7 @@ def default_train(
     log_every: int = 1,
     description: str | None = None,
     microbatches: int | None = None,
+    param_sharding: str = "replicated",
     memory_check: str = "error",
     eval_every_steps: int | None = None,
     eval_sets: Sequence[EvalSet] = (),
@@ -316,6 +317,10 @@ def default_train(
         description: a line for ``marin status`` and the report.
         microbatches: gradient accumulation per step (None: the smallest count the memory planner says
             fits). Live: it changes the math only by float reassociation.
+        param_sharding: ``"replicated"`` (routed experts split over the EP axis, the rest a full copy per
+            device) or ``"fsdp"`` (weights, gradients and AdamW state split over the whole mesh,
+            gathered per layer where used; what large models need to fit). Live: it changes the layout
+            and float reassociation only, and checkpoints restore into either.
         memory_check: ``"error"``, ``"warn"`` or ``"off"``: what to do at declaration time when the
             planner says a phase of the run does not fit its pool's device memory.
         eval_every_steps: evaluate bits per byte on the mixture's held-out split (plus ``eval_sets``)
@@ -330,7 +335,7 @@ def default_train(
     _check_train_memory(memory_check, TrainConfig(
         output_path="", data=None, model=resolved, preset=model, pool=pool, train_steps=train_steps,
         tokens_per_step=tokens_per_step, seq_len_phases=phases, microbatches=microbatches,
-        transport_switches=switches))
+        transport_switches=switches, param_sharding=param_sharding))
     # default_mixture versions its own fields; a synthetic stream is versioned whole.
     data = versioned(mixture) if isinstance(mixture, SyntheticDataConfig) else mixture
     config = TrainConfig(
@@ -361,6 +366,7 @@ def default_train(
         wandb_project=wandb_project,
         log_every=log_every,
         microbatches=microbatches,
+        param_sharding=param_sharding,
         eval_every_steps=eval_every_steps,
         eval_sets=tuple(eval_sets),
     )

@@ -43,9 +43,12 @@ hero = default_train(
     checkpoint_every_minutes=30.0,
     keep_every_steps=10_000,
     wandb_project="marin-hero",
-    # `marin plan` says this does not fit yet: the dense weights and their AdamW state are replicated
-    # on every device, and at 65K one sequence per device keeps more activations than a device holds
-    # under the dots remat policy (see docs/training.md, "Memory planner"). Warn until that is fixed.
+    # weights, gradients and AdamW state split over the mesh (FSDP): on 11 x 64 they split 64 ways
+    # inside each rack (the data axis of 11 divides none of the model's dimensions)
+    param_sharding="fsdp",
+    # `marin plan` says this does not fit yet, at any microbatch count: the routed experts split only
+    # 64 ways (no dimension divides by the 11 racks), so their float32 state with the accumulated
+    # gradient alone fills a GB200 (docs/training.md, "Memory planner"). Warn until that is fixed.
     memory_check="warn",
     description="hero 535B-A23B on Harrier K40, 390,139 steps x 46.1M tokens",
 )

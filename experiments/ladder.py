@@ -81,9 +81,9 @@ def ladder_steps():
             checkpoint_every_steps=1000,
             keep_every_steps=10_000,
             wandb_project="marin-ladder",
-            # `marin plan` says this does not fit yet: the dense weights and their AdamW state are replicated
-            # on every device, and at 65K one sequence per device keeps more activations than a device holds
-            # under the dots remat policy (see docs/training.md, "Memory planner"). Warn until that is fixed.
+            param_sharding="fsdp",  # weights, gradients and AdamW state split over the mesh, as the hero
+            # `marin plan` says the larger rungs' long phases do not fit yet (see docs/training.md,
+            # "Memory planner"). Warn until that is fixed.
             memory_check="warn",
             description=f"ladder rung {rung.name}: {rung.train_steps:,} steps, {rung.flops:.2g} FLOPs"
             + ("" if rung.budget_published else " (budget assumed)"),

@@ -154,10 +154,11 @@ def default_batch_rows(tokens_per_batch: int, seq_len: int, mesh) -> int:
 
 def _place(x, sharding):
     """Host arrays -> global arrays with ``sharding`` (a pytree of them, or one for all); arrays that
-    already have it are passed through untouched (the trainer's state)."""
+    already have it, or any layout on the same mesh (the trainer's state, fsdp-sharded or not), are
+    passed through untouched: the jitted forward takes the params' layout as it comes."""
 
     def one(a, s):
-        if isinstance(a, jax.Array) and a.sharding == s:
+        if isinstance(a, jax.Array) and (a.sharding == s or getattr(a.sharding, "mesh", None) == s.mesh):
             return a
         a = np.asarray(a)
         return jax.make_array_from_callback(a.shape, s, lambda idx: a[idx])

@@ -194,6 +194,26 @@ def count_params(cfg: MoEConfig) -> dict:
     }
 
 
+def param_shapes(cfg: MoEConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of every parameter leaf transformer.init_params builds, keyed ``"embed"``, ``"final_norm"``,
+    ``"lm_head"`` (untied only) and ``"blocks/<leaf>"`` (stacked: a leading [n_layers] axis). JAX-free,
+    so the memory planner can apply the mesh's sharding rule leaf by leaf."""
+    L, d, E = cfg.n_layers, cfg.d_model, cfg.n_experts
+    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    lat, f, fs = cfg.latent_dim, cfg.expert_width, cfg.n_shared_experts * cfg.shared_width
+    blocks = {
+        "attn_norm": (L, d), "wq": (L, d, q_dim), "wk": (L, d, kv_dim), "wv": (L, d, kv_dim),
+        "wo": (L, q_dim, d), "mlp_norm": (L, d), "shared_gate": (L, d, fs), "shared_up": (L, d, fs),
+        "shared_down": (L, fs, d), "latent_down": (L, d, lat), "latent_up": (L, lat, d), "router": (L, lat, E),
+        "expert_gate": (L, E, lat, f), "expert_up": (L, E, lat, f), "expert_down": (L, E, f, lat),
+    }
+    out = {"embed": (cfg.vocab_size, d), "final_norm": (d,)}
+    if not cfg.tie_embeddings:
+        out["lm_head"] = (d, cfg.vocab_size)
+    out.update({f"blocks/{k}": v for k, v in blocks.items()})
+    return out
+
+
 def mean_attended_keys(seq_len: int, window: int | None) -> float:
     """Average number of keys a query attends to under causal masking (and a sliding window):
     mean over positions i in [0, seq_len) of min(i + 1, window)."""

@@ -1,8 +1,9 @@
 """Device mesh with axes ("data", "expert").
 
 Tokens are split over both axes (every device holds different sequences). Expert weights are split
-over "expert" and replicated over "data": one "data" row of the mesh is one EP group (a rack in the
-hero run: EP 64, data 11). All other parameters are replicated.
+over "expert": one "data" row of the mesh is one EP group (a rack in the hero run: EP 64, data 11).
+The other parameters are replicated, or, with ``param_sharding="fsdp"``, split over the mesh too
+(the rule, JAX-free, is marin.parallel.layout).
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-DATA, EXPERT = "data", "expert"
-TOKEN_AXES = (DATA, EXPERT)  # the batch / token dimension is split over both axes
+from marin.parallel.layout import DATA, EXPERT, EXPERT_LEAVES, PARAM_SHARDINGS, leaf_partition  # noqa: F401
 
-# parameter leaves (under params["blocks"]) whose axis 1 (after the stacked-layer axis) is the expert axis
-EXPERT_LEAVES = ("expert_gate", "expert_up", "expert_down")
+TOKEN_AXES = (DATA, EXPERT)  # the batch / token dimension is split over both axes
 
 
 def make_mesh(data: int, expert: int, devices=None) -> Mesh:
@@ -36,14 +35,17 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(TOKEN_AXES, None))
 
 
-def param_shardings(params, mesh: Mesh):
-    """A pytree of NamedShardings matching `params` (from transformer.init_params)."""
+def param_shardings(params, mesh: Mesh, mode: str = "replicated"):
+    """A pytree of NamedShardings matching `params` (from transformer.init_params), or any tree whose
+    leaves sit under the params' keys (AdamW's moments mirror the params; its step count is a scalar
+    and replicates). ``mode``: "replicated" or "fsdp" (marin.parallel.layout.leaf_partition)."""
+    mesh_shape = (mesh.shape[DATA], mesh.shape[EXPERT])
 
     def spec(path, leaf):
-        name = getattr(path[-1], "key", None)
-        if name in EXPERT_LEAVES:
-            return NamedSharding(mesh, P(None, EXPERT, *([None] * (leaf.ndim - 2))))
-        return NamedSharding(mesh, P())
+        keys = [getattr(k, "key", None) for k in path]
+        name = keys[-1] if keys else None
+        shape = tuple(getattr(leaf, "shape", ()))
+        return NamedSharding(mesh, P(*leaf_partition(str(name), shape, mesh_shape, mode, "blocks" in keys)))
 
     return jax.tree_util.tree_map_with_path(spec, params)
 

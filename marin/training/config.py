@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any
 
 from marin.models.config import MoEConfig, get_preset
+from marin.parallel.layout import PARAM_SHARDINGS
 from marin.training.checkpoint import CheckpointPolicy
 from marin.training.schedule import (
     DEFAULT_FINAL_LR_FRACTION,
@@ -82,6 +83,11 @@ class TrainConfig:
     # Not part of a run's identity: it changes only float summation order.
     microbatches: int | None = None
     seq_len_phases: tuple[tuple[float, int], ...] = ((0.0, 64),)
+    # where the weights and their AdamW state live (marin.parallel.layout): "replicated" (routed
+    # experts split over "expert", the rest a full copy per device) or "fsdp" (every weight matrix
+    # split over the mesh, gathered per use). Not part of a run's identity: it changes the layout and
+    # the float summation order only, and checkpoints hold whole arrays, so a run may switch on resume.
+    param_sharding: str = "replicated"
     # optimizer (AdamW with global-norm clipping)
     peak_lr: float = 3e-3
     warmup_steps: int = 10
@@ -118,6 +124,8 @@ class TrainConfig:
     preset: str | None = None
 
     def __post_init__(self) -> None:
+        if self.param_sharding not in PARAM_SHARDINGS:
+            raise ValueError(f"unknown param_sharding {self.param_sharding!r}; choose from {PARAM_SHARDINGS}")
         if isinstance(self.model, str):
             object.__setattr__(self, "preset", self.preset or self.model)
             object.__setattr__(self, "model", resolve_model(self.model, self.model_overrides, self.compute_dtype,

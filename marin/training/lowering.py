@@ -41,7 +41,7 @@ def abstract_state(config: TrainConfig, cfg, mesh) -> tuple[Any, Any]:
                 "router_bias": init_router_bias(cfg), "rng": train_key}
 
     shapes = jax.eval_shape(init, jax.random.PRNGKey(config.seed))
-    shardings = state_shardings(shapes, mesh)
+    shardings = state_shardings(shapes, mesh, config.param_sharding)
     state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
     return state, shardings
 

@@ -16,12 +16,17 @@ sequence length split into ``microbatches`` (gradient accumulation):
                      the routed experts' intermediates over those rows
     logits           float32 logits of one microbatch (their gradient is computed in place)
 
-Sharding follows marin.parallel.mesh: routed-expert weights (and their moments) split over the
-expert axis, everything else replicated; tokens split over data x expert. Dense attention
-materialises the full [L, L] score matrix per head (local layers mask it), so it is counted at L keys
-per query; blocked attention keeps only its output and a log-normaliser per query, and holds
-block x block score tiles while it runs (counted once per microbatch, at block^2 / L keys per
-query). The model is approximate: XLA's buffer reuse and fusion decide the real peak.
+    gathered         fsdp only: the weights the step gathers where it uses them and their whole float32
+                     gradients before the reduce-scatter, for one layer (inside the layer scan) and
+                     for the larger of the embedding and the head
+
+Sharding follows marin.parallel.layout, leaf by leaf: under "replicated" routed-expert weights (and
+their moments) split over the expert axis and everything else is replicated; under "fsdp" weight
+matrices split over the mesh too; tokens split over data x expert. Dense attention materialises the
+full [L, L] score matrix per head (local layers mask it), so it is counted at L keys per query;
+blocked attention keeps only its output and a log-normaliser per query, and holds block x block score
+tiles while it runs (counted once per microbatch, at block^2 / L keys per query). The model is
+approximate: XLA's buffer reuse and fusion decide the real peak.
 tests/training/test_planning.py holds the model to within 15% of ``compiled.memory_analysis()`` of
 the same step on CPU; docs/training.md lists where it is known to be rough.
 """
@@ -34,7 +39,15 @@ import math
 import os
 from typing import Any
 
-from marin.models.config import TRANSPORTS, MoEConfig, count_params, flops_per_token, get_preset
+from marin.models.config import TRANSPORTS, MoEConfig, flops_per_token, get_preset, param_shapes
+from marin.parallel.layout import (
+    EXPERT,
+    EXPERT_LEAVES,
+    PARAM_SHARDINGS,
+    check_param_sharding,
+    leaf_partition,
+    shard_shape,
+)
 from marin.training.pools import POOLS, PoolSpec, get_pool
 
 GiB = 1 << 30
@@ -51,7 +64,7 @@ DEVICE_MEMORY_BYTES: dict[str, int] = {
 }
 USABLE_FRACTION = 0.90
 DEFAULT_MFU = 0.21  # observed on the hero run after warm-up
-PARTS = ("params", "master_weights", "grads", "optimizer_state", "activations", "all_to_all", "logits")
+PARTS = ("params", "master_weights", "grads", "optimizer_state", "gathered", "activations", "all_to_all", "logits")
 
 
 class StepDoesNotFit(ValueError):
@@ -78,14 +91,44 @@ def device_memory_bytes(pool: PoolSpec) -> int:
 
 
 # ---- memory ----------------------------------------------------------------------------------
-def params_per_device(cfg: MoEConfig, expert_shards: int) -> dict[str, float]:
-    """Parameters one device holds: routed experts split over the expert axis, the rest replicated."""
-    c = count_params(cfg)
-    routed = c["routed_experts_total"] / expert_shards
-    replicated = c["total_params"] - c["routed_experts_total"]
-    blocks = c["per_layer_total"] * cfg.n_layers - c["routed_experts_total"] + routed
-    return {"total": replicated + routed, "routed": routed, "replicated": replicated, "blocks": blocks,
-            "embed_head": c["embedding"] + c["lm_head"]}
+def params_per_device(cfg: MoEConfig, mesh_shape: tuple[int, int], param_sharding: str = "replicated"
+                      ) -> dict[str, float]:
+    """Parameters one device holds, leaf by leaf under the mesh's sharding rule
+    (marin.parallel.layout.leaf_partition), and the working set the step gathers from them.
+
+    ``total``: the device's shards of every leaf (its master weights; AdamW moments and gradients
+    have the same shapes). ``layer_gathered``: one layer's weights as the layer uses them (dense
+    leaves whole; routed experts whole over "data", still split over "expert" by the EP shard_map);
+    ``embed_head_gathered``: the larger of the embedding and the head whole (one end of the network
+    at a time: the embedding's gradient is made after the head's is reduced). Under "replicated" nothing is gathered
+    (both are 0), so only "fsdp" steps pay the transient."""
+    data, expert = mesh_shape
+    total = routed = embed_head = 0.0
+    layer_gathered = embed_head_full = 0.0
+    for key, shape in param_shapes(cfg).items():
+        name = key.rsplit("/", 1)[-1]
+        stacked = key.startswith("blocks/")
+        part = leaf_partition(name, shape, mesh_shape, param_sharding, stacked)
+        n = math.prod(shard_shape(shape, part, mesh_shape))
+        total += n
+        if name in EXPERT_LEAVES:
+            routed += n
+        if not stacked:
+            embed_head += n
+        # what the step gathers: fsdp's extra splits (an expert leaf keeps its "expert" split)
+        if part != (_expert_only(part) if name in EXPERT_LEAVES else (None,) * len(part)):
+            if stacked:
+                per_layer = math.prod(shape[1:])
+                layer_gathered += per_layer / expert if name in EXPERT_LEAVES else per_layer
+            else:  # the embedding is used (and its gradient made) at one end, the head at the other
+                embed_head_full = max(embed_head_full, math.prod(shape))
+    return {"total": total, "routed": routed, "replicated": total - routed, "embed_head": embed_head,
+            "layer_gathered": layer_gathered, "embed_head_gathered": embed_head_full}
+
+
+def _expert_only(part) -> tuple:
+    """The partition the EP shard_map takes expert weights in: the expert axis only."""
+    return tuple(EXPERT if axes == EXPERT else None for axes in part)
 
 
 def _bytes(dtype: str) -> int:
@@ -137,8 +180,9 @@ def activation_bytes_per_token_layer(cfg: MoEConfig, seq_len: int, rows: float) 
 
 
 def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: int, microbatches: int = 1,
-                transport: str | None = None) -> dict[str, Any]:
+                transport: str | None = None, param_sharding: str = "replicated") -> dict[str, Any]:
     """Per-device bytes of one train step (see the module docstring for the parts)."""
+    check_param_sharding(param_sharding)
     transport = transport or cfg.transport
     if transport not in TRANSPORTS:
         raise ValueError(f"unknown transport {transport!r}; choose from {TRANSPORTS}")
@@ -154,7 +198,7 @@ def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: i
                          f"{microbatches} microbatches")
     tokens = tokens_per_step // (n * microbatches)  # per device and microbatch
     c = _bytes(cfg.dtype)
-    p = params_per_device(cfg, ep_eff if transport != "local" else 1)
+    p = params_per_device(cfg, (data, ep), param_sharding)
     rows = expert_rows_per_token(cfg, transport, ep_eff, tokens)
     a = activation_bytes_per_token_layer(cfg, seq_len, rows["compute"])
     kept = {
@@ -177,6 +221,10 @@ def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: i
         "activations": activations,
         "all_to_all": a2a,
         "logits": logits,
+        # fsdp: the weights the step gathers where it uses them (compute dtype) and their whole
+        # float32 gradients before the reduce-scatter: one layer at a time inside the layer scan, the
+        # embedding or the head around it
+        "gathered": (c + 4) * (p["layer_gathered"] + p["embed_head_gathered"]),
     }
     parts = {k: int(round(v)) for k, v in parts.items()}
     parts["total"] = sum(parts.values())
@@ -185,7 +233,8 @@ def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: i
 
 def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, microbatches: int | None = None,
          transport: str | None = None, train_steps: int | None = None, mfu: float = DEFAULT_MFU,
-         device_memory: int | None = None, seq_len_phases=None, planned_tokens: float | None = None) -> dict[str, Any]:
+         device_memory: int | None = None, seq_len_phases=None, planned_tokens: float | None = None,
+         param_sharding: str = "replicated") -> dict[str, Any]:
     """The whole plan: memory at ``microbatches`` (default: the smallest count that fits), whether it
     fits, the smallest pool that would fit at one microbatch, and the run's compute cost."""
     device_memory = device_memory if device_memory is not None else device_memory_bytes(pool)
@@ -195,12 +244,12 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
     chosen = microbatches
     fitting = None
     for m in counts:
-        if memory_plan(cfg, pool, tokens_per_step, seq_len, m, transport)["total"] <= usable:
+        if memory_plan(cfg, pool, tokens_per_step, seq_len, m, transport, param_sharding)["total"] <= usable:
             fitting = m
             break
     if chosen is None:
         chosen = fitting if fitting is not None else (counts[-1] if counts else 1)
-    mem = memory_plan(cfg, pool, tokens_per_step, seq_len, chosen, transport)
+    mem = memory_plan(cfg, pool, tokens_per_step, seq_len, chosen, transport, param_sharding)
     out: dict[str, Any] = {
         "model": None,
         "pool": pool.name,
@@ -213,6 +262,7 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
         "remat_policy": cfg.remat_policy,
         "attention_impl": cfg.attention_impl,
         "dtype": cfg.dtype,
+        "param_sharding": param_sharding,
         "microbatches": fitting,
         "planned_microbatches": chosen,
         "fits": mem["total"] <= usable,
@@ -220,7 +270,7 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
         "device_memory_bytes": device_memory,
         "usable_memory_bytes": usable,
         "smallest_fitting_pool": None if fitting is not None else smallest_fitting_pool(
-            cfg, pool, tokens_per_step, seq_len, transport),
+            cfg, pool, tokens_per_step, seq_len, transport, param_sharding),
     }
     out.update(compute_plan(cfg, pool, tokens_per_step=tokens_per_step, seq_len=seq_len,
                             train_steps=train_steps, mfu=mfu, seq_len_phases=seq_len_phases,
@@ -238,14 +288,15 @@ def valid_microbatches(sequences: int, devices: int) -> list[int]:
 
 
 def smallest_fitting_pool(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: int,
-                          transport: str | None) -> str | None:
+                          transport: str | None, param_sharding: str = "replicated") -> str | None:
     """The smallest known pool of the same accelerator on which the step fits (any microbatch count)."""
     mem = device_memory_bytes(pool)
     for other in sorted(POOLS.values(), key=lambda p: p.num_devices):
         if other.accelerator != pool.accelerator or other.num_devices <= pool.num_devices:
             continue
         for m in valid_microbatches(tokens_per_step // seq_len, other.num_devices):
-            if memory_plan(cfg, other, tokens_per_step, seq_len, m, transport)["total"] <= mem * USABLE_FRACTION:
+            if (memory_plan(cfg, other, tokens_per_step, seq_len, m, transport, param_sharding)["total"]
+                    <= mem * USABLE_FRACTION):
                 return other.name
     return None
 
@@ -297,6 +348,7 @@ def format_plan(p: dict[str, Any]) -> str:
     lines = [f"{p['model']} on {p['pool']} ({p['devices']} x {p['accelerator']}, mesh data x expert = "
              f"{p['mesh'][0]} x {p['mesh'][1]}), {p['tokens_per_step']:,} tokens/step at seq_len {p['seq_len']}, "
              f"transport {p['transport']}, remat {p['remat_policy']}, {p['attention_impl']} attention, {p['dtype']}, "
+             f"params {p.get('param_sharding', 'replicated')}, "
              f"{p['planned_microbatches']} microbatch(es)",
              f"  {'per device':<16} {'bytes':>16}"]
     for k in PARTS:
@@ -337,7 +389,8 @@ def train_config_plans(config, device_memory: int | None = None) -> list[dict[st
             p = plan(cfg, pool, tokens_per_step=config.tokens_per_step, seq_len=L,
                      microbatches=getattr(config, "microbatches", None), transport=t,
                      train_steps=config.train_steps, device_memory=device_memory,
-                     seq_len_phases=config.seq_len_phases)
+                     seq_len_phases=config.seq_len_phases,
+                     param_sharding=getattr(config, "param_sharding", "replicated"))
             p["model"] = config.preset or f"d{cfg.d_model}"
             plans.append(p)
     return plans
@@ -377,6 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help=f"model FLOPs utilisation (default {DEFAULT_MFU})")
     p.add_argument("--remat", default=None, help="override the preset's remat policy")
     p.add_argument("--dtype", default=None, help="override the compute dtype")
+    p.add_argument("--param-sharding", default="fsdp", choices=PARAM_SHARDINGS,
+                   help="where weights and AdamW state live: fsdp (split over the mesh; default, as the hero and "
+                        "ladder experiments run) or replicated (only routed experts split)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -408,7 +464,7 @@ def plan_main(argv: list[str]) -> int:
         phases = HERO_SEQ_LEN_PHASES if is_hero and args.seq_len is None and args.steps is None else None
         p = plan(cfg, pool, tokens_per_step=tokens_per_step, seq_len=seq_len, microbatches=args.microbatches,
                  transport=transport, train_steps=steps, mfu=args.mfu, seq_len_phases=phases,
-                 planned_tokens=planned)
+                 planned_tokens=planned, param_sharding=args.param_sharding)
     except (KeyError, ValueError) as e:
         print(f"marin plan: error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2

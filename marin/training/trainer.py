@@ -124,16 +124,18 @@ def _place(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(one, tree, shardings)
 
 
-def state_shardings(host_state: dict[str, Any], mesh) -> dict[str, Any]:
-    """Where each state leaf lives: expert weights (and their Adam moments) split over "expert",
-    everything else replicated. Fixed up front so the compiled step never re-lays-out its state."""
+def state_shardings(host_state: dict[str, Any], mesh, param_sharding: str = "replicated") -> dict[str, Any]:
+    """Where each state leaf lives: expert weights (and their Adam moments) split over "expert", the
+    rest replicated or, with ``param_sharding="fsdp"``, split over the mesh (marin.parallel.layout).
+    Fixed up front so the compiled step never re-lays-out its state; XLA gathers fsdp weights where
+    the step uses them and reduce-scatters their gradients."""
     from marin.parallel.mesh import param_shardings, replicated
 
     rep = replicated(mesh)
     return {
-        "params": param_shardings(host_state["params"], mesh),
+        "params": param_shardings(host_state["params"], mesh, param_sharding),
         # Adam moments mirror the params' tree, so the same leaf-name rule applies; counts replicate.
-        "opt_state": param_shardings(host_state["opt_state"], mesh),
+        "opt_state": param_shardings(host_state["opt_state"], mesh, param_sharding),
         "router_bias": rep,
         "rng": rep,
     }
@@ -221,7 +223,8 @@ def microbatches_for(config: TrainConfig, cfg, pool, seq_len: int, transport: st
         return int(config.microbatches)
     from marin.training.planning import plan
 
-    p = plan(cfg, pool, tokens_per_step=config.tokens_per_step, seq_len=seq_len, transport=transport)
+    p = plan(cfg, pool, tokens_per_step=config.tokens_per_step, seq_len=seq_len, transport=transport,
+             param_sharding=config.param_sharding)
     return p["microbatches"] or 1
 
 
@@ -288,7 +291,7 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
 
     ckpts = CheckpointManager(config.output_path, config.checkpoint_policy(), is_writer=is_writer)
     host_state = init_host_state(config, cfg)
-    shardings = state_shardings(host_state, mesh)
+    shardings = state_shardings(host_state, mesh, config.param_sharding)
     try:
         restored = ckpts.restore_latest(template=host_state)
     except CheckpointMismatchError as e:

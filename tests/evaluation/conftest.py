@@ -42,7 +42,8 @@ TRAIN_STEPS = 40
 def trained_run(eval_store, tmp_path_factory):
     """A tiny MoE trained for TRAIN_STEPS steps on the local-cpu pool (EP over 8 fake devices),
     evaluated on the mixture's held-out split every 15 steps and at the last (40), with checkpoints
-    at the same steps."""
+    at the same steps. Its weights are fsdp-sharded, so in-training evaluation reads sharded state
+    while the standalone evaluator places the checkpoint's whole arrays."""
     from marin.data.mixture import MixtureConfig
     from marin.training.config import TrainConfig
     from marin.training.trainer import run_training
@@ -52,6 +53,6 @@ def trained_run(eval_store, tmp_path_factory):
                       model="tiny-ep", pool="local-cpu", train_steps=TRAIN_STEPS, tokens_per_step=2048,
                       seq_len_phases=((0.0, 64),), peak_lr=1e-2, warmup_steps=4, checkpoint_every_steps=15,
                       checkpoint_every_minutes=None, keep_last_checkpoints=3, wandb_project=None,
-                      eval_every_steps=15)
+                      eval_every_steps=15, param_sharding="fsdp")
     run_training(cfg, use_ray=False)
     return cfg

@@ -2,6 +2,8 @@
 production mesh shapes from this CPU-only machine, for every EP transport, with no host callback and
 no CPU-only custom call on the GPU path."""
 
+import re
+
 import jax
 import pytest
 
@@ -41,6 +43,24 @@ def test_train_step_lowers_for_cuda(model, mesh, transport):
         assert "chlo.ragged_dot" in text  # the GPU grouped GEMM, not the CPU capacity buffers
     # the optimizer update is in the same program (AdamW second moment: a square root)
     assert "stablehlo.sqrt" in text and "stablehlo.dot_general" in text
+
+
+@pytest.mark.parametrize("model,mesh,transport", [("hero", "11 racks", "fixed"), ("d2048", "1 rack", "dropless")])
+def test_fsdp_train_step_lowers_for_cuda(model, mesh, transport):
+    """The fsdp layout (weights and AdamW state split over the mesh) at the production shapes: the
+    state arrives sharded beyond the expert axis, and the program is still GPU-clean."""
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model=model, model_overrides={"n_layers": 2},
+                         seq_len_phases=((0.0, 256),), wandb_project=None, param_sharding="fsdp")
+    shape = MESHES[mesh]
+    lowered = lower_train_step(config, model_config(config), shape, transport, batch_size=shape[0] * shape[1],
+                               seq_len=256)
+    text = lowered.as_text()
+    assert forbidden_ops(text) == []
+    assert "stablehlo.all_to_all" in text
+    # wq, wo and their two AdamW moments ([layers, d, d]) enter split on a non-layer dimension
+    d = model_config(config).d_model
+    specs = re.findall(rf"tensor<2x{d}x{d}xf32> {{sdy.sharding = #sdy.sharding<@mesh, (\[.*?\])>", text)
+    assert len(specs) >= 6 and all(spec.startswith("[{}, {") and '"expert"' in spec for spec in specs), specs
 
 
 def test_lowering_for_restores_the_platform():

@@ -1,6 +1,6 @@
 """The real multi-host path on CPU: a simulated 2-node Ray cluster, one JAX process per node with 4
-fake devices, one 8-device mesh with EP 8 across the process boundary. The losses must match a
-single-process run of the same config on the same (1, 8) mesh."""
+fake devices, one 8-device mesh with EP 8 across the process boundary, weights sharded fsdp. The
+losses must match a single-process run of the same config, replicated, on the same (1, 8) mesh."""
 
 import json
 import os
@@ -36,7 +36,10 @@ _SCRIPT = textwrap.dedent(
     t = time.time()
     # with the rack label, as on GB200: both hosts on distinct nodes of one rack (topology strategy)
     pool = dataclasses.replace(get_pool("local-2host"), rack_label=RACK_LABEL)
-    two = launch(pool, train_on_host, (TrainConfig(output_path=out + "/two", pool="local-2host", **base),))
+    # fsdp on the two hosts (weights and AdamW state split across the process boundary, checkpoints
+    # gathered from both), replicated in the twin: the same losses up to float reassociation
+    two = launch(pool, train_on_host, (TrainConfig(output_path=out + "/two", pool="local-2host",
+                                                   param_sharding="fsdp", **base),))
     t_two = time.time() - t
     # the single-process twin runs as one host on the same cluster (mesh (1, 8) in one process)
     one_config = TrainConfig(output_path=out + "/one", pool="local-cpu-ep8", **base)

@@ -29,11 +29,12 @@ def _config(model="tiny-ep", overrides=None, pool="local-cpu", tokens=4096, seq_
                        pool=pool, tokens_per_step=tokens, seq_len_phases=((0.0, seq_len),), wandb_project=None, **kw)
 
 
+@pytest.mark.parametrize("param_sharding", ["replicated", "fsdp"])
 @pytest.mark.parametrize("pool", ["local-cpu", "gb200-11racks"])
-def test_state_parts_are_the_real_per_device_shards(pool):
+def test_state_parts_are_the_real_per_device_shards(pool, param_sharding):
     """master weights, optimizer state: bytes of the state's per-device shards (abstract for GB200)."""
     config = _config(model="d2048" if pool.startswith("gb200") else "tiny-ep", pool=pool, tokens=704 * 4096,
-                     seq_len=4096)
+                     seq_len=4096, param_sharding=param_sharding)
     cfg = model_config(config)
     p = get_pool(pool)
     state, _ = abstract_state(config, cfg, make_mesh(*p.mesh) if p.is_cpu else abstract_mesh(*p.mesh))
@@ -41,7 +42,7 @@ def test_state_parts_are_the_real_per_device_shards(pool):
     def shard_bytes(tree):
         return sum(int(np.prod(s.sharding.shard_shape(s.shape))) * s.dtype.itemsize for s in jax.tree.leaves(tree))
 
-    mem = memory_plan(cfg, p, config.tokens_per_step, 4096, 1, "fixed")
+    mem = memory_plan(cfg, p, config.tokens_per_step, 4096, 1, "fixed", param_sharding)
     assert mem["master_weights"] == shard_bytes(state["params"])
     assert abs(mem["optimizer_state"] - shard_bytes(state["opt_state"])) <= 64  # + Adam's step count
 
@@ -50,6 +51,9 @@ def test_state_parts_are_the_real_per_device_shards(pool):
 # 15% of XLA's argument + output - aliased + temporary bytes of the compiled step.
 VALIDATION = [
     ("local", {}, "local-cpu-1", 2048, 64),
+    ("fixed", {"param_sharding": "fsdp"}, "local-cpu", 4096, 64),
+    pytest.param("fixed", {"param_sharding": "fsdp", "remat_policy": "full", "d_model": 128, "n_heads": 8,
+                           "vocab_size": 4096, "n_layers": 4}, "local-cpu", 8192, 128, marks=pytest.mark.slow),
     pytest.param("fixed", {}, "local-cpu", 4096, 64, marks=pytest.mark.slow),
     pytest.param("local", {"remat_policy": "dots"}, "local-cpu-1", 4096, 128, marks=pytest.mark.slow),
     pytest.param("fixed", {"remat_policy": "full", "d_model": 128, "n_heads": 8}, "local-cpu", 8192, 128,
@@ -65,14 +69,17 @@ VALIDATION = [
 
 @pytest.mark.parametrize("transport,overrides,pool,tokens,seq_len", VALIDATION)
 def test_planner_total_within_15_percent_of_xla(transport, overrides, pool, tokens, seq_len):
-    config = _config(overrides={"n_layers": 2, **overrides}, pool=pool, tokens=tokens, seq_len=seq_len)
+    overrides = dict(overrides)
+    param_sharding = overrides.pop("param_sharding", "replicated")
+    config = _config(overrides={"n_layers": 2, **overrides}, pool=pool, tokens=tokens, seq_len=seq_len,
+                     param_sharding=param_sharding)
     cfg = model_config(config)
     p = get_pool(pool)
     lowered = lower_train_step(config, cfg, p.mesh, transport, batch_size=tokens // seq_len, seq_len=seq_len,
                                platform="cpu", mesh=make_mesh(*p.mesh))
     ma = lowered.compile().memory_analysis()
     xla = ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes + ma.temp_size_in_bytes
-    planned = memory_plan(cfg, p, tokens, seq_len, 1, transport)["total"]
+    planned = memory_plan(cfg, p, tokens, seq_len, 1, transport, param_sharding)["total"]
     assert abs(planned - xla) <= 0.15 * xla, (planned, xla)
 
 
@@ -105,10 +112,20 @@ def test_hero_schedule_and_compute():
         assert key in p
     assert set(p["bytes_per_device"]) >= {"params", "grads", "master_weights", "optimizer_state", "activations",
                                           "all_to_all", "logits", "total"}
-    # the dense weights and their AdamW state are replicated on every device: 16 bytes per parameter
-    dense = count_params(get_preset("hero"))["total_params"] - count_params(get_preset("hero"))["routed_experts_total"]
-    assert p["bytes_per_device"]["master_weights"] > 4 * dense
-    assert p["fits"] is False and rc == 1
+    # fsdp by default: the dense weights split 64 ways inside a rack (11 divides none of the hero's
+    # dimensions), the routed experts 64 ways over the expert axis
+    c = count_params(get_preset("hero"))
+    dense = c["total_params"] - c["routed_experts_total"]
+    assert p["param_sharding"] == "fsdp"
+    assert p["bytes_per_device"]["master_weights"] == pytest.approx(4 * (dense + c["routed_experts_total"]) / 64,
+                                                                    rel=1e-4)
+    assert rc == (0 if p["fits"] else 1)
+    # replicated: the dense weights and their AdamW state on every device, 16 bytes per parameter
+    out = []
+    main_capture(["plan", "hero", "--pool", "gb200-11racks", "--json", "--param-sharding", "replicated"], out)
+    r = json.loads(out[0])
+    assert r["bytes_per_device"]["master_weights"] > 4 * dense and r["bytes_per_device"]["gathered"] == 0
+    assert r["fits"] is False
 
 
 def main_capture(argv, out):

@@ -76,7 +76,7 @@ def test_every_field_that_changes_the_math_moves_the_hash(tmp_path, kwargs):
 @pytest.mark.parametrize("kwargs", [
     {"pool": "local-cpu-ep8"}, {"lr_replans": ((50, 200),)}, {"transport_switches": ((0, "fixed"), (5, "dropless"))},
     {"checkpoint_every_steps": 7}, {"checkpoint_every_minutes": None}, {"keep_last_checkpoints": 5},
-    {"keep_every_steps": 10}, {"wandb_project": "other"}, {"log_every": 5},
+    {"keep_every_steps": 10}, {"wandb_project": "other"}, {"log_every": 5}, {"param_sharding": "fsdp"},
 ])
 def test_operator_settings_keep_the_output_path(tmp_path, kwargs):
     assert _paths(str(tmp_path), **kwargs)["t/train"] == _paths(str(tmp_path))["t/train"]

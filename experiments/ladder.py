@@ -32,6 +32,7 @@ from experiments.hero import (
 )
 from marin.execution import executor_main
 from marin.models.config import get_preset
+from marin.training.pools import get_pool
 from marin.scaling.recipe import (
     RunShape,
     format_ladder,
@@ -57,6 +58,12 @@ RUNGS = ladder_rungs(
 )
 
 
+def _padded_for(model, pool: str):
+    """The rung with its routed experts' width padded to a multiple of the pool's data axis (the
+    hero's 11 on 11 racks; none on one rack): fsdp can then split the experts over "data" too."""
+    return model.replace(expert_width_multiple=get_pool(pool).mesh[0])
+
+
 def ladder_steps():
     """Per rung: train, evaluate (bpb on the mixture's held-out split), health; then the fit that
     predicts the hero (``fit.json``: what ``operations/health_report.py --fit`` judges the hero by)."""
@@ -69,7 +76,7 @@ def ladder_steps():
             f"ladder/{rung.name}",
             mixture=mixture,
             model="hero",
-            model_overrides=model_overrides(HERO, rung.model),
+            model_overrides=model_overrides(HERO, _padded_for(rung.model, POOLS[rung.model.d_model])),
             pool=POOLS[rung.model.d_model],
             train_steps=rung.train_steps,
             tokens_per_step=rung.tokens_per_step,

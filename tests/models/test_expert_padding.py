@@ -12,8 +12,14 @@ from marin.models.reference import moe_reference
 from marin.models.transformer import init_params, loss_and_stats
 from marin.parallel.mesh import batch_sharding, make_mesh
 from marin.training.config import SyntheticDataConfig, TrainConfig
-from marin.training.trainer import _place, init_host_state, make_train_step, model_config, state_shardings
-from marin.training.trainer import synthetic_batch
+from marin.training.trainer import (
+    _place,
+    init_host_state,
+    make_train_step,
+    model_config,
+    state_shardings,
+    synthetic_batch,
+)
 
 EXPERTS = ("expert_gate", "expert_up", "expert_down")
 
@@ -41,7 +47,11 @@ def test_stored_width_and_validation():
             MoEConfig(expert_width_multiple=bad)
 
 
-def test_counts_are_the_models_and_storage_is_the_padded_pytree():
+def test_counts_are_the_models_and_storage_is_the_padded_pytree(capsys):
+    from marin.models.cli import model_info_main
+
+    assert model_info_main(["hero"]) == 0
+    assert "width 3072 (stored 3080)" in capsys.readouterr().out
     cfg = get_preset("hero")
     unpadded = cfg.replace(expert_width_multiple=1)
     c, c0 = count_params(cfg), count_params(unpadded)

@@ -117,7 +117,8 @@ def _config(multiple):
                        seq_len_phases=((0.0, 32),), wandb_project=None, param_sharding="fsdp")
 
 
-def test_training_keeps_the_padding_zero_and_fsdp_splits_it_over_data():
+@pytest.mark.parametrize("transport", ["fixed", pytest.param("dropless", marks=pytest.mark.slow)])
+def test_training_keeps_the_padding_zero_and_fsdp_splits_it_over_data(transport):
     """Mesh 3 x 2: 3 divides neither the latent (32) nor the expert width (32), so unpadded experts
     split over "expert" only; padded to 33 they split over "data" too. Three AdamW steps (weight
     decay on) leave the padding and its moments exactly zero and train exactly like the unpadded model."""
@@ -134,7 +135,7 @@ def test_training_keeps_the_padding_zero_and_fsdp_splits_it_over_data():
         assert tuple(up.sharding.spec) == ((None, "expert", None, None) if multiple == 1
                                            else (None, "expert", None, "data"))
         assert up.addressable_shards[0].data.shape == ((2, 4, 32, 32) if multiple == 1 else (2, 4, 32, 11))
-        step = make_train_step(config, cfg, mesh, "fixed", shardings)
+        step = make_train_step(config, cfg, mesh, transport, shardings)
         metrics = []
         for i in range(3):
             b = synthetic_batch(config.data, i, 48, 32)

@@ -43,12 +43,13 @@ hero = default_train(
     checkpoint_every_minutes=30.0,
     keep_every_steps=10_000,
     wandb_project="marin-hero",
-    # weights, gradients and AdamW state split over the mesh (FSDP): on 11 x 64 they split 64 ways
-    # inside each rack (the data axis of 11 divides none of the model's dimensions)
+    # weights, gradients and AdamW state split over the mesh (FSDP): dense weights 64 ways inside each
+    # rack (11 divides none of their dimensions), routed experts 704 ways (the preset pads their
+    # width to 3080 = 11 x 280)
     param_sharding="fsdp",
-    # `marin plan` says this does not fit yet, at any microbatch count: the routed experts split only
-    # 64 ways (no dimension divides by the 11 racks), so their float32 state with the accumulated
-    # gradient alone fills a GB200 (docs/training.md, "Memory planner"). Warn until that is fixed.
+    # `marin plan` says the 4K and 8K phases fit with the fixed transport, but not the dropless phase
+    # (worst-case EP buffers) nor the 65K phase under the `dots` remat policy (activations of one
+    # 65K sequence per device) (docs/training.md, "Memory planner"). Warn until that is fixed.
     memory_check="warn",
     description="hero 535B-A23B on Harrier K40, 390,139 steps x 46.1M tokens",
 )

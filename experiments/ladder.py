@@ -17,6 +17,8 @@ the published total parameter counts (d3072/d4096 interpolated).
 
 from __future__ import annotations
 
+import dataclasses
+
 from experiments.defaults import (
     default_eval,
     default_health_report,
@@ -39,6 +41,7 @@ from marin.scaling.recipe import (
     model_overrides,
     run_flops,
 )
+from marin.training.pools import get_pool
 
 SEQ_LEN = 4096
 HERO = get_preset("hero")
@@ -46,6 +49,13 @@ HERO_SHAPE = RunShape.of_run(HERO_SEQ_LEN_PHASES, HERO_WARMUP_STEPS, HERO_STEPS)
 HERO_FLOPS = run_flops(HERO, HERO_STEPS, HERO_BATCH_SEQUENCES * SEQ_LEN, HERO_SEQ_LEN_PHASES)
 
 POOLS = {768: "gb200-rack", 2048: "gb200-11racks", 3072: "gb200-11racks", 4096: "gb200-11racks"}
+def _padded_for(model, pool: str):
+    """The rung with its routed experts' width padded to a multiple of the pool's data axis (the
+    hero's 11 on 11 racks; none on one rack): fsdp can then split the experts over "data" too. An
+    exact no-op on the model (docs/model.md), so the rung's parameters and FLOPs are unchanged."""
+    return model.replace(expert_width_multiple=get_pool(pool).mesh[0])
+
+
 RUNGS = ladder_rungs(
     HERO,
     (768, 2048, 3072, 4096),
@@ -55,6 +65,7 @@ RUNGS = ladder_rungs(
     budgets={768: 5.5e19, 2048: 9.2e21, 3072: 5.9e21, 4096: 1.18e22},
     published=(768, 2048),
 )
+RUNGS = [dataclasses.replace(r, model=_padded_for(r.model, POOLS[r.model.d_model])) for r in RUNGS]
 
 
 def ladder_steps():

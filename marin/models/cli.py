@@ -41,7 +41,9 @@ def model_info_main(argv: list[str]) -> int:
         ("layers", info["layers"]),
         ("d_model", info["d_model"]),
         ("heads / kv heads", f"{info['n_heads']} / {info['n_kv_heads']}"),
-        ("experts (top-k)", f"{info['num_experts']} (top-{info['top_k']}), width {info['expert_width']}, "
+        ("experts (top-k)", f"{info['num_experts']} (top-{info['top_k']}), width {info['expert_width']}"
+                            + (f" (stored {info['stored_expert_width']})"
+                               if info["stored_expert_width"] != info["expert_width"] else "") + ", "
                             f"latent {info['latent_dim']}, {info['n_shared_experts']} shared"),
         ("total params", f"{_human(info['total_params'])} ({info['total_params']:,})"),
         ("active params", f"{_human(info['active_params'])} ({info['active_params']:,})"),

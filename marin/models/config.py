@@ -51,6 +51,9 @@ class MoEConfig:
     n_experts: int = 384
     top_k: int = 8
     expert_width: int = 3072
+    # the stored expert width is expert_width rounded up to this multiple; the extra hidden units are
+    # zero and stay zero (an exact no-op, see stored_expert_width), so the width can divide a mesh axis
+    expert_width_multiple: int = 1
     n_shared_experts: int = 2
     shared_width: int = 3072
     normalize_combine: bool = True  # combine weights = selected sigmoid scores / their sum
@@ -90,11 +93,25 @@ class MoEConfig:
               f"got {self.attention_impl!r}")
         check(isinstance(self.attention_block, int) and self.attention_block >= 1,
               f"attention_block must be a positive int, got {self.attention_block!r}")
+        check(isinstance(self.expert_width_multiple, int) and not isinstance(self.expert_width_multiple, bool)
+              and self.expert_width_multiple >= 1,
+              f"expert_width_multiple must be a positive int, got {self.expert_width_multiple!r}")
 
     # ---- derived -------------------------------------------------------------------------
     @property
     def n_moe_layers(self) -> int:
         return self.n_layers  # every layer has a MoE block
+
+    @property
+    def stored_expert_width(self) -> int:
+        """The routed experts' hidden width as stored and computed: ``expert_width`` rounded up to
+        ``expert_width_multiple``. JAX shards a dimension only when the mesh axis divides it, so the
+        hero pads 3072 to 3080 = 11 x 280 to split its experts over 11 racks. The padding units have
+        zero columns in gate/up and zero rows in down: their output silu(0) * 0 = 0 adds nothing, and
+        every gradient into them is exactly zero, so AdamW (zero moments, zero update, decoupled weight
+        decay of a zero) keeps them zero: the padded model computes the unpadded one exactly."""
+        m = self.expert_width_multiple
+        return -(-self.expert_width // m) * m
 
     def is_global_layer(self, i: int) -> bool:
         return i % self.global_every == self.global_every - 1 or i == self.n_layers - 1
@@ -124,7 +141,8 @@ def _ladder(d: int, n_layers: int, **kw) -> MoEConfig:
 
 PRESETS: dict[str, MoEConfig] = {
     # 535B-A23B hero (the published Marin run). n_kv_heads=12 and the window are our choices (not published).
-    "hero": _ladder(6144, 48, dtype="bfloat16", remat_policy="dots"),
+    # expert_width_multiple 11: the stored width 3080 splits over the 11 racks of its mesh (fsdp)
+    "hero": _ladder(6144, 48, dtype="bfloat16", remat_policy="dots", expert_width_multiple=11),
     # scaling ladder rungs; layer counts are fitted to the published totals (d3072/d4096 interpolated)
     "d768": _ladder(768, 8, dtype="bfloat16"),
     "d2048": _ladder(2048, 22, dtype="bfloat16", remat_policy="dots"),
@@ -157,8 +175,10 @@ def get_preset(name: str, **overrides) -> MoEConfig:
 
 # ---- accounting -----------------------------------------------------------------------------
 def count_params(cfg: MoEConfig) -> dict:
-    """Exact parameter counts of the pytree built by transformer.init_params (router bias excluded:
-    it is training state, not a parameter)."""
+    """Exact parameter counts of the model (router bias excluded: it is training state, not a
+    parameter). These are the model's real parameters: routed experts at ``expert_width``. The pytree
+    transformer.init_params builds stores ``stored_expert_width`` (zero padding units, see
+    MoEConfig.stored_expert_width); ``stored_params`` counts that pytree (what memory holds)."""
     d, L = cfg.d_model, cfg.n_layers
     attn = d * cfg.n_heads * cfg.head_dim * 2 + d * cfg.n_kv_heads * cfg.head_dim * 2  # q, o, k, v
     norms = 2 * d  # attn_norm, mlp_norm
@@ -173,11 +193,13 @@ def count_params(cfg: MoEConfig) -> dict:
     final_norm = d
 
     per_layer_total = attn + norms + router + latent + shared + routed_total
+    routed_padding = 3 * cfg.latent_dim * (cfg.stored_expert_width - cfg.expert_width) * cfg.n_experts
     per_layer_active = attn + norms + router + latent + shared + routed_active
     total = L * per_layer_total + embed + head + final_norm
     active = L * per_layer_active + final_norm
     return {
         "total_params": total,
+        "stored_params": total + L * routed_padding,
         "active_params": active,
         "active_params_with_head": active + cfg.vocab_size * d,
         "embedding": embed,
@@ -200,7 +222,7 @@ def param_shapes(cfg: MoEConfig) -> dict[str, tuple[int, ...]]:
     so the memory planner can apply the mesh's sharding rule leaf by leaf."""
     L, d, E = cfg.n_layers, cfg.d_model, cfg.n_experts
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    lat, f, fs = cfg.latent_dim, cfg.expert_width, cfg.n_shared_experts * cfg.shared_width
+    lat, f, fs = cfg.latent_dim, cfg.stored_expert_width, cfg.n_shared_experts * cfg.shared_width
     blocks = {
         "attn_norm": (L, d), "wq": (L, d, q_dim), "wk": (L, d, kv_dim), "wv": (L, d, kv_dim),
         "wo": (L, q_dim, d), "mlp_norm": (L, d), "shared_gate": (L, d, fs), "shared_up": (L, d, fs),
@@ -225,7 +247,11 @@ def mean_attended_keys(seq_len: int, window: int | None) -> float:
 def flops_per_token(cfg: MoEConfig, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward = 3 x forward):
     6 x (active matmul params + output head) + attention scores/values term
-    12 x n_heads x head_dim x mean attended keys, per layer (causal mask and windows counted)."""
+    12 x n_heads x head_dim x mean attended keys, per layer (causal mask and windows counted).
+
+    Model FLOPs, the usual convention for MFU: routed experts count at ``expert_width``, not at the
+    padded ``stored_expert_width`` the device really multiplies (the zero units do no useful work;
+    counting them would make a padded run look more efficient than the same model unpadded)."""
     c = count_params(cfg)
     matmul_active = c["active_params"] - c["norms"] + cfg.vocab_size * cfg.d_model  # + lm head matmul
     dense = 6.0 * matmul_active
@@ -252,6 +278,7 @@ def summary(cfg: MoEConfig, seq_len: int | None = None) -> dict:
         "n_kv_heads": cfg.n_kv_heads,
         "latent_dim": cfg.latent_dim,
         "expert_width": cfg.expert_width,
+        "stored_expert_width": cfg.stored_expert_width,
         "n_shared_experts": cfg.n_shared_experts,
         "global_layers": [i for i in range(cfg.n_layers) if cfg.is_global_layer(i)],
         "breakdown": c,

@@ -32,10 +32,12 @@ GLOBAL_WINDOW = 1 << 30  # "window" of a global layer
 def init_params(cfg: MoEConfig, key: jax.Array) -> dict:
     """float32 params. Stacked per-layer weights have a leading [n_layers] axis; routed expert
     weights are [n_layers, n_experts, ...]. Fan-in scaled normal init; residual outputs get an extra
-    1/sqrt(2 n_layers)."""
+    1/sqrt(2 n_layers). Routed experts are drawn at ``expert_width`` and zero-padded to
+    ``stored_expert_width`` (padding units exactly zero: the same function, the same draws as unpadded)."""
     L, d, E = cfg.n_layers, cfg.d_model, cfg.n_experts
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     lat, f, fs = cfg.latent_dim, cfg.expert_width, cfg.n_shared_experts * cfg.shared_width
+    pad = cfg.stored_expert_width - f
     keys = iter(jax.random.split(key, 16))
     out_scale = 1.0 / math.sqrt(2 * L)
 
@@ -55,9 +57,9 @@ def init_params(cfg: MoEConfig, key: jax.Array) -> dict:
         "latent_down": normal((L, d, lat), d),
         "latent_up": normal((L, lat, d), lat, out_scale),
         "router": normal((L, lat, E), lat),
-        "expert_gate": normal((L, E, lat, f), lat),
-        "expert_up": normal((L, E, lat, f), lat),
-        "expert_down": normal((L, E, f, lat), f),
+        "expert_gate": jnp.pad(normal((L, E, lat, f), lat), ((0, 0), (0, 0), (0, 0), (0, pad))),
+        "expert_up": jnp.pad(normal((L, E, lat, f), lat), ((0, 0), (0, 0), (0, 0), (0, pad))),
+        "expert_down": jnp.pad(normal((L, E, f, lat), f), ((0, 0), (0, 0), (0, pad), (0, 0))),
     }
     params = {"embed": normal((cfg.vocab_size, d), 1.0), "blocks": blocks, "final_norm": jnp.ones((d,), jnp.float32)}
     if not cfg.tie_embeddings:

@@ -14,11 +14,13 @@ Two modes (``TrainConfig.param_sharding``):
     partitioner inserts both). Per leaf:
 
     * routed experts: the expert axis over "expert" as above, and the largest other dimension that
-      "data" divides over "data" (ZeRO for experts: the EP shard_map gathers that dimension back);
+      "data" divides over "data" (ZeRO for experts: the EP shard_map gathers that dimension back;
+      the hero stores its expert width padded to a multiple of its 11 racks for this,
+      MoEConfig.expert_width_multiple);
     * other matrices: the largest non-layer dimension that the whole mesh divides, over
       ("data", "expert"); failing that, the largest that "expert" divides, over "expert"; failing
-      that, over "data". The hero's 11 x 64 mesh divides none of its dimensions (powers of two times
-      3), so its dense weights split 64 ways inside a rack and are replicated across the 11 racks:
+      that, over "data". The hero's 11 x 64 mesh divides none of its dense dimensions (powers of two
+      times 3), so its dense weights split 64 ways inside a rack and are replicated across the 11 racks:
       the gathers stay on the rack's NVLink and the per-device state is 64x smaller;
     * vectors (norm scales; 1-D per layer) and scalars stay replicated: d floats per layer, a
       collective per layer to gather them would cost more than it saves.

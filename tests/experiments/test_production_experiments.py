@@ -55,6 +55,9 @@ def test_ladder_rungs_spend_their_published_budgets(tmp_path):
         [stage] = cfg.data.stages
         assert stage.start_fraction == 0.3 and stage.start_step is None
     assert trains["ladder/d768"].pool == "gb200-rack" and trains["ladder/d768"].tokens_per_step == 1024 * 4096
+    # the 11-rack rungs store their experts padded to a multiple of 11 (fsdp splits them over the racks)
+    assert {n: c.model.stored_expert_width for n, c in trains.items()} == {
+        "ladder/d768": 384, "ladder/d2048": 1034, "ladder/d3072": 1540, "ladder/d4096": 2057}
 
 
 def test_changing_only_the_mixture_keeps_the_token_stores(tmp_path):

@@ -30,8 +30,11 @@ def test_rungs_keep_the_heros_ratios():
         assert (m.n_experts, m.top_k, m.n_shared_experts) == (384, 8, 2)
         assert (m.sliding_window, m.global_every, m.z_loss_weight) == (HERO.sliding_window, 4, HERO.z_loss_weight)
         assert m.n_heads == d // 128 and m.n_heads % m.n_kv_heads == 0
-        # the presets of the published ladder are this recipe (up to performance-only settings)
-        assert dataclasses.replace(m, remat_policy=PRESETS[f"d{d}"].remat_policy) == PRESETS[f"d{d}"]
+        # the presets of the published ladder are this recipe (up to performance-only settings: the
+        # remat policy, and the expert width padding a run sets for its pool's mesh)
+        preset = PRESETS[f"d{d}"]
+        assert dataclasses.replace(m, remat_policy=preset.remat_policy,
+                                   expert_width_multiple=preset.expert_width_multiple) == preset
     assert rung_model(HERO, 6144, 48) == HERO
 
 

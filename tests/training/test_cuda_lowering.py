@@ -61,6 +61,11 @@ def test_fsdp_train_step_lowers_for_cuda(model, mesh, transport):
     d = model_config(config).d_model
     specs = re.findall(rf"tensor<2x{d}x{d}xf32> {{sdy.sharding = #sdy.sharding<@mesh, (\[.*?\])>", text)
     assert len(specs) >= 6 and all(spec.startswith("[{}, {") and '"expert"' in spec for spec in specs), specs
+    if model == "hero":
+        # its routed experts, stored padded to 3080 = 11 x 280, enter split over the 11 racks too
+        f = model_config(config).stored_expert_width
+        specs = re.findall(rf"tensor<2x384x3072x{f}xf32> {{sdy.sharding = #sdy.sharding<@mesh, (\[.*?\])>", text)
+        assert len(specs) >= 6 and all(spec == '[{}, {"expert"}, {}, {"data"}]' for spec in specs), specs
 
 
 def test_lowering_for_restores_the_platform():

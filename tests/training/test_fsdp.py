@@ -50,6 +50,12 @@ def test_layout_rule():
     assert leaf_partition("expert_up", (4, 8, 32, 64), (2, 4), "replicated", True) == (None, "expert", None, None)
     assert leaf_partition("expert_up", (4, 8, 32, 64), (2, 4), "fsdp", True) == (None, "expert", None, "data")
     assert leaf_partition("expert_up", (48, 384, 3072, 3072), (11, 64), "fsdp", True) == (None, "expert", None, None)
+    # the hero preset pads its expert width to 3080 = 11 x 280: the experts split over the 11 racks too
+    hero = param_shapes(get_preset("hero"))
+    assert leaf_partition("expert_up", hero["blocks/expert_up"], (11, 64), "fsdp", True) == (
+        None, "expert", None, "data")
+    assert leaf_partition("expert_down", hero["blocks/expert_down"], (11, 64), "fsdp", True) == (
+        None, "expert", "data", None)
     assert shard_shape((4, 8, 32, 64), (None, "expert", None, "data"), (2, 4)) == (4, 2, 32, 32)
     with pytest.raises(ValueError, match="unknown param_sharding 'zero'"):
         leaf_partition("wq", (4, 64, 128), (2, 4), "zero", True)

@@ -49,6 +49,8 @@ HERO_SHAPE = RunShape.of_run(HERO_SEQ_LEN_PHASES, HERO_WARMUP_STEPS, HERO_STEPS)
 HERO_FLOPS = run_flops(HERO, HERO_STEPS, HERO_BATCH_SEQUENCES * SEQ_LEN, HERO_SEQ_LEN_PHASES)
 
 POOLS = {768: "gb200-rack", 2048: "gb200-11racks", 3072: "gb200-11racks", 4096: "gb200-11racks"}
+
+
 def _padded_for(model, pool: str):
     """The rung with its routed experts' width padded to a multiple of the pool's data axis (the
     hero's 11 on 11 racks; none on one rack): fsdp can then split the experts over "data" too. An

@@ -282,6 +282,7 @@ def default_train(
     description: str | None = None,
     microbatches: int | None = None,
     param_sharding: str = "replicated",
+    remat_by_seq_len: Sequence[tuple[int, str]] = (),
     memory_check: str = "error",
     eval_every_steps: int | None = None,
     eval_sets: Sequence[EvalSet] = (),
@@ -321,6 +322,9 @@ def default_train(
             device) or ``"fsdp"`` (weights, gradients and AdamW state split over the whole mesh,
             gathered per layer where used; what large models need to fit). Live: it changes the layout
             and float reassociation only, and checkpoints restore into either.
+        remat_by_seq_len: remat policy per sequence length, overriding the model's in those phases,
+            e.g. ``((65536, "full"),)`` to recompute every layer only where activations would not fit.
+            Live: recomputation changes memory and speed, not what is computed.
         memory_check: ``"error"``, ``"warn"`` or ``"off"``: what to do at declaration time when the
             planner says a phase of the run does not fit its pool's device memory.
         eval_every_steps: evaluate bits per byte on the mixture's held-out split (plus ``eval_sets``)
@@ -331,11 +335,12 @@ def default_train(
     get_pool(pool)  # fail at declaration time on a typo, not inside a Ray task
     phases = tuple((float(f), int(n)) for f, n in seq_len_phases)
     switches = tuple((int(s), str(t)) for s, t in transport_switches)
+    remats = tuple((int(n), str(p)) for n, p in remat_by_seq_len)
     resolved = resolve_model(model, dict(model_overrides or {}), compute_dtype, phases)
     _check_train_memory(memory_check, TrainConfig(
         output_path="", data=None, model=resolved, preset=model, pool=pool, train_steps=train_steps,
         tokens_per_step=tokens_per_step, seq_len_phases=phases, microbatches=microbatches,
-        transport_switches=switches, param_sharding=param_sharding))
+        transport_switches=switches, param_sharding=param_sharding, remat_by_seq_len=remats))
     # default_mixture versions its own fields; a synthetic stream is versioned whole.
     data = versioned(mixture) if isinstance(mixture, SyntheticDataConfig) else mixture
     config = TrainConfig(
@@ -367,6 +372,7 @@ def default_train(
         log_every=log_every,
         microbatches=microbatches,
         param_sharding=param_sharding,
+        remat_by_seq_len=remats,
         eval_every_steps=eval_every_steps,
         eval_sets=tuple(eval_sets),
     )

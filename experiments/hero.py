@@ -47,9 +47,12 @@ hero = default_train(
     # rack (11 divides none of their dimensions), routed experts 704 ways (the preset pads their
     # width to 3080 = 11 x 280)
     param_sharding="fsdp",
-    # `marin plan` says the 4K and 8K phases fit with the fixed transport, but not the dropless phase
-    # (worst-case EP buffers) nor the 65K phase under the `dots` remat policy (activations of one
-    # 65K sequence per device) (docs/training.md, "Memory planner"). Warn until that is fixed.
+    # the 65K phase (one sequence per device) recomputes every layer: under the model's `dots`
+    # policy its activations would not fit a GB200
+    remat_by_seq_len=((65536, "full"),),
+    # `marin plan` says every phase fits with the fixed transport, but not the dropless phase (the
+    # planner sizes its EP buffers for the worst case) (docs/training.md, "Memory planner"). Warn
+    # until that is fixed.
     memory_check="warn",
     description="hero 535B-A23B on Harrier K40, 390,139 steps x 46.1M tokens",
 )

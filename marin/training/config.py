@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from marin.models.config import MoEConfig, get_preset
+from marin.models.config import REMAT_POLICIES, MoEConfig, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
 from marin.training.checkpoint import CheckpointPolicy
 from marin.training.schedule import (
@@ -88,6 +88,10 @@ class TrainConfig:
     # split over the mesh, gathered per use). Not part of a run's identity: it changes the layout and
     # the float summation order only, and checkpoints hold whole arrays, so a run may switch on resume.
     param_sharding: str = "replicated"
+    # remat policy by sequence length, overriding the model's for those phases: ((65536, "full"),)
+    # recomputes every layer in the 65K phase only, where the model's policy would keep too much.
+    # Not part of a run's identity: recomputation changes memory and speed, not what is computed.
+    remat_by_seq_len: tuple[tuple[int, str], ...] = ()
     # optimizer (AdamW with global-norm clipping)
     peak_lr: float = 3e-3
     warmup_steps: int = 10
@@ -126,6 +130,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.param_sharding not in PARAM_SHARDINGS:
             raise ValueError(f"unknown param_sharding {self.param_sharding!r}; choose from {PARAM_SHARDINGS}")
+        for _, policy in self.remat_by_seq_len:
+            if policy not in REMAT_POLICIES:
+                raise ValueError(f"remat_by_seq_len: unknown remat policy {policy!r}; choose from {REMAT_POLICIES}")
         if isinstance(self.model, str):
             object.__setattr__(self, "preset", self.preset or self.model)
             object.__setattr__(self, "model", resolve_model(self.model, self.model_overrides, self.compute_dtype,
@@ -173,3 +180,10 @@ class TrainConfig:
             keep_last=self.keep_last_checkpoints,
             keep_every=self.keep_every_steps,
         )
+
+
+def model_at(config: TrainConfig, cfg: MoEConfig, seq_len: int) -> MoEConfig:
+    """The model one sequence-length phase runs: ``cfg`` with the phase's remat policy, if the run
+    sets one (``remat_by_seq_len``); the trainer and the memory planner both ask here."""
+    policy = dict((int(n), p) for n, p in config.remat_by_seq_len).get(int(seq_len))
+    return dataclasses.replace(cfg, remat_policy=policy) if policy and policy != cfg.remat_policy else cfg

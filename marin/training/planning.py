@@ -378,7 +378,10 @@ def format_plan(p: dict[str, Any]) -> str:
 
 # ---- training configs -------------------------------------------------------------------------
 def train_config_plans(config, device_memory: int | None = None) -> list[dict[str, Any]]:
-    """One plan per (sequence length, transport) a TrainConfig will run, with its microbatch setting."""
+    """One plan per (sequence length, transport) a TrainConfig will run, with its microbatch setting
+    and the phase's remat policy."""
+    from marin.training.config import model_at
+
     cfg = config.model  # resolved when the TrainConfig was built (preset, overrides and compute dtype)
     pool = get_pool(config.pool)
     seq_lens = sorted({int(n) for _, n in config.seq_len_phases})
@@ -386,7 +389,7 @@ def train_config_plans(config, device_memory: int | None = None) -> list[dict[st
     plans = []
     for L in seq_lens:
         for t in transports:
-            p = plan(cfg, pool, tokens_per_step=config.tokens_per_step, seq_len=L,
+            p = plan(model_at(config, cfg, L), pool, tokens_per_step=config.tokens_per_step, seq_len=L,
                      microbatches=getattr(config, "microbatches", None), transport=t,
                      train_steps=config.train_steps, device_memory=device_memory,
                      seq_len_phases=config.seq_len_phases,

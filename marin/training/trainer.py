@@ -30,7 +30,7 @@ import numpy as np
 import optax
 
 from marin.training.checkpoint import CheckpointManager, CheckpointMismatchError
-from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.config import SyntheticDataConfig, TrainConfig, model_at
 from marin.training.metrics import (
     MetricsWriter,
     ProgressLine,
@@ -326,16 +326,18 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
         while step < total:
             seq_len, batch_size = seq_len_at(step, total, seq_sched)
             transport = transport_at(step, transport_sched)
+            phase_cfg = model_at(config, cfg, seq_len)  # the phase's remat policy, if the run sets one
             if (seq_len, transport) not in micro:
-                micro[seq_len, transport] = microbatches_for(config, cfg, pool, seq_len, transport)
+                micro[seq_len, transport] = microbatches_for(config, phase_cfg, pool, seq_len, transport)
             n_micro = micro[seq_len, transport]
-            if (transport, n_micro) not in compiled:
-                compiled[transport, n_micro] = make_train_step(config, cfg, mesh, transport, shardings, n_micro)
+            key = (transport, n_micro, phase_cfg.remat_policy)
+            if key not in compiled:
+                compiled[key] = make_train_step(config, phase_cfg, mesh, transport, shardings, n_micro)
             batch = batch_fn(step, batch_size, seq_len)
             tokens = _place(batch["tokens"], sharding)
             segments = _place(batch["segment_ids"], sharding)
             lr = lr_at(step, lr_sched)
-            new_state, m = compiled[transport, n_micro](state, tokens, segments, jnp.float32(lr))
+            new_state, m = compiled[key](state, tokens, segments, jnp.float32(lr))
             m = {k: float(v) for k, v in m.items()}  # waits for the step
             if not (math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])):
                 last_good = ckpts.latest_step()

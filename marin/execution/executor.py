@@ -1,8 +1,9 @@
 """Running a plan: leases, status files and one Ray task per step.
 
-The driver (this process) owns all bookkeeping: it takes each step's lease, writes RUNNING and the
-step info, submits ``fn(config)`` as a Ray task with the step's resources, and when the task ends
-writes FAILED, or, under the step's lock, checks it still holds the lease and writes SUCCESS last.
+The driver (this process) owns all bookkeeping: it takes each step's lease (which records the
+attempt: the step reads RUNNING), writes the step info, submits ``fn(config)`` as a Ray task with the
+step's resources, and when the task ends writes FAILED, or, under the step's lock, checks it still
+holds the lease and writes SUCCESS last.
 A heartbeat thread renews every held lease; a lease lost to a takeover cancels the task and writes
 nothing more.
 
@@ -479,13 +480,14 @@ class _Runner:
                 self._cancel(ref)
             with self.lock:
                 lease = self.held.pop(d, None)
+            submitted = lease is not None
             lease = lease or leases.try_acquire(d.output_path, self.holder, self.opts.lease_ttl)
             if lease is not None:
-                try:
-                    record = st.read_status(d.output_path)
+                try:  # a step we never submitted did not start: our lease adds no attempt
+                    record = st.with_attempts(st.read_status(d.output_path, attempts=False), lease, own=submitted)
                     if st.current_status(record) != StepStatus.SUCCESS:
                         st.write_status(
-                            d.output_path, StepStatus.DEP_FAILED, holder=self.holder,
+                            d.output_path, StepStatus.DEP_FAILED, lease=lease,
                             message=f"dependency {s.name} ({s.output_path}) did not succeed", previous=record,
                         )
                 finally:
@@ -509,25 +511,24 @@ class _Runner:
         if lease is None:
             self.waiting[s] = time.monotonic()
             return
+        with self.lock:
+            self.held[s] = lease
         try:
-            record = st.read_status(s.output_path)
+            record = st.read_status(s.output_path, attempts=False)  # what happened before our attempt
             status = st.current_status(record)
             if status == StepStatus.SUCCESS:  # another executor finished it meanwhile
-                leases.release(s.output_path, lease)
+                self._release(s)
                 self._finish(s, "reused")
                 return
             if status == StepStatus.FAILED and len(record["events"]) > self.initial_events[s]:
-                leases.release(s.output_path, lease)
+                self._release(s)
                 self.errors[s.output_path] = "failed in a concurrent executor; see marin show"
                 self._finish(s, "failed")
                 return
-            with self.lock:
-                self.held[s] = lease
             config = resolve_config(s, self.plan)
             info = step_info(s, config, self.holder)
             self.info[s] = info
-            st.write_status(s.output_path, StepStatus.RUNNING, holder=self.holder, previous=record)
-            st.write_info(s.output_path, info)
+            st.write_info(s.output_path, info)  # RUNNING needs no write: our lease records the attempt
             options = _ray_options(s)
             missing = infeasible(options, self._cluster_resources())
             if missing:
@@ -573,9 +574,12 @@ class _Runner:
         error, tb = mask_text(error), mask_text(tb)  # an error message may quote the config
         info = self.info.get(s) or {"name": s.name, "output_path": s.output_path}
         info.update(error=error, traceback=tb)
+        with self.lock:
+            lease = self.held.get(s)
         try:
-            st.write_info(s.output_path, info)
-            st.write_status(s.output_path, StepStatus.FAILED, holder=self.holder, message=error)
+            if lease is not None:  # else the lease was taken over: the step is no longer ours to write
+                st.write_info(s.output_path, info)
+                st.write_status(s.output_path, StepStatus.FAILED, lease=lease, message=error)
         except Exception as e:  # pragma: no cover - store unreachable
             logger.error("step %s: could not record failure: %s", s.name, e)
         self._release(s)
@@ -605,7 +609,7 @@ class _Runner:
             if lease is None:
                 raise leases.LeaseLost("lease lost during the run")
             with leases.fenced(s.output_path, lease):  # still ours? then commit, SUCCESS last
-                st.write_status(s.output_path, StepStatus.SUCCESS, holder=self.holder, started=started,
+                st.write_status(s.output_path, StepStatus.SUCCESS, lease=lease, started=started,
                                 consume=leases.lease_path(s.output_path))  # the lease goes with it
         except leases.LeaseLost as e:
             self.errors[s.output_path] = f"lease lost before SUCCESS could be written: {e}"
@@ -634,12 +638,12 @@ class _Runner:
                 except Exception:  # already finished or the cluster is going away: nothing to stop
                     pass
             with self.lock:
-                held = list(self.held)
-            for s in held:
+                held = list(self.held.items())
+            for s, lease in held:
                 try:
                     record = st.read_status(s.output_path)
                     if st.current_status(record) == StepStatus.RUNNING:
-                        st.write_status(s.output_path, StepStatus.INTERRUPTED, holder=self.holder,
+                        st.write_status(s.output_path, StepStatus.INTERRUPTED, lease=lease,
                                         message="the run was interrupted (Ctrl-C)", previous=record)
                 except Exception as e:  # pragma: no cover - store unreachable
                     logger.error("step %s: could not record the interruption: %s", s.name, e)

@@ -1,9 +1,14 @@
 """Step leases: who may run a step right now, with fencing tokens.
 
-``.executor_lease`` holds ``{holder, token, expiry, host, pid, released}``. A lease is acquired by a
-compare-and-swap on that file (see :mod:`storage` for the per-backend guarantee); each acquisition
-increments ``token``, so a holder that was presumed dead and replaced can tell (its token is no
-longer current) and must stop writing. The holder renews ``expiry`` by heartbeat.
+``.executor_lease`` holds ``{holder, token, since, expiry, host, pid, released, abandoned}``. A lease
+is acquired by a compare-and-swap on that file (see :mod:`storage` for the per-backend guarantee);
+each acquisition increments ``token``, so a holder that was presumed dead and replaced can tell (its
+token is no longer current) and must stop writing. The holder renews ``expiry`` by heartbeat.
+
+A held lease is also the record of the attempt in progress: the step is RUNNING since ``since``
+without a RUNNING status write (see :func:`status.read_status`), which saves one file per step.
+A takeover of a lease whose holder died holding it keeps that attempt in ``abandoned``, so the
+step's history still shows it.
 
 A finished (SUCCESS) step has no lease file: inside :func:`fenced`, the holder writes SUCCESS with
 ``consume=lease_path(step_dir)`` (see :func:`status.write_status`), which removes the lease in the same
@@ -27,7 +32,8 @@ import uuid
 from typing import Iterator
 
 from marin.execution import storage
-from marin.execution.status import LEASE_FILE
+
+LEASE_FILE = ".executor_lease"
 
 DEFAULT_TTL_S = 20.0
 """Lease lifetime without a heartbeat. With heartbeats every TTL/4 and waiters polling about every
@@ -42,6 +48,10 @@ class LeaseReleased(LeaseLost):
     """Our own lease was released (the step was finished or stopped by us): nothing more to renew."""
 
 
+Attempt = tuple[str, int, float]
+"""One holder's attempt at a step: ``(holder, token, since)``."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Lease:
     holder: str
@@ -50,13 +60,24 @@ class Lease:
     host: str
     pid: int
     released: bool = False
+    since: float = 0.0
+    """When this holder acquired the lease: the start of its attempt (renewals keep it)."""
+    abandoned: tuple[Attempt, ...] = ()
+    """Attempts of earlier holders that died holding the lease, oldest first (they may have no event
+    in the status file: the lease was their only record)."""
+
+    @property
+    def attempt(self) -> Attempt:
+        return (self.holder, self.token, self.since)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> "Lease":
-        return Lease(**json.loads(text))
+        fields = json.loads(text)
+        fields["abandoned"] = tuple(tuple(a) for a in fields.get("abandoned", ()))
+        return Lease(**fields)
 
 
 def new_holder_id() -> str:
@@ -107,6 +128,8 @@ def try_acquire(step_dir: str, holder: str, ttl: float = DEFAULT_TTL_S) -> Lease
         expiry=now + ttl,
         host=host,
         pid=os.getpid(),
+        since=now,
+        abandoned=(current.abandoned + (current.attempt,)) if current and not current.released else (),
     )
     return lease if storage.compare_and_swap(path, lease.to_json(), tag) else None
 

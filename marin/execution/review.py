@@ -147,15 +147,15 @@ def step_state(step_dir: str, record: dict | None = None, outcome: str | None = 
 
 
 def step_dirs(prefix: str) -> list[str]:
-    """Every step directory under ``prefix`` (those holding a status file)."""
+    """Every step directory under ``prefix`` (see :data:`status.STEP_FILES`)."""
     if storage.is_local(prefix):
         out = []
         for root, dirs, files in os.walk(prefix):
-            if st.STATUS_FILE in files:
+            if any(m in files for m in st.STEP_FILES):
                 out.append(root)
                 dirs[:] = []
         return sorted(out)
-    return sorted(p.rsplit("/", 1)[0] for p in storage.glob(f"{prefix}/**/{st.STATUS_FILE}"))
+    return sorted({p.rsplit("/", 1)[0] for m in st.STEP_FILES for p in storage.glob(f"{prefix}/**/{m}")})
 
 
 def train_horizon(config: Any) -> int | None:
@@ -224,7 +224,7 @@ def describe_prefix(prefix: str | None = None) -> str:
     if not entries:
         return f"no steps: {prefix} exists and is empty"
     shown = ", ".join(sorted(entries)[:10]) + (f" and {len(entries) - 10} more" if len(entries) > 10 else "")
-    return (f"no steps: {prefix} exists but holds no step directory (none has a {st.STATUS_FILE} file); "
+    return (f"no steps: {prefix} exists but holds no step directory (none has a {' or '.join(st.STEP_FILES)} file); "
             f"it holds {len(entries)} entries: {shown}")
 
 
@@ -232,7 +232,7 @@ def find_step(target: str, prefix: str | None = None) -> str:
     """A step directory from a path, or from a name (latest run of that name under the prefix)."""
     prefix = resolve_prefix(prefix)
     for candidate in (target, f"{prefix}/{target}"):
-        if storage.exists(f"{candidate.rstrip('/')}/{st.STATUS_FILE}"):
+        if any(storage.exists(f"{candidate.rstrip('/')}/{m}") for m in st.STEP_FILES):
             return candidate.rstrip("/")
     matches = [p for p in step_dirs(prefix) if p[len(prefix) + 1:].rpartition("-")[0] == target]
     if not matches:

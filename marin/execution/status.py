@@ -4,6 +4,12 @@ The status file is written only by the holder of the step's lease (see :mod:`lea
 atomic replace is enough. SUCCESS is written last, after the step's outputs are complete: a step
 directory without SUCCESS is never read as finished.
 
+An attempt's start is not written: the held lease records it (holder, token, since), and
+:func:`read_status` shows it as a RUNNING event; the attempt's first write (SUCCESS, FAILED, ...)
+puts that event in the file. A step therefore costs one status write, not two, which on some disks
+and on object stores is a sizeable part of a small step's time (see docs/performance.md). Every
+event carries the lease token it was written under, so an attempt is never shown twice.
+
 The info file says what the step is (config, version, lineage, code, host, holder), written once
 when an attempt starts, plus the error of a failed attempt; when an attempt started and ended is
 in the status events only (:func:`attempt_times`).
@@ -16,11 +22,14 @@ import json
 import time
 from typing import Any
 
+from marin.execution import lease as leases
 from marin.execution import storage
 
 STATUS_FILE = ".executor_status"
-LEASE_FILE = ".executor_lease"
 INFO_FILE = ".executor_info.json"
+STEP_FILES = (STATUS_FILE, INFO_FILE)
+"""A directory holding either is a step directory (a first attempt in progress has no status file:
+its lease records it, and its info file is written when it starts)."""
 
 
 class StepStatus(str, enum.Enum):
@@ -60,9 +69,46 @@ def check_transition(old: StepStatus | None, new: StepStatus) -> None:
         raise IllegalTransition(f"status transition {old.value if old else 'none'} -> {new.value} is not allowed")
 
 
-def read_status(step_dir: str) -> dict[str, Any] | None:
-    """``{"status": ..., "events": [...]}`` or None when the step never started."""
-    return storage.read_json(f"{step_dir}/{STATUS_FILE}")  # damaged: read as never started
+def read_status(step_dir: str, *, attempts: bool = True) -> dict[str, Any] | None:
+    """``{"status": ..., "events": [...]}`` or None when the step never started.
+
+    ``attempts``: include the attempts that the step's lease records and the file does not yet
+    (see :func:`with_attempts`); False reads the file alone (the lease's holder, judging what
+    happened before its own attempt). A finished step's lease is not read."""
+    record = storage.read_json(f"{step_dir}/{STATUS_FILE}")  # damaged: read as never started
+    if not attempts or current_status(record) == StepStatus.SUCCESS:
+        return record
+    return with_attempts(record, leases.read_lease(step_dir))
+
+
+def _recorded(events: list[dict[str, Any]], attempt: leases.Attempt) -> bool:
+    """Whether an event was written under ``attempt`` (events of executors that wrote no token match
+    by holder, which is unique to one process)."""
+    holder, token, _ = attempt
+    return any(e.get("holder") == holder and e.get("token", token) == token for e in events)
+
+
+def with_attempts(
+    record: dict[str, Any] | None, lease: leases.Lease | None, *, own: bool = True
+) -> dict[str, Any] | None:
+    """``record`` with a RUNNING event for each attempt ``lease`` records that no event records yet.
+
+    Those are the attempts of holders that died holding the lease (``lease.abandoned``) and, while
+    the lease is held, its holder's own attempt (``own=False`` leaves it out: the holder took the
+    lease without starting the step), which makes the step RUNNING. A released lease adds nothing:
+    its holder wrote what it did before releasing."""
+    if lease is None or lease.released:
+        return record
+    events = list(record["events"]) if record else []
+    attempts = (*lease.abandoned, lease.attempt) if own else lease.abandoned
+    new = [
+        {"status": StepStatus.RUNNING.value, "time": since, "holder": holder, "token": token}
+        for holder, token, since in attempts
+        if not _recorded(events, (holder, token, since))
+    ]
+    if not new:
+        return record
+    return {**(record or {}), "status": StepStatus.RUNNING.value, "events": events + new}
 
 
 def current_status(record: dict[str, Any] | None) -> StepStatus | None:
@@ -70,17 +116,19 @@ def current_status(record: dict[str, Any] | None) -> StepStatus | None:
 
 
 def write_status(
-    step_dir: str, new: StepStatus, *, holder: str, message: str | None = None, previous: dict | None = None,
-    started: float | None = None, consume: str | None = None,
+    step_dir: str, new: StepStatus, *, lease: leases.Lease, message: str | None = None,
+    previous: dict | None = None, started: float | None = None, consume: str | None = None,
 ) -> dict[str, Any]:
-    """Append an event and set the status; ``previous`` (if already read) saves a read. ``started``
-    (on a finishing event) is when the step's body began on its worker: a step submitted behind its
-    upstreams is RUNNING while it waits in Ray's queue, and its duration counts from this instead.
-    ``consume``: a file of the step to remove with this write (see :func:`storage.write_text`)."""
+    """Append an event written under ``lease`` (held by the caller) and set the status.
+
+    ``previous`` (if already read, attempts included) saves a read. ``started`` (on a finishing
+    event) is when the step's body began on its worker: a step submitted behind its upstreams is
+    RUNNING while it waits in Ray's queue, and its duration counts from this instead. ``consume``: a
+    file of the step to remove with this write (see :func:`storage.write_text`)."""
     record = previous if previous is not None else read_status(step_dir)
     check_transition(current_status(record), new)
     events = list(record["events"]) if record else []
-    event = {"status": new.value, "time": time.time(), "holder": holder}
+    event = {"status": new.value, "time": time.time(), "holder": lease.holder, "token": lease.token}
     if message:
         event["message"] = message
     if started is not None:

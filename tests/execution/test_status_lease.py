@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -29,14 +30,74 @@ def test_status_transitions():
 
 
 def test_status_file_keeps_event_history(tmp_path):
+    """A held lease is the attempt in progress (no RUNNING write); each attempt's first write records it."""
     d = str(tmp_path / "step")
-    st.write_status(d, StepStatus.RUNNING, holder="h1")
-    st.write_status(d, StepStatus.FAILED, holder="h1", message="boom")
-    st.write_status(d, StepStatus.RUNNING, holder="h2")
-    rec = st.write_status(d, StepStatus.SUCCESS, holder="h2")
-    assert rec["status"] == "SUCCESS"
-    assert [e["status"] for e in st.read_status(d)["events"]] == ["RUNNING", "FAILED", "RUNNING", "SUCCESS"]
-    assert st.read_status(d)["events"][1]["message"] == "boom"
+    a = leases.try_acquire(d, "h1")
+    assert st.read_status(d)["status"] == "RUNNING" and not os.path.exists(f"{d}/{st.STATUS_FILE}")
+    assert st.read_status(d, attempts=False) is None
+    st.write_status(d, StepStatus.FAILED, lease=a, message="boom")
+    leases.release(d, a)
+    assert st.read_status(d)["status"] == "FAILED"  # a released lease adds nothing
+    b = leases.try_acquire(d, "h2")
+    assert st.read_status(d)["status"] == "RUNNING"
+    rec = st.write_status(d, StepStatus.SUCCESS, lease=b, consume=leases.lease_path(d))
+    assert rec == st.read_status(d) and rec["status"] == "SUCCESS"
+    events = rec["events"]
+    assert [(e["status"], e["holder"], e["token"]) for e in events] == [
+        ("RUNNING", "h1", 1), ("FAILED", "h1", 1), ("RUNNING", "h2", 2), ("SUCCESS", "h2", 2)]
+    assert events[0]["time"] == a.since and events[2]["time"] == b.since
+    assert events[1]["message"] == "boom"
+
+
+def _lease_of_dead_process(d: str, lease: leases.Lease) -> None:
+    """Make ``lease``'s holder a process of this host that is gone (a crashed executor)."""
+    with open(leases.lease_path(d), "w") as f:
+        f.write(dataclasses.replace(lease, pid=_dead_pid()).to_json())
+
+
+def test_attempts_of_dead_holders_stay_in_the_history(tmp_path):
+    d = str(tmp_path / "step")
+    a = leases.try_acquire(d, "A")
+    _lease_of_dead_process(d, a)  # A dies mid-step: its lease was its only record
+    b = leases.try_acquire(d, "B")
+    assert b.abandoned == (a.attempt,)
+    _lease_of_dead_process(d, b)  # and B too
+    c = leases.try_acquire(d, "C")
+    assert c.abandoned == (a.attempt, b.attempt)
+    assert [(e["holder"], e["status"]) for e in st.read_status(d)["events"]] == [
+        ("A", "RUNNING"), ("B", "RUNNING"), ("C", "RUNNING")]
+    rec = st.write_status(d, StepStatus.SUCCESS, lease=c, consume=leases.lease_path(d))
+    assert [(e["holder"], e["status"]) for e in rec["events"]] == [
+        ("A", "RUNNING"), ("B", "RUNNING"), ("C", "RUNNING"), ("C", "SUCCESS")]
+    assert st.attempt_times(rec)[1] == c.since
+
+    # a holder that recorded its end (FAILED) and died before releasing is not shown twice
+    d2 = str(tmp_path / "step2")
+    a = leases.try_acquire(d2, "A")
+    st.write_status(d2, StepStatus.FAILED, lease=a, message="boom")
+    _lease_of_dead_process(d2, a)
+    assert st.read_status(d2)["status"] == "FAILED"
+    leases.try_acquire(d2, "B")
+    assert [(e["holder"], e["status"]) for e in st.read_status(d2)["events"]] == [
+        ("A", "RUNNING"), ("A", "FAILED"), ("B", "RUNNING")]
+
+
+def test_with_attempts_against_the_obvious_rule():
+    """Pure merge: one RUNNING event per recorded attempt that no event was written under."""
+    lease = leases.Lease("B", 3, 99.0, "h", 1, since=50.0, abandoned=(("A", 2, 40.0),))
+    assert st.with_attempts(None, None) is None
+    assert st.with_attempts(None, dataclasses.replace(lease, released=True)) is None
+    got = st.with_attempts(None, lease)
+    assert got == {"status": "RUNNING", "events": [
+        {"status": "RUNNING", "time": 40.0, "holder": "A", "token": 2},
+        {"status": "RUNNING", "time": 50.0, "holder": "B", "token": 3}]}
+    assert [e["holder"] for e in st.with_attempts(None, lease, own=False)["events"]] == ["A"]
+    failed_a = {"status": "FAILED", "events": [{"status": "RUNNING", "time": 40.0, "holder": "A", "token": 2},
+                                              {"status": "FAILED", "time": 45.0, "holder": "A", "token": 2}]}
+    assert [e["holder"] for e in st.with_attempts(failed_a, lease)["events"]] == ["A", "A", "B"]
+    # an executor that wrote no tokens (and wrote RUNNING itself) is matched by its holder id
+    legacy = {"status": "RUNNING", "events": [{"status": "RUNNING", "time": 50.0, "holder": "B"}]}
+    assert st.with_attempts(legacy, dataclasses.replace(lease, abandoned=())) == legacy
 
 
 def test_success_consumes_the_lease_in_one_write(tmp_path):
@@ -44,10 +105,9 @@ def test_success_consumes_the_lease_in_one_write(tmp_path):
     status file (no file is created), and a waiting executor then takes a fresh lease and reuses SUCCESS."""
     d = str(tmp_path / "step")
     lease = leases.try_acquire(d, "A")
-    rec = st.write_status(d, StepStatus.RUNNING, holder="A")
     lease_inode = os.stat(leases.lease_path(d)).st_ino
     with leases.fenced(d, lease):
-        st.write_status(d, StepStatus.SUCCESS, holder="A", previous=rec, consume=leases.lease_path(d))
+        st.write_status(d, StepStatus.SUCCESS, lease=lease, consume=leases.lease_path(d))
     assert st.read_status(d)["status"] == "SUCCESS" and leases.read_lease(d) is None
     assert os.stat(f"{d}/{st.STATUS_FILE}").st_ino == lease_inode
     assert sorted(os.listdir(d)) == [st.STATUS_FILE]  # no temporary file left behind
@@ -56,8 +116,8 @@ def test_success_consumes_the_lease_in_one_write(tmp_path):
     assert leases.try_acquire(d, "B").token == 1
     # nothing to consume (a step recorded by hand): a plain write
     d2 = str(tmp_path / "step2")
-    st.write_status(d2, StepStatus.RUNNING, holder="A", consume=leases.lease_path(d2))
-    assert st.read_status(d2)["status"] == "RUNNING"
+    st.write_status(d2, StepStatus.DEP_FAILED, lease=lease, consume=leases.lease_path(d2))
+    assert st.read_status(d2)["status"] == "DEP_FAILED"
 
 
 def _dead_pid() -> int:

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import socket
 import subprocess
 import traceback
 
@@ -46,16 +47,14 @@ class TrainLikeConfig:
 def _succeed(ps, plan, holder="fixture-host:1:abc"):
     d = ps.output_path
     os.makedirs(d, exist_ok=True)
-    lease = leases.try_acquire(d, holder)
-    rec = st.write_status(d, StepStatus.RUNNING, holder=holder)
+    lease = leases.try_acquire(d, holder)  # the held lease records the attempt: RUNNING
     st.write_info(d, step_info(ps, resolve_config(ps, plan), holder))
-    return lease, rec
+    return lease, st.read_status(d)
 
 
-def _finish(ps, lease, rec, holder="fixture-host:1:abc"):
-    st.write_status(ps.output_path, StepStatus.SUCCESS, holder=holder, previous=rec,
-                    started=rec["events"][-1]["time"])
-    leases.release(ps.output_path, lease)
+def _finish(ps, lease, rec):
+    st.write_status(ps.output_path, StepStatus.SUCCESS, lease=lease, previous=rec,
+                    started=rec["events"][-1]["time"], consume=leases.lease_path(ps.output_path))
 
 
 def dead_pid() -> int:
@@ -156,7 +155,7 @@ def build_small(prefix: str) -> dict:
         info = st.read_info(p[broken].output_path)
         info.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
         st.write_info(p[broken].output_path, info)
-    st.write_status(p[broken].output_path, StepStatus.FAILED, holder="fixture-host:1:abc", previous=rec)
+    st.write_status(p[broken].output_path, StepStatus.FAILED, lease=lease, previous=rec)
     leases.release(p[broken].output_path, lease)
 
     # a live training step: our own (live) process holds its lease
@@ -164,15 +163,11 @@ def build_small(prefix: str) -> dict:
     with open(f"{p[live].output_path}/metrics.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in train_records(40, transport_switch=100, seq_switch=100))
 
-    # an interrupted step: RUNNING, its holder's process is gone
-    _succeed(p[stopped], plan)
-    import socket
-    import time
-
-    gone = leases.Lease(holder=f"{socket.gethostname()}:{dead_pid()}:dead", token=1, expiry=time.time() + 3600,
-                        host=socket.gethostname(), pid=dead_pid())
+    # an interrupted step: RUNNING (its lease records the attempt), its holder's process is gone
+    pid = dead_pid()
+    lease, _ = _succeed(p[stopped], plan, holder=f"{socket.gethostname()}:{pid}:dead")
     with open(leases.lease_path(p[stopped].output_path), "w") as f:
-        f.write(gone.to_json())
+        f.write(dataclasses.replace(lease, pid=pid).to_json())
 
     outcome = {p[s].output_path: "succeeded" for s in (tok, train, evals, ladder)}
     outcome[p[corpus].output_path] = "cached"

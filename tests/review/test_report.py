@@ -13,6 +13,7 @@ import pytest
 from review_fixtures import build_fanout
 
 import marin.review as mr
+from marin.execution import status as st
 from marin.review import dag as dagmod
 from marin.review.plots import downsample_minmax
 from marin.review.report import render, write_report
@@ -96,10 +97,10 @@ def test_unknown_status_values_are_shown_as_written(small_experiment):
     prefix, built = small_experiment
     import json
 
-    path = built["paths"]["small/stopped"] + "/.executor_status"
-    rec = json.load(open(path))
+    step_dir = built["paths"]["small/stopped"]
+    rec = st.read_status(step_dir)  # RUNNING, recorded by its lease only
     rec["status"] = "INTERRUPTED"
-    json.dump(rec, open(path, "w"))
+    json.dump(rec, open(f"{step_dir}/{st.STATUS_FILE}", "w"))
     step = mr.load(prefix=prefix).step("small/stopped")
     assert step.status == "INTERRUPTED" and step.state.category == "interrupted"
     assert "INTERRUPTED" in render(mr.load(prefix=prefix))

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 from marin.cli import main as marin
+from marin.execution import lease as leases
 from marin.execution import plan_steps, resolve_config
 from marin.execution import status as st
 from marin.execution.executor import step_info
@@ -57,9 +58,9 @@ def _succeed_recorded(exp_path: str, prefix: str, recorded_config_x: int | None 
     plan = plan_steps(steps, prefix)
     [ps] = plan.steps
     os.makedirs(ps.output_path)
-    rec = st.write_status(ps.output_path, StepStatus.RUNNING, holder="h")
+    lease = leases.try_acquire(ps.output_path, "h")
     st.write_info(ps.output_path, step_info(ps, resolve_config(ps, plan), "h"))
-    st.write_status(ps.output_path, StepStatus.SUCCESS, holder="h", previous=rec)
+    st.write_status(ps.output_path, StepStatus.SUCCESS, lease=lease, consume=leases.lease_path(ps.output_path))
     return ps.output_path
 
 

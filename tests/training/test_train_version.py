@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from experiments.defaults import default_health_report, default_train
+from marin.execution import lease as leases
 from marin.execution import plan_steps, resolve_config
 from marin.execution import status as st
 from marin.execution.review import explain
@@ -99,8 +100,8 @@ def test_explain_names_the_preset_field_that_changed(tmp_path, monkeypatch):
     # a finished run of the 4-layer train step, recorded as the executor records it
     train, health = _pipeline()
     old = plan_steps([health], prefix).planned(train)
-    st.write_status(old.output_path, st.StepStatus.RUNNING, holder="test")
-    st.write_status(old.output_path, st.StepStatus.SUCCESS, holder="test")
+    lease = leases.try_acquire(old.output_path, "test")
+    st.write_status(old.output_path, st.StepStatus.SUCCESS, lease=lease)
     st.write_info(old.output_path, {"name": old.name, "hash": old.hash, "version": old.version(),
                                     "output_path": old.output_path})
 

@@ -159,7 +159,7 @@ def main() -> None:
         ("raw Ray, 1,000 fan-out", res["ray_fanout_1000_s"], None, "baseline"),
     ]
     print(f"creating a file in the scratch directory costs {res['file_create_ms']:.3f} ms of CPU "
-          "(each step's bookkeeping creates two: its lease, which becomes the status, and its info)")
+          "(a step's bookkeeping creates one: its lease, which becomes its status record)")
     print(f"{'measurement':40s} {'seconds':>9s} {'vs raw Ray':>11s}  target")
     for name, secs, base, target in rows:
         ratio = f"{secs / base:.2f}x" if base else "-"

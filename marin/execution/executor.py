@@ -417,6 +417,7 @@ class _Runner:
         self.outcome: dict[str, str] = {}
         self.errors: dict[str, str] = {}
         self.info: dict[PlannedStep, dict] = {}
+        self.configs: dict[PlannedStep, Any] = {}
         self.initial_events = {s: len((statuses.get(s) or {}).get("events", [])) for s in todo}
         self.bar = None
         self._resources: dict[str, float] | None = None
@@ -507,7 +508,16 @@ class _Runner:
     def _start(self, s: PlannedStep) -> None:
         if s.output_path in self.outcome:  # an upstream failed after s became ready
             return
-        lease = leases.try_acquire(s.output_path, self.holder, self.opts.lease_ttl)
+        problem = None
+        if s not in self.info:
+            try:
+                config = resolve_config(s, self.plan)
+                self.info[s] = step_info(s, config, self.holder)
+                self.configs[s] = config
+            except Exception as e:  # recorded as the step's failure once we hold its lease
+                problem = (f"{type(e).__name__}: {e}", traceback.format_exc())
+        # the lease carries the info: starting the step is this one write (the step reads RUNNING)
+        lease = leases.try_acquire(s.output_path, self.holder, self.opts.lease_ttl, info=self.info.get(s))
         if lease is None:
             self.waiting[s] = time.monotonic()
             return
@@ -525,10 +535,10 @@ class _Runner:
                 self.errors[s.output_path] = "failed in a concurrent executor; see marin show"
                 self._finish(s, "failed")
                 return
-            config = resolve_config(s, self.plan)
-            info = step_info(s, config, self.holder)
-            self.info[s] = info
-            st.write_info(s.output_path, info)  # RUNNING needs no write: our lease records the attempt
+            if problem is not None:
+                self._record_failure(s, *problem)
+                return
+            config = self.configs.pop(s)
             options = _ray_options(s)
             missing = infeasible(options, self._cluster_resources())
             if missing:
@@ -572,14 +582,12 @@ class _Runner:
 
     def _record_failure(self, s: PlannedStep, error: str, tb: str) -> None:
         error, tb = mask_text(error), mask_text(tb)  # an error message may quote the config
-        info = self.info.get(s) or {"name": s.name, "output_path": s.output_path}
-        info.update(error=error, traceback=tb)
+        info = {**(self.info.get(s) or {"name": s.name, "output_path": s.output_path}), "error": error, "traceback": tb}
         with self.lock:
             lease = self.held.get(s)
         try:
             if lease is not None:  # else the lease was taken over: the step is no longer ours to write
-                st.write_info(s.output_path, info)
-                st.write_status(s.output_path, StepStatus.FAILED, lease=lease, message=error)
+                st.write_status(s.output_path, StepStatus.FAILED, lease=lease, message=error, info=info)
         except Exception as e:  # pragma: no cover - store unreachable
             logger.error("step %s: could not record failure: %s", s.name, e)
         self._release(s)
@@ -820,7 +828,7 @@ def print_dry_run(plan: Plan, statuses: dict, todo: list[PlannedStep]) -> None:
         mark = "run " if s in todo_set else "skip"
         print(f"  [{mark}] {s.name}-{s.hash}  ({status.value if status else 'new'})  {s.output_path}")
         if statuses[s] is not None:
-            info = st.read_info(s.output_path)
+            info = st.read_info(s.output_path, statuses[s])
             msg = drift((info or {}).get("code_fingerprint"), code_fingerprint(s.step.fn))
             if msg:
                 print(f"         warning: {msg} (the hash is unchanged; outputs are kept)")

@@ -1,12 +1,13 @@
 """Step leases: who may run a step right now, with fencing tokens.
 
-``.executor_lease`` holds ``{holder, token, since, expiry, host, pid, released, abandoned}``. A lease
+``.executor_lease`` holds ``{holder, token, since, expiry, host, pid, released, abandoned, info}``. A lease
 is acquired by a compare-and-swap on that file (see :mod:`storage` for the per-backend guarantee);
 each acquisition increments ``token``, so a holder that was presumed dead and replaced can tell (its
 token is no longer current) and must stop writing. The holder renews ``expiry`` by heartbeat.
 
-A held lease is also the record of the attempt in progress: the step is RUNNING since ``since``
-without a RUNNING status write (see :func:`status.read_status`), which saves one file per step.
+A held lease is also the record of the attempt in progress: the step is RUNNING since ``since``,
+and ``info`` says what it runs, without a status or info write (see :func:`status.read_status`),
+so starting a step creates one file.
 A takeover of a lease whose holder died holding it keeps that attempt in ``abandoned``, so the
 step's history still shows it.
 
@@ -65,13 +66,16 @@ class Lease:
     abandoned: tuple[Attempt, ...] = ()
     """Attempts of earlier holders that died holding the lease, oldest first (they may have no event
     in the status file: the lease was their only record)."""
+    info: dict | None = dataclasses.field(default=None, compare=False)
+    """What the step is, as this attempt runs it (config, version, lineage, code, host); the status
+    record takes it over with the attempt's first write (see :func:`status.read_info`)."""
 
     @property
     def attempt(self) -> Attempt:
         return (self.holder, self.token, self.since)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=repr)
 
     @staticmethod
     def from_json(text: str) -> "Lease":
@@ -111,8 +115,11 @@ def read_lease(step_dir: str) -> Lease | None:
     return Lease.from_json(text) if text else None
 
 
-def try_acquire(step_dir: str, holder: str, ttl: float = DEFAULT_TTL_S) -> Lease | None:
-    """Take the step's lease if free or stale; None if a live holder has it (or we lost a race)."""
+def try_acquire(step_dir: str, holder: str, ttl: float = DEFAULT_TTL_S, info: dict | None = None) -> Lease | None:
+    """Take the step's lease if free or stale; None if a live holder has it (or we lost a race).
+
+    ``info``: what the step is, for this attempt; written with the lease, so starting a step is
+    one write."""
     path = lease_path(step_dir)
     text, tag = storage.read_with_tag(path)
     host = socket.gethostname()
@@ -130,6 +137,7 @@ def try_acquire(step_dir: str, holder: str, ttl: float = DEFAULT_TTL_S) -> Lease
         pid=os.getpid(),
         since=now,
         abandoned=(current.abandoned + (current.attempt,)) if current and not current.released else (),
+        info=info,
     )
     return lease if storage.compare_and_swap(path, lease.to_json(), tag) else None
 

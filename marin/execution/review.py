@@ -1,7 +1,7 @@
 """Reviewing what steps produced: a Python API behind ``marin status | show | explain``.
 
 Everything here reads the files the executor wrote (``.executor_status``, ``.executor_lease``,
-``.executor_info.json``, experiment records); nothing here starts Ray or runs a step.
+experiment records); nothing here starts Ray or runs a step.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def row_for(path: str, name: str | None = None, hash_: str | None = None) -> dic
     base = path.rstrip("/").rsplit("/", 1)[-1]
     if name is None or hash_ is None:
         guessed_name, _, guessed_hash = base.rpartition("-")
-        info = st.read_info(path) or {}
+        info = st.read_info(path, record) or {}
         name = name or info.get("name") or guessed_name
         hash_ = hash_ or info.get("hash") or guessed_hash
     state = step_state(path, record)
@@ -273,8 +273,8 @@ def show(target: str, prefix: str | None = None) -> dict[str, Any]:
     """Config, version tree, dependencies, outputs, report content and error of one step, from the
     files the executor wrote (``marin.review.show`` adds a training step's health)."""
     path = find_step(target, prefix)
-    info = st.read_info(path) or {}
     record = st.read_status(path) or {}
+    info = st.read_info(path, record) or {}
     outputs = []
     for entry in storage.list_dir(path):
         base = entry.rstrip("/").rsplit("/", 1)[-1]
@@ -346,8 +346,8 @@ def unversioned_changes(recorded: Any, current: Any, versioned: Iterable[str]) -
 def _previous_run(prefix: str, ps: PlannedStep) -> dict[str, Any] | None:
     """Info of the most recent other run of a step with the same name (for hash-change reasons)."""
     candidates: list[tuple[float, dict[str, Any]]] = []
-    for info_path in storage.glob(f"{prefix}/{ps.name}-*/{st.INFO_FILE}"):
-        step_dir = info_path.rsplit("/", 1)[0]
+    step_dirs_of_name = {p.rsplit("/", 1)[0] for m in st.STEP_FILES for p in storage.glob(f"{prefix}/{ps.name}-*/{m}")}
+    for step_dir in sorted(step_dirs_of_name):
         if step_dir == ps.output_path or step_dir[len(prefix) + 1:].rpartition("-")[0] != ps.name:
             continue
         info = st.read_info(step_dir)
@@ -399,7 +399,7 @@ def explain(experiment: str, prefix: str | None = None) -> list[dict[str, Any]]:
     for ps in plan.steps:
         record = st.read_status(ps.output_path)
         status = st.current_status(record)
-        info = st.read_info(ps.output_path) if record else None
+        info = st.read_info(ps.output_path, record) if record else None
         reasons: list[str] = []
         warnings: list[str] = []
         if status == StepStatus.SUCCESS:

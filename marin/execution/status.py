@@ -1,18 +1,20 @@
-"""Per-step status files: ``.executor_status`` (state + event history) and ``.executor_info.json``.
+"""A step's record: ``.executor_status`` (state, event history, and what the step is).
 
 The status file is written only by the holder of the step's lease (see :mod:`lease`), so a plain
 atomic replace is enough. SUCCESS is written last, after the step's outputs are complete: a step
 directory without SUCCESS is never read as finished.
 
-An attempt's start is not written: the held lease records it (holder, token, since), and
-:func:`read_status` shows it as a RUNNING event; the attempt's first write (SUCCESS, FAILED, ...)
-puts that event in the file. A step therefore costs one status write, not two, which on some disks
-and on object stores is a sizeable part of a small step's time (see docs/performance.md). Every
-event carries the lease token it was written under, so an attempt is never shown twice.
+``{"status", "events", "info"}``: ``info`` says what the step is (config, version, lineage, code,
+host, holder), plus the error of a failed attempt; when an attempt started and ended is in the
+events only (:func:`attempt_times`).
 
-The info file says what the step is (config, version, lineage, code, host, holder), written once
-when an attempt starts, plus the error of a failed attempt; when an attempt started and ended is
-in the status events only (:func:`attempt_times`).
+An attempt's start is not written here: the held lease records it (holder, token, since, info), and
+:func:`read_status` shows it as a RUNNING event; the attempt's first write (SUCCESS, FAILED, ...)
+puts that event and the info in the file. Starting a step is therefore one write (the lease), and
+on local disk the SUCCESS commit turns the lease's file into the status file: one file created per
+step. On some disks creating a file is most of a bookkeeping write's cost, and on object stores
+every write is a round trip (see docs/performance.md). Every event carries the lease token it was
+written under, so an attempt is never shown twice.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from marin.execution import lease as leases
 from marin.execution import storage
 
 STATUS_FILE = ".executor_status"
-INFO_FILE = ".executor_info.json"
-STEP_FILES = (STATUS_FILE, INFO_FILE)
-"""A directory holding either is a step directory (a first attempt in progress has no status file:
-its lease records it, and its info file is written when it starts)."""
+LEGACY_INFO_FILE = ".executor_info.json"
+"""Where executors before the one-file record wrote the info; still read for their steps."""
+STEP_FILES = (STATUS_FILE, leases.LEASE_FILE, LEGACY_INFO_FILE)
+"""A directory holding any of these is a step directory (a first attempt in progress has no status
+file yet: its lease records it)."""
 
 
 class StepStatus(str, enum.Enum):
@@ -108,7 +111,10 @@ def with_attempts(
     ]
     if not new:
         return record
-    return {**(record or {}), "status": StepStatus.RUNNING.value, "events": events + new}
+    merged = {**(record or {}), "status": StepStatus.RUNNING.value, "events": events + new}
+    if own and lease.info is not None:
+        merged["info"] = lease.info
+    return merged
 
 
 def current_status(record: dict[str, Any] | None) -> StepStatus | None:
@@ -118,13 +124,15 @@ def current_status(record: dict[str, Any] | None) -> StepStatus | None:
 def write_status(
     step_dir: str, new: StepStatus, *, lease: leases.Lease, message: str | None = None,
     previous: dict | None = None, started: float | None = None, consume: str | None = None,
+    info: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Append an event written under ``lease`` (held by the caller) and set the status.
 
     ``previous`` (if already read, attempts included) saves a read. ``started`` (on a finishing
     event) is when the step's body began on its worker: a step submitted behind its upstreams is
     RUNNING while it waits in Ray's queue, and its duration counts from this instead. ``consume``: a
-    file of the step to remove with this write (see :func:`storage.write_text`)."""
+    file of the step to remove with this write (see :func:`storage.write_text`). ``info`` replaces
+    the record's info (a failure adds its error); by default the attempt's info is kept."""
     record = previous if previous is not None else read_status(step_dir)
     check_transition(current_status(record), new)
     events = list(record["events"]) if record else []
@@ -135,16 +143,21 @@ def write_status(
         event["started"] = started
     events.append(event)
     out = {"status": new.value, "events": events}
-    storage.write_text(f"{step_dir}/{STATUS_FILE}", json.dumps(out, indent=1), consume=consume)
+    info = info if info is not None else (record or {}).get("info")
+    if info is not None:
+        out["info"] = info
+    storage.write_text(f"{step_dir}/{STATUS_FILE}", json.dumps(out, indent=1, default=repr), consume=consume)
     return out
 
 
-def read_info(step_dir: str) -> dict[str, Any] | None:
-    return storage.read_json(f"{step_dir}/{INFO_FILE}")
-
-
-def write_info(step_dir: str, info: dict[str, Any]) -> None:
-    storage.write_text(f"{step_dir}/{INFO_FILE}", json.dumps(info, indent=2, sort_keys=True, default=repr))
+def read_info(step_dir: str, record: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """What the step is (config, version, lineage, code, host, holder; the error of a failed attempt),
+    for its latest attempt: from ``record`` (a :func:`read_status` result) when given, else read.
+    None before the step first started."""
+    record = read_status(step_dir) if record is None else record
+    if record and record.get("info") is not None:
+        return record["info"]
+    return storage.read_json(f"{step_dir}/{LEGACY_INFO_FILE}")
 
 
 def attempt_times(

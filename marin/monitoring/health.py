@@ -333,8 +333,8 @@ def format_prediction_report(report: dict[str, Any]) -> str:
 
 
 def run_schedule(run_path: str) -> tuple[Any, int, int | None]:
-    """(LR schedule, tokens per step, final horizon) of a run from its ``.executor_info.json``, or
-    from its latest checkpoint's metadata; (None, 0, None) when neither is there yet."""
+    """(LR schedule, tokens per step, final horizon) of a run from its recorded config (the step's
+    status record), or from its latest checkpoint's metadata; (None, 0, None) when neither is there yet."""
     from marin.training.schedule import schedule_from_config
 
     config = None
@@ -343,7 +343,7 @@ def run_schedule(run_path: str) -> tuple[Any, int, int | None]:
 
         info = read_info(run_path.rstrip("/"))
         config = (info or {}).get("config")
-    except Exception:  # noqa: BLE001 - a run outside the executor has no info file
+    except Exception:  # noqa: BLE001 - a run outside the executor has no step record
         config = None
     if not config:
         try:

@@ -60,9 +60,10 @@ class Step:
     # identity ---------------------------------------------------------------------------------- #
     @property
     def info(self) -> dict[str, Any]:
-        """``.executor_info.json`` (empty before the step first started)."""
+        """What the step is: config, version, lineage, code, host; the error of a failed attempt
+        (empty before the step first started)."""
         if self._info is False:
-            self._info = st.read_info(self.output_path)
+            self._info = st.read_info(self.output_path, self.status_record)
         return self._info or {}
 
     @property

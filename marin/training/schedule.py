@@ -66,7 +66,7 @@ class LRSchedule:
 
 
 def schedule_from_config(config: dict) -> LRSchedule:
-    """The LR schedule of a run from its recorded config (``.executor_info.json`` or a checkpoint's
+    """The LR schedule of a run from its recorded config (the step's status record or a checkpoint's
     metadata): peak, warmup, original horizon, final fraction and the re-plans already made."""
     return LRSchedule(
         peak_lr=float(config["peak_lr"]),

@@ -209,7 +209,7 @@ def test_secrets_never_reach_info_records_or_logs(tmp_path):
     assert r.returncode == 1 and "step(s) failed" in r.stderr and "ValueError: refusing" in r.stderr, r.stderr
     secrets = ["0123456789abcdef0123456789abcdef01234567", "AKIA" + "QWERTYUIOPASDFGH"]
     files = [p for p in prefix.rglob("*") if p.is_file() and p.suffix in (".json", "") and p.name != "out.txt"]
-    assert any(p.name == ".executor_info.json" for p in files) and any("experiments" in p.parts for p in files)
+    assert any(p.name == ".executor_status" for p in files) and any("experiments" in p.parts for p in files)
     for where, text in [("stdout", r.stdout), ("stderr", r.stderr), *((str(p), p.read_text()) for p in files)]:
         for secret in secrets:
             assert secret not in text, f"{secret} leaked into {where}"

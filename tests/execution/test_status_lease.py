@@ -32,15 +32,18 @@ def test_status_transitions():
 def test_status_file_keeps_event_history(tmp_path):
     """A held lease is the attempt in progress (no RUNNING write); each attempt's first write records it."""
     d = str(tmp_path / "step")
-    a = leases.try_acquire(d, "h1")
-    assert st.read_status(d)["status"] == "RUNNING" and not os.path.exists(f"{d}/{st.STATUS_FILE}")
+    a = leases.try_acquire(d, "h1", info={"config": {"lr": 1}})
+    assert os.listdir(d) == [leases.LEASE_FILE]  # starting a step is one write
+    assert st.read_status(d)["status"] == "RUNNING" and st.read_info(d) == {"config": {"lr": 1}}
     assert st.read_status(d, attempts=False) is None
-    st.write_status(d, StepStatus.FAILED, lease=a, message="boom")
+    st.write_status(d, StepStatus.FAILED, lease=a, message="boom", info={**a.info, "error": "boom"})
     leases.release(d, a)
     assert st.read_status(d)["status"] == "FAILED"  # a released lease adds nothing
-    b = leases.try_acquire(d, "h2")
-    assert st.read_status(d)["status"] == "RUNNING"
+    assert st.read_info(d) == {"config": {"lr": 1}, "error": "boom"}
+    b = leases.try_acquire(d, "h2", info={"config": {"lr": 2}})
+    assert st.read_status(d)["status"] == "RUNNING" and st.read_info(d) == {"config": {"lr": 2}}
     rec = st.write_status(d, StepStatus.SUCCESS, lease=b, consume=leases.lease_path(d))
+    assert rec["info"] == {"config": {"lr": 2}} and st.read_info(d) == rec["info"]
     assert rec == st.read_status(d) and rec["status"] == "SUCCESS"
     events = rec["events"]
     assert [(e["status"], e["holder"], e["token"]) for e in events] == [
@@ -92,12 +95,25 @@ def test_with_attempts_against_the_obvious_rule():
         {"status": "RUNNING", "time": 40.0, "holder": "A", "token": 2},
         {"status": "RUNNING", "time": 50.0, "holder": "B", "token": 3}]}
     assert [e["holder"] for e in st.with_attempts(None, lease, own=False)["events"]] == ["A"]
+    with_info = dataclasses.replace(lease, info={"name": "x"})
+    assert st.with_attempts(None, with_info)["info"] == {"name": "x"}
+    assert "info" not in st.with_attempts(None, with_info, own=False)
     failed_a = {"status": "FAILED", "events": [{"status": "RUNNING", "time": 40.0, "holder": "A", "token": 2},
                                               {"status": "FAILED", "time": 45.0, "holder": "A", "token": 2}]}
     assert [e["holder"] for e in st.with_attempts(failed_a, lease)["events"]] == ["A", "A", "B"]
     # an executor that wrote no tokens (and wrote RUNNING itself) is matched by its holder id
     legacy = {"status": "RUNNING", "events": [{"status": "RUNNING", "time": 50.0, "holder": "B"}]}
     assert st.with_attempts(legacy, dataclasses.replace(lease, abandoned=())) == legacy
+
+
+def test_info_of_steps_recorded_before_the_one_file_record_is_read(tmp_path):
+    d = tmp_path / "old-step"
+    d.mkdir()
+    (d / st.STATUS_FILE).write_text(json.dumps({"status": "SUCCESS", "events": [
+        {"status": "RUNNING", "time": 1.0, "holder": "h"}, {"status": "SUCCESS", "time": 2.0, "holder": "h"}]}))
+    (d / st.LEGACY_INFO_FILE).write_text(json.dumps({"name": "old", "config": {"x": 1}}))
+    assert st.read_info(str(d)) == {"name": "old", "config": {"x": 1}}
+    assert st.attempt_times(st.read_status(str(d)))[0] == 1.0
 
 
 def test_success_consumes_the_lease_in_one_write(tmp_path):

@@ -3,7 +3,7 @@
 Running hundreds of real steps through Ray would take minutes on a small machine; the review code
 only reads what the executor writes (status, lease, info, experiment record, outputs), so these
 fixtures write exactly that with the executor's functions: ``plan_steps``, ``write_status``,
-``step_info``/``write_info``, ``try_acquire``/``release`` and ``write_experiment_record``.
+``step_info``, ``try_acquire``/``write_status``/``release`` and ``write_experiment_record``.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ class TrainLikeConfig:
 def _succeed(ps, plan, holder="fixture-host:1:abc"):
     d = ps.output_path
     os.makedirs(d, exist_ok=True)
-    lease = leases.try_acquire(d, holder)  # the held lease records the attempt: RUNNING
-    st.write_info(d, step_info(ps, resolve_config(ps, plan), holder))
+    # the held lease records the attempt and what it runs: RUNNING
+    lease = leases.try_acquire(d, holder, info=step_info(ps, resolve_config(ps, plan), holder))
     return lease, st.read_status(d)
 
 
@@ -152,10 +152,8 @@ def build_small(prefix: str) -> dict:
     try:
         raise ValueError("shard 3 is corrupt")
     except ValueError as e:
-        info = st.read_info(p[broken].output_path)
-        info.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
-        st.write_info(p[broken].output_path, info)
-    st.write_status(p[broken].output_path, StepStatus.FAILED, lease=lease, previous=rec)
+        info = {**lease.info, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    st.write_status(p[broken].output_path, StepStatus.FAILED, lease=lease, previous=rec, info=info)
     leases.release(p[broken].output_path, lease)
 
     # a live training step: our own (live) process holds its lease

@@ -58,8 +58,7 @@ def _succeed_recorded(exp_path: str, prefix: str, recorded_config_x: int | None 
     plan = plan_steps(steps, prefix)
     [ps] = plan.steps
     os.makedirs(ps.output_path)
-    lease = leases.try_acquire(ps.output_path, "h")
-    st.write_info(ps.output_path, step_info(ps, resolve_config(ps, plan), "h"))
+    lease = leases.try_acquire(ps.output_path, "h", info=step_info(ps, resolve_config(ps, plan), "h"))
     st.write_status(ps.output_path, StepStatus.SUCCESS, lease=lease, consume=leases.lease_path(ps.output_path))
     return ps.output_path
 

@@ -100,10 +100,9 @@ def test_explain_names_the_preset_field_that_changed(tmp_path, monkeypatch):
     # a finished run of the 4-layer train step, recorded as the executor records it
     train, health = _pipeline()
     old = plan_steps([health], prefix).planned(train)
-    lease = leases.try_acquire(old.output_path, "test")
+    lease = leases.try_acquire(old.output_path, "test", info={
+        "name": old.name, "hash": old.hash, "version": old.version(), "output_path": old.output_path})
     st.write_status(old.output_path, st.StepStatus.SUCCESS, lease=lease)
-    st.write_info(old.output_path, {"name": old.name, "hash": old.hash, "version": old.version(),
-                                    "output_path": old.output_path})
 
     _edit_preset(monkeypatch, n_layers=6)
     rows = {r["name"]: r for r in explain(str(exp), prefix)}

@@ -1,9 +1,9 @@
 """Running a plan: leases, status files and one Ray task per step.
 
-The driver (this process) owns all bookkeeping: it takes each step's lease (which records the
-attempt: the step reads RUNNING), writes the step info, submits ``fn(config)`` as a Ray task with the
-step's resources, and when the task ends writes FAILED, or, under the step's lock, checks it still
-holds the lease and writes SUCCESS last.
+The driver (this process) owns all bookkeeping: it takes each step's lease, which records the
+attempt and what it runs (the step reads RUNNING; see :mod:`status`), submits ``fn(config)`` as a Ray
+task with the step's resources, and when the task ends writes FAILED, or, under the step's lock,
+checks it still holds the lease and writes SUCCESS last.
 A heartbeat thread renews every held lease; a lease lost to a takeover cancels the task and writes
 nothing more.
 

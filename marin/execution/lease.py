@@ -1,7 +1,7 @@
 """Step leases: who may run a step right now, with fencing tokens.
 
-``.executor_lease`` holds ``{holder, token, since, expiry, host, pid, released, abandoned, info}``. A lease
-is acquired by a compare-and-swap on that file (see :mod:`storage` for the per-backend guarantee);
+``.executor_lease`` holds ``{holder, token, since, expiry, host, pid, released, abandoned, info}``.
+A lease is acquired by a compare-and-swap on that file (see :mod:`storage` for the per-backend guarantee);
 each acquisition increments ``token``, so a holder that was presumed dead and replaced can tell (its
 token is no longer current) and must stop writing. The holder renews ``expiry`` by heartbeat.
 

@@ -98,8 +98,8 @@ def with_attempts(
 
     Those are the attempts of holders that died holding the lease (``lease.abandoned``) and, while
     the lease is held, its holder's own attempt (``own=False`` leaves it out: the holder took the
-    lease without starting the step), which makes the step RUNNING. A released lease adds nothing:
-    its holder wrote what it did before releasing."""
+    lease without starting the step), which makes the step RUNNING with the lease's info. A
+    released lease adds nothing: its holder wrote what it did before releasing."""
     if lease is None or lease.released:
         return record
     events = list(record["events"]) if record else []

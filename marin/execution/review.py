@@ -155,7 +155,8 @@ def step_dirs(prefix: str) -> list[str]:
                 out.append(root)
                 dirs[:] = []
         return sorted(out)
-    return sorted({p.rsplit("/", 1)[0] for m in st.STEP_FILES for p in storage.glob(f"{prefix}/**/{m}")})
+    found = storage.glob(f"{prefix}/**/.executor_*")  # one listing of the store for every marker
+    return sorted({p.rsplit("/", 1)[0] for p in found if p.rsplit("/", 1)[-1] in st.STEP_FILES})
 
 
 def train_horizon(config: Any) -> int | None:

@@ -24,6 +24,7 @@ from marin.execution import (
     versioned,
 )
 from marin.execution import status as st
+from marin.execution.review import show, status_rows
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import tests/
 
@@ -201,6 +202,9 @@ def test_object_store_prefix_end_to_end(store, request, tmp_path, ray_local):
     assert json.loads(fs.cat_file(f"{pb.output_path}/.executor_status"))["status"] == "SUCCESS"
     assert not fs.exists(f"{pb.output_path}/.executor_lease")  # removed with the commit
     assert fs.exists(result.record_path)
+    rows = {r["name"]: r for r in status_rows(prefix)}  # what `marin status --prefix` lists
+    assert sorted(rows) == ["a", "b"] and {r["status"] for r in rows.values()} == {"SUCCESS"}
+    assert rows["b"]["hash"] == pb.hash and show(pb.output_path)["config"]["value"] == 3
     assert set(run([b], prefix).outcome.values()) == {"cached"}
     assert len(executions(log)) == 2
 

@@ -155,7 +155,12 @@ def step_dirs(prefix: str) -> list[str]:
                 out.append(root)
                 dirs[:] = []
         return sorted(out)
-    found = storage.glob(f"{prefix}/**/.executor_*")  # one listing of the store for every marker
+    return _marked_dirs(f"{prefix}/**")  # one listing of the store for every marker
+
+
+def _marked_dirs(pattern: str) -> list[str]:
+    """The directories matching ``pattern`` that hold a step marker (:data:`status.STEP_FILES`)."""
+    found = storage.glob(f"{pattern}/.executor_*")
     return sorted({p.rsplit("/", 1)[0] for p in found if p.rsplit("/", 1)[-1] in st.STEP_FILES})
 
 
@@ -347,8 +352,7 @@ def unversioned_changes(recorded: Any, current: Any, versioned: Iterable[str]) -
 def _previous_run(prefix: str, ps: PlannedStep) -> dict[str, Any] | None:
     """Info of the most recent other run of a step with the same name (for hash-change reasons)."""
     candidates: list[tuple[float, dict[str, Any]]] = []
-    step_dirs_of_name = {p.rsplit("/", 1)[0] for m in st.STEP_FILES for p in storage.glob(f"{prefix}/{ps.name}-*/{m}")}
-    for step_dir in sorted(step_dirs_of_name):
+    for step_dir in _marked_dirs(f"{prefix}/{ps.name}-*"):
         if step_dir == ps.output_path or step_dir[len(prefix) + 1:].rpartition("-")[0] != ps.name:
             continue
         info = st.read_info(step_dir)

@@ -7,9 +7,8 @@ token is no longer current) and must stop writing. The holder renews ``expiry`` 
 
 A held lease is also the record of the attempt in progress: the step is RUNNING since ``since``,
 and ``info`` says what it runs, without a status or info write (see :func:`status.read_status`),
-so starting a step creates one file.
-A takeover of a lease whose holder died holding it keeps that attempt in ``abandoned``, so the
-step's history still shows it.
+so starting a step creates one file. A takeover of a lease whose holder died holding it keeps that
+attempt in ``abandoned``, so the step's history still shows it.
 
 A finished (SUCCESS) step has no lease file: inside :func:`fenced`, the holder writes SUCCESS with
 ``consume=lease_path(step_dir)`` (see :func:`status.write_status`), which removes the lease in the same

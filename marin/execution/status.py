@@ -128,12 +128,14 @@ def write_status(
 ) -> dict[str, Any]:
     """Append an event written under ``lease`` (held by the caller) and set the status.
 
-    ``previous`` (if already read, attempts included) saves a read. ``started`` (on a finishing
-    event) is when the step's body began on its worker: a step submitted behind its upstreams is
-    RUNNING while it waits in Ray's queue, and its duration counts from this instead. ``consume``: a
-    file of the step to remove with this write (see :func:`storage.write_text`). ``info`` replaces
-    the record's info (a failure adds its error); by default the attempt's info is kept."""
-    record = previous if previous is not None else read_status(step_dir)
+    ``previous``: the record to append to, attempts included, if already read; by default the file
+    and ``lease``'s attempts (the caller's lease is the step's current one, so it is not read
+    again). ``started`` (on a finishing event) is when the step's body began on its worker: a step
+    submitted behind its upstreams is RUNNING while it waits in Ray's queue, and its duration counts
+    from this instead. ``consume``: a file of the step to remove with this write (see
+    :func:`storage.write_text`). ``info`` replaces the record's info (a failure adds its error); by
+    default the attempt's info is kept."""
+    record = previous if previous is not None else with_attempts(read_status(step_dir, attempts=False), lease)
     check_transition(current_status(record), new)
     events = list(record["events"]) if record else []
     event = {"status": new.value, "time": time.time(), "holder": lease.holder, "token": lease.token}

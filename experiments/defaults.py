@@ -23,12 +23,14 @@ from marin.data.mixture_report import MixtureReportConfig, mixture_report
 from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
 from marin.data.tokenize import TokenizeConfig, tokenize
 from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
+from marin.evaluation.multiple_choice import DomainTaskConfig, write_domain_task
 from marin.evaluation.sets import EvalSet, mixture_validation_sets
 from marin.evaluation.step import EvalConfig, evaluate
 from marin.execution import ExecutorStep, output_path_of, this_output_path, versioned
 from marin.execution.step import InputName, OutputName, VersionedValue
 from marin.monitoring.health import HealthReportConfig, health_report_step
 from marin.review.report import ReportConfig, report_step
+from marin.scaling.isoflop import IsoFlopFitConfig, IsoFlopRun, RecipeSpace, isoflop_fit_step
 from marin.scaling.ladder import LadderFitConfig, RungRun, ladder_fit_step
 from marin.training.config import SyntheticDataConfig, TrainConfig, resolve_model
 from marin.training.planning import StepDoesNotFit, check_train_config_fits
@@ -521,7 +523,94 @@ def default_ladder_fit(
     )
 
 
+def _isoflop_run(budget: float, train_step: ExecutorStep, eval_step: ExecutorStep | None) -> IsoFlopRun:
+    """An IsoFLOP fit's view of a training step: the model and schedule as the ladder fit reads them."""
+    r = _rung_run(train_step.name.rsplit("/", 1)[-1], train_step, eval_step)
+    return IsoFlopRun(name=r.name, budget=versioned(float(budget)), model=r.model, train_steps=r.train_steps,
+                      tokens_per_step=r.tokens_per_step, seq_len_phases=r.seq_len_phases, run_path=r.run_path,
+                      eval_path=r.eval_path)
+
+
+def default_isoflop_fit(
+    name: str,
+    runs: Sequence[tuple[float, ExecutorStep, ExecutorStep | None]],
+    *,
+    recipe: RecipeSpace | None = None,
+    next_budget: float | None = None,
+    validation: tuple[float, ExecutorStep, ExecutorStep | None] | None = None,
+    n_boot: int = 200,
+    max_validation_rel_error: float | None = None,
+) -> ExecutorStep:
+    """A step writing ``isoflop.json`` and plots: IsoFLOP parabolas, the compute-optimal frontier, the
+    loss surface L(N, D), the law chosen for predictions and task-accuracy fits
+    (:mod:`marin.scaling.isoflop`).
+
+    Args:
+        name: step name.
+        runs: ``(budget, train_step, eval_step or None)`` per run; at least 3 sizes per budget and 2
+            budgets. bpb is fitted when every run has an eval step, training loss otherwise.
+        recipe: the widths, depth rule, batch and shape a compute-optimal run may have; with
+            ``next_budget`` the document names the compute-optimal rung there (``next``).
+        next_budget: the compute of the next run to plan.
+        validation: a ``(budget, train_step, eval_step)`` run never fitted; compared with the
+            chosen law's prediction (``validation``, ``validation_rel_error``).
+        n_boot: bootstrap resamples of the loss surface.
+        max_validation_rel_error: fail the step (after writing) when the validation run misses by more.
+    """
+    iso_runs = tuple(_isoflop_run(b, t, e) for b, t, e in runs)
+    return ExecutorStep(
+        name=name,
+        fn=isoflop_fit_step,
+        config=IsoFlopFitConfig(
+            runs=iso_runs,
+            output_path=this_output_path(),
+            recipe=versioned(recipe),
+            next_budget=versioned(None if next_budget is None else float(next_budget)),
+            validation=None if validation is None else _isoflop_run(*validation),
+            n_boot=versioned(n_boot),
+            max_validation_rel_error=max_validation_rel_error,
+        ),
+        description=f"IsoFLOP fit over {len(iso_runs)} runs at {len({b for b, _, _ in runs})} budgets",
+        resources={"num_cpus": 1},
+    )
+
+
 # --- evaluation (bits per byte of held-out text; see docs/evaluation.md) ----------------------------
+# Multiple-choice tasks are jsonl files (marin.evaluation.multiple_choice); default_domain_task writes
+# one from the K40 miniature's domain languages, so a tiny ladder has a task its models can learn.
+
+
+def default_domain_task(name: str, domains: Sequence[str], questions_per_domain: int = 16, n_choices: int = 4,
+                        seed: int = 0, start: int = 50_000) -> ExecutorStep:
+    """A step writing ``task.jsonl``: continue a passage in its own domain's language.
+
+    Args:
+        name: step name.
+        domains: K40 domains whose languages the questions use (at least ``n_choices``).
+        questions_per_domain: questions whose gold passage is in each domain.
+        n_choices: choices per question (the gold passage and passages of other domains).
+        seed: the corpus's seed (it defines the domain languages).
+        start: first document index; beyond the training corpus's documents, so no question was trained on.
+    """
+    return ExecutorStep(
+        name=name,
+        fn=write_domain_task,
+        config=_versioned_config(DomainTaskConfig(
+            output_path=this_output_path(), domains=tuple(domains), questions_per_domain=questions_per_domain,
+            n_choices=n_choices, seed=seed, start=start), keep=("output_path",)),
+        description=f"domain-continuation task over {len(domains)} K40 domains",
+        resources={"num_cpus": 1},
+    )
+
+
+def _task_paths(tasks: Mapping[str, StepOrPath] | None) -> Any:
+    """Task paths for an eval config: a step becomes its ``task.jsonl`` (a dependency); plain paths are
+    versioned as one dict, as before steps were accepted (so existing eval steps keep their hashes)."""
+    tasks = dict(tasks or {})
+    if not any(isinstance(t, ExecutorStep) for t in tasks.values()):
+        return versioned(tasks)
+    return {k: output_path_of(t, "task.jsonl") if isinstance(t, ExecutorStep) else versioned(str(t))
+            for k, t in tasks.items()}
 # An eval suite is a tuple of marin.evaluation.sets.EvalSet: named text datasets tokenized once with
 # the run's tokenizer (default_eval_suite), and/or a mixture's held-out split (default_validation_sets).
 # default_eval scores committed checkpoints of a training step on them and writes eval.json.
@@ -575,7 +664,7 @@ def default_eval(
     held_out: bool = False,
     seq_len: int | None = None,
     stride: int | None = None,
-    tasks: Mapping[str, str] | None = None,
+    tasks: Mapping[str, StepOrPath] | None = None,
 ) -> ExecutorStep:
     """A step writing ``eval.json``: bits per byte of ``train_step``'s committed checkpoint(s).
 
@@ -590,8 +679,9 @@ def default_eval(
         seq_len: window length (default: the run's longest training sequence).
         stride: overlapping windows, so every token has at least ``seq_len - stride`` tokens of
             context (default: disjoint windows).
-        tasks: multiple-choice tasks ``{name: jsonl path}``, scored as accuracy and byte-normalised
-            accuracy under ``"tasks"`` in ``eval.json``.
+        tasks: multiple-choice tasks ``{name: jsonl path or a default_domain_task step}``, scored as
+            accuracy, byte-normalised accuracy and task loss (``gold_bpb``) under ``"tasks"`` in
+            ``eval.json``.
     """
     if pool is not None:
         get_pool(pool)
@@ -612,7 +702,7 @@ def default_eval(
             pool=pool,
             seq_len=versioned(seq_len),
             stride=versioned(stride),
-            tasks=versioned(dict(tasks or {})),
+            tasks=_task_paths(tasks),
         ),
         description=f"evaluate {train_step.name} ({checkpoint} checkpoint)",
         # Like training, the step's own task only waits on the pool it launches.

@@ -13,12 +13,20 @@ long for the window keeps its last tokens.
     acc       = mean over questions of [argmax_i loglik_i == gold]
     acc_norm  = mean over questions of [argmax_i loglik_i / utf8_bytes(choice_i) == gold]
 
-``chance`` is the mean of 1 / number of choices.
+``chance`` is the mean of 1 / number of choices. ``gold_bpb`` is the *task loss* of the scaling
+literature (Bhagia et al. 2024, "Establishing Task Scaling Laws via Compute-Efficient Model
+Ladders"): the correct choice's negative log-likelihood in bits per UTF-8 byte of the choice, averaged
+over questions. It moves smoothly with scale where accuracy jumps, so a ladder fits it against compute
+and accuracy against it.
+
+:func:`write_domain_task` builds a task from the K40 miniature's domain languages (continue a
+passage in its own domain's language), so a tiny ladder has a task that its models can learn.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,7 +120,74 @@ def accuracy(questions: list[Question], logliks: list[np.ndarray]) -> dict[str, 
             "chance": float(np.mean([1.0 / len(q.choices) for q in questions]))}
 
 
+def gold_bpb(questions: list[Question], logliks: list[np.ndarray]) -> float:
+    """Mean over questions of the correct choice's negative log-likelihood in bits per UTF-8 byte of
+    the choice (the task loss). Pure."""
+    vals = [-float(ll[q.gold]) / (math.log(2) * max(1, len(q.choices[q.gold].encode("utf-8"))))
+            for q, ll in zip(questions, logliks, strict=True)]
+    return float(np.mean(vals))
+
+
 def score_task(questions: list[Question], tok, params, router_bias, cfg, mesh, seq_len: int,
                batch_rows: int) -> dict[str, Any]:
-    """accuracy, byte-normalised accuracy and chance of ``questions`` under ``params``."""
-    return accuracy(questions, choice_logliks(questions, tok, params, router_bias, cfg, mesh, seq_len, batch_rows))
+    """accuracy, byte-normalised accuracy, chance and the task loss (``gold_bpb``) of ``questions``."""
+    logliks = choice_logliks(questions, tok, params, router_bias, cfg, mesh, seq_len, batch_rows)
+    return {**accuracy(questions, logliks), "gold_bpb": gold_bpb(questions, logliks)}
+
+
+@dataclass(frozen=True)
+class DomainTaskConfig:
+    """A continuation task over the K40 miniature's domain languages (written as ``task.jsonl``).
+
+    Each question's context is the first ``context_words`` words of a fresh q5 document's body
+    (document ``start`` onwards: never in the training corpus when ``start`` is beyond its size);
+    the choices are the next ``choice_words`` words of that document and of the documents at the same
+    index in ``n_choices - 1`` other domains. ``seed`` must be the corpus's: it defines the languages.
+    """
+
+    output_path: str
+    domains: tuple[str, ...]
+    questions_per_domain: int = 16
+    n_choices: int = 4
+    seed: int = 0
+    start: int = 50_000
+    context_words: int = 8
+    choice_words: int = 6
+
+
+def domain_task_questions(config: DomainTaskConfig) -> list[dict[str, Any]]:
+    """The task's questions as jsonl records (pure)."""
+    from marin.data.synthetic import generate_documents
+
+    doms = tuple(config.domains)
+    if len(doms) < config.n_choices or config.n_choices < 2:
+        raise TaskError(f"a domain task with {config.n_choices} choices needs at least that many domains "
+                        f"(and >= 2), got {len(doms)}")
+    need = config.context_words + config.choice_words
+    bodies = {d: [t.split("\n", 1)[-1].split() for t in generate_documents(
+        d, "q5", config.questions_per_domain, seed=config.seed, start=config.start)] for d in doms}
+    out = []
+    for i in range(config.questions_per_domain):
+        for gi, d in enumerate(doms):
+            # the gold domain and the next n_choices - 1 domains (cyclically), gold at a rotating slot
+            others = [doms[(gi + k) % len(doms)] for k in range(1, config.n_choices)]
+            slot = (i + gi) % config.n_choices
+            picks = others[:slot] + [d] + others[slot:]
+            if any(len(bodies[o][i]) < need for o in picks):
+                continue
+            out.append({"context": " ".join(bodies[d][i][:config.context_words]),
+                        "choices": [" " + " ".join(bodies[o][i][config.context_words:need]) for o in picks],
+                        "gold": slot})
+    if not out:
+        raise TaskError(f"no document of {doms} is long enough for {need} words")
+    return out
+
+
+def write_domain_task(config: DomainTaskConfig) -> dict[str, Any]:
+    """Executor step: write ``task.jsonl`` (see :class:`DomainTaskConfig`)."""
+    import fsspec
+
+    qs = domain_task_questions(config)
+    with fsspec.open(f"{config.output_path.rstrip('/')}/task.jsonl", "w") as f:
+        f.write("".join(json.dumps(q) + "\n" for q in qs))
+    return {"questions": len(qs)}

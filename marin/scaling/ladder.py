@@ -412,13 +412,21 @@ def _read_json(path: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def _load(run: RungRun, fractions: Sequence[float]) -> dict[str, Any]:
+def read_fit_inputs(run_path: str | None, eval_path: str | None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """(every metrics.jsonl record of a training step, its evaluation step's eval.json or None)."""
     from marin.training.metrics import read_metrics
 
+    if run_path is None:
+        raise LadderFitError("a fitted run needs its training step's output path (run_path)")
+    final_eval = _read_json(f"{eval_path.rstrip('/')}/eval.json") if eval_path else None
+    return read_metrics(run_path, kind=None), final_eval
+
+
+def _load(run: RungRun, fractions: Sequence[float]) -> dict[str, Any]:
     if run.run_path is None:
         raise LadderFitError(f"rung {run.name} has no run_path")
-    final_eval = _read_json(f"{run.eval_path.rstrip('/')}/eval.json") if run.eval_path else None
-    return rung_values(run, read_metrics(run.run_path, kind=None), final_eval, fractions)
+    records, final_eval = read_fit_inputs(run.run_path, run.eval_path)
+    return rung_values(run, records, final_eval, fractions)
 
 
 def ladder_fit_step(config: LadderFitConfig) -> dict[str, Any]:
@@ -436,7 +444,7 @@ def ladder_fit_step(config: LadderFitConfig) -> dict[str, Any]:
         curves[f"{val['name']} (validation)"] = val["curve"]
     doc["plots"] = write_plots(doc, curves, config.output_path)
     with fsspec.open(f"{config.output_path.rstrip('/')}/fit.json", "w") as f:
-        json.dump(_clean(doc), f, indent=1)
+        json.dump(clean_json(doc), f, indent=1)
     err = doc.get("validation_rel_error")
     limit = config.max_validation_rel_error
     if limit is not None and err is not None and not abs(err) <= limit:
@@ -448,12 +456,12 @@ def ladder_fit_step(config: LadderFitConfig) -> dict[str, Any]:
             "validation_rel_error": err}
 
 
-def _clean(x: Any) -> Any:
+def clean_json(x: Any) -> Any:
     """JSON-safe copy: numpy scalars to Python, NaN/inf (a value a rung did not have) to null."""
     if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
+        return {str(k): clean_json(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
+        return [clean_json(v) for v in x]
     if isinstance(x, (np.floating, np.integer)):
         x = x.item()
     if isinstance(x, float) and not math.isfinite(x):

@@ -106,6 +106,13 @@ class PowerLawFit:
                 "resid_std": self.resid_std, "n": self.n, "c_ref": self.c_ref}
 
 
+def within_band(low: float, value: float, high: float) -> bool:
+    """``low <= value <= high`` up to the solvers' precision, 1e-6 relative (an exact fit has a band
+    of zero width)."""
+    tol = 1e-6 * max(abs(low), abs(high), abs(value), 1e-300)
+    return bool(low - tol <= value <= high + tol)
+
+
 def _law(x, E, a, alpha):
     return E + a * np.power(x, -alpha)
 

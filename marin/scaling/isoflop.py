@@ -44,11 +44,12 @@ from marin.scaling.fit import (
     FitError,
     LossSurfaceFit,
     PowerLawFit,
-    fit_accuracy_sigmoid,
     fit_loss_surface,
     fit_power_law,
+    within_band,
 )
 from marin.scaling.recipe import Rung, RunShape, ladder_rungs
+from marin.scaling.tasks import fit_task_laws, predict_task
 
 logger = logging.getLogger(__name__)
 
@@ -394,59 +395,6 @@ def predict_with(doc: dict[str, Any], surface: LossSurfaceFit, frontier_law: Pow
     return {"law": law, "predicted": value, "low": lo, "high": hi}
 
 
-def task_fits(runs: list[dict[str, Any]], *, n_boot: int = 100) -> dict[str, Any]:
-    """Per task present in every run: step 1, task loss (``gold_bpb``) as a loss surface in (N, D)
-    (the pure law in C when the runs cannot separate N and D); step 2, accuracy against task loss
-    as a sigmoid between chance and 1 (Bhagia et al. 2024)."""
-    names = set.intersection(*[set((r.get("tasks") or {}).keys()) for r in runs]) if runs else set()
-    out = {}
-    for name in sorted(names):
-        rows = [r["tasks"][name] for r in runs]
-        tl = [float(t["gold_bpb"]) for t in rows if t.get("gold_bpb") is not None]
-        if len(tl) != len(rows):
-            continue
-        acc = [float(t["acc"]) for t in rows]
-        entry: dict[str, Any] = {"chance": float(rows[0]["chance"])}
-        try:
-            surf = fit_loss_surface([r["n"] for r in runs], [r["d"] for r in runs], tl, n_boot=n_boot)
-            entry["task_loss"] = {"law": "surface", **surf.to_json()}
-            entry["_loss"] = surf
-        except FitError as e:
-            f = fit_power_law([r["flops"] for r in runs], tl, n_boot=n_boot, form="pure")
-            entry["task_loss"] = {"law": "pure", "surface_error": str(e), **f.to_json()}
-            entry["_loss"] = f
-        try:
-            sig = fit_accuracy_sigmoid(tl, acc, entry["chance"])
-            entry["accuracy"] = sig.to_json()
-            entry["_acc"] = sig
-        except FitError as e:
-            entry["accuracy"] = {"error": str(e)}
-        out[name] = entry
-    return out
-
-
-def predict_task(entry: dict[str, Any], n: float, d: float, flops: float) -> dict[str, Any]:
-    """Chain the two steps: predicted task loss (and band) at the run, then accuracy (and band: the
-    task-loss band's ends through the sigmoid, widened by the sigmoid's residual scatter)."""
-    from scipy.stats import t as student_t
-
-    f = entry["_loss"]
-    if isinstance(f, LossSurfaceFit):
-        tl, (tl_lo, tl_hi) = float(f.predict(n, d)), f.band(n, d)
-    else:
-        tl, (tl_lo, tl_hi) = float(f.predict(flops)), f.band(flops)
-    out = {"task_loss": tl, "task_loss_low": tl_lo, "task_loss_high": tl_hi}
-    sig = entry.get("_acc")
-    if sig is not None:
-        acc = float(sig.predict(tl))
-        q = float(student_t.ppf(0.975, max(1, sig.n - 2)))
-        lo_prop, hi_prop = acc - float(sig.predict(tl_hi)), float(sig.predict(tl_lo)) - acc
-        lo = acc - math.sqrt(lo_prop ** 2 + (q * sig.resid_std) ** 2)
-        hi = acc + math.sqrt(hi_prop ** 2 + (q * sig.resid_std) ** 2)
-        out.update({"acc": acc, "acc_low": max(0.0, lo), "acc_high": min(1.0, hi)})
-    return out
-
-
 def isoflop_document(runs: list[dict[str, Any]], *, recipe: RecipeSpace | None = None,
                      next_budget: float | None = None, validation: dict[str, Any] | None = None,
                      n_boot: int = 200) -> dict[str, Any]:
@@ -470,7 +418,7 @@ def isoflop_document(runs: list[dict[str, Any]], *, recipe: RecipeSpace | None =
         doc["metrics"][m] = mdoc
         fits[m] = (mdoc, surface, flaw)
     doc["surface"] = doc["metrics"][primary]["surface"]
-    tasks = task_fits(runs, n_boot=max(20, n_boot // 2))
+    tasks = fit_task_laws(runs, n_boot=max(20, n_boot // 2))
     doc["tasks"] = {k: {kk: vv for kk, vv in v.items() if not kk.startswith("_")} for k, v in tasks.items()}
     if recipe is not None and next_budget is not None:
         best = predict_optimal_config(fits[primary][1], next_budget, recipe)
@@ -496,7 +444,7 @@ def check_validation(fits, tasks, val: dict[str, Any], metrics: Sequence[str]) -
         if actual is None:
             continue
         out["metrics"][m] = {**p, "actual": actual, "rel_error": (p["predicted"] - actual) / actual,
-                             "inside": bool(p["low"] <= actual <= p["high"])}
+                             "inside": within_band(p["low"], actual, p["high"])}
     for name, entry in tasks.items():
         got = (val.get("tasks") or {}).get(name)
         if not got:
@@ -505,9 +453,9 @@ def check_validation(fits, tasks, val: dict[str, Any], metrics: Sequence[str]) -
         row = {**p, "actual_task_loss": got.get("gold_bpb"), "actual_acc": got.get("acc")}
         if "acc" in p and got.get("acc") is not None:
             row["acc_error_points"] = 100 * (p["acc"] - got["acc"])
-            row["acc_inside"] = bool(p["acc_low"] <= got["acc"] <= p["acc_high"])
+            row["acc_inside"] = within_band(p["acc_low"], got["acc"], p["acc_high"])
         if got.get("gold_bpb") is not None:
-            row["task_loss_inside"] = bool(p["task_loss_low"] <= got["gold_bpb"] <= p["task_loss_high"])
+            row["task_loss_inside"] = within_band(p["task_loss_low"], got["gold_bpb"], p["task_loss_high"])
         out["tasks"][name] = row
     return out
 

@@ -33,15 +33,17 @@ from typing import Any
 
 import numpy as np
 
-from marin.models.config import MoEConfig
+from marin.models.config import MoEConfig, count_params
 from marin.scaling.fit import (
     FitError,
-    fit_power_law,
+    fit_selected_law,
     leave_largest_out,
     linear_trend,
     trend_predict,
+    within_band,
 )
 from marin.scaling.recipe import phase_steps, run_flops
+from marin.scaling.tasks import fit_task_laws, predict_task
 
 logger = logging.getLogger(__name__)
 
@@ -190,9 +192,13 @@ def rung_values(run: RungRun, records: list[dict[str, Any]], final_eval: dict[st
         final["bpb"] = at[_fkey(1.0)]["bpb"]
     if 1.0 in fractions and math.isfinite(final["bpb"]):
         at[_fkey(1.0)]["bpb"] = final["bpb"]
-    return {"name": run.name, "flops": run.flops, "train_steps": run.train_steps, "at": at, "final": final,
-            "grad_norm_shape": grad_norm_shape(train, run.train_steps, run.warmup_steps),
-            "curve": _curve(train, run.train_steps)}
+    out = {"name": run.name, "flops": run.flops, "train_steps": run.train_steps, "at": at, "final": final,
+           "n": float(count_params(run.model)["active_params"]), "d": float(run.train_steps * run.tokens_per_step),
+           "grad_norm_shape": grad_norm_shape(train, run.train_steps, run.warmup_steps),
+           "curve": _curve(train, run.train_steps)}
+    if final_eval is not None and final_eval.get("tasks"):
+        out["tasks"] = final_eval["tasks"]
+    return out
 
 
 def _curve(train: list[dict[str, Any]], total_steps: int, points: int = 200) -> dict[str, list[float]]:
@@ -216,7 +222,7 @@ def _fit_metric(cs: list[float], ys: list[float], n_boot: int) -> Any:
     pts = [(c, y) for c, y in zip(cs, ys) if math.isfinite(y) and y > 0]
     if len(pts) < 2:
         return None
-    return fit_power_law([c for c, _ in pts], [y for _, y in pts], n_boot=n_boot)
+    return fit_selected_law([c for c, _ in pts], [y for _, y in pts], n_boot=n_boot)
 
 
 def fit_ladder(
@@ -273,7 +279,15 @@ def fit_ladder(
     for m, fit in final_fits.items():
         lo, hi = fit.band(target.flops)
         target_doc[f"final_{m}"] = {"value": float(fit.predict(target.flops)), "low": lo, "high": hi}
+    tasks = fit_task_laws(rungs, n_boot=max(20, n_boot // 4)) if all(r.get("tasks") for r in rungs) else {}
+    target_n = float(count_params(target.model)["active_params"])
+    target_d = float(target.train_steps * target.tokens_per_step)
+    task_doc = {name: {**{k: v for k, v in e.items() if not k.startswith("_")},
+                       "target": predict_task(e, target_n, target_d, target.flops)} for name, e in tasks.items()}
     return {
+        "_fits": final_fits,
+        "_tasks": tasks,
+        "tasks": task_doc,
         "target": target_doc,
         "metric": primary,
         "fractions": [float(f) for f in fractions],
@@ -304,7 +318,23 @@ def check_validation(doc: dict[str, Any], validation: dict[str, Any], validation
         fit_json = doc["params"][m]
         actual = validation["final"][m]
         pred = fit_json["E"] + fit_json["A"] * validation["flops"] ** -fit_json["alpha"]
-        out["metrics"][m] = {"predicted": pred, "actual": actual, "rel_error": (pred - actual) / actual}
+        out["metrics"][m] = {"predicted": pred, "actual": actual, "rel_error": (pred - actual) / actual,
+                             "form": fit_json["form"]}
+        fit = doc.get("_fits", {}).get(m)
+        if fit is not None:
+            lo, hi = fit.band(validation["flops"])
+            out["metrics"][m].update({"low": lo, "high": hi, "inside": within_band(lo, actual, hi)})
+    out["tasks"] = {}
+    for name, entry in doc.get("_tasks", {}).items():
+        got = (validation.get("tasks") or {}).get(name)
+        if not got:
+            continue
+        p = predict_task(entry, validation["n"], validation["d"], validation["flops"])
+        row = {**p, "actual_task_loss": got.get("gold_bpb"), "actual_acc": got.get("acc")}
+        if "acc" in p and got.get("acc") is not None:
+            row["acc_error_points"] = 100 * (p["acc"] - got["acc"])
+            row["acc_inside"] = within_band(p["acc_low"], got["acc"], p["acc_high"])
+        out["tasks"][name] = row
     m = doc["metric"] if doc["metric"] in out["metrics"] else "loss"
     out["rel_error"] = out["metrics"].get(m, {}).get("rel_error")
     out["metric"] = m
@@ -444,7 +474,7 @@ def ladder_fit_step(config: LadderFitConfig) -> dict[str, Any]:
         curves[f"{val['name']} (validation)"] = val["curve"]
     doc["plots"] = write_plots(doc, curves, config.output_path)
     with fsspec.open(f"{config.output_path.rstrip('/')}/fit.json", "w") as f:
-        json.dump(clean_json(doc), f, indent=1)
+        json.dump(clean_json({k: v for k, v in doc.items() if not k.startswith("_")}), f, indent=1)
     err = doc.get("validation_rel_error")
     limit = config.max_validation_rel_error
     if limit is not None and err is not None and not abs(err) <= limit:

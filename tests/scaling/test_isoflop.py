@@ -21,7 +21,7 @@ from marin.scaling.isoflop import (
     isoflop_fit_step,
     predict_optimal_config,
 )
-from marin.scaling.recipe import RunShape, rung_model, run_flops
+from marin.scaling.recipe import RunShape, run_flops, rung_model
 
 E, A, B, ALPHA, BETA = 1.69, 406.4, 410.7, 0.34, 0.28
 

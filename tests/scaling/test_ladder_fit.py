@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -60,7 +61,8 @@ def test_flops_until_matches_the_run_total():
 
 
 def test_fit_step_predicts_a_rung_it_did_not_see(tmp_path):
-    rungs = [_write(_run(d, s, tmp_path), tmp_path) for d, s in [(16, 60), (32, 90), (48, 130), (64, 180)]]
+    # five rungs: the saturating law can be tested by leaving the largest out (select_law), and wins
+    rungs = [_write(_run(d, s, tmp_path), tmp_path) for d, s in [(16, 60), (32, 90), (48, 130), (64, 180), (80, 240)]]
     val = _write(_run(96, 300, tmp_path), tmp_path)
     out = tmp_path / "fit"
     out.mkdir()
@@ -107,3 +109,31 @@ def test_an_unfinished_rung_is_a_clear_error(tmp_path):
     (tmp_path / "d16" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(LadderFitError, match="metrics stop at step 30 of 60; the run is unfinished"):
         rung_values(r, read_metrics(r.run_path, kind=None), None, (0.1, 1.0))
+
+
+def test_task_accuracy_is_predicted_through_task_loss(tmp_path):
+    """eval.json carries a task whose loss follows a law in compute and accuracy a sigmoid in that
+    loss: fit.json predicts the target's accuracy and checks the validation rung's in points."""
+    def task_row(run):
+        tl = 0.5 + 30.0 * run.flops ** -0.1
+        return {"acc": 0.25 + 0.75 / (1 + math.exp(6 * (tl - 1.1))), "gold_bpb": tl, "chance": 0.25, "questions": 64}
+
+    runs = []
+    for d, s in [(16, 60), (32, 90), (48, 130), (64, 180), (80, 240), (96, 300)]:
+        r = _write(_run(d, s, tmp_path), tmp_path)
+        ev = json.loads((tmp_path / f"d{d}-eval" / "eval.json").read_text())
+        (tmp_path / f"d{d}-eval" / "eval.json").write_text(json.dumps({**ev, "tasks": {"k40": task_row(r)}}))
+        runs.append(r)
+    out = tmp_path / "fit"
+    out.mkdir()
+    ladder_fit_step(LadderFitConfig(rungs=tuple(runs[:-1]), target=_run(96, 300), output_path=str(out),
+                                    validation=runs[-1], n_boot=20))
+    doc = json.loads((out / "fit.json").read_text())
+    t = doc["tasks"]["k40"]
+    assert t["task_loss"]["law"] in ("pure", "saturating") and "surface_error" in t["task_loss"]
+    assert t["accuracy"]["k"] == pytest.approx(6, rel=0.05) and t["target"]["acc_low"] <= t["target"]["acc"]
+    v = doc["validation"]["tasks"]["k40"]
+    assert abs(v["acc_error_points"]) < 1.0 and v["acc_inside"]
+    assert v["actual_acc"] == pytest.approx(task_row(runs[-1])["acc"])
+    vb = doc["validation"]["metrics"]["bpb"]
+    assert vb["inside"] and vb["low"] <= vb["predicted"] <= vb["high"]

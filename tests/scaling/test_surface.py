@@ -60,7 +60,8 @@ def test_exact_points_predict_and_allocate_like_the_closed_form():
     # C = 6 N D: N_opt = G (C/6)^(beta/(alpha+beta)), G = (alpha A / (beta B))^(1/(alpha+beta))
     g = (0.34 * 406.4 / (0.28 * 410.7)) ** (1 / 0.62)
     n_opt, d_opt = f.optimal_allocation(1e23)
-    assert n_opt == pytest.approx(g * (1e23 / 6) ** (0.28 / 0.62), rel=0.02) and n_opt * d_opt * 6 == pytest.approx(1e23)
+    assert n_opt == pytest.approx(g * (1e23 / 6) ** (0.28 / 0.62), rel=0.02)
+    assert n_opt * d_opt * 6 == pytest.approx(1e23)
     # the numerical optimum under a FLOPs model that is 6 N agrees with the closed form
     n_num, d_num = f.optimal_allocation(1e23, flops_per_token=lambda nn: 6 * nn)
     assert n_num == pytest.approx(n_opt, rel=1e-3) and d_num == pytest.approx(d_opt, rel=1e-3)

@@ -278,7 +278,33 @@ def health_vs_prediction(
                                           reason=f"act in {early_act[-1]['label']}")
     return {"windows": windows, "level": _worst([w["level"] for w in windows]), "next": next_text,
             "contingency": contingency, "progress": progress, "last_step": last, "total_steps": total_steps,
-            "target": fit.get("target", {}).get("name")}
+            "target": fit.get("target", {}).get("name"), "tasks": task_predictions(fit, evals, total_steps)}
+
+
+TASK_KEY = "eval/task/{name}/{metric}"
+"""Where an in-training eval record carries a multiple-choice task's result (metric: acc, gold_bpb)."""
+
+
+def task_predictions(fit: dict[str, Any], evals: list[dict[str, Any]], total_steps: int) -> list[dict[str, Any]]:
+    """Per task the ladder fit predicts (``fit["tasks"][name]["target"]``: accuracy through task loss,
+    for the end of the run), the prediction next to the run's latest measured value when its
+    in-training eval records carry the task (:data:`TASK_KEY`). Pure."""
+    out = []
+    for name, entry in sorted((fit.get("tasks") or {}).items()):
+        pred = entry.get("target") or {}
+        if pred.get("acc") is None:
+            continue
+        row: dict[str, Any] = {"task": name, "predicted_acc": pred["acc"], "acc_low": pred.get("acc_low"),
+                               "acc_high": pred.get("acc_high"), "predicted_task_loss": pred.get("task_loss")}
+        key = TASK_KEY.format(name=name, metric="acc")
+        seen = [e for e in evals if key in e]
+        if seen:
+            last = max(seen, key=lambda e: e["step"])
+            row.update({"measured_acc": _num(last[key]), "measured_step": last["step"],
+                        "measured_task_loss": _num(last.get(TASK_KEY.format(name=name, metric="gold_bpb"))),
+                        "at_fraction": last["step"] / total_steps})
+        out.append(row)
+    return out
 
 
 def propose_contingency(records: list[dict[str, Any]], total_steps: int, schedule: Any, tokens_per_step: int,
@@ -318,6 +344,14 @@ def format_prediction_report(report: dict[str, Any]) -> str:
         parts = [i["text"] + ("" if i["level"] == "clear" else f": {i['level'].upper()}") for i in w["items"]]
         lines.append(f"  {w['label']}: {w['level']} ({'; '.join(parts)})")
     lines.append(f"  {report['next']}")
+    for t in report.get("tasks") or []:
+        band = (f" [{t['acc_low']:.3f}, {t['acc_high']:.3f}]" if t.get("acc_low") is not None
+                and t.get("acc_high") is not None else "")
+        line = f"  task {t['task']}: accuracy predicted {t['predicted_acc']:.3f}{band} at the end of the run"
+        if "measured_acc" in t:
+            line += (f"; measured {t['measured_acc']:.3f} at step {t['measured_step']:,} "
+                     f"({100 * t['at_fraction']:.0f}% of the run)")
+        lines.append(line)
     c = report.get("contingency")
     if c:
         lines.append(

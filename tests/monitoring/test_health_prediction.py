@@ -131,3 +131,19 @@ def test_health_step_with_a_fit(tmp_path):
     saved = json.loads((out / "health.json").read_text())
     assert saved["prediction"]["windows"][0]["label"] == "first 3%" == rep["prediction"]["windows"][0]["label"]
     assert math.isclose(saved["prediction"]["progress"], 0.06)
+
+
+def test_task_accuracy_predictions_shown_next_to_in_training_task_evals():
+    fit = {**_fit(), "tasks": {"k40": {"target": {"acc": 0.52, "acc_low": 0.47, "acc_high": 0.57, "task_loss": 1.1}}}}
+    evals = [{"step": s, "kind": "eval", "eval/task/k40/acc": 0.3 + s / 2000, "eval/task/k40/gold_bpb": 1.5}
+             for s in (100, 200)]
+    rep = health_vs_prediction(_records(220), fit, TOTAL, eval_records=evals)
+    assert rep["tasks"] == [{"task": "k40", "predicted_acc": 0.52, "acc_low": 0.47, "acc_high": 0.57,
+                             "predicted_task_loss": 1.1, "measured_acc": 0.4, "measured_step": 200,
+                             "measured_task_loss": 1.5, "at_fraction": 0.2}]
+    text = format_prediction_report(rep)
+    assert "task k40: accuracy predicted 0.520 [0.470, 0.570] at the end of the run; measured 0.400 at step 200" in text
+    # without in-training task evals the prediction alone is shown
+    alone = health_vs_prediction(_records(220), fit, TOTAL)
+    assert "measured_acc" not in alone["tasks"][0]
+    assert "task k40: accuracy predicted 0.520" in format_prediction_report(alone)

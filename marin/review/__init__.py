@@ -205,6 +205,10 @@ class Step:
         """A scaling-ladder fit (``fit.json``: target, predictions with bands, parameters), or None."""
         return self.read_json("fit.json")
 
+    def isoflop_fit(self) -> dict[str, Any] | None:
+        """An IsoFLOP fit (``isoflop.json``: parabolas, frontier, loss surface, validation), or None."""
+        return self.read_json("isoflop.json")
+
     def mixture_report(self) -> dict[str, Any] | None:
         return self.read_json("mixture_report.json")
 

@@ -86,18 +86,31 @@ def _fmt(v: float) -> str:
 
 def line_plot(title: str, series: dict[str, tuple[Sequence[float], Sequence[float]]], *,
               markers: Sequence[tuple[float, str]] = (), width: int = 640, height: int = 190,
-              buckets: int = 600, y_label: str = "") -> str:
-    """An inline ``<svg>`` line plot of named ``(x, y)`` series with vertical ``markers`` (x, label).
+              buckets: int = 600, y_label: str = "",
+              points: dict[str, tuple[Sequence[float], Sequence[float]]] | None = None) -> str:
+    """An inline ``<svg>`` line plot of named ``(x, y)`` series with vertical ``markers`` (x, label)
+    and, optionally, named scatter ``points`` (drawn as dots, never downsampled: they are few).
 
     Each series is downsampled with :func:`downsample_minmax` first, so the SVG stays small whatever
-    the run's length.
+    the run's length. A series whose x values are not increasing (a contour) is drawn as given.
     """
-    data = {k: downsample_minmax(x, y, buckets) for k, (x, y) in series.items()}
+    def prepare(x, y):
+        xs = list(x)
+        if all(a <= b for a, b in zip(xs, xs[1:])):
+            return downsample_minmax(x, y, buckets)
+        pairs = [(a, b) for a, b in zip(xs, y) if _finite(a) and _finite(b)]
+        return [a for a, _ in pairs], [b for _, b in pairs]
+
+    data = {k: prepare(x, y) for k, (x, y) in series.items()}
     data = {k: v for k, v in data.items() if v[0]}
-    if not data:
+    dots = {k: ([a for a, b in zip(x, y) if _finite(a) and _finite(b)], [b for a, b in zip(x, y)
+                                                                        if _finite(a) and _finite(b)])
+            for k, (x, y) in (points or {}).items()}
+    dots = {k: v for k, v in dots.items() if v[0]}
+    if not data and not dots:
         return ""
-    x_all = [x for xs, _ in data.values() for x in xs]
-    y_all = [y for _, ys in data.values() for y in ys]
+    x_all = [x for xs, _ in (*data.values(), *dots.values()) for x in xs]
+    y_all = [y for _, ys in (*data.values(), *dots.values()) for y in ys]
     x0, x1 = min(x_all), max(x_all)
     y0, y1 = min(y_all), max(y_all)
     if x1 == x0:
@@ -134,5 +147,10 @@ def line_plot(title: str, series: dict[str, tuple[Sequence[float], Sequence[floa
         if len(data) > 1:
             parts.append(f'<text x="{left + pw - 4}" y="{top + 12 + 12 * i}" class="lg" fill="{color}">'
                          f'{html.escape(name)}</text>')
+    for j, (name, (xs, ys)) in enumerate(dots.items()):
+        color = PALETTE[(len(data) + j) % len(PALETTE)]
+        parts.extend(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}"/>' for x, y in zip(xs, ys))
+        parts.append(f'<text x="{left + pw - 4}" y="{top + 12 + 12 * (len(data) + j)}" class="lg" '
+                     f'fill="{color}">{html.escape(name)}</text>')
     parts.append("</svg>")
     return "".join(parts)

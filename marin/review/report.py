@@ -235,6 +235,114 @@ def _fit(fit: dict[str, Any]) -> str:
         out.append("<h3>parameters</h3>" + _kv(fit["params"]))
     if fit.get("loo_rel_error") is not None:
         out.append(f"<p>leave-one-out relative error: {_num(fit['loo_rel_error'])}</p>")
+    if isinstance(fit.get("validation"), dict):
+        out.append("<h3>predicted vs actual (validation)</h3>" + validation_table(fit["validation"]))
+    return "".join(out)
+
+
+def validation_table(v: dict[str, Any]) -> str:
+    """Predicted vs actual for a validation run: loss, bpb (value, band, error, inside) and each
+    task's accuracy (error in points)."""
+    rows = []
+    for m, r in (v.get("metrics") or {}).items():
+        inside = r.get("inside")
+        rows.append(f"<tr><td>{_e(m)}<td class=num>{_num(r.get('predicted'))}<td class=num>{_num(r.get('low'))}"
+                    f"<td class=num>{_num(r.get('high'))}<td class=num>{_num(r.get('actual'))}"
+                    f"<td class=num>{_num(100 * r['rel_error']) if r.get('rel_error') is not None else '-'}%"
+                    f"<td>{'-' if inside is None else 'yes' if inside else '<b>no</b>'}")
+    for name, t in (v.get("tasks") or {}).items():
+        if t.get("acc") is None:
+            continue
+        inside = t.get("acc_inside")
+        pts = t.get("acc_error_points")
+        rows.append(f"<tr><td>{_e(name)} accuracy<td class=num>{_num(t['acc'])}<td class=num>{_num(t.get('acc_low'))}"
+                    f"<td class=num>{_num(t.get('acc_high'))}<td class=num>{_num(t.get('actual_acc'))}"
+                    f"<td class=num>{_num(pts) if pts is not None else '-'} points"
+                    f"<td>{'-' if inside is None else 'yes' if inside else '<b>no</b>'}")
+    head = f"<p>validation run <b>{_e(v.get('name', '-'))}</b> (never fitted), {_num(v.get('flops'))} FLOPs</p>"
+    return (head + "<table><tr><th>metric<th>predicted<th>low<th>high<th>actual<th>error<th>inside band"
+            + "".join(rows) + "</table>")
+
+
+def isoflop_section(doc: dict[str, Any]) -> str:
+    """The IsoFLOP parabolas, the surface's iso-loss contours with the runs, the frontier and the
+    exponents, the next run, and predicted vs actual for the validation run."""
+    m = doc.get("metric", "loss")
+    md = (doc.get("metrics") or {}).get(m)
+    if not isinstance(md, dict):
+        return ""
+    runs = doc.get("runs") or []
+    out = []
+    series, points = {}, {}
+    for p in md.get("parabolas", []):
+        pts = [r for r in runs if r.get("budget") == p["budget"]]
+        xs = sorted(math.log10(r["n"]) for r in pts)
+        if not xs:
+            continue
+        c2, c1, c0 = p["coef"]
+        grid = [xs[0] - 0.15 + i * (xs[-1] - xs[0] + 0.3) / 40 for i in range(41)]
+        series[f"C={_num(p['budget'])}"] = (grid, [c2 * (g * math.log(10)) ** 2 + c1 * g * math.log(10) + c0
+                                                     for g in grid])
+        points[f"runs C={_num(p['budget'])}"] = ([math.log10(r["n"]) for r in pts], [r[m] for r in pts])
+    points["optima"] = ([math.log10(p["n_opt"]) for p in md.get("parabolas", [])],
+                        [p["loss_opt"] for p in md.get("parabolas", [])])
+    v = doc.get("validation")
+    if isinstance(v, dict) and m in (v.get("metrics") or {}):
+        points[f"validation {v['name']}"] = ([math.log10(v["n"])], [v["metrics"][m]["actual"]])
+    out.append(line_plot(f"IsoFLOP parabolas: {m} vs log10 N (active parameters)", series, points=points,
+                         height=260))
+    s = md.get("surface") or {}
+    if all(k in s for k in ("E", "A", "B", "alpha", "beta")) and runs:
+        ln = [math.log10(r["n"]) for r in runs]
+        lo, hi = min(ln) - 0.3, max(ln) + 0.3
+        losses = sorted(r[m] for r in runs)
+        contours = {}
+        for q in (0.1, 0.35, 0.6, 0.85):
+            level = losses[int(q * (len(losses) - 1))]
+            xs, ys = [], []
+            for i in range(61):
+                x = lo + i * (hi - lo) / 60
+                rest = level - s["E"] - s["A"] / (10 ** x) ** s["alpha"]
+                if rest > 0 and s["beta"] > 0:
+                    xs.append(x)
+                    ys.append(math.log10((s["B"] / rest) ** (1 / s["beta"])))
+            contours[f"{m} = {_num(level)}"] = (xs, ys)
+        dots = {"runs": (ln, [math.log10(r["d"]) for r in runs]),
+                "IsoFLOP optima": ([math.log10(p["n_opt"]) for p in md["parabolas"]],
+                                   [math.log10(p["d_opt"]) for p in md["parabolas"]])}
+        if isinstance(v, dict):
+            dots[f"validation {v['name']}"] = ([math.log10(v["n"])], [math.log10(v["d"])])
+        ys_all = [y for _, ys in dots.values() for y in ys]
+        y_lo, y_hi = min(ys_all) - 1, max(ys_all) + 1
+        kept = {k: [(x, y) for x, y in zip(*c) if y_lo <= y <= y_hi] for k, c in contours.items()}
+        contours = {k: ([x for x, _ in pts], [y for _, y in pts]) for k, pts in kept.items()}
+        out.append(line_plot(f"loss surface iso-{m} contours: log10 D (tokens) vs log10 N, runs as points",
+                             contours, points=dots, height=260))
+        out.append(f"<p>surface: {m} = {_num(s['E'])} + {_num(s['A'])} / N^{_num(s['alpha'])} + {_num(s['B'])} / "
+                   f"D^{_num(s['beta'])} (R² {_num(s.get('r2'))}; {_e(s.get('why', ''))})</p>")
+    f = md.get("frontier") or {}
+    ex = md.get("exponents") or {}
+    if f:
+        cmp = ex.get("beta_over_alpha_plus_beta") or {}
+        like = ex.get("surface_slope_under_flops_model") or {}
+        out.append(f"<p>frontier: N_opt ∝ C^{_num(f.get('a'))} ± {_num(f.get('a_std'))}, D_opt ∝ C^{_num(f.get('b'))} "
+                   f"± {_num(f.get('b_std'))} (a + b = {_num(f.get('a_plus_b'))}); surface β/(α+β) = "
+                   f"{_num(cmp.get('surface'))} ± {_num(cmp.get('surface_std'))}"
+                   + (f", surface N_opt slope under the run's FLOPs {_num(like.get('surface'))} ± "
+                      f"{_num(like.get('surface_std'))}" if like else "")
+                   + (" <b>(disagree beyond their uncertainty)</b>" if cmp.get("disagree") or like.get("disagree")
+                      else "") + "</p>")
+    sel = md.get("selection") or {}
+    if sel:
+        out.append(f"<p>law for predictions: <b>{_e(sel.get('law'))}</b> ({_e(sel.get('why', ''))})</p>")
+    nxt = doc.get("next")
+    if isinstance(nxt, dict) and nxt.get("config"):
+        c = nxt["config"]
+        out.append(f"<p>compute-optimal run at {_num(nxt.get('budget'))} FLOPs: d{_e(c['width'])} x "
+                   f"{_e(c['layers'])} layers, {_e(c['train_steps'])} steps ({_num(c['tokens'])} tokens), predicted "
+                   f"{_num(c['predicted'])} [{_num(c['low'])}, {_num(c['high'])}]</p>")
+    if isinstance(v, dict):
+        out.append("<h3>predicted vs actual (validation)</h3>" + validation_table(v))
     return "".join(out)
 
 
@@ -381,6 +489,8 @@ def _step_section(step: Step, exp: Experiment, dependents: dict[str, list[str]],
         out.append("<h3>evaluation</h3>" + _eval_table(ev))
     if "fit.json" in names and (fit := step.ladder_fit()):
         out.append("<h3>ladder fit</h3>" + _fit(fit))
+    if "isoflop.json" in names and (iso := step.isoflop_fit()):
+        out.append("<h3>IsoFLOP fit</h3>" + isoflop_section(iso))
     if "mixture_report.json" in names and (rep := step.mixture_report()):
         out.append("<h3>mixture</h3>" + _mixture(rep))
     if "manifest.json" in names and (man := step.manifest()) and "totals" in man:
@@ -405,7 +515,8 @@ def _results(exp: Experiment) -> str:
         if s.state.category not in ("succeeded", "reused"):
             continue
         for fname, title, render in (("health.json", "health checklist", _checklist),
-                                     ("eval.json", "evaluation", _eval_table), ("fit.json", "ladder fit", _fit)):
+                                     ("eval.json", "evaluation", _eval_table), ("fit.json", "ladder fit", _fit),
+                                     ("isoflop.json", "IsoFLOP fit", isoflop_section)):
             data = s.read_json(fname) if storage.exists(f"{s.output_path}/{fname}") else None
             if isinstance(data, dict):
                 out.append(f'<h3>{title}: <a href="#{_anchor(s)}">{_e(s.name)}</a></h3>{render(data)}')

@@ -8,7 +8,7 @@ The steps, all cached:
 1. the tiny ladder's data (a K40-shaped miniature corpus, a 512-entry BPE, tokens, the K40 mixture
    shape: uniform, then quality-weighted from 30% of every run) and a multiple-choice task (continue
    a passage in its own domain's language, :func:`experiments.defaults.default_domain_task`);
-2. a grid of runs (``GRID``): per budget C, four widths of the tiny ladder's target (the recipe keeps
+2. a grid of runs (``GRID``): per budget C, four or five widths of the tiny ladder's target (the recipe keeps
    the target's ratios; depth is the recipe's rule ``DEPTH``), each trained for as many steps as C
    buys at the batch of 4,096 tokens; each run is evaluated on the held-out split of the 40 domains
    (macro bpb) and on the task (accuracy and the correct answer's bits per byte);
@@ -51,12 +51,13 @@ SHAPE = RunShape(seq_len_phases=((0.0, 64),), warmup_fraction=0.05)
 BATCH_SEQUENCES = 64  # x 64 tokens = 4,096 tokens per step
 GRID: dict[float, tuple[int, ...]] = {
     # budget (training FLOPs) -> widths; each budget's window sits around where the optimum is expected
-    1e11: (16, 24, 32, 48),
+    # d8 added after the first run of the grid put this budget's optimum below d16 (outside the sizes)
+    1e11: (8, 16, 24, 32, 48),
     2.5e11: (16, 24, 32, 48),
     6e11: (24, 32, 48, 64),
 }
 VALIDATION_BUDGET = 1.2e12
-WIDTHS_ALLOWED = tuple(range(16, 129, 8))
+WIDTHS_ALLOWED = tuple(range(8, 129, 8))
 """Widths the recipe may choose for the validation run (multiples of the 8-wide heads)."""
 TASK_DOMAINS = ("council", "infra", "web_code", "science", "law", "medicine", "finance", "news")
 CORPUS_BYTES = 40_000_000

@@ -413,10 +413,17 @@ def isoflop_document(runs: list[dict[str, Any]], *, recipe: RecipeSpace | None =
                            "runs": runs}
     fits = {}
     for m in metrics:
-        mdoc, surface, flaw = analyse_metric(cols["budget"], cols["n"], cols["d"], [r[m] for r in runs], fpt=fpt,
-                                             n_boot=n_boot)
+        try:
+            mdoc, surface, flaw = analyse_metric(cols["budget"], cols["n"], cols["d"], [r[m] for r in runs], fpt=fpt,
+                                                 n_boot=n_boot)
+        except FitError as e:
+            if m == primary:
+                raise FitError(f"{m}: {e}") from None
+            doc["metrics"][m] = {"error": str(e)}  # a secondary metric that cannot be fitted is reported, not fatal
+            continue
         doc["metrics"][m] = mdoc
         fits[m] = (mdoc, surface, flaw)
+    metrics = [m for m in metrics if m in fits]
     doc["surface"] = doc["metrics"][primary]["surface"]
     tasks = fit_task_laws(runs, n_boot=max(20, n_boot // 2))
     doc["tasks"] = {k: {kk: vv for kk, vv in v.items() if not kk.startswith("_")} for k, v in tasks.items()}

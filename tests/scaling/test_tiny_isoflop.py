@@ -1,0 +1,36 @@
+"""experiments/tiny_isoflop.py end to end on local Ray (slow: about the documented run time): the
+grid trains, the fit finds each budget's optimum, the compute-optimal validation run is built from the
+fit, trained and checked. The fast tests of the same code are test_isoflop.py on synthetic runs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from marin.execution import ExecutorMainConfig, executor_main
+
+
+@pytest.mark.slow
+def test_tiny_isoflop_builds_and_checks_its_validation_run(ray_local, tmp_path):
+    from experiments.tiny_isoflop import GRID, VALIDATION_BUDGET, tiny_isoflop, tiny_isoflop_validation
+
+    config = ExecutorMainConfig(prefix=str(tmp_path), progress=False, max_concurrent=4)
+    steps = tiny_isoflop()
+    first = executor_main(config, steps=[steps["fit"]])
+    assert set(first.outcome.values()) == {"succeeded"}, first.errors
+    with open(os.path.join(first.plan.planned(steps["fit"]).output_path, "isoflop.json")) as f:
+        doc = json.load(f)
+    assert doc["metric"] == "bpb" and len(doc["metrics"]["bpb"]["parabolas"]) == len(GRID)
+    assert doc["next"]["config"]["flops"] == pytest.approx(VALIDATION_BUDGET, rel=0.02)
+    val = tiny_isoflop_validation(steps, doc)
+    assert val["optimal"].rung.model.d_model == doc["next"]["config"]["width"]
+    second = executor_main(config, steps=[steps["fit"], val["check"]])
+    assert set(second.outcome.values()) <= {"succeeded", "cached"}, second.errors
+    with open(os.path.join(second.plan.planned(val["check"]).output_path, "isoflop.json")) as f:
+        check = json.load(f)
+    v = check["validation"]["metrics"]["bpb"]
+    assert v["low"] < v["predicted"] < v["high"] and "k40_domains" in check["validation"]["tasks"]
+    # the goal is 2% and inside the band; the measured result is in docs/scaling.md. 10% means something broke.
+    assert abs(check["validation_rel_error"]) < 0.10, check["validation"]

@@ -497,11 +497,16 @@ def fit_loss_surface(n: Sequence[float], d: Sequence[float], loss: Sequence[floa
     notes = []
     bounds = list(SURFACE_BOUNDS)
     bounds[2] = (SURFACE_BOUNDS[2][0], e_hi)
+    shown = {"a": ("A", math.exp), "b": ("B", math.exp), "e": ("E", math.exp), "alpha": ("alpha", float),
+             "beta": ("beta", float)}
     for name, v, (lo, hi) in zip(SURFACE_PARAMS, theta, bounds):
+        label, to = shown[name]
         if lo is not None and v <= lo + 1e-6:
-            notes.append(f"{name} on its lower bound ({lo:g})")
+            notes.append(f"{label} on its lower bound ({to(lo):.3g})" + (
+                ": no floor within range (the points do not bend towards one)" if name == "e" else ""))
         if hi is not None and v >= hi - 1e-6 * max(1.0, abs(hi)):
-            notes.append(f"{name} on its upper bound ({hi:.4g})")
+            notes.append(f"{label} on its upper bound ({to(hi):.4g})" + (
+                ": the floor sits at the smallest loss" if name == "e" else ""))
     fitted = _surface_log_pred(theta, ln, ld)
     resid = ll - fitted
     dof = len(ll) - 5

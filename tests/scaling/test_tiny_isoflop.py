@@ -12,6 +12,18 @@ import pytest
 from marin.execution import ExecutorMainConfig, executor_main
 
 
+def test_the_grid_plans_with_its_task_as_a_dependency(tmp_path):
+    """Declaration and planning only: 3 budgets x 4-5 sizes, each eval step reads the task step."""
+    from experiments.tiny_isoflop import GRID, tiny_isoflop
+
+    steps = tiny_isoflop()
+    assert len(steps["grid"]) == sum(len(w) for w in GRID.values()) >= 12 and all(len(w) >= 4 for w in GRID.values())
+    result = executor_main(ExecutorMainConfig(prefix=str(tmp_path), dry_run=True, progress=False), steps=[steps["fit"]])
+    task = result.plan.planned(steps["task"])
+    for _, _, ev in steps["grid"]:
+        assert task in result.plan.planned(ev).dependencies
+
+
 @pytest.mark.slow
 def test_tiny_isoflop_builds_and_checks_its_validation_run(ray_local, tmp_path):
     from experiments.tiny_isoflop import GRID, VALIDATION_BUDGET, tiny_isoflop, tiny_isoflop_validation

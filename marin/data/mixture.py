@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from marin.data.k40 import split_source_name
+from marin.execution.versioning import input_field
 
 
 class MixtureError(ValueError):
@@ -82,7 +83,7 @@ class MixtureStage:
 class MixtureConfig:
     """A training mixture over one or more token stores (tokenize step outputs)."""
 
-    stores: tuple[str, ...]
+    stores: tuple[str, ...] = input_field()
     domain_weights: dict[str, float] | None = None
     """Domain -> relative token share. None: proportional to each domain's training tokens."""
     quality_weights: dict[str, float] | None = None

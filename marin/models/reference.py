@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marin.parallel.transports import recv_capacity, send_capacity
+from marin.parallel.capacity import recv_capacity, send_capacity
 
 
 def moe_reference(x, expert_ids, weights, experts, kept=None):

@@ -35,6 +35,7 @@ import numpy as np
 
 from marin.execution.versioning import by_field, input_field, live
 from marin.models.config import MoEConfig
+from marin.runsteps import phase_steps
 from marin.scaling.fit import (
     FitError,
     fit_power_law,
@@ -42,7 +43,7 @@ from marin.scaling.fit import (
     linear_trend,
     trend_predict,
 )
-from marin.scaling.recipe import phase_steps, run_flops
+from marin.scaling.recipe import run_flops
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from marin.execution.step import InputName, OutputName, VersionedValue
+from marin.execution.step import InputName, OutputName, VersionedValue, versioned
 
 RULE = "marin_versioning"
 """The field-metadata key; its value is ``("live", reason)``, ``("input", reason)`` or ``("by_field", reason)``."""
@@ -84,8 +84,6 @@ def _nested(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         items = [_nested(v) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    from marin.execution.step import versioned
-
     return versioned(value)
 
 
@@ -95,8 +93,6 @@ def versioned_config(config: Any) -> Any:
     Built without ``__init__`` (its checks need plain values); the executor rebuilds the config through
     ``__init__`` when it resolves the placeholders and unwraps the versioned values, so the step's
     function receives a normal config."""
-    from marin.execution.step import versioned
-
     out = object.__new__(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)

@@ -40,10 +40,10 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from marin.kernels.cpu import available as cpu_kernel_available  # noqa: E402
+from marin.kernels.grouped import swiglu_experts  # noqa: E402
 from marin.models import transformer as tf  # noqa: E402
 from marin.models.config import MoEConfig, flops_per_token  # noqa: E402
 from marin.parallel.capacity import recv_capacity  # noqa: E402
-from marin.parallel.grouped import swiglu_experts  # noqa: E402
 from marin.parallel.mesh import TOKEN_AXES, make_mesh, param_shardings  # noqa: E402
 from marin.runtime import host_malloc_active  # noqa: E402
 

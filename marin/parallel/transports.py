@@ -7,7 +7,7 @@ combine weights [T, k], and the routed experts' SwiGLU weights, and returns
 plus drop counts; :func:`marin.models.reference.moe_reference` is that formula written plainly, and
 :func:`marin.models.reference.fixed_transport_survivors` says which assignments the fixed transport
 keeps. An "assignment" is one (token, expert) pair; a token has k of them. The expert compute
-itself is in :mod:`marin.parallel.grouped`.
+itself is in :mod:`marin.kernels.grouped`.
 
   local     no EP: each device runs every expert on its own tokens (`grouped.routed_experts`).
   fixed     all_to_all with static buffers sized by the capacity factor (the hero run's scheme):
@@ -39,8 +39,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from marin.jaxcompat import compute_platform
+from marin.kernels.grouped import combine, grouped_swiglu, rank_within_groups, routed_experts, swiglu_experts
 from marin.parallel.capacity import EP_TRANSPORTS, recv_capacity, send_capacity
-from marin.parallel.grouped import combine, grouped_swiglu, rank_within_groups, routed_experts, swiglu_experts
 from marin.parallel.mesh import EXPERT, TOKEN_AXES, make_mesh
 
 

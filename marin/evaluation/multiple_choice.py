@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from marin.execution.versioning import input_field
+
 
 class TaskError(ValueError):
     """A task file that cannot be scored (missing, empty, or a malformed line)."""
@@ -145,7 +147,7 @@ class DomainTaskConfig:
     index in ``n_choices - 1`` other domains. ``seed`` must be the corpus's: it defines the languages.
     """
 
-    output_path: str
+    output_path: str = input_field()
     domains: tuple[str, ...]
     questions_per_domain: int = 16
     n_choices: int = 4

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from marin.execution.versioning import by_field, input_field, live
 from marin.models.config import MoEConfig, count_params, flops_per_token
 from marin.scaling.fit import (
     FitError,
@@ -554,19 +555,20 @@ class IsoFlopRun:
     train_steps: int
     tokens_per_step: int
     seq_len_phases: tuple[tuple[float, int], ...]
-    run_path: str | None = None
-    eval_path: str | None = None
+    run_path: str | None = input_field(default=None)
+    eval_path: str | None = input_field(default=None)
 
 
 @dataclasses.dataclass(frozen=True)
 class IsoFlopFitConfig:
-    runs: tuple[IsoFlopRun, ...]
-    output_path: str
+    runs: tuple[IsoFlopRun, ...] = by_field("each run's fields are versioned leaves (runs[0].budget)")
+    output_path: str = input_field()
     recipe: RecipeSpace | None = None
     next_budget: float | None = None
-    validation: IsoFlopRun | None = None
+    validation: IsoFlopRun | None = by_field("the validation run's fields as versioned leaves", default=None)
     n_boot: int = 200
-    max_validation_rel_error: float | None = None
+    max_validation_rel_error: float | None = live(
+        "a pass/fail threshold checked on the finished fit; it changes no output file", default=None)
     """When set, the step fails (after writing isoflop.json) beyond this validation error."""
 
 

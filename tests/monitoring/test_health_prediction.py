@@ -110,12 +110,12 @@ def test_cli_on_a_live_run_reads_the_growing_metrics(tmp_path, capsys):
     lines = [json.dumps(r) for r in _records(50)]
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n" + lines[0][:20])  # a line being written
     cli = _health_cli()
-    assert cli.main([str(run), "--fit", str(tmp_path / "fit"), "--total-steps", str(TOTAL)]) == 0
+    assert cli.main(["health", str(run), "--fit", str(tmp_path / "fit"), "--total-steps", str(TOTAL)]) == 0
     out = capsys.readouterr().out
     assert "first 3%: clear" in out and "3-10%" not in out.split("next window")[0]
     with open(run / "metrics.jsonl", "a") as f:  # the run goes on (the partial line completes)
         f.write(lines[0][20:] + "\n" + "\n".join(json.dumps(r) for r in _records(320, loss_shift=0.5)[50:]) + "\n")
-    assert cli.main([str(run), "--fit", str(tmp_path / "fit"), "--total-steps", str(TOTAL), "--strict"]) == 1
+    assert cli.main(["health", str(run), "--fit", str(tmp_path / "fit"), "--total-steps", str(TOTAL), "--strict"]) == 1
     out = capsys.readouterr().out
     assert "10-30%: act" in out and "next window (30-50%)" in out
 

@@ -12,8 +12,11 @@ A rung's value **at fraction f** of its run is the mean over training records wh
 final bpb is ``eval.json``'s when present. Compute at f, ``C_f``, is the FLOPs spent up to that step
 (:func:`marin.scaling.recipe.run_flops` over the phases so far).
 
-Per fraction, ``L_f(C_f) = E + A * C_f**-alpha`` is fitted across rungs (:mod:`marin.scaling.fit`)
-and evaluated at the target's ``C_f``: a predicted trajectory with bands. Grad norm: each rung's
+Per fraction, ``L_f(C_f) = E + A * C_f**-alpha`` is fitted across rungs (:mod:`marin.scaling.fit`;
+the saturating or the pure law as :func:`marin.scaling.fit.select_law` decides, by leave-largest-out)
+and evaluated at the target's ``C_f``: a predicted trajectory with bands. When every rung's eval.json
+carries multiple-choice tasks, each task's accuracy is predicted through its task loss
+(:mod:`marin.scaling.tasks`). Grad norm: each rung's
 smoothed curve (rolling mean over 2% of the run), its peak value and peak position after the warmup
 (as a fraction of the run), and the trend of both over log10(C). Drop fractions at the same
 fractions, with their trend. Leave-one-out: the final-value fit without the largest rung, predicting it.

@@ -98,7 +98,7 @@ def test_accuracy_sigmoid_recovers_its_parameters_and_refuses_bad_input():
 @pytest.mark.slow
 def test_surface_band_coverage_on_an_isoflop_grid():
     """3 budgets x 4 sizes of a known surface with 1% scatter; 200 validation runs at 2x the largest
-    budget, 20 tokens per parameter (about 100 s: 200 surface fits)."""
+    budget, 20 tokens per parameter (200 surface fits: 515 s measured at a load average of about 20)."""
     from marin.scaling.fit import fit_loss_surface
 
     def law(n, d):

@@ -43,7 +43,10 @@ from experiments.defaults import (
 )
 from experiments.tiny_ladder import PEAK_LR, QUALITY_WEIGHTS, STAGE2_FRACTION, TARGET
 from marin.data.mixture import MixtureStage
+from marin.execution import executor_main
+from marin.execution.main import parse_executor_args
 from marin.models.config import get_preset
+from marin.scaling.isoflop import RecipeSpace, predict_optimal_config, surface_from_json
 from marin.scaling.recipe import Rung, RunShape, ladder_rungs, model_overrides
 
 # One sequence length: a phase switch is one more compilation per run, most of a small run's cost.
@@ -122,16 +125,12 @@ def tiny_isoflop():
 
 def recipe():
     """What predict_optimal_config may choose from: the target, its shape, batch, widths and depth rule."""
-    from marin.scaling.isoflop import RecipeSpace
-
     return RecipeSpace(target=TARGET, shape=SHAPE, batch_sequences=BATCH_SEQUENCES, widths=WIDTHS_ALLOWED,
                        depths=tuple((d, DEPTH(d)) for d in WIDTHS_ALLOWED))
 
 
 def tiny_isoflop_validation(steps: dict, isoflop_doc: dict):
     """The validation run that the fit in ``isoflop_doc`` predicts (never fitted) and the check step."""
-    from marin.scaling.isoflop import predict_optimal_config, surface_from_json
-
     best = predict_optimal_config(surface_from_json(isoflop_doc["surface"]), VALIDATION_BUDGET, recipe())
     rung = best.rung
     rung = Rung(f"val-{rung.name}", rung.model, rung.batch_sequences, rung.train_steps, rung.warmup_steps,
@@ -143,9 +142,6 @@ def tiny_isoflop_validation(steps: dict, isoflop_doc: dict):
 
 
 if __name__ == "__main__":
-    from marin.execution import executor_main
-    from marin.execution.main import parse_executor_args
-
     # Two plans, both from this one command line: the validation run's config is the fit's result.
     config = parse_executor_args(sys.argv[1:])
     steps = tiny_isoflop()

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from marin.data.synthetic import generate_documents
 from marin.execution.versioning import input_field
 
 
@@ -159,8 +160,6 @@ class DomainTaskConfig:
 
 def domain_task_questions(config: DomainTaskConfig) -> list[dict[str, Any]]:
     """The task's questions as jsonl records (pure)."""
-    from marin.data.synthetic import generate_documents
-
     doms = tuple(config.domains)
     if len(doms) < config.n_choices or config.n_choices < 2:
         raise TaskError(f"a domain task with {config.n_choices} choices needs at least that many domains "

@@ -49,7 +49,8 @@ from marin.scaling.fit import (
     fit_power_law,
     within_band,
 )
-from marin.scaling.recipe import Rung, RunShape, ladder_rungs
+from marin.scaling.ladder import clean_json, read_fit_inputs, window_mean
+from marin.scaling.recipe import Rung, RunShape, ladder_rungs, run_flops, rung_model
 from marin.scaling.tasks import fit_task_laws, predict_task
 
 logger = logging.getLogger(__name__)
@@ -229,8 +230,6 @@ class RecipeSpace:
     def flops_per_token_of(self):
         """FLOPs per token as a function of active parameters N, interpolated in log-log over the
         allowed widths (the FLOPs model :meth:`LossSurfaceFit.optimal_allocation` takes)."""
-        from marin.scaling.recipe import rung_model
-
         ns, fs = [], []
         seq = self.shape.base_seq_len
         for w in self.widths:
@@ -573,17 +572,12 @@ class IsoFlopFitConfig:
 
 
 def _run_values(run: IsoFlopRun) -> dict[str, Any]:
-    from marin.scaling.ladder import read_fit_inputs
-
     records, final_eval = read_fit_inputs(run.run_path, run.eval_path)
     train = [r for r in records if r.get("kind", "train") == "train" and "loss" in r]
     if not train:
         raise FitError(f"run {run.name}: no training records in {run.run_path}/metrics.jsonl")
     if train[-1]["step"] < run.train_steps:
         raise FitError(f"run {run.name}: metrics stop at step {train[-1]['step']} of {run.train_steps}; unfinished")
-    from marin.scaling.ladder import window_mean
-    from marin.scaling.recipe import run_flops
-
     c = count_params(run.model)
     row = {"name": run.name, "budget": run.budget,
            "flops": run_flops(run.model, run.train_steps, run.tokens_per_step, run.seq_len_phases),
@@ -600,8 +594,6 @@ def _run_values(run: IsoFlopRun) -> dict[str, Any]:
 def isoflop_fit_step(config: IsoFlopFitConfig) -> dict[str, Any]:
     """Executor step: ``isoflop.json`` and ``isoflop.png`` / ``surface.png`` (see the module docstring)."""
     import fsspec
-
-    from marin.scaling.ladder import clean_json
 
     runs = [_run_values(r) for r in config.runs]
     val = _run_values(config.validation) if config.validation is not None else None

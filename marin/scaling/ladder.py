@@ -49,6 +49,7 @@ from marin.scaling.fit import (
 )
 from marin.scaling.recipe import run_flops
 from marin.scaling.tasks import fit_task_laws, predict_task
+from marin.training.metrics import read_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -450,8 +451,6 @@ def _read_json(path: str) -> dict[str, Any]:
 
 def read_fit_inputs(run_path: str | None, eval_path: str | None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """(every metrics.jsonl record of a training step, its evaluation step's eval.json or None)."""
-    from marin.training.metrics import read_metrics
-
     if run_path is None:
         raise LadderFitError("a fitted run needs its training step's output path (run_path)")
     final_eval = _read_json(f"{eval_path.rstrip('/')}/eval.json") if eval_path else None

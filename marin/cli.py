@@ -9,6 +9,9 @@
     marin model-info PRESET [--json]             parameter and FLOP counts of a model preset
     marin plan PRESET --pool P [--json]          per-device memory of a train step, and its compute cost
     marin eval RUN_DIR [--data NAME=PATH ...]    bits per byte of a training run's checkpoint
+    marin sample RUN_DIR --prompt TEXT ...       continue prompts with a run's model (KV-cache decoding)
+    marin export RUN_DIR -o DIR                  safetensors shards, config, tokenizer, model card
+    marin harness RUN_DIR --tasks T1,T2          EleutherAI lm-evaluation-harness tasks on a run's model
 
 Every command takes --help; status, show and explain take --json for scripts.
 """
@@ -257,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("model-info", help="parameter and FLOP counts of a model preset", add_help=False)
     sub.add_parser("plan", help="will a training step fit its pool, and what will the run cost", add_help=False)
     sub.add_parser("eval", help="bits per byte of a training run's checkpoint on text", add_help=False)
+    sub.add_parser("sample", help="continue text prompts with a training run's model", add_help=False)
+    sub.add_parser("export", help="a run's weights as safetensors with config, tokenizer and model card",
+                   add_help=False)
+    sub.add_parser("harness", help="lm-evaluation-harness tasks on a training run's model", add_help=False)
     return parser
 
 
@@ -280,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         from marin.evaluation.cli import eval_main
 
         return eval_main(argv[1:])
+    if argv[0] in ("sample", "export", "harness"):
+        from marin.inference import cli as inference_cli
+
+        return getattr(inference_cli, f"{argv[0]}_main")(argv[1:])
     args = parser.parse_args(argv)
     try:
         return {"status": cmd_status, "show": cmd_show, "explain": cmd_explain, "report": cmd_report,

@@ -96,7 +96,8 @@ def params_from_tensors(get: Callable[[str], np.ndarray], cfg: MoEConfig) -> tup
     def take(name):
         a = np.asarray(get(name), np.float32)
         if tuple(a.shape) != shapes[name]:
-            raise ExportFormatError(f"tensor {name} has shape {list(a.shape)}, config.json implies {list(shapes[name])}")
+            raise ExportFormatError(f"tensor {name} has shape {list(a.shape)}, config.json implies "
+                                    f"{list(shapes[name])}")
         return a
 
     blocks = {}
@@ -139,7 +140,8 @@ def read_export(directory: str) -> tuple[MoEConfig, dict, np.ndarray]:
         with open(os.path.join(directory, INDEX_FILE)) as f:
             weight_map = json.load(f)["weight_map"]
     except FileNotFoundError as e:
-        raise ExportFormatError(f"{directory} is not a marin export: {os.path.basename(e.filename)} is missing") from None
+        missing = os.path.basename(e.filename)
+        raise ExportFormatError(f"{directory} is not a marin export: {missing} is missing") from None
     missing = [n for n in exported_shapes(cfg) if n not in weight_map]
     if missing:
         raise ExportFormatError(f"{directory}: {INDEX_FILE} lacks {len(missing)} tensors, e.g. {missing[0]}")

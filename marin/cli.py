@@ -6,6 +6,7 @@
     marin explain EXPERIMENT.py [--prefix P]     which steps would run, and why
     marin report [EXPERIMENT.py] [--prefix P] [-o report.html]   one self-contained HTML report
     marin watch [--prefix P]                     live status (same as marin status --watch)
+    marin compare RUN_OR_STEP ... [-o FILE]      versioned fields that differ; loss/bpb/grad norm/drops overlaid
     marin model-info PRESET [--json]             parameter and FLOP counts of a model preset
     marin plan PRESET --pool P [--json]          per-device memory of a train step, and its compute cost
     marin eval RUN_DIR [--data NAME=PATH ...]    bits per byte of a training run's checkpoint
@@ -207,6 +208,28 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from marin.execution.review import find_step
+    from marin.review import Step
+    from marin.review.compare import compare, comparison_html, format_comparison
+
+    if len(args.steps) < 2:
+        raise ValueError("compare needs at least two runs or steps (paths or step names)")
+    steps = [Step(find_step(t, args.prefix)) for t in args.steps]
+    result = compare(steps)
+    if args.json:
+        print(json.dumps(result, default=repr))
+    else:
+        print(format_comparison(result))
+    if args.output:
+        from marin.execution import storage
+
+        storage.write_text(args.output, "<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>marin compare"
+                           "</title></head><body>" + comparison_html(steps) + "</body></html>")
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
 def _cmd_watch(args: argparse.Namespace) -> int:
     from marin.review.live import watch
 
@@ -257,6 +280,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", help=prefix_help)
     p.add_argument("--experiment", dest="name", help="with --prefix: the experiment record to report (e.g. quickstart)")
     p.add_argument("-o", "--output", default="report.html", help="where to write the report (default: report.html)")
+    p = sub.add_parser("compare", help="put runs side by side: differing versioned fields, overlaid curves",
+                       description="Compare steps (training runs, or any steps): the versioned config fields whose "
+                                   "values differ, the last loss / bpb / grad norm / drop fraction, and with -o an "
+                                   "HTML page of those curves overlaid against step, tokens and FLOPs. Each argument "
+                                   "is a step directory or a step name (latest run of that name).")
+    p.add_argument("steps", nargs="+", metavar="RUN_OR_STEP")
+    p.add_argument("--prefix", help=prefix_help)
+    p.add_argument("--json", action="store_true", help="machine-readable output (curves included)")
+    p.add_argument("-o", "--output", default=None, help="also write the overlaid curves as one HTML file")
     sub.add_parser("model-info", help="parameter and FLOP counts of a model preset", add_help=False)
     sub.add_parser("plan", help="will a training step fit its pool, and what will the run cost", add_help=False)
     sub.add_parser("eval", help="bits per byte of a training run's checkpoint on text", add_help=False)
@@ -294,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return {"status": cmd_status, "show": cmd_show, "explain": cmd_explain, "report": cmd_report,
-                "watch": _cmd_watch}[args.command](args)
+                "watch": _cmd_watch, "compare": cmd_compare}[args.command](args)
     except (FileNotFoundError, ValueError) as e:
         print(f"marin: error: {e}", file=sys.stderr)
         return 2

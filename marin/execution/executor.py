@@ -71,6 +71,7 @@ class RunOptions:
     lease_ttl: float = leases.DEFAULT_TTL_S
     poll_interval: float = 0.5
     description: str | None = None
+    card: dict[str, str] | None = None  # hypothesis, goal, risks, contingency (marin.execution.main)
     script: str = "experiment"
     progress: bool = True
 
@@ -138,6 +139,7 @@ def write_experiment_record(plan: Plan, opts: RunOptions, outcome: dict[str, str
     record = {
         "script": opts.script,
         "description": mask_text(opts.description or "") or None,
+        "card": {k: mask_text(v) for k, v in opts.card.items()} if opts.card else None,
         "prefix": plan.prefix,
         "updated": time.time(),
         "host": socket.gethostname(),

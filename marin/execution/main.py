@@ -76,6 +76,21 @@ def _script_name() -> str:
     return os.path.basename(getattr(main, "__file__", None) or sys.argv[0] or "experiment")
 
 
+CARD_FIELDS = ("hypothesis", "goal", "risks", "contingency")
+
+
+def experiment_card(hypothesis: str | None = None, goal: str | None = None, risks: str | None = None,
+                    contingency: str | None = None) -> dict[str, str] | None:
+    """The experiment card: what the experiment expects and will do if it does not happen (free
+    text; not versioned: rewording a hypothesis changes no step's output). None when all are empty."""
+    card = {"hypothesis": hypothesis, "goal": goal, "risks": risks, "contingency": contingency}
+    for k, v in card.items():
+        if v is not None and not isinstance(v, str):
+            raise TypeError(f"executor_main({k}=...) must be text, got {type(v).__name__}")
+    card = {k: v.strip() for k, v in card.items() if v and v.strip()}
+    return card or None
+
+
 class ExperimentLoaded(BaseException):
     """Raised by ``executor_main`` while a review tool loads an experiment file (see :func:`capturing`).
 
@@ -83,10 +98,11 @@ class ExperimentLoaded(BaseException):
     loading a file for review stops at its ``executor_main`` call and never runs its post-run code.
     """
 
-    def __init__(self, steps: list[ExecutorStep], description: str | None) -> None:
+    def __init__(self, steps: list[ExecutorStep], description: str | None, card: dict[str, str] | None = None) -> None:
         super().__init__("experiment loaded for review")
         self.steps = steps
         self.description = description
+        self.card = card
 
 
 _capturing = False
@@ -115,6 +131,11 @@ def executor_main(
     steps: list[ExecutorStep] | None = None,
     description: str | None = None,
     argv: Sequence[str] | None = None,
+    *,
+    hypothesis: str | None = None,
+    goal: str | None = None,
+    risks: str | None = None,
+    contingency: str | None = None,
 ) -> RunResult:
     """Plan and run ``steps`` (and everything they depend on); returns the :class:`RunResult`.
 
@@ -130,9 +151,14 @@ def executor_main(
     steps through :class:`ExperimentLoaded`. A file declares its whole DAG in one call: a second
     command-line call in the same process is refused, since review tools and dry runs see only the
     first and a second record would split one experiment in two.
+
+    ``hypothesis``, ``goal``, ``risks`` and ``contingency`` are the experiment card (free text, not
+    versioned): written to the experiment record and shown at the top of ``marin report`` next to
+    the outcome.
     """
+    card = experiment_card(hypothesis, goal, risks, contingency)
     if _capturing:
-        raise ExperimentLoaded(list(steps or []), description)
+        raise ExperimentLoaded(list(steps or []), description, card)
     from_cli = config is None
     if from_cli:
         here = _caller()
@@ -155,6 +181,7 @@ def executor_main(
             address=config.address,
             lease_ttl=config.lease_ttl,
             description=description,
+            card=card,
             script=_script_name(),
             progress=config.progress,
         )

@@ -207,6 +207,16 @@ def check_prompts(prompts: list[list[int]], cfg: MoEConfig, max_new_tokens: int)
                               f"model's context of {cfg.max_seq_len}: shorten the prompt or lower max_new_tokens")
 
 
+def prompt_width(longest: int, limit: int) -> int:
+    """The padded prompt width: the next power of two (at least 8, at most ``limit``), so requests of
+    many lengths share a few compiled programs instead of one per length (left padding is free:
+    padded positions are -1 and never attended)."""
+    width = 8
+    while width < longest:
+        width *= 2
+    return max(longest, min(width, limit))
+
+
 def generate_tokens(params, router_bias, cfg: MoEConfig, prompts: list[list[int]], max_new_tokens: int,
                     sampling: Sampling = Sampling(greedy=True), *, stop_ids: tuple[int, ...] = (),
                     mesh=None) -> list[list[int]]:
@@ -218,7 +228,7 @@ def generate_tokens(params, router_bias, cfg: MoEConfig, prompts: list[list[int]
     check_prompts(prompts, cfg, max_new_tokens)
     n = len(prompts)
     rows = n if mesh is None else -(-n // mesh.size) * mesh.size
-    width = max(len(p) for p in prompts)
+    width = prompt_width(max(len(p) for p in prompts), cfg.max_seq_len - max_new_tokens)
     tokens = np.zeros((rows, width), np.int32)
     positions = np.full((rows, width), -1, np.int32)
     for r in range(rows):

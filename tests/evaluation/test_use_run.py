@@ -226,10 +226,13 @@ def test_harness_generation_is_greedy_decoding_cut_at_until(lm, run, tasks):
                                   log_samples=True, bootstrap_iters=0, limit=4)
     assert "exact_match,none" in res["results"]["k40_gen"]
     tok = run.tokenizer
-    for s in res["samples"]["k40_gen"]:
-        ids = [tok.eos_id, *tok.encode_batch([s["doc"]["context"]])[0]]
-        new = generate_tokens(run.params, run.router_bias, run.cfg, [ids], 6, stop_ids=(tok.eos_id,), mesh=run.mesh)[0]
-        text = tok.decode([t for t in new if t != tok.eos_id])
+    samples = res["samples"]["k40_gen"]
+    assert len(samples) == 4
+    prompts = [[tok.eos_id, *tok.encode_batch([s["doc"]["context"]])[0]] for s in samples]
+    # one batch (a row decodes as it would alone: tests/models/test_decode.py), so it reuses the compiled step
+    new = generate_tokens(run.params, run.router_bias, run.cfg, prompts, 6, stop_ids=(tok.eos_id,), mesh=run.mesh)
+    for s, ids in zip(samples, new):
+        text = tok.decode([t for t in ids if t != tok.eos_id])
         assert s["resps"][0][0] == text.split(".")[0]
 
 
@@ -264,3 +267,19 @@ def test_harness_bad_task_files_are_one_line(capsys, trained_run, tmp_path, setu
         task = "t"
     rc, out, err = _run(capsys, "harness", trained_run.output_path, "--tasks", task, "--include-path", str(d))
     assert rc == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_compare_curves_of_a_run_have_a_flop_axis(trained_run, run):
+    from marin.models.config import flops_per_token
+    from marin.review import Step
+    from marin.review.compare import compare
+
+    step = Step(trained_run.output_path)
+    res = compare([step, step])
+    assert res["differences"] == {}
+    loss = res["curves"][res["steps"][0]]["loss"]
+    # every record at seq_len 64: FLOPs = tokens x FLOPs per token of the run's model at 64
+    assert loss["flops"][-1] == pytest.approx(loss["tokens"][-1] * flops_per_token(run.cfg, 64))
+    bpb = res["curves"][res["steps"][0]]["eval/macro_bpb"]
+    assert bpb["step"] == [15, 30, 40]
+    assert bpb["flops"][0] == pytest.approx(loss["flops"][loss["step"].index(15)])

@@ -76,7 +76,7 @@ def sample_main(argv: list[str]) -> int:
 
     args = sample_parser().parse_args(argv)
     try:
-        from marin.models.decode import Sampling
+        from marin.models.sampling import Sampling
 
         Sampling(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)  # check early
         run = load_run(args.run, args.step, args.pool)

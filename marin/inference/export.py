@@ -108,17 +108,17 @@ def run_lineage(run) -> dict[str, Any]:
     from marin.execution.status import read_info
     from marin.training.metrics import read_metrics
 
-    base = os.path.basename(run.run_dir.rstrip("/"))
+    run_dir = run.run_dir.rstrip("/")
+    base = os.path.basename(run_dir)
     name, _, step_hash = base.rpartition("-")
-    info = read_info(run.run_dir) or {}
+    info = read_info(run_dir) or {}
     record = run.record
     data = record.get("data") or {}
     lineage: dict[str, Any] = {
-        "run_dir": run.run_dir, "step_name": info.get("name") or name or base, "step_hash": step_hash or None,
-        "experiment": info.get("experiment") or info.get("description"), "checkpoint_step": run.step,
+        "run_dir": run_dir, "step_name": info.get("name") or name or base, "step_hash": step_hash or None,
+        "experiment": _experiment_of(run_dir, info), "checkpoint_step": run.step,
         "train_tokens": int(run.metadata.get("tokens", 0)), "preset": record.get("preset"),
-        "pool": record.get("pool"),
-        "data": {"stores": list(data.get("stores") or [])} if "stores" in data else {"synthetic": data},
+        "pool": record.get("pool"), "data": data if "stores" in data else {"synthetic": data},
     }
     try:
         evals = read_metrics(f"{run.run_dir.rstrip('/')}/metrics.jsonl", kind="eval")
@@ -128,6 +128,26 @@ def run_lineage(run) -> dict[str, Any]:
         last = evals[-1]
         lineage["eval"] = {k: v for k, v in last.items() if k.startswith("eval/") or k in ("step", "tokens")}
     return lineage
+
+
+def _experiment_of(run_dir: str, info: dict[str, Any]) -> str | None:
+    """``script: description`` of the newest experiment record (``{prefix}/experiments/*.json``) that
+    lists this step, or None for a run started outside the executor."""
+    from marin.execution import storage
+
+    suffix = f"/{info.get('name')}-{run_dir.rpartition('-')[2]}"  # output path = {prefix}/{name}-{hash}
+    if not info.get("name") or not run_dir.endswith(suffix):
+        return None
+    prefix = run_dir[: -len(suffix)]
+    found = []
+    for path in storage.glob(f"{prefix}/experiments/*.json"):
+        rec = storage.read_json(path)
+        if isinstance(rec, dict) and any(s.get("output_path", "").rstrip("/") == run_dir for s in rec.get("steps", [])):
+            found.append(rec)
+    if not found:
+        return None
+    rec = max(found, key=lambda r: r.get("updated") or 0)
+    return f"{rec.get('script')}: {rec.get('description')}" if rec.get("description") else rec.get("script")
 
 
 def model_card(cfg, lineage: dict[str, Any], shards: int, total: int) -> str:

@@ -3,7 +3,7 @@ around :func:`marin.models.decode.generate_tokens`)."""
 
 from __future__ import annotations
 
-from marin.models.decode import DecodeError, Sampling, generate_tokens
+from marin.models.sampling import DecodeError, Sampling
 
 
 def generate(run, prompts: list[str], *, max_new_tokens: int = 64, greedy: bool = False, temperature: float = 1.0,
@@ -14,6 +14,8 @@ def generate(run, prompts: list[str], *, max_new_tokens: int = 64, greedy: bool 
     time (deterministic); otherwise tokens are drawn at ``temperature`` (with optional top-k /
     nucleus top-p), reproducibly for a given ``seed``. A continuation ends at the end-of-text token
     (not included) unless ``stop_at_eos`` is False."""
+    from marin.models.decode import generate_tokens  # JAX: load_run has set the pool's devices by now
+
     tok = run.require_tokenizer()
     if not prompts:
         raise DecodeError("no prompts given: pass at least one --prompt")

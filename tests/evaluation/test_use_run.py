@@ -59,6 +59,10 @@ metric_list:
 """
 
 
+def _noop(config):
+    return None
+
+
 def _run(capsys, *argv):
     rc = main(list(argv))
     out, err = capsys.readouterr()
@@ -283,3 +287,44 @@ def test_compare_curves_of_a_run_have_a_flop_axis(trained_run, run):
     bpb = res["curves"][res["steps"][0]]["eval/macro_bpb"]
     assert bpb["step"] == [15, 30, 40]
     assert bpb["flops"][0] == pytest.approx(loss["flops"][loss["step"].index(15)])
+
+
+def test_harness_step_writes_harness_json_and_its_version_follows_the_task_files(trained_run, tasks, tmp_path):
+    import shutil
+
+    from experiments.defaults import default_harness_eval
+    from marin.execution import ExecutorStep, plan_steps, this_output_path
+    from marin.inference.harness import HarnessConfig, harness_eval
+
+    out = tmp_path / "harness-step"
+    out.mkdir()
+    res = harness_eval(HarnessConfig(trained_run.output_path, str(out), ("k40_mc",), include_path=tasks, limit=4))
+    saved = json.load(open(out / "harness.json"))
+    assert saved["step"] == res["step"] == 40
+    assert set(saved["summary"]["k40_mc"]) >= {"acc", "acc_norm"} and saved["results"]["k40_mc"]
+
+    train = ExecutorStep("t/train", _noop, {"out": this_output_path()})
+    copy = tmp_path / "tasks-copy"
+    shutil.copytree(tasks, copy)
+
+    def version_hash():
+        step = default_harness_eval("t/harness", train, ["k40_mc"], include_path=str(copy))
+        return plan_steps([step], str(tmp_path / "p")).planned(step).hash
+
+    before = version_hash()
+    assert version_hash() == before
+    (copy / "mc.jsonl").write_text((copy / "mc.jsonl").read_text().replace('"gold": 0', '"gold": 1', 1))
+    assert version_hash() != before  # the task data changed: the step's version changed
+
+
+def test_sample_in_a_fresh_process_sets_up_the_runs_devices(trained_run):
+    """The run's pool has 8 (fake) devices: `marin sample` must request them before JAX starts."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    r = subprocess.run([sys.executable, "-m", "marin.cli", "sample", trained_run.output_path, "--prompt", "Council",
+                        "--greedy", "--max-new-tokens", "4", "--json"], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["samples"][0]["completion"]

@@ -171,6 +171,15 @@ def test_export_cli_writes_a_usable_directory(capsys, trained_run, run, tmp_path
     cfg, params, bias = load_exported(out)
     np.testing.assert_array_equal(np.asarray(forward(params, bias, tokens, cfg.replace(transport="local"))[0]), want)
     np.testing.assert_allclose(np_forward(np_load(out)[1], np_load(out)[0], tokens), want, rtol=1e-4, atol=1e-4)
+    # lm_eval's registry builds the model class from the export alone (weights + tokenizer)
+    from lm_eval.api.registry import get_model
+
+    from marin.evaluation.harness import MarinLM
+
+    exported_lm = get_model("marin").create_from_arg_string(f"export={out},seq_len=64", {"batch_size": 4})
+    live_lm = MarinLM(host_params, np.asarray(run.router_bias), run.cfg, run.tokenizer, seq_len=64)
+    text = ["Council note 12 says the vote is on the budget."]
+    np.testing.assert_allclose(exported_lm.rolling_logliks(text), live_lm.rolling_logliks(text), rtol=1e-6)
     # a second export into the same directory is refused, the first left intact
     rc, _, err = _run(capsys, "export", trained_run.output_path, "-o", out)
     assert rc == 2 and "is not empty: choose a new directory or pass --overwrite" in err and err.count("\n") == 1

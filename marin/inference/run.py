@@ -59,8 +59,6 @@ def load_run(run_dir: str, step: int | None = None, pool: str | None = None) -> 
 
     Today's checkpoint is one blob: the whole params are read into host memory and placed on the
     pool's mesh. Raises :class:`RunLoadError` for a run without that checkpoint."""
-    import jax
-
     from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, read_checkpoint, read_metadata
     from marin.training.pools import get_pool
 
@@ -80,6 +78,8 @@ def load_run(run_dir: str, step: int | None = None, pool: str | None = None) -> 
         raise ValueError(f"pool {pool_spec.name} has {pool_spec.hosts} hosts; sample on a single-host pool "
                          "(pass --pool, e.g. local-cpu-1 or h200-1)")
     _prepare_devices(pool_spec)
+    import jax  # only now: the pool's (fake) device count is set
+
     from marin.evaluation.step import train_config_from_record
     from marin.models.transformer import init_params, init_router_bias
     from marin.parallel.mesh import make_mesh, param_shardings, replicated

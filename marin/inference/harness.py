@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from marin.execution.versioning import input_field, live
+
 RESULTS_FILE = "harness.json"  # in the harness step's directory; the report reads it
 
 
@@ -55,14 +57,16 @@ class HarnessConfig:
     """Run lm_eval ``tasks`` (from ``include_path``) on the training step at ``run_path``; writes
     ``harness.json`` (lm_eval's results object plus ``summary``) in ``output_path``."""
 
-    run_path: str
-    output_path: str
-    tasks: tuple[str, ...]
-    include_path: str | None = None
-    task_files: str | None = None  # task_files_fingerprint(include_path): versions the tasks' content
+    run_path: str = input_field()
+    output_path: str = input_field()
+    tasks: tuple[str, ...] = ()
+    include_path: str | None = live("where the task files are; their content is versioned by task_files",
+                                    default=None)
+    task_files: str | None = None
+    """task_files_fingerprint(include_path): the tasks' YAML and data, versioned by content."""
     checkpoint: int | None = None  # None: the latest committed checkpoint
     limit: int | None = None
-    pool: str | None = None
+    pool: str | None = live("where the harness runs; the scores do not depend on it", default=None)
 
 
 def harness_eval(config: HarnessConfig) -> dict[str, Any]:

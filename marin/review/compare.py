@@ -94,19 +94,18 @@ def compare(steps: list[Step]) -> dict[str, Any]:
 
 
 def format_comparison(result: dict[str, Any]) -> str:
-    """A text table: differing fields and last values, one column per step."""
+    """A text table: differing fields and last values, one column per step ([1], [2], ...)."""
+    from marin.textfmt import format_table
+
     names = result["steps"]
-    rows = [("", *[f"[{i + 1}]" for i in range(len(names))])]
-    for k, values in result["differences"].items():
-        rows.append((k, *[json.dumps(v, default=str) if not isinstance(v, str) else v for v in values]))
-    if not result["differences"]:
+    rows = [(k, *[v if isinstance(v, str) else json.dumps(v, default=str) for v in values])
+            for k, values in result["differences"].items()]
+    if not rows:
         rows.append(("(no versioned field differs)", *[""] * len(names)))
-    for k, values in result["last"].items():
-        rows.append((f"last {k}", *["-" if v is None else f"{v:.4g}" for v in values]))
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    lines = [f"[{i + 1}] {n}" for i, n in enumerate(names)] + [""]
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    return "\n".join(lines)
+    rows += [(f"last {k}", *[None if v is None else f"{v:.4g}" for v in values])
+             for k, values in result["last"].items()]
+    legend = "\n".join(f"[{i + 1}] {n}" for i, n in enumerate(names))
+    return legend + "\n\n" + format_table(["field", *[f"[{i + 1}]" for i in range(len(names))]], rows)
 
 
 def comparison_html(steps: list[Step], *, title: str = "Comparison") -> str:

@@ -127,7 +127,7 @@ def test_sample_cli_greedy_is_deterministic_and_seeded_sampling_reproducible(cap
 def test_sample_bad_input_is_one_line(capsys, trained_run, extra, message):
     rc, out, err = _run(capsys, "sample", trained_run.output_path, *extra)
     assert rc == 2 and out == ""
-    assert err.startswith("marin sample: error: ") and message in err and err.count("\n") == 1, err
+    assert err.startswith("marin: error: ") and message in err and err.count("\n") == 1, err
 
 
 def test_a_run_without_checkpoints_is_one_line(capsys, tmp_path):

@@ -100,7 +100,7 @@ def tasks(tmp_path_factory):
 
 
 # ---- sampling ------------------------------------------------------------------------------------
-def test_sample_cli_greedy_is_deterministic_and_seeded_sampling_reproducible(capsys, trained_run):
+def test_sample_cli_greedy_is_deterministic(capsys, trained_run):
     base = ["sample", trained_run.output_path, "--prompt", "Council note", "--prompt", "The infra team said that",
             "--max-new-tokens", "12", "--json"]
     rc, out, err = _run(capsys, *base, "--greedy")
@@ -109,6 +109,13 @@ def test_sample_cli_greedy_is_deterministic_and_seeded_sampling_reproducible(cap
     assert greedy["step"] == 40 and len(greedy["samples"]) == 2
     assert all(s["completion"] for s in greedy["samples"])
     assert json.loads(_run(capsys, *base, "--greedy")[1]) == greedy
+
+
+@pytest.mark.slow
+def test_sample_cli_seeded_sampling_is_reproducible_and_a_smaller_pool_decodes_the_same(capsys, trained_run):
+    base = ["sample", trained_run.output_path, "--prompt", "Council note", "--prompt", "The infra team said that",
+            "--max-new-tokens", "12", "--json"]
+    greedy = json.loads(_run(capsys, *base, "--greedy")[1])
     sampled = [json.loads(_run(capsys, *base, "--seed", str(s), "--temperature", "1.2", "--top-p", "0.95")[1])
                for s in (1, 1, 2)]
     assert sampled[0] == sampled[1] and sampled[0] != sampled[2]
@@ -298,6 +305,7 @@ def test_compare_curves_of_a_run_have_a_flop_axis(trained_run, run):
     assert bpb["flops"][0] == pytest.approx(loss["flops"][loss["step"].index(15)])
 
 
+@pytest.mark.slow
 def test_harness_step_writes_harness_json_and_its_version_follows_the_task_files(trained_run, tasks, tmp_path):
     import shutil
 
@@ -326,6 +334,7 @@ def test_harness_step_writes_harness_json_and_its_version_follows_the_task_files
     assert version_hash() != before  # the task data changed: the step's version changed
 
 
+@pytest.mark.slow
 def test_sample_in_a_fresh_process_sets_up_the_runs_devices(trained_run):
     """The run's pool has 8 (fake) devices: `marin sample` must request them before JAX starts."""
     import subprocess

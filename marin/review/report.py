@@ -461,6 +461,13 @@ def _step_section(step: Step, exp: Experiment, dependents: dict[str, list[str]],
     return "".join(out)
 
 
+def _harness(rec: dict[str, Any]) -> str:
+    """lm-evaluation-harness results (``harness.json``): one row per task and metric."""
+    rows = "".join(f"<tr><td>{_e(task)}<td>{_e(metric)}<td class=num>{_num(v)}"
+                   for task, metrics in (rec.get("summary") or {}).items() for metric, v in metrics.items())
+    return f"<p>checkpoint step {_e(rec.get('step'))}</p><table><tr><th>task<th>metric<th>value{rows}</table>"
+
+
 def _results(exp: Experiment) -> str:
     """Health, evaluation and ladder results gathered at the top (each also in its step's section)."""
     out = []
@@ -468,7 +475,8 @@ def _results(exp: Experiment) -> str:
         if s.state.category not in ("succeeded", "reused"):
             continue
         for fname, title, render in (("health.json", "health checklist", _checklist),
-                                     ("eval.json", "evaluation", _eval_table), ("fit.json", "ladder fit", _fit)):
+                                     ("eval.json", "evaluation", _eval_table), ("fit.json", "ladder fit", _fit),
+                                     ("harness.json", "lm-evaluation-harness", _harness)):
             data = s.read_json(fname) if storage.exists(f"{s.output_path}/{fname}") else None
             if isinstance(data, dict):
                 out.append(f'<h3>{title}: <a href="#{_anchor(s)}">{_e(s.name)}</a></h3>{render(data)}')

@@ -51,6 +51,8 @@ def test_report_shows_the_card_with_the_outcome_and_overlays_training_steps(tmp_
     prefix = str(tmp_path / "store")
     fx = build_small(prefix)
     plan = fx["plan"]
+    with open(os.path.join(fx["paths"]["small/eval"], "harness.json"), "w") as f:
+        json.dump({"step": 60, "summary": {"k40_mc": {"acc": 0.5, "acc_norm": 0.625}}}, f)
     write_experiment_record(plan, RunOptions(prefix=prefix, script="small.py", description="a small review fixture",
                                              card=CARD), {})
     exp = mr.load_prefix(prefix, "small")
@@ -60,6 +62,8 @@ def test_report_shows_the_card_with_the_outcome_and_overlays_training_steps(tmp_
     assert "Loss falls below 2.5 by step 60." in card and "lower the LR and rerun" in card
     assert "small/eval: eval" in card and "macro bpb 1.315" in card
     assert "small/ladder-fit: health" in card and "needs a look" in card
+    assert "small/eval: harness" in card and "k40_mc acc 0.5" in card
+    assert "lm-evaluation-harness: " in page and "acc_norm" in page
     assert 'id="comparison"' in page and "loss vs tokens" in page
 
 

@@ -190,7 +190,8 @@ def generate_tokens(params, router_bias, cfg: MoEConfig, prompts: list[list[int]
         p = prompts[r] if r < n else prompts[0]  # mesh padding rows repeat a prompt; their output is dropped
         tokens[r, width - len(p):] = p
         positions[r, width - len(p):] = np.arange(len(p))
-    cache = init_cache(cfg, rows, width + max_new_tokens)
+    # cache columns rounded up to a multiple of 32 as well: fewer distinct programs, little memory
+    cache = init_cache(cfg, rows, width + -(-max_new_tokens // 32) * 32)
     if mesh is not None:
         from marin.parallel.mesh import param_shardings, replicated
 

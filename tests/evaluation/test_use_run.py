@@ -71,9 +71,10 @@ def _run(capsys, *argv):
 
 @pytest.fixture(scope="module")
 def run(trained_run):
+    """The run's model on one device (the run's own 2 x 4 mesh is exercised by the CLI tests)."""
     from marin.inference import load_run
 
-    return load_run(trained_run.output_path)
+    return load_run(trained_run.output_path, pool="local-cpu-1")
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,15 @@ import os
 from typing import Any
 
 import numpy as np
+import yaml
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
+
+from marin.data.tokenizer import load_tokenizer
+from marin.evaluation.multiple_choice import pair_logliks
+from marin.evaluation.windows import pack_windows
+from marin.models.exported import load_exported
+from marin.models.sampling import Sampling
 
 DEFAULT_MAX_GEN_TOKS = 256
 
@@ -46,9 +53,6 @@ class MarinLM(LM):
                  seq_len: int | None = None, batch_rows: int = 16, **_lm_eval_options):
         super().__init__()
         if export is not None:
-            from marin.data.tokenizer import load_tokenizer
-            from marin.models.exported import load_exported
-
             cfg, params, router_bias = load_exported(export)
             tokenizer = load_tokenizer(os.path.join(export, "tokenizer.json"))
         if params is None or cfg is None or tokenizer is None:
@@ -60,8 +64,6 @@ class MarinLM(LM):
 
     # ---- lm_eval's three request types ----------------------------------------------------------
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-        from marin.evaluation.multiple_choice import pair_logliks
-
         if not requests:
             return []
         pairs = [(str(r.args[0]), str(r.args[1])) for r in requests]
@@ -74,8 +76,7 @@ class MarinLM(LM):
 
     def rolling_logliks(self, texts: list[str]) -> np.ndarray:
         """Summed log-likelihood (nats) of each whole text: [EOS] + its tokens, disjoint windows."""
-        from marin.evaluation.evaluator import sequence_nll
-        from marin.evaluation.windows import pack_windows
+        from marin.evaluation.evaluator import sequence_nll  # JAX: marin harness sets the pool's devices first
 
         if not texts:
             return np.zeros(0)
@@ -84,7 +85,7 @@ class MarinLM(LM):
         return -sequence_nll(self.params, self.router_bias, rows, len(seqs), self.cfg, self.mesh, self.batch_rows)
 
     def generate_until(self, requests) -> list[str]:
-        from marin.models.decode import Sampling, generate_tokens
+        from marin.models.decode import generate_tokens  # JAX: marin harness sets the pool's devices first
 
         out: list[str | None] = [None] * len(requests)
         groups: dict[str, list[int]] = {}
@@ -116,7 +117,6 @@ class MarinLM(LM):
 def check_tasks(tasks: list[str], include_path: str | None):
     """A TaskManager that knows every task of ``tasks``, after checking the local task files: the
     directory exists, every YAML parses, and every local data file a task names exists."""
-    import yaml
     from lm_eval.tasks import TaskManager
 
     if not tasks:
@@ -128,7 +128,7 @@ def check_tasks(tasks: list[str], include_path: str | None):
         for root, _, files in os.walk(include_path):
             for fname in sorted(files):
                 if fname.endswith((".yaml", ".yml")):
-                    _check_yaml(os.path.join(root, fname), yaml)
+                    _check_yaml(os.path.join(root, fname))
     manager = TaskManager(include_path=include_path)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
@@ -137,7 +137,7 @@ def check_tasks(tasks: list[str], include_path: str | None):
     return manager
 
 
-def _check_yaml(path: str, yaml) -> None:
+def _check_yaml(path: str) -> None:
     try:
         with open(path) as f:
             doc = yaml.safe_load(f)

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from marin.evaluation.windows import pack_windows
+
 
 class TaskError(ValueError):
     """A task file that cannot be scored (missing, empty, or a malformed line)."""
@@ -91,8 +93,7 @@ def pair_logliks(pairs: list[tuple[str, str]], tok, params, router_bias, cfg, me
     several to a window row; with ``greedy`` also whether each continuation is the model's argmax at
     every one of its tokens, as a pair of arrays. The one scorer behind multiple-choice tasks and the
     lm-evaluation-harness adapter."""
-    from marin.evaluation.evaluator import sequence_nll
-    from marin.evaluation.windows import pack_windows
+    from marin.evaluation.evaluator import sequence_nll  # JAX: reading and packing tasks must not import it
 
     seqs, score_from = [], []
     for n, (context, continuation) in enumerate(pairs):

@@ -12,9 +12,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+import fsspec
+
+from marin.data.tokenizer import tokenizer_json_path
+from marin.execution import storage
+from marin.execution.status import read_info
+from marin.models import numpy_forward
+from marin.models.config import count_params
 from marin.models.exported import CONFIG_FILE, INDEX_FILE, config_record, exported_shapes, exported_tensor
+from marin.training.metrics import read_metrics
 
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 CARD_FILE = "README.md"
@@ -45,8 +54,6 @@ def plan_shards(shapes: dict[str, tuple[int, ...]], max_shard_bytes: int, itemsi
 
 
 def marin_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("marin")
     except PackageNotFoundError:
@@ -68,8 +75,6 @@ def export_model(params, router_bias, cfg, out_dir: str, *, tokenizer_path: str 
     """Write an export directory; returns ``{"dir", "shards", "tensors", "total_size"}``."""
     from safetensors.numpy import save_file
 
-    from marin.models import numpy_forward
-
     check_output_dir(out_dir, overwrite)
     os.makedirs(out_dir, exist_ok=True)
     shapes = exported_shapes(cfg)
@@ -90,10 +95,6 @@ def export_model(params, router_bias, cfg, out_dir: str, *, tokenizer_path: str 
         json.dump(config_record(cfg, marin_version=marin_version(), lineage=lineage), f,
                   indent=1)
     if tokenizer_path:
-        import fsspec
-
-        from marin.data.tokenizer import tokenizer_json_path
-
         with fsspec.open(tokenizer_json_path(tokenizer_path), "rb") as src, \
                 open(os.path.join(out_dir, "tokenizer.json"), "wb") as dst:
             dst.write(src.read())
@@ -105,9 +106,6 @@ def export_model(params, router_bias, cfg, out_dir: str, *, tokenizer_path: str 
 
 def run_lineage(run) -> dict[str, Any]:
     """Where a run's weights come from: step name and hash, experiment, data, tokens, evaluations."""
-    from marin.execution.status import read_info
-    from marin.training.metrics import read_metrics
-
     run_dir = run.run_dir.rstrip("/")
     base = os.path.basename(run_dir)
     name, _, step_hash = base.rpartition("-")
@@ -133,8 +131,6 @@ def run_lineage(run) -> dict[str, Any]:
 def _experiment_of(run_dir: str, info: dict[str, Any]) -> str | None:
     """``script: description`` of the newest experiment record (``{prefix}/experiments/*.json``) that
     lists this step, or None for a run started outside the executor."""
-    from marin.execution import storage
-
     suffix = f"/{info.get('name')}-{run_dir.rpartition('-')[2]}"  # output path = {prefix}/{name}-{hash}
     if not info.get("name") or not run_dir.endswith(suffix):
         return None
@@ -151,8 +147,6 @@ def _experiment_of(run_dir: str, info: dict[str, Any]) -> str | None:
 
 
 def model_card(cfg, lineage: dict[str, Any], shards: int, total: int) -> str:
-    from marin.models.config import count_params
-
     c = count_params(cfg)
     lines = [
         f"# {lineage.get('step_name') or 'marin model'}",

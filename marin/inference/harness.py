@@ -13,7 +13,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from marin.evaluation.step import eval_seq_len, train_config_from_record
 from marin.execution.versioning import input_field, live
+from marin.inference.run import load_run
 
 RESULTS_FILE = "harness.json"  # in the harness step's directory; the report reads it
 
@@ -24,8 +26,6 @@ def run_harness(run_dir: str, tasks: list[str], *, step: int | None = None, pool
     """lm_eval results of ``tasks`` on ``run_dir``'s checkpoint (``step``: None = the latest)."""
     # lm_eval is an optional extra: imported when a harness runs, not when an experiment file loads
     from marin.evaluation.harness import MarinLM, check_tasks, evaluate_tasks
-    from marin.evaluation.step import eval_seq_len, train_config_from_record
-    from marin.inference.run import load_run
 
     check_tasks(tasks, include_path)  # bad task files fail before the model is loaded
     run = load_run(run_dir, step, pool)
@@ -73,7 +73,7 @@ def harness_eval(config: HarnessConfig) -> dict[str, Any]:
     """Executor step: lm_eval results of the run's checkpoint, written as ``harness.json``."""
     import fsspec
 
-    from marin.evaluation.harness import summary
+    from marin.evaluation.harness import summary  # lm_eval: an optional extra, loaded when a harness runs
 
     results = run_harness(config.run_path, list(config.tasks), step=config.checkpoint, pool=config.pool,
                           include_path=config.include_path, limit=config.limit)

@@ -11,6 +11,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from marin.data.store import TokenStore
+from marin.data.tokenizer import load_tokenizer
+from marin.evaluation.step import train_config_from_record
+from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, read_checkpoint, read_metadata
+from marin.training.pools import get_pool, host_env
+
 
 class RunLoadError(FileNotFoundError):
     """A run directory without the checkpoint asked for (none committed, or not at that step)."""
@@ -46,8 +52,6 @@ def _prepare_devices(pool) -> None:
     """Fake CPU devices must be requested before JAX starts (a no-op once it has)."""
     if "jax" in sys.modules:
         return
-    from marin.training.pools import host_env
-
     for k, v in host_env(pool).items():
         os.environ.setdefault(k, v)
 
@@ -59,9 +63,6 @@ def load_run(run_dir: str, step: int | None = None, pool: str | None = None) -> 
 
     Today's checkpoint is one blob: the whole params are read into host memory and placed on the
     pool's mesh. Raises :class:`RunLoadError` for a run without that checkpoint."""
-    from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, read_checkpoint, read_metadata
-    from marin.training.pools import get_pool
-
     manager = CheckpointManager(run_dir, CheckpointPolicy())
     steps = manager.committed_steps()
     if not steps:
@@ -78,11 +79,11 @@ def load_run(run_dir: str, step: int | None = None, pool: str | None = None) -> 
         raise ValueError(f"pool {pool_spec.name} has {pool_spec.hosts} hosts; sample on a single-host pool "
                          "(pass --pool, e.g. local-cpu-1 or h200-1)")
     _prepare_devices(pool_spec)
-    import jax  # only now: the pool's (fake) device count is set
+    # JAX only now, after the pool's (fake) device count is set
+    import jax
 
-    from marin.evaluation.step import train_config_from_record
-    from marin.models.transformer import init_params, init_router_bias
-    from marin.parallel.mesh import make_mesh, param_shardings, replicated
+    from marin.models.transformer import init_params, init_router_bias  # JAX (see above)
+    from marin.parallel.mesh import make_mesh, param_shardings, replicated  # JAX (see above)
 
     train_config = train_config_from_record(record)
     cfg = train_config.model
@@ -112,7 +113,4 @@ def _run_tokenizer(train_config):
     stores = getattr(train_config.data, "stores", None)
     if not stores:
         return None
-    from marin.data.store import TokenStore
-    from marin.data.tokenizer import load_tokenizer
-
     return load_tokenizer(TokenStore.open(stores[0]).manifest["tokenizer"]["path"])

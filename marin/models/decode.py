@@ -36,6 +36,7 @@ import numpy as np
 from marin.models.config import MoEConfig
 from marin.models.sampling import GREEDY, DecodeError, Sampling, check_prompts  # noqa: F401  (part of this API)
 from marin.models.transformer import masked_attention, moe_block, output_logits, rmsnorm, rope
+from marin.parallel.mesh import param_shardings, replicated
 
 
 def decode_transport(cfg: MoEConfig, mesh) -> str:
@@ -193,8 +194,6 @@ def generate_tokens(params, router_bias, cfg: MoEConfig, prompts: list[list[int]
     # cache columns rounded up to a multiple of 32 as well: fewer distinct programs, little memory
     cache = init_cache(cfg, rows, width + -(-max_new_tokens // 32) * 32)
     if mesh is not None:
-        from marin.parallel.mesh import param_shardings, replicated
-
         params = jax.device_put(params, param_shardings(params, mesh))
         router_bias = jax.device_put(router_bias, replicated(mesh))
     logits, cache = _step(params, router_bias, cache, jnp.asarray(tokens), jnp.asarray(positions), cfg, mesh)

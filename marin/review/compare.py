@@ -9,10 +9,15 @@ record by record, so a sequence-length phase change bends the FLOP axis as it be
 
 from __future__ import annotations
 
+import html
 import json
 from typing import Any
 
+from marin.models.config import MoEConfig, flops_per_token
 from marin.review import Step
+from marin.review.plots import line_plot
+from marin.textfmt import format_table
+from marin.training.checkpoint import latest_checkpoint, read_metadata
 
 CURVES = (("loss", "loss", "train"), ("bpb (macro, eval)", "eval/macro_bpb", "eval"),
           ("grad norm", "grad_norm", "train"), ("drop fraction (send)", "drop_frac_send", "train"))
@@ -36,14 +41,10 @@ def _flops_per_token(step: Step):
     """``seq_len -> training FLOPs per token`` of the step's model, or None without a model config."""
     model = step.config.get("model") if isinstance(step.config, dict) else None
     if not isinstance(model, dict):  # a run started without the executor: its checkpoints record it
-        from marin.training.checkpoint import latest_checkpoint, read_metadata
-
         ckpt = latest_checkpoint(step.output_path)
         model = (read_metadata(ckpt).get("config") or {}).get("model") if ckpt else None
     if not isinstance(model, dict):
         return None
-    from marin.models.config import MoEConfig, flops_per_token
-
     try:
         cfg = MoEConfig(**model)
     except (TypeError, ValueError):
@@ -95,8 +96,6 @@ def compare(steps: list[Step]) -> dict[str, Any]:
 
 def format_comparison(result: dict[str, Any]) -> str:
     """A text table: differing fields and last values, one column per step ([1], [2], ...)."""
-    from marin.textfmt import format_table
-
     names = result["steps"]
     rows = [(k, *[v if isinstance(v, str) else json.dumps(v, default=str) for v in values])
             for k, values in result["differences"].items()]
@@ -111,10 +110,6 @@ def format_comparison(result: dict[str, Any]) -> str:
 def comparison_html(steps: list[Step], *, title: str = "Comparison") -> str:
     """The report's comparison section: the differing fields table and overlaid SVG curves against
     step, tokens and FLOPs (empty string for fewer than two training steps)."""
-    import html
-
-    from marin.review.plots import line_plot
-
     runs = [s for s in steps if s.metric_records()]
     if len(runs) < 2:
         return ""

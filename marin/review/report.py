@@ -20,9 +20,11 @@ import time
 from typing import Any
 
 from marin.execution import storage
+from marin.execution.main import CARD_FIELDS
 from marin.execution.versioning import input_field, live
 from marin.review import CATEGORIES, Experiment, Step, dependency_order
 from marin.review import dag as dagmod
+from marin.review.compare import comparison_html
 from marin.review.explain import config_leaves, is_versioned
 from marin.review.plots import line_plot
 from marin.textfmt import format_duration as _dur
@@ -193,8 +195,6 @@ def _card(exp: Experiment) -> str:
     card = exp.card or {}
     if not card:
         return ""
-    from marin.execution.main import CARD_FIELDS
-
     plan = "".join(f"<tr><td>{_e(k)}<td>{_e(card[k])}" for k in CARD_FIELDS if card.get(k))
     outcome = "".join(f"<tr><td>{_e(k)}<td>{_e(v)}" for k, v in outcome_rows(exp))
     return ('<h2 id="card">Experiment card</h2><div class="card"><div><h3>plan</h3><table class="kv">'
@@ -203,8 +203,6 @@ def _card(exp: Experiment) -> str:
 
 def _comparison(exp: Experiment) -> str:
     """Training steps overlaid (a ladder's rungs): versioned fields that differ, curves."""
-    from marin.review.compare import comparison_html
-
     runs = [s for s in exp.steps if storage.exists(f"{s.output_path}/metrics.jsonl")]
     return comparison_html(runs, title=f"Comparison of {len(runs)} training steps") if len(runs) >= 2 else ""
 

@@ -22,6 +22,7 @@ waited for and its result reused, so each step body runs exactly once.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -34,6 +35,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 from marin.execution import lease as leases
@@ -53,7 +55,85 @@ class ExecutorError(RuntimeError):
 
 
 class ExecutorInterrupted(ExecutorError):
-    """The user stopped the run (Ctrl-C); running steps were marked INTERRUPTED and their leases released."""
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP) ended the run; running steps were marked INTERRUPTED
+    (the signal named) and their leases released. ``signum`` is the signal: the process exits with
+    128 + signum, the shell's convention."""
+
+    signum: int = signal.SIGINT
+
+
+class RunStopped(KeyboardInterrupt):
+    """A stop signal reached the driver: SIGINT (Ctrl-C), SIGTERM (what schedulers send on preemption)
+    or SIGHUP (the terminal went away). A KeyboardInterrupt, so every cleanup path of Ctrl-C serves all
+    three."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_reason(signum: int) -> str:
+    """How a person reads the signal that stopped a run: ``Ctrl-C`` or ``SIGTERM``/``SIGHUP``."""
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+class StopSignals:
+    """The driver's handlers for :data:`STOP_SIGNALS`: each raises :class:`RunStopped` in the main thread.
+
+    :meth:`install` again after ``ray.init``, which replaces the SIGTERM handler with its own (it
+    would stop the cluster and exit with status 1, leaving RUNNING steps behind). :meth:`deferred`
+    holds signals off while a section must not be cut short (stopping the cluster, recording an
+    interruption); the first one that arrived meanwhile is kept in :attr:`received`."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+        self._defer = 0
+        self.active = threading.current_thread() is threading.main_thread()
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
+        if not self._defer:
+            raise RunStopped(signum)
+
+    def install(self) -> None:
+        if not self.active:
+            return
+        for sig in STOP_SIGNALS:
+            previous = signal.signal(sig, self._handler)
+            self._previous.setdefault(sig, previous)
+
+    def restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._defer += 1
+        try:
+            yield
+        finally:
+            self._defer -= 1
+
+    def __enter__(self) -> "StopSignals":
+        self.install()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.restore()
+
+
+def signal_of(exc: BaseException, signals: StopSignals | None) -> int:
+    """The signal behind a KeyboardInterrupt: Ray's waits re-raise a plain KeyboardInterrupt in place of
+    :class:`RunStopped`, so the handlers' record is the authority."""
+    if signals is not None and signals.received is not None:
+        return signals.received
+    return getattr(exc, "signum", signal.SIGINT)
 
 
 class PreviouslyFailedError(ExecutorError):
@@ -200,7 +280,16 @@ def ensure_ray(address: str | None) -> bool:
         except Exception as e:
             raise ExecutorError(_join_failure(address, token, e)) from None
         return False
-    ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    try:
+        ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    except SystemExit:
+        # ray.init installs SIGTERM handlers that exit (after stopping what it started): a SIGTERM
+        # while the cluster starts is a stop like any other
+        raise RunStopped(signal.SIGTERM) from None
+    except BaseException:  # a signal (or an error) halfway through: stop whatever part of it started
+        if ray.is_initialized():
+            shutdown_local_ray()
+        raise
     return True
 
 
@@ -421,6 +510,7 @@ class _Runner:
         self.initial_events = {s: len((statuses.get(s) or {}).get("events", [])) for s in todo}
         self.bar = None
         self._resources: dict[str, float] | None = None
+        self.signals: StopSignals | None = None
 
     # -- heartbeat -------------------------------------------------------------------------------
     def _heartbeat(self) -> None:
@@ -630,13 +720,15 @@ class _Runner:
             return
         self._finish(s, "succeeded")
 
-    def interrupt(self) -> None:
-        """Ctrl-C: stop every step this driver holds, mark it INTERRUPTED, release its lease.
+    def interrupt(self, signum: int = signal.SIGINT) -> None:
+        """A stop signal: stop every step this driver holds, mark it INTERRUPTED, release its lease.
 
-        Signals are ignored meanwhile so a second Ctrl-C cannot leave a step RUNNING with a dead
-        holder (the next run would then wait for the holder's lease to expire)."""
+        Stop signals are ignored meanwhile so a second Ctrl-C (or the scheduler's repeated SIGTERM)
+        cannot leave a step RUNNING with a dead holder (the next run would then wait for the holder's
+        lease to expire)."""
         in_main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS} if in_main else {}
+        message = f"the run was stopped ({stop_reason(signum)})"
         try:
             import ray
 
@@ -652,14 +744,14 @@ class _Runner:
                     record = st.read_status(s.output_path)
                     if st.current_status(record) == StepStatus.RUNNING:
                         st.write_status(s.output_path, StepStatus.INTERRUPTED, lease=lease,
-                                        message="the run was interrupted (Ctrl-C)", previous=record)
+                                        message=message, previous=record)
                 except Exception as e:  # pragma: no cover - store unreachable
                     logger.error("step %s: could not record the interruption: %s", s.name, e)
                 self._release(s)
                 self.outcome[s.output_path] = "interrupted"
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _check_waiting(self) -> None:
         now = time.monotonic()
@@ -711,8 +803,8 @@ class _Runner:
                 elif self.waiting and not self.ready:
                     time.sleep(min(self.opts.poll_interval, 0.2))
                 self.bar.set_postfix(running=len(self.running), waiting=len(self.waiting), refresh=False)
-        except KeyboardInterrupt:
-            self.interrupt()
+        except KeyboardInterrupt as e:
+            self.interrupt(signal_of(e, self.signals))
             raise
         finally:
             self.stop.set()
@@ -766,16 +858,21 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
     storage.makedirs(plan.prefix)
     runner = _Runner(plan, todo, statuses, opts)
     started = False
-    try:
-        started = ensure_ray(opts.address)
-        record = write_experiment_record(plan, opts, outcome)
-        runner.loop()
-    except KeyboardInterrupt:
-        outcome.update(runner.outcome)
-        raise _interrupted(plan, opts, outcome, runner) from None
-    finally:
-        if started:  # a cluster we started ends with the run, agents included
-            shutdown_local_ray()
+    with StopSignals() as signals:
+        runner.signals = signals
+        try:
+            started = ensure_ray(opts.address)
+            signals.install()  # ray.init replaced our SIGTERM handler with its own
+            record = write_experiment_record(plan, opts, outcome)
+            runner.loop()
+        except KeyboardInterrupt as e:
+            with signals.deferred():
+                outcome.update(runner.outcome)
+                raise _interrupted(plan, opts, outcome, runner, signal_of(e, signals)) from None
+        finally:
+            with signals.deferred():  # a cluster we started ends with the run, agents included, signal or not
+                if started:
+                    shutdown_local_ray()
     outcome.update(runner.outcome)
     record = write_experiment_record(plan, opts, outcome)
     result = RunResult(plan, outcome, record, runner.errors)
@@ -798,15 +895,16 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
     return result
 
 
-def _interrupted(plan: Plan, opts: RunOptions, outcome: dict[str, str], runner: "_Runner") -> ExecutorInterrupted:
-    """The message (and record) for a run stopped by Ctrl-C: what stopped, what is kept, how to resume."""
+def _interrupted(plan: Plan, opts: RunOptions, outcome: dict[str, str], runner: "_Runner",
+                 signum: int = signal.SIGINT) -> ExecutorInterrupted:
+    """The message (and record) for a run stopped by a signal: what stopped, what is kept, how to resume."""
     try:
         record = write_experiment_record(plan, opts, outcome)
     except Exception:  # the record is a convenience; the statuses are what the next run reads
         record = None
     stopped = [s for s in plan.steps if outcome.get(s.output_path) == "interrupted"]
     done = sum(1 for v in outcome.values() if v in ("succeeded", "reused"))
-    lines = ["interrupted (Ctrl-C)."]
+    lines = ["interrupted (Ctrl-C)." if signum == signal.SIGINT else f"stopped by {stop_reason(signum)}."]
     if stopped:
         lines.append(f"{len(stopped)} running step(s) stopped and marked INTERRUPTED, their leases released:")
         lines += [f"  {s.name} ({s.output_path})" for s in stopped]
@@ -816,6 +914,7 @@ def _interrupted(plan: Plan, opts: RunOptions, outcome: dict[str, str], runner: 
     command = shlex.join(mask_argv([os.path.basename(sys.executable), *sys.argv]))
     lines.append(f"To resume, run the same command again: {command}")
     err = ExecutorInterrupted("\n".join(lines))
+    err.signum = signum
     err.result = RunResult(plan, outcome, record, runner.errors)  # type: ignore[attr-defined]
     return err
 

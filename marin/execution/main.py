@@ -164,7 +164,7 @@ def executor_main(
             raise
         if isinstance(e, ExecutorInterrupted):
             print(f"marin: {e}", file=sys.stderr)
-            raise SystemExit(130) from None  # the shell's convention for "stopped by SIGINT"
+            raise SystemExit(128 + e.signum) from None  # the shell's convention: 130 SIGINT, 143 SIGTERM, 129 SIGHUP
         print(f"marin: error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     if from_cli and config.dry_run:

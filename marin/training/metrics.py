@@ -19,6 +19,8 @@ from typing import Any, TextIO
 
 import fsspec
 
+from marin.execution.retry import Outage, call_with_retry
+
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
@@ -85,7 +87,8 @@ class MetricsWriter:
     On resume, lines for steps after the restored checkpoint are dropped: the resumed run logs those
     steps again, and a reader must never see two different values for one step. Local files are
     appended and flushed per line; object stores have no append, so the whole (small) file is
-    rewritten at each ``flush``.
+    rewritten at each ``flush``; through a store outage shorter than the retry limit the lines stay
+    buffered and training goes on (:mod:`marin.execution.retry`).
     """
 
     def __init__(self, output_path: str, *, resume_step: int | None = None, is_writer: bool = True,
@@ -97,16 +100,34 @@ class MetricsWriter:
         self._lines: list[str] = []
         self._pending = 0
         self._local = _is_local(self.fs)
+        self._outage = Outage(f"write {self.url}")
+        self._next_try = 0.0
         if not is_writer:
             return
         previous = read_metrics(self.url, kind=None) if self.fs.exists(self.path) else []
         keep_until = -1 if resume_step is None else resume_step
         self._lines = [json.dumps(r, sort_keys=True) for r in previous if r.get("step", -1) <= keep_until]
         self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
-        self._rewrite()
+        call_with_retry(self._rewrite, what=f"write {self.url}")
 
     def _rewrite(self) -> None:
         self.fs.pipe_file(self.path, "".join(line + "\n" for line in self._lines).encode())
+
+    def _try_rewrite(self) -> bool:
+        """One attempt to write every buffered line; False while the store is out (within the limit).
+
+        The file is rewritten whole, so lines buffered through an outage land in order and once,
+        with the next successful write; an outage past the retry limit raises
+        :class:`StorageUnavailable` with the store's error (the step fails with the real cause)."""
+        if self._outage.active and time.monotonic() < self._next_try:
+            return False
+        try:
+            self._rewrite()
+        except Exception as e:  # noqa: BLE001 - classified by the retry policy; others re-raised
+            self._next_try = time.monotonic() + self._outage.failed(e)
+            return False
+        self._outage.succeeded()
+        return True
 
     def log(self, record: Mapping[str, Any]) -> None:
         if not self.is_writer:
@@ -122,12 +143,17 @@ class MetricsWriter:
                 self.flush()
 
     def flush(self) -> None:
-        if self.is_writer and not self._local and self._pending:
-            self._rewrite()
+        """Write what is buffered; during a store outage the lines stay buffered (see :meth:`_try_rewrite`)."""
+        if self.is_writer and not self._local and self._pending and self._try_rewrite():
             self._pending = 0
 
     def close(self) -> None:
-        self.flush()
+        """Flush, waiting out an outage for what is left of the retry limit."""
+        if not (self.is_writer and not self._local and self._pending):
+            return
+        while not self._try_rewrite():
+            time.sleep(max(0.0, min(self._next_try - time.monotonic(), self._outage.remaining_s())) + 0.01)
+        self._pending = 0
 
 
 def _jsonable(record: Mapping[str, Any]) -> dict[str, Any]:

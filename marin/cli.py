@@ -85,7 +85,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(_table(rows, [("name", "step"), ("hash", "hash"), ("label", "status"), ("lease_holder", "lease holder"),
                         ("duration", "duration")]))
     for r in rows:
-        if r.get("category") == "interrupted" and r.get("advice"):
+        if (r.get("category") == "interrupted" or r.get("status") == "UNREADABLE") and r.get("advice"):
             print(f"{r['name']}: {r['label']}: {r['advice']}")
     counts: dict[str, int] = {}
     for r in rows:

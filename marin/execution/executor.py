@@ -136,6 +136,11 @@ def signal_of(exc: BaseException, signals: StopSignals | None) -> int:
     return getattr(exc, "signum", signal.SIGINT)
 
 
+class UnreadableRecordError(ExecutorError):
+    """Some steps' status records do not parse; the run refuses to reuse or recompute them without
+    ``--repair_records`` (the message says what a repair would make of each)."""
+
+
 class PreviouslyFailedError(ExecutorError):
     """Steps that FAILED in an earlier run were asked to run again without ``--force_run_failed``."""
 
@@ -153,6 +158,7 @@ class RunOptions:
     description: str | None = None
     script: str = "experiment"
     progress: bool = True
+    repair_records: bool = False
 
 
 @dataclasses.dataclass
@@ -823,6 +829,11 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
             raise ExecutorError(problem + "\nCheck the prefix, your credentials and the network.") from e
         print(f"warning: {problem}; showing the plan as if no step had run", file=sys.stderr)
         statuses = {s: None for s in plan.steps}
+    unreadable = [s for s in plan.steps if st.current_status(statuses[s]) == StepStatus.UNREADABLE]
+    if unreadable and not opts.dry_run:
+        if not opts.repair_records:
+            raise UnreadableRecordError(unreadable_message(unreadable, statuses))
+        statuses.update(repair_records(plan, unreadable, statuses, opts))
     todo = select_steps(plan, statuses, opts.run_only)
     outcome: dict[str, str] = {}
     for s in plan.steps:
@@ -895,6 +906,40 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
     return result
 
 
+def unreadable_message(steps: list[PlannedStep], statuses: dict[PlannedStep, dict | None]) -> str:
+    """Why the run refuses to start over unreadable records, and what ``--repair_records`` would do."""
+    lines = [f"{len(steps)} step(s) have a status record that cannot be read; their outputs may be complete, "
+             "so they are neither reused nor recomputed:"]
+    for s in steps:
+        status, why = st.rebuild_plan(statuses[s])
+        lines.append(f"  {s.name} ({s.output_path}): {statuses[s]['unreadable']}\n"
+                     f"      --repair_records true would rebuild it as {status.value}: {why}")
+    lines.append("Look at the step directories (marin show PATH), then rerun with --repair_records true "
+                 "(the damaged records are kept as .executor_status.unreadable).")
+    return "\n".join(lines)
+
+
+def repair_records(plan: Plan, steps: list[PlannedStep], statuses: dict[PlannedStep, dict | None],
+                   opts: RunOptions) -> dict[PlannedStep, dict]:
+    """Rebuild each step's unreadable record under its lease (see :func:`status.rebuild_record`)."""
+    holder = leases.new_holder_id()
+    out = {}
+    for s in steps:
+        lease = leases.try_acquire(s.output_path, holder, opts.lease_ttl)
+        if lease is None:
+            raise ExecutorError(f"cannot repair the record of {s.name} ({s.output_path}): a live executor holds "
+                                "its lease; wait for it to finish or stop it, then rerun")
+        try:
+            info = step_info(s, resolve_config(s, plan), holder)
+            out[s] = st.rebuild_record(s.output_path, statuses[s], lease=lease, info=info)
+        finally:
+            leases.release(s.output_path, lease)  # a rebuilt SUCCESS removed it already: nothing to release
+        event = out[s]["events"][-1]
+        print(f"rebuilt the record of {s.name} ({s.output_path}) as {out[s]['status']}: "
+              f"{event['message'].rsplit('): ', 1)[-1]}", file=sys.stderr)
+    return out
+
+
 def _interrupted(plan: Plan, opts: RunOptions, outcome: dict[str, str], runner: "_Runner",
                  signum: int = signal.SIGINT) -> ExecutorInterrupted:
     """The message (and record) for a run stopped by a signal: what stopped, what is kept, how to resume."""
@@ -925,6 +970,11 @@ def print_dry_run(plan: Plan, statuses: dict, todo: list[PlannedStep]) -> None:
     for s in plan.steps:
         status = st.current_status(statuses[s])
         mark = "run " if s in todo_set else "skip"
+        if status == StepStatus.UNREADABLE:
+            rebuilt, why = st.rebuild_plan(statuses[s])
+            print(f"  [stop] {s.name}-{s.hash}  (UNREADABLE)  {s.output_path}\n         {statuses[s]['unreadable']}; "
+                  f"a run refuses it; --repair_records true rebuilds it as {rebuilt.value} ({why})")
+            continue
         print(f"  [{mark}] {s.name}-{s.hash}  ({status.value if status else 'new'})  {s.output_path}")
         if statuses[s] is not None:
             info = st.read_info(s.output_path, statuses[s])

@@ -39,6 +39,9 @@ class ExecutorMainConfig:
     """Seconds a step lease lives without heartbeat; a dead executor's steps are taken over after it."""
     progress: bool = True
     """Show a progress bar on stderr."""
+    repair_records: bool = False
+    """Rebuild status records that cannot be read (torn, truncated) where that is safe, and say how
+    (off by default: the run stops and lists them, since their outputs may be complete)."""
 
 
 def _extract_run_only(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -157,6 +160,7 @@ def executor_main(
             description=description,
             script=_script_name(),
             progress=config.progress,
+            repair_records=config.repair_records,
         )
         result = run_plan(plan, opts)
     except (PlanError, InvalidStepError, UnhashableConfigError, ExecutorError) as e:

@@ -125,6 +125,11 @@ def step_state(step_dir: str, record: dict | None = None, outcome: str | None = 
         holder = lease.holder
         age = max(0.0, now - (lease.expiry - leases.DEFAULT_TTL_S))
     resume = "rerun the experiment (same command) to resume it under a new lease"
+    if status == "UNREADABLE":
+        rebuilt, why = st.rebuild_plan(record)
+        return StepState(status, "failed", "UNREADABLE", None, None,
+                         f"{record['unreadable']}; a run refuses this step until its record is repaired: "
+                         f"--repair_records true rebuilds it as {rebuilt.value} ({why})")
     if status == "SUCCESS":
         category = "reused" if outcome == "cached" else "succeeded"
         return StepState(status, category, status, None, None, None)
@@ -180,13 +185,22 @@ def train_horizon(config: Any) -> int | None:
     return None
 
 
-def row_for(path: str, name: str | None = None, hash_: str | None = None) -> dict[str, Any]:
-    """One status-table row of a step directory; a RUNNING step without a live holder reads INTERRUPTED."""
+def row_for(path: str, name: str | None = None, hash_: str | None = None,
+            prefix: str | None = None) -> dict[str, Any]:
+    """One status-table row of a step directory; a RUNNING step without a live holder reads INTERRUPTED.
+
+    Without a readable info the name is the directory's path under ``prefix`` less its hash (step
+    names may hold ``/``)."""
     record = st.read_status(path)
-    base = path.rstrip("/").rsplit("/", 1)[-1]
+    base = path.rstrip("/")
+    base = base[len(prefix.rstrip("/")) + 1:] if prefix and base.startswith(prefix.rstrip("/") + "/") \
+        else base.rsplit("/", 1)[-1]
     if name is None or hash_ is None:
         guessed_name, _, guessed_hash = base.rpartition("-")
         info = st.read_info(path, record) or {}
+        if not info and st.current_status(record) == StepStatus.UNREADABLE:
+            lease = leases.read_lease(path)
+            info = (lease.info if lease else None) or {}
         name = name or info.get("name") or guessed_name
         hash_ = hash_ or info.get("hash") or guessed_hash
     state = step_state(path, record)
@@ -217,7 +231,7 @@ def status_rows(prefix: str | None = None, experiment: str | None = None) -> lis
         steps, _ = load_experiment(experiment)
         plan = plan_steps(steps, prefix)
         return [row_for(s.output_path, s.name, s.hash) for s in plan.steps]
-    return [row_for(p) for p in step_dirs(prefix)]
+    return [row_for(p, prefix=prefix) for p in step_dirs(prefix)]
 
 
 def describe_prefix(prefix: str | None = None) -> str:
@@ -407,7 +421,12 @@ def explain(experiment: str, prefix: str | None = None) -> list[dict[str, Any]]:
         info = st.read_info(ps.output_path, record) if record else None
         reasons: list[str] = []
         warnings: list[str] = []
-        if status == StepStatus.SUCCESS:
+        if status == StepStatus.UNREADABLE:
+            would_run = False
+            rebuilt, why = st.rebuild_plan(record)
+            reasons.append(f"{record['unreadable']}: a run refuses to reuse or recompute it; --repair_records true "
+                           f"rebuilds it as {rebuilt.value} ({why})")
+        elif status == StepStatus.SUCCESS:
             would_run = False
             reasons.append("already succeeded: output reused")
         else:

@@ -117,10 +117,10 @@ class Outage:
     ``succeeded()`` ends the outage (logging how long it lasted)."""
 
     def __init__(self, what: str, policy: RetryPolicy | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.what = what
         self.policy = policy or default_policy()
-        self.clock = clock
+        self.clock = clock or (lambda: time.monotonic())
         self.since: float | None = None
         self.attempts = 0
 

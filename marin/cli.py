@@ -45,7 +45,8 @@ def cmd_run(argv: list[str]) -> int:
         from marin.execution.main import ExecutorMainConfig
 
         print("usage: marin run EXPERIMENT.py [--prefix P] [--dry_run true] [--force_run_failed true]\n"
-              "                 [--run_only REGEX ...] [--max_concurrent N] [--address RAY_ADDRESS]\n\n"
+              "                 [--run_only REGEX ...] [--retry_failed STEP ...] [--max_concurrent N]\n"
+              "                 [--address RAY_ADDRESS] [--infra_retries N] [--repair_records true]\n\n"
               "Runs an experiment file exactly as `python EXPERIMENT.py [flags]` would.\n\nflags:")
         import dataclasses
 

@@ -41,6 +41,7 @@ from typing import Any
 from marin.execution import lease as leases
 from marin.execution import status as st
 from marin.execution import storage
+from marin.execution.failures import is_infrastructure_failure
 from marin.execution.fingerprint import code_fingerprint, drift
 from marin.execution.hashing import canonical_json, sha256_hex
 from marin.execution.jsonable import mask_argv, mask_leaves, mask_text, to_jsonable
@@ -159,6 +160,10 @@ class RunOptions:
     script: str = "experiment"
     progress: bool = True
     repair_records: bool = False
+    infra_retries: int = 2
+    """Times a step is resubmitted after an infrastructure failure (see :mod:`failures`); 0: never."""
+    retry_failed: list[str] | None = None
+    """Regexes of step names whose earlier FAILED attempt may be rerun (``--force_run_failed`` for a few)."""
 
 
 @dataclasses.dataclass
@@ -517,6 +522,10 @@ class _Runner:
         self.bar = None
         self._resources: dict[str, float] | None = None
         self.signals: StopSignals | None = None
+        self.infra_failures: dict[PlannedStep, int] = collections.Counter()
+        self.resubmit_at: dict[PlannedStep, float] = {}
+        """Steps waiting out the backoff before their next attempt after an infrastructure failure."""
+        self.retry_configs: dict[PlannedStep, Any] = {}
 
     # -- heartbeat -------------------------------------------------------------------------------
     def _heartbeat(self) -> None:
@@ -634,7 +643,7 @@ class _Runner:
             if problem is not None:
                 self._record_failure(s, *problem)
                 return
-            config = self.configs.pop(s)
+            config = self.retry_configs[s] = self.configs.pop(s)
             options = _ray_options(s)
             missing = infeasible(options, self._cluster_resources())
             if missing:
@@ -705,6 +714,11 @@ class _Runner:
                 self._finish(s, "lost")
                 return
             error, tb = describe_failure(e)
+            if is_infrastructure_failure(e) and self.infra_failures[s] < self.opts.infra_retries:
+                self._retry_later(s, error)
+                return
+            if self.infra_failures[s]:
+                error += f" (after {self.infra_failures[s]} retried infrastructure failure(s))"
             self._record_failure(s, error, tb)
             return
         with self.lock:  # from here on the heartbeat leaves this lease alone
@@ -725,6 +739,47 @@ class _Runner:
             self._record_failure(s, f"could not record success: {type(e).__name__}: {e}", traceback.format_exc())
             return
         self._finish(s, "succeeded")
+
+    def _retry_later(self, s: PlannedStep, error: str) -> None:
+        """Record an infrastructure failure as an attempt and resubmit the step after a backoff.
+
+        The step keeps its lease (it stays RUNNING for every reader, with the attempt in its events)
+        and resumes from whatever it committed: a training step from its last checkpoint."""
+        self.infra_failures[s] += 1
+        n = self.infra_failures[s]
+        delay = min(60.0, 2.0 * 2 ** (n - 1))
+        message = (f"infrastructure failure ({mask_text(error)}); attempt {n + 1} of {self.opts.infra_retries + 1} "
+                   f"starts in {delay:.0f}s from what the step committed")
+        with self.lock:
+            lease = self.held.get(s)
+        if lease is None:  # taken over meanwhile: not ours to retry
+            self._finish(s, "lost")
+            return
+        try:
+            st.write_status(s.output_path, StepStatus.RUNNING, lease=lease, message=message)
+        except Exception as e:  # noqa: BLE001 - the record is the store's; the retry goes on without it
+            logger.error("step %s: could not record the retry: %s", s.name, e)
+        self._print(f"RETRY {s.name}: {message}")
+        self.resubmit_at[s] = time.monotonic() + delay
+
+    def _resubmit_due(self) -> None:
+        now = time.monotonic()
+        for s, at in list(self.resubmit_at.items()):
+            if at > now:
+                continue
+            del self.resubmit_at[s]
+            with self.lock:
+                held = s in self.held
+            if not held:  # the lease was lost while waiting
+                self._finish(s, "lost")
+                continue
+            try:
+                ref = remote_body(s.step.fn).options(**_ray_options(s)).remote(self.retry_configs[s], s.output_path)
+            except Exception as e:  # noqa: BLE001 - submission failed: the step failed
+                self._record_failure(s, f"{type(e).__name__}: {e}", traceback.format_exc())
+                continue
+            self.running[ref] = s
+            self.refs[s] = ref
 
     def interrupt(self, signum: int = signal.SIGINT) -> None:
         """A stop signal: stop every step this driver holds, mark it INTERRUPTED, release its lease.
@@ -789,9 +844,11 @@ class _Runner:
         beat = threading.Thread(target=self._heartbeat, name="marin-lease-heartbeat", daemon=True)
         beat.start()
         try:
-            while self.ready or self.running or self.waiting:
+            while self.ready or self.running or self.waiting or self.resubmit_at:
                 while self.ready and len(self.running) < window:
                     self._start(self.ready.popleft())
+                if self.resubmit_at:
+                    self._resubmit_due()
                 with self.lock:
                     lost = [s for s in self.lost if s in self.refs]
                 for s in lost:
@@ -806,7 +863,7 @@ class _Runner:
                         # upstreams first: a dependent's result is judged after its upstream's
                         for ref in sorted(set(done + more), key=lambda r: self.order[self.running[r]]):
                             self._on_done(ref)
-                elif self.waiting and not self.ready:
+                elif (self.waiting or self.resubmit_at) and not self.ready:
                     time.sleep(min(self.opts.poll_interval, 0.2))
                 self.bar.set_postfix(running=len(self.running), waiting=len(self.waiting), refresh=False)
         except KeyboardInterrupt as e:
@@ -843,12 +900,21 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
             outcome[s.output_path] = "not_selected"
 
     failed_before = [s for s in todo if st.current_status(statuses[s]) == StepStatus.FAILED]
+    if opts.retry_failed:
+        patterns = [re.compile(p) for p in opts.retry_failed]
+        named = [s for s in failed_before if any(p.fullmatch(s.name) or p.search(s.output_path) for p in patterns)]
+        if not named:
+            names = ", ".join(s.name for s in failed_before) or "none"
+            raise ExecutorError(f"--retry_failed {' '.join(opts.retry_failed)} names no failed step of this "
+                                f"experiment (failed steps: {names})")
+        failed_before = [s for s in failed_before if s not in named]
     if failed_before and not opts.force_run_failed and not opts.dry_run:
         names = "\n".join(f"  {s.name} ({s.output_path})" for s in failed_before)
         raise PreviouslyFailedError(
             f"{len(failed_before)} step(s) failed in an earlier run:\n{names}\n"
-            "See why with `marin show <path>`, fix the cause, then rerun with --force_run_failed true "
-            "(failed steps are not retried by default so a broken step cannot burn compute silently)."
+            "See why with `marin show <path>`, fix the cause, then rerun with --retry_failed STEP (that step) "
+            "or --force_run_failed true (every failed step); failed steps are not retried by default so a "
+            "broken step cannot burn compute silently."
         )
 
     if opts.dry_run:

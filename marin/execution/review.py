@@ -134,7 +134,8 @@ def step_state(step_dir: str, record: dict | None = None, outcome: str | None = 
         category = "reused" if outcome == "cached" else "succeeded"
         return StepState(status, category, status, None, None, None)
     if status in ("FAILED", "DEP_FAILED"):
-        advice = ("see the error with `marin show`, fix the cause, then rerun with --force_run_failed true"
+        advice = ("see the error with `marin show`, fix the cause, then rerun with --retry_failed STEP "
+                  "(or --force_run_failed true for every failed step)"
                   if status == "FAILED" else "fix the failed dependency, then rerun")
         return StepState(status, "failed", status, None, None, advice)
     if status == "NOT_RUN":

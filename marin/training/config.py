@@ -111,6 +111,10 @@ class TrainConfig:
     checkpoint_every_minutes: float | None = 30.0
     keep_last_checkpoints: int = 2
     keep_every_steps: int | None = None
+    # seconds between the scheduler's SIGTERM and its SIGKILL (Kubernetes: terminationGracePeriodSeconds);
+    # > 0: a SIGTERM ends training at the next step with a final checkpoint where the grace allows
+    # (marin.training.preemption); 0: SIGTERM is not caught (tiny runs). Live, like the checkpoint cadence.
+    preemption_grace_s: float = 0.0
     # telemetry
     log_every: int = 1
     wandb_project: str | None = "marin"

@@ -11,7 +11,7 @@ hot switch to dropless at step 81,716. Peak LR and warmup are not published: the
 
 Contingencies are operator actions on the live run, not edits of versioned fields, so the output
 path (and its checkpoints) stay: re-plan the horizon with ``lr_replans`` (the LR still ends at 5% of
-peak; see operations/replan_lr.py), switch transport with ``transport_switches``.
+peak; see marin replan-lr), switch transport with ``transport_switches``.
 """
 
 from __future__ import annotations

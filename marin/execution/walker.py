@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any, Callable
 
 MAX_DEPTH = 100
@@ -88,6 +89,16 @@ class FieldPath:
     def __repr__(self) -> str:
         return f"FieldPath({self.describe()!r})"
 
+    def keys(self) -> tuple[Any, ...]:
+        """The attribute names, dict keys and indices from the root to here (what :func:`path_keys` reads
+        back from the text): two spellings of one field, ``model.d_model`` and ``model["d_model"]``,
+        have the same keys."""
+        out, node = [], self
+        while node is not None and node.parent is not None:
+            out.append(node.key)
+            node = node.parent
+        return tuple(reversed(out))
+
 
 def join_attr(path: str, name: str) -> str:
     """Field path of attribute ``name`` under ``path`` (``model.d_model``)."""
@@ -101,6 +112,39 @@ def join_key(path: str, key: str) -> str:
     if not path and key.isidentifier():
         return key
     return f"{path}[{json.dumps(key)}]"
+
+
+_IDENTIFIER = re.compile(r"\.?([A-Za-z_][A-Za-z0-9_]*)")
+_DECODER = json.JSONDecoder()
+
+
+def path_keys(text: str) -> tuple[Any, ...]:
+    """The keys a field path names (the inverse of the spelling above): ``model.d_model`` and
+    ``model["d_model"]`` both give ``("model", "d_model")``, ``layers[3]`` gives ``("layers", 3)``; a
+    key written as its canonical encoding (``[{"set":["a","b"]}]``) comes back as that encoding's text.
+
+    A recorded config is JSON, where a dataclass field and a dict key look alike; comparing keys
+    rather than text lets a recorded leaf be matched against the version's field paths."""
+    out: list[Any] = []
+    pos = 0
+    while pos < len(text):
+        m = _IDENTIFIER.match(text, pos)
+        if m is not None:
+            out.append(m.group(1))
+            pos = m.end()
+            continue
+        if text[pos] not in "[{":
+            raise ValueError(f"not a field path: {text!r} (at {text[pos:pos + 20]!r})")
+        close = "]" if text[pos] == "[" else "}"
+        try:
+            key, end = _DECODER.raw_decode(text, pos + 1)
+        except json.JSONDecodeError:
+            raise ValueError(f"not a field path: {text!r} (at {text[pos:pos + 20]!r})") from None
+        if end >= len(text) or text[end] != close:
+            raise ValueError(f"not a field path: {text!r} (at {text[pos:pos + 20]!r})")
+        out.append(key if isinstance(key, (str, int)) and close == "]" else text[pos + 1:end])
+        pos = end + 1
+    return tuple(out)
 
 
 def key_text(key: Any) -> str:
@@ -190,3 +234,17 @@ def _walk(value: Any, visit: Visit, build: Build, path: FieldPath, on_stack: set
     finally:
         on_stack.discard(id(value))
     return build(value, kind, out, path)
+
+
+def leaves(value: Any) -> list[tuple[FieldPath, Any]]:
+    """``(path, value)`` of every leaf of a config (an empty container is a leaf), in walk order."""
+    out: list[tuple[FieldPath, Any]] = []
+
+    def visit(v: Any, path: FieldPath) -> Any:
+        if container_kind(v) is not None and len(v if not dataclasses.is_dataclass(v) else dataclasses.fields(v)):
+            return DESCEND
+        out.append((path, v))
+        return None
+
+    walk(value, visit, lambda *_: None)
+    return out

@@ -20,11 +20,11 @@ import time
 from typing import Any
 
 from marin.execution import storage
-from marin.execution.review import config_leaves, is_versioned
-from marin.execution.review import format_duration as _dur
-from marin.review import CATEGORIES, Experiment, Step
+from marin.review import CATEGORIES, Experiment, Step, dependency_order
 from marin.review import dag as dagmod
+from marin.review.explain import config_leaves, is_versioned
 from marin.review.plots import line_plot
+from marin.textfmt import format_duration as _dur
 
 MAX_INLINE_IMAGE = 1_500_000
 """Bytes: larger PNG outputs are listed, not embedded, so the report stays a file one can attach."""
@@ -463,7 +463,6 @@ class ReportConfig:
 def experiment_from_steps(name: str, step_paths: list[str], prefix: str | None = None,
                           description: str | None = None) -> Experiment:
     """An experiment of ``step_paths`` and every step they read, found from the steps' own records."""
-    from marin.review import _dependency_order
 
     seen: dict[str, Step] = {}
     todo = list(step_paths)
@@ -473,7 +472,7 @@ def experiment_from_steps(name: str, step_paths: list[str], prefix: str | None =
             continue
         seen[p] = Step(p)
         todo.extend(seen[p].dependencies)
-    steps = _dependency_order(list(seen.values()))
+    steps = dependency_order(list(seen.values()))
     if prefix is None:
         prefix = (
             os.path.commonpath([s.output_path for s in steps])

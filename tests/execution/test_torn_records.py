@@ -15,7 +15,8 @@ import ray.cloudpickle
 
 from marin.execution import ExecutorError, StepStatus, storage
 from marin.execution import status as st
-from marin.execution.review import explain, show, status_rows
+from marin.review.explain import explain
+from marin.review.steps import show, status_rows
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_executor import executions, run, step  # noqa: E402

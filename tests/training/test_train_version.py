@@ -11,8 +11,8 @@ from experiments.defaults import default_health_report, default_train
 from marin.execution import lease as leases
 from marin.execution import plan_steps, resolve_config
 from marin.execution import status as st
-from marin.execution.review import explain
 from marin.models import config as model_config
+from marin.review.explain import explain
 from marin.training.config import SyntheticDataConfig, TrainConfig
 
 

@@ -8,6 +8,7 @@ that every report uses the same denominators.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -222,18 +223,27 @@ def phase_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 class WandbTracker:
     """W&B run with the same keys as metrics.jsonl; offline unless the user set ``WANDB_MODE``.
 
-    The run id derives from the output path, so a resumed step continues the same W&B run.
+    The run id derives from the output path, so a resumed step continues the same W&B run. Its files
+    live under the step directory (``{output_path}/wandb/``) on every backend: W&B writes through the
+    local filesystem only, so for an object-store step it writes to a staging directory of this host
+    named after the run, and :meth:`sync` copies what changed up to the step directory (the trainer
+    calls it at every checkpoint, and :meth:`finish` at the end), so the files outlive the node.
     """
 
     def __init__(self, *, project: str, name: str, config: Mapping[str, Any], output_path: str,
                  run_id: str, local_dir: str | None = None) -> None:
+        import tempfile
+
         import wandb
 
         os.environ.setdefault("WANDB_MODE", "offline")
         os.environ.setdefault("WANDB_SILENT", "true")
         fs, path = fsspec.core.url_to_fs(output_path)
-        # W&B writes through the local filesystem; for object-store outputs it goes to a local dir.
-        directory = local_dir or (path if _is_local(fs) else os.path.join(os.getcwd(), "wandb-local"))
+        self._remote = None if _is_local(fs) else f"{output_path.rstrip('/')}/wandb"
+        self._fs = fs
+        self._synced: dict[str, tuple[float, int]] = {}
+        staging = os.path.join(tempfile.gettempdir(), "marin-wandb", run_id)
+        directory = local_dir or (path if self._remote is None else staging)
         os.makedirs(directory, exist_ok=True)
         self._run = wandb.init(
             project=project,
@@ -250,8 +260,32 @@ class WandbTracker:
         data = {k: v for k, v in _jsonable(record).items() if k != "step" and not isinstance(v, str)}
         self._run.log(data, step=int(record["step"]))
 
+    def sync(self) -> int:
+        """Copy the run's new or changed W&B files up to ``{output_path}/wandb/`` (object stores only;
+        on local disk they are written there directly). Returns how many files were copied."""
+        if self._remote is None:
+            return 0
+        root = os.path.join(self.dir, "wandb")
+        copied = 0
+        for folder, _, files in os.walk(root):
+            for name in files:
+                local = os.path.join(folder, name)
+                try:
+                    st = os.stat(local)
+                except FileNotFoundError:  # W&B replaced it meanwhile
+                    continue
+                stamp = (st.st_mtime, st.st_size)
+                if self._synced.get(local) == stamp:
+                    continue
+                remote = f"{self._remote}/{os.path.relpath(local, root)}"
+                call_with_retry(functools.partial(self._fs.put_file, local, remote), what=f"copy W&B file to {remote}")
+                self._synced[local] = stamp
+                copied += 1
+        return copied
+
     def finish(self, exit_code: int = 0) -> None:
         self._run.finish(exit_code=exit_code)
+        self.sync()
 
 
 class ProgressLine:

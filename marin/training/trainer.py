@@ -405,6 +405,8 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
                 t_save = time.perf_counter()
                 ckpts.save(step, state, meta)
                 save_s = time.perf_counter() - t_save
+                if tracker:
+                    tracker.sync()  # W&B files of an object-store step go up with each checkpoint
                 t_prev = time.perf_counter()  # checkpoint time is not training throughput
             if preemption.active and step < total and _agree(preemption.requested, ctx):
                 _stop_for_preemption(ctx, config, ckpts, step, state, meta, save_s, preemption)

@@ -117,7 +117,7 @@ def default_tokenizer(
             min_frequency=min_frequency,
             on_corrupt=on_corrupt,
             max_corrupt_fraction=max_corrupt_fraction,
-        ), keep=("input_path", "output_path")),
+        ), keep=("input_path", "output_path", "allow_small_vocab")),
         description=f"byte-level BPE, vocab {vocab_size}",
         resources={"num_cpus": 1},
     )
@@ -227,7 +227,8 @@ def default_mixture_report(name: str, mixture: MixtureConfig, total_tokens: int 
 # What a data step may leave out of its version: how the work is spread, never what it writes (the
 # output is byte-identical with or without Ray, whatever the CPUs per task). batch_docs is versioned:
 # shards are cut at batch boundaries, so it changes the files.
-TOKENIZE_UNVERSIONED = ("input_path", "tokenizer", "output_path", "num_cpus_per_task", "show_progress", "use_ray")
+TOKENIZE_UNVERSIONED = ("input_path", "tokenizer", "output_path", "num_cpus_per_task", "show_progress", "use_ray",
+                        "allow_empty")
 
 
 def _versioned_config(config: Any, keep: Sequence[str] = ()) -> Any:

@@ -84,8 +84,21 @@ def step_state(step_dir: str, record: dict | None = None, outcome: str | None = 
                      resume if category == "interrupted" else None)
 
 
+class PrefixIsAFileError(FileNotFoundError):
+    """``--prefix`` names a regular file (a FileNotFoundError: the CLI prints it as one line)."""
+
+
+def check_prefix_is_a_directory(prefix: str) -> None:
+    """Refuse a local prefix that is a regular file, with what to pass instead."""
+    if storage.is_local(prefix) and os.path.isfile(prefix):
+        raise PrefixIsAFileError(
+            f"--prefix {prefix} is a file, not a directory of step outputs; pass the directory a run wrote to "
+            "(the --prefix it ran with; the default is $MARIN_PREFIX, else ./local_store)")
+
+
 def step_dirs(prefix: str) -> list[str]:
     """Every step directory under ``prefix`` (see :data:`status.STEP_FILES`)."""
+    check_prefix_is_a_directory(prefix)
     if storage.is_local(prefix):
         out = []
         for root, dirs, files in os.walk(prefix):
@@ -170,6 +183,7 @@ def status_rows(prefix: str | None = None, experiment: str | None = None) -> lis
 def describe_prefix(prefix: str | None = None) -> str:
     """Why a prefix shows no steps: whether it exists, and what it holds instead."""
     prefix = resolve_prefix(prefix)
+    check_prefix_is_a_directory(prefix)
     if not storage.exists(prefix):
         return (f"no steps: {prefix} does not exist (run an experiment with --prefix {prefix}, or pass the "
                 "--prefix it ran with; the default is $MARIN_PREFIX, else ./local_store)")

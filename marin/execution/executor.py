@@ -224,8 +224,32 @@ def experiment_record_path(plan: Plan, script: str) -> str:
     return f"{plan.prefix}/experiments/{stem}-{digest}.json"
 
 
+def merged_outcomes(previous: dict[str, str | None], outcome: dict[str, str]) -> dict[str, str | None]:
+    """Each step's outcome for the record, given what the record said before this run wrote it.
+
+    A step this run found finished ("cached", "reused") keeps "succeeded" when the record has it: the
+    report then names the run that produced the output, not the last one that looked at it, and a
+    concurrent run that only waited for a step does not overwrite the outcome of the run that ran it.
+    A step this run did not consider ("not_selected", "dry_run", none) keeps what the record says."""
+    out = dict(previous)
+    for path, new in outcome.items():
+        old = previous.get(path)
+        if new in ("cached", "reused") and old == "succeeded":
+            continue
+        if new in ("not_selected", "dry_run") and old:
+            continue
+        out[path] = new
+    return out
+
+
 def write_experiment_record(plan: Plan, opts: RunOptions, outcome: dict[str, str]) -> str:
     path = experiment_record_path(plan, opts.script)
+    try:  # another run of this experiment (earlier, or at the same time) may have written it
+        before = json.loads(storage.read_text(path) or "{}")
+        previous = {s["output_path"]: s.get("outcome") for s in before.get("steps", [])}
+    except (ValueError, KeyError, TypeError, AttributeError):  # unreadable: this run's record replaces it
+        previous = {}
+    outcome = merged_outcomes(previous, outcome)
     record = {
         "script": opts.script,
         "description": mask_text(opts.description or "") or None,
@@ -924,13 +948,17 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
         return RunResult(plan, outcome, None)
 
     problem = storage.writable_problem(f"{plan.prefix}/experiments")
+    if not todo:  # nothing will be written but the record: a read-only prefix is fine
+        print(f"Nothing to run: all {len(plan.steps)} steps already succeeded under {plan.prefix}", file=sys.stderr)
+        if problem:
+            print(f"(the experiment record was not updated: cannot write under {plan.prefix}: {problem})",
+                  file=sys.stderr)
+            return RunResult(plan, outcome, None)
+        return RunResult(plan, outcome, write_experiment_record(plan, opts, outcome))
     if problem:
         raise ExecutorError(
             f"cannot write under the prefix {plan.prefix} ({problem}); choose a writable --prefix or $MARIN_PREFIX"
         )
-    if not todo:
-        print(f"Nothing to run: all {len(plan.steps)} steps already succeeded under {plan.prefix}", file=sys.stderr)
-        return RunResult(plan, outcome, write_experiment_record(plan, opts, outcome))
 
     storage.makedirs(plan.prefix)
     runner = _Runner(plan, todo, statuses, opts)

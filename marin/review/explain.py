@@ -47,8 +47,21 @@ def unversioned_changes(recorded: Any, current: Any, versioned: Iterable[str]) -
     old = {path.keys(): (str(path), v) for path, v in leaves(recorded)}
     new = {path.keys(): (spelled.get(path.keys(), str(path)), v) for path, v in recorded_leaves(current)}
     out = []
+    # a field whose shape changed (an element added to lr_replans, a tuple emptied) reads as one
+    # change of the whole field, old value -> new value, not as scattered leaves
+    current_json = to_jsonable(current)
+    reshaped = sorted({k[0] for k in set(old) ^ set(new) if k and not any(k[:len(v)] == v for v in versioned_keys)},
+                      key=str) if isinstance(recorded, dict) and isinstance(current_json, dict) else []
+    for field in reshaped:
+        name = spelled.get((field,), str(field))
+        if field not in recorded:
+            out.append(f"{name} added ({_short(current_json.get(field))})")
+        elif field not in current_json:
+            out.append(f"{name} removed (was {_short(recorded[field])})")
+        else:
+            out.append(f"{name}: {_short(recorded[field])} -> {_short(current_json[field])}")
     for keys in sorted(set(old) | set(new), key=lambda k: (new.get(k) or old[k])[0]):
-        if any(keys[:len(v)] == v for v in versioned_keys):
+        if any(keys[:len(v)] == v for v in versioned_keys) or (keys and keys[0] in reshaped):
             continue
         name, a = old.get(keys, (None, None))
         name, b = new.get(keys, (name, None))

@@ -74,6 +74,9 @@ def step_state(step_dir: str, record: dict | None = None, outcome: str | None = 
         return StepState(status, "not run", "NOT_RUN", None, None, None)
     if status == "RUNNING":
         if not stale:
+            waiting = unfinished_dependencies(record)
+            if waiting:  # submitted behind its upstreams: holds a lease, but its body has not started
+                return StepState(status, "running", f"QUEUED (waiting for {', '.join(waiting)})", holder, age, None)
             return StepState(status, "running", "RUNNING", holder, age, None)
         why = ("holder " + holder + " is gone") if holder else "no live holder"
         return StepState(status, "interrupted", f"INTERRUPTED ({why})", holder, age,
@@ -94,6 +97,18 @@ def check_prefix_is_a_directory(prefix: str) -> None:
         raise PrefixIsAFileError(
             f"--prefix {prefix} is a file, not a directory of step outputs; pass the directory a run wrote to "
             "(the --prefix it ran with; the default is $MARIN_PREFIX, else ./local_store)")
+
+
+def unfinished_dependencies(record: dict | None) -> list[str]:
+    """Names of the upstream steps a running attempt's info lists that have not succeeded yet (the
+    executor submits a step behind its running upstreams, so it holds its lease while it waits)."""
+    info = (record or {}).get("info") or {}
+    out = []
+    for dep in info.get("dependencies") or []:
+        if st.current_status(st.read_status(dep, attempts=False)) != StepStatus.SUCCESS:
+            base = dep.rstrip("/").rsplit("/", 1)[-1]
+            out.append(base.rpartition("-")[0] or base)
+    return out
 
 
 def step_dirs(prefix: str) -> list[str]:

@@ -56,3 +56,50 @@ def test_stop_signal_marks_the_step_interrupted_names_the_signal_and_the_rerun_r
         assert (second / "out.txt").read_text() == "2"
         events = [e["status"] for e in json.loads((second / ".executor_status").read_text())["events"]]
         assert events == ["RUNNING", "INTERRUPTED", "RUNNING", "SUCCESS"]
+
+
+CHAIN = '''
+import dataclasses, os, time
+from marin.execution import ExecutorStep, executor_main, output_path_of, this_output_path, versioned
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    out: str
+    n: int
+    inp: str | None = None
+
+def work(cfg):
+    if cfg.n == 1:
+        open(os.environ["TEST_BLOCK"], "w").close()
+        time.sleep(600)
+
+first = ExecutorStep("first", work, Cfg(this_output_path(), versioned(1)))
+second = ExecutorStep("second", work, Cfg(this_output_path(), versioned(2), output_path_of(first)))
+if __name__ == "__main__":
+    executor_main(steps=[second])
+'''
+
+
+def test_a_step_queued_behind_its_upstream_reads_queued_and_a_stop_interrupts_both(tmp_path):
+    (tmp_path / "exp.py").write_text(CHAIN)
+    store, started = tmp_path / "store", tmp_path / "first-started"
+    proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(tmp_path / "exp.py"), "--prefix",
+                             str(store), "--progress", "false"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, env=env_for(tmp_path, TEST_BLOCK=str(started)),
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while not started.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert started.exists(), proc.communicate(timeout=30)
+    try:
+        r = run([sys.executable, "-m", "marin.cli", "status", "--prefix", str(store)], tmp_path)
+        rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith(("first ", "second "))}
+        assert "RUNNING" in rows["first"] and "QUEUED" not in rows["first"], r.stdout
+        assert "QUEUED (waiting for first)" in rows["second"], r.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 143, err
+    for name in ("first", "second"):
+        (d,) = store.glob(f"{name}-*")
+        assert json.loads((d / ".executor_status").read_text())["status"] == "INTERRUPTED"

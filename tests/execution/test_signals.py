@@ -103,3 +103,27 @@ def test_a_step_queued_behind_its_upstream_reads_queued_and_a_stop_interrupts_bo
     for name in ("first", "second"):
         (d,) = store.glob(f"{name}-*")
         assert json.loads((d / ".executor_status").read_text())["status"] == "INTERRUPTED"
+
+
+def test_sigterm_while_ray_starts_is_a_clean_stop(tmp_path):
+    from test_run_lifecycle import _processes_with_marker
+
+    exp = write_experiment(tmp_path)
+    marker = f"marin-test-{time.time_ns()}"
+    proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(exp), "--prefix", str(tmp_path / "store"),
+                             "--progress", "false"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=env_for(tmp_path, MARIN_TEST_MARKER=marker), start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:  # the first Ray process: the cluster is starting
+        if any("gcs_server" in p for p in _processes_with_marker(marker)):
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "marin: stopped by SIGTERM." in err, err
+    assert "No step was running." in err, err  # it arrived before any step started: while Ray started
+    deadline = time.time() + 10
+    while _processes_with_marker(marker) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _processes_with_marker(marker) == []  # the half-started cluster is gone too

@@ -39,8 +39,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from marin.execution import lease as leases
+from marin.execution import retry, storage
 from marin.execution import status as st
-from marin.execution import storage
 from marin.execution.failures import is_infrastructure_failure
 from marin.execution.fingerprint import code_fingerprint, drift
 from marin.execution.hashing import canonical_json, sha256_hex
@@ -49,6 +49,11 @@ from marin.execution.plan import Plan, PlannedStep, resolve_config
 from marin.execution.status import StepStatus
 
 logger = logging.getLogger("marin.execution")
+
+
+INTERRUPT_RETRY_S = 10.0
+"""How long recording an interruption rides out a store outage: a person waits for the prompt, and a
+scheduler's grace period (30 s on Kubernetes by default) is short."""
 
 
 class ExecutorError(RuntimeError):
@@ -815,6 +820,13 @@ class _Runner:
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS} if in_main else {}
         message = f"the run was stopped ({stop_reason(signum)})"
         try:
+            self._interrupt(message)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _interrupt(self, message: str) -> None:
+        with retry.capped(INTERRUPT_RETRY_S):  # the person (or the scheduler's grace period) is waiting
             import ray
 
             for ref in list(self.running):
@@ -834,9 +846,6 @@ class _Runner:
                     logger.error("step %s: could not record the interruption: %s", s.name, e)
                 self._release(s)
                 self.outcome[s.output_path] = "interrupted"
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def _check_waiting(self) -> None:
         now = time.monotonic()

@@ -16,12 +16,14 @@ permission error or a full disk fail at once (waiting does not fix them).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 logger = logging.getLogger("marin.execution.retry")
@@ -48,16 +50,37 @@ class RetryPolicy:
         return min(self.max_delay_s, self.first_delay_s * 2 ** max(0, attempt - 1))
 
 
+_local = threading.local()
+
+
 def default_policy() -> RetryPolicy:
-    """The policy in force: :class:`RetryPolicy` defaults, ``limit_s`` from ``$MARIN_STORAGE_RETRY_S``."""
+    """The policy in force: :class:`RetryPolicy` defaults, ``limit_s`` from ``$MARIN_STORAGE_RETRY_S``,
+    at most the cap of an enclosing :func:`capped` in this thread."""
     value = os.environ.get(LIMIT_ENV)
-    if not value:
+    limit = RetryPolicy.limit_s
+    if value:
+        try:
+            limit = float(value)
+        except ValueError:
+            raise ValueError(f"${LIMIT_ENV}={value!r} is not a number of seconds") from None
+    cap = getattr(_local, "cap", None)
+    if cap is not None:
+        limit = min(limit, cap)
+    if limit == RetryPolicy.limit_s:
         return RetryPolicy()
-    try:
-        limit = float(value)
-    except ValueError:
-        raise ValueError(f"${LIMIT_ENV}={value!r} is not a number of seconds") from None
     return RetryPolicy(limit_s=limit, max_delay_s=min(RetryPolicy.max_delay_s, max(limit / 4, 0.05)))
+
+
+@contextlib.contextmanager
+def capped(limit_s: float) -> Iterator[None]:
+    """Retry for at most ``limit_s`` seconds inside this block (this thread): for bookkeeping that must
+    not hold a person up, such as recording an interruption while the user waits for the prompt."""
+    previous = getattr(_local, "cap", None)
+    _local.cap = limit_s if previous is None else min(previous, limit_s)
+    try:
+        yield
+    finally:
+        _local.cap = previous
 
 
 class StorageUnavailable(OSError):

@@ -112,3 +112,15 @@ def test_the_limit_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("MARIN_STORAGE_RETRY_S", "soon")
     with pytest.raises(ValueError, match=r"\$MARIN_STORAGE_RETRY_S='soon' is not a number of seconds"):
         default_policy()
+
+
+def test_capped_shortens_the_limit_inside_a_block_only(monkeypatch):
+    from marin.execution.retry import capped
+
+    monkeypatch.delenv("MARIN_STORAGE_RETRY_S", raising=False)
+    assert default_policy().limit_s == 300
+    with capped(10):
+        assert default_policy().limit_s == 10
+        with capped(30):  # an inner cap never lengthens an outer one
+            assert default_policy().limit_s == 10
+    assert default_policy().limit_s == 300

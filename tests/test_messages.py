@@ -93,3 +93,23 @@ def test_a_cached_rerun_reports_the_run_that_produced_the_outputs(tmp_path, ray_
     assert first.record_path == again.record_path
     exp = mr.load_prefix(str(tmp_path / "out"))
     assert {s.state.category for s in exp.steps} == {"succeeded"}
+
+
+def test_explain_names_outputs_left_without_a_record(tmp_path):
+    from marin.review.explain import explain
+
+    exp = tmp_path / "exp.py"
+    exp.write_text(
+        "import dataclasses\nfrom marin.execution import ExecutorStep, executor_main, this_output_path, versioned\n"
+        "@dataclasses.dataclass(frozen=True)\nclass Cfg:\n    out: str\n    n: int\n"
+        "def work(cfg):\n    pass\n"
+        "if __name__ == '__main__':\n"
+        "    executor_main(steps=[ExecutorStep('probe/train', work, Cfg(this_output_path(), versioned(1)))])\n")
+    (row,) = explain(str(exp), str(tmp_path / "store"))
+    assert row["reasons"] == ["no previous output at this hash"]
+    step_dir = Path(row["output_path"])
+    (step_dir / "checkpoints" / "step-00000005").mkdir(parents=True)
+    (step_dir / "metrics.jsonl").write_text("{}\n")
+    (row,) = explain(str(exp), str(tmp_path / "store"))
+    assert row["reasons"] == ["no status record at this hash, but its directory holds 2 entries (checkpoints, "
+                              "metrics.jsonl): the run resumes from what is there"]

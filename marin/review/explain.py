@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from marin.execution import status as st
+from marin.execution import storage
 from marin.execution.fingerprint import code_fingerprint, drift
 from marin.execution.jsonable import to_jsonable
 from marin.execution.plan import Plan, PlannedStep, plan_steps, resolve_config
@@ -167,7 +168,14 @@ def explain(experiment: str, prefix: str | None = None) -> list[dict[str, Any]]:
             elif status is not None:  # a state this code does not name (INTERRUPTED, ...): it did not finish
                 reasons.append(f"{status.value} in an earlier run (not finished); resumes under a new lease")
             else:
-                reasons.append("no previous output at this hash")
+                left = [e.rstrip("/").rsplit("/", 1)[-1] for e in storage.list_dir(ps.output_path)]
+                left = [n for n in left if not n.startswith((".tmp-", ".write-probe-"))]
+                if left:  # a run that stopped before any record was written (or its records were removed)
+                    shown = ", ".join(sorted(left)[:5]) + (" ..." if len(left) > 5 else "")
+                    reasons.append(f"no status record at this hash, but its directory holds {len(left)} entries "
+                                   f"({shown}): the run resumes from what is there")
+                else:
+                    reasons.append("no previous output at this hash")
                 prev = _previous_run(prefix, ps)
                 if prev and prev.get("version"):
                     changes = version_changes(prev["version"], ps, plan)

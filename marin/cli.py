@@ -42,6 +42,8 @@ import os
 import sys
 from types import ModuleType
 
+from marin.execution.errors import install_excepthook
+
 COMMANDS: dict[str, str] = {
     "run": "run an experiment file (flags as for python EXPERIMENT.py)",
     "status": "table of steps and their status",
@@ -82,8 +84,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from marin.execution.errors import install_excepthook
-
     install_excepthook()  # the entry point owns process-wide hooks; importing marin never installs one
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None

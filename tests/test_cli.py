@@ -54,3 +54,23 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert err.startswith("marin: error: no step directory 'no-such-step'") and err.count("\n") == 1
     assert main(["run", str(tmp_path / "missing.py")]) == 2
     assert "marin: error: experiment file" in capsys.readouterr().err
+
+
+def test_importing_marin_installs_no_process_wide_hook_but_the_entry_points_do(tmp_path):
+    """A library, notebook or test that imports marin keeps its sys.excepthook; ``marin`` and an
+    experiment file run as a script get the one-line report of experiment-file mistakes."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    check = "import sys, marin.execution, marin.review; print(sys.excepthook is sys.__excepthook__)"
+    r = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, timeout=120)
+    assert r.stdout.strip() == "True", r.stderr
+    script = tmp_path / "exp.py"
+    script.write_text("import sys, marin.execution\nprint(sys.excepthook is sys.__excepthook__)\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.stdout.strip() == "False", r.stderr
+    r = subprocess.run([sys.executable, "-m", "marin.cli", "run", str(script)], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.stdout.strip() == "False", r.stderr

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import fsspec
 
+from marin.execution.versioning import input_field, live
+
 logger = logging.getLogger(__name__)
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -114,8 +116,8 @@ class TrainTokenizerConfig:
     output_path: directory that receives ``tokenizer.json``.
     """
 
-    input_path: str
-    output_path: str
+    input_path: str = input_field()
+    output_path: str = input_field()
     vocab_size: int = 8192
     max_bytes: int = 50_000_000
     """Stop reading the corpus after this many bytes of text (a tokenizer needs a sample, not all)."""
@@ -126,9 +128,9 @@ class TrainTokenizerConfig:
     """"skip": leave a corrupt file out (recorded in tokenizer_info.json) while at most
     ``max_corrupt_fraction`` of the files are corrupt; "fail": stop on the first corrupt file."""
     max_corrupt_fraction: float = 0.01
-    allow_small_vocab: bool = False
-    """A corpus too small (or empty) to learn ``vocab_size`` entries fails the step unless this is
-    True. It decides whether the step may succeed, not what it writes, so it is not versioned."""
+    allow_small_vocab: bool = live("whether a tokenizer with fewer entries than vocab_size may succeed, not what "
+                                   "the step writes", default=False)
+    """A corpus too small (or empty) to learn ``vocab_size`` entries fails the step unless this is True."""
 
 
 def _sample_texts(config: TrainTokenizerConfig, report: dict) -> Iterator[str]:

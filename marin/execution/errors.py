@@ -1,4 +1,4 @@
-"""One-line errors for mistakes in experiment files, wherever they are raised.
+"""The executor's error types, and one-line errors for mistakes in experiment files, wherever raised.
 
 A bad step name or config is usually found while the experiment file is being imported (at
 ``ExecutorStep(...)``), before ``executor_main`` can catch anything. :func:`excepthook` prints such an uncaught error as
@@ -16,6 +16,27 @@ import traceback
 from types import TracebackType
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class ExecutorError(RuntimeError):
+    """One or more steps failed; the message names each, with its error and remote traceback."""
+
+
+class ExecutorInterrupted(ExecutorError):
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP) ended the run; running steps were marked INTERRUPTED
+    (the signal named) and their leases released. ``signum`` is the signal: the process exits with
+    128 + signum, the shell's convention."""
+
+    signum: int = 2  # SIGINT
+
+
+class UnreadableRecordError(ExecutorError):
+    """Some steps' status records do not parse; the run refuses to reuse or recompute them without
+    ``--repair_records`` (the message says what a repair would make of each)."""
+
+
+class PreviouslyFailedError(ExecutorError):
+    """Steps that FAILED in an earlier run were asked to run again without ``--force_run_failed``."""
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:

@@ -51,16 +51,20 @@ class FieldPath:
     is a dict key without a canonical encoding, because such a path cannot name a versioned value.
     """
 
-    __slots__ = ("parent", "kind", "key", "depth", "_text")
+    __slots__ = ("parent", "kind", "key", "depth", "_text", "key_text")
 
-    def __init__(self, parent: "FieldPath | None" = None, kind: str = "", key: Any = None, text: str | None = None):
+    def __init__(self, parent: "FieldPath | None" = None, kind: str = "", key: Any = None, text: str | None = None,
+                 key_text: "Callable[[Any], str] | None" = None):
         self.parent, self.kind, self.key = parent, kind, key
         self.depth = 0 if parent is None else parent.depth + 1
         self._text = text
+        self.key_text = parent.key_text if parent is not None else key_text
+        """How a non-str dict key or a set member is named: the canonical encoding's text
+        (``marin.execution.hashing.key_text``), given by the walk's caller; None: it cannot be named."""
 
     @staticmethod
-    def root(text: str = "") -> "FieldPath":
-        return FieldPath(text=text)
+    def root(text: str = "", key_text: "Callable[[Any], str] | None" = None) -> "FieldPath":
+        return FieldPath(text=text, key_text=key_text)
 
     def child(self, kind: str, key: Any) -> "FieldPath":
         return FieldPath(self, kind, key)
@@ -74,7 +78,7 @@ class FieldPath:
 
     def __str__(self) -> str:
         if self._text is None:
-            self._text = _join(str(self.parent), self.kind, self.key)
+            self._text = _join(str(self.parent), self.kind, self.key, self.key_text)
         return self._text
 
     def describe(self) -> str:
@@ -147,32 +151,17 @@ def path_keys(text: str) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def key_text(key: Any) -> str:
-    """Canonical text of a dict key: JSON of a str, else the canonical encoding of the key.
-
-    Raises UnhashableConfigError for keys without one (objects whose only text is ``repr``)."""
-    if isinstance(key, str):
-        return json.dumps(key)
-    from marin.execution.hashing import canonical_json, encode  # hashing builds on this module
-
-    try:
-        return canonical_json(encode(key))
-    except UnhashableConfigError as e:
-        raise UnhashableConfigError(
-            f"dict key {key!r:.80} of type {type(key).__name__} has no canonical encoding ({e}); a versioned "
-            "value under it would be named differently in each process: use str, int, tuple or frozenset keys"
-        ) from None
-
-
-def _join(parent: str, kind: str, key: Any) -> str:
+def _join(parent: str, kind: str, key: Any, key_text: "Callable[[Any], str] | None") -> str:
     if kind == ATTR:
         return join_attr(parent, key)
-    if kind == KEY:
-        if isinstance(key, str):
-            return join_key(parent, key)
-        return f"{parent}[{key_text(key)}]"
+    if kind == KEY and isinstance(key, str):
+        return join_key(parent, key)
     if kind == INDEX:
         return f"{parent}[{key}]"
+    if key_text is None:
+        raise UnhashableConfigError(f"{type(key).__name__} key {key!r:.60} cannot be named without its encoding")
+    if kind == KEY:
+        return f"{parent}[{key_text(key)}]"
     return f"{parent}{{{key_text(key)}}}"  # MEMBER of a set, named by its own encoding
 
 
@@ -206,10 +195,13 @@ Visit = Callable[[Any, FieldPath], Any]
 Build = Callable[[Any, str, list[tuple[str, Any, Any]], FieldPath], Any]
 
 
-def walk(value: Any, visit: Visit, build: Build, path: FieldPath | str | None = None) -> Any:
-    """Walk ``value`` depth first (see the module docstring); ``path`` names ``value`` itself."""
+def walk(value: Any, visit: Visit, build: Build, path: FieldPath | str | None = None,
+         key_text: Callable[[Any], str] | None = None) -> Any:
+    """Walk ``value`` depth first (see the module docstring); ``path`` names ``value`` itself.
+    ``key_text`` names non-str dict keys and set members in paths (the caller's canonical encoding,
+    :func:`marin.execution.hashing.key_text`; a path given as a FieldPath carries its own)."""
     if not isinstance(path, FieldPath):
-        path = FieldPath.root(path or "")
+        path = FieldPath.root(path or "", key_text)
     return _walk(value, visit, build, path, set())
 
 
@@ -236,7 +228,7 @@ def _walk(value: Any, visit: Visit, build: Build, path: FieldPath, on_stack: set
     return build(value, kind, out, path)
 
 
-def leaves(value: Any) -> list[tuple[FieldPath, Any]]:
+def leaves(value: Any, key_text: Callable[[Any], str] | None = None) -> list[tuple[FieldPath, Any]]:
     """``(path, value)`` of every leaf of a config (an empty container is a leaf), in walk order."""
     out: list[tuple[FieldPath, Any]] = []
 
@@ -246,5 +238,5 @@ def leaves(value: Any) -> list[tuple[FieldPath, Any]]:
         out.append((path, v))
         return None
 
-    walk(value, visit, lambda *_: None)
+    walk(value, visit, lambda *_: None, key_text=key_text)
     return out

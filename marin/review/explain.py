@@ -13,6 +13,7 @@ from typing import Any
 from marin.execution import status as st
 from marin.execution import storage
 from marin.execution.fingerprint import code_fingerprint, drift
+from marin.execution.hashing import key_text
 from marin.execution.jsonable import to_jsonable
 from marin.execution.plan import Plan, PlannedStep, plan_steps, resolve_config
 from marin.execution.prefix import resolve_prefix
@@ -44,7 +45,8 @@ def unversioned_changes(recorded: Any, current: Any, versioned: Iterable[str]) -
     new value has no effect on that step.
     """
     versioned_keys = [path_keys(v) for v in versioned]
-    spelled = {path.keys(): path.describe() for path, _ in leaves(current)}  # dataclass fields read model.d_model
+    # the live config's spelling (a dataclass field reads model.d_model)
+    spelled = {path.keys(): path.describe() for path, _ in leaves(current, key_text)}
     old = {path.keys(): (str(path), v) for path, v in leaves(recorded)}
     new = {path.keys(): (spelled.get(path.keys(), str(path)), v) for path, v in recorded_leaves(current)}
     out = []

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from marin.execution import storage
+from marin.execution.versioning import input_field, live
 from marin.review import CATEGORIES, Experiment, Step, dependency_order
 from marin.review import dag as dagmod
 from marin.review.explain import config_leaves, is_versioned
@@ -452,12 +453,12 @@ def write_report(exp: Experiment, path: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ReportConfig:
-    name: str
+    name: str = live("the title in the report's header; the step's own name is in its version")
     """The experiment's name in the report's header."""
-    step_paths: list[str]
+    step_paths: list[str] = input_field()
     """Output paths of the steps to report (their upstream steps are found from their records)."""
-    output_path: str
-    description: str | None = None
+    output_path: str = input_field()
+    description: str | None = live("a caption in the report's header", default=None)
 
 
 def experiment_from_steps(name: str, step_paths: list[str], prefix: str | None = None,

@@ -18,7 +18,9 @@ from marin.execution import storage
 from marin.execution.plan import plan_steps
 from marin.execution.prefix import resolve_prefix
 from marin.execution.status import StepStatus
+from marin.monitoring.health import health
 from marin.review.experiment_file import load_experiment
+from marin.training.metrics import read_metrics
 
 CATEGORIES = ("succeeded", "reused", "failed", "running", "interrupted", "not run")
 """How the report colours a step. ``reused``: SUCCESS found from an earlier run, nothing recomputed."""
@@ -283,7 +285,4 @@ def _health(path: str, outputs: list[str], config: Any) -> dict[str, Any] | None
     """A training step's telemetry against healthy ranges (None for a step without metrics.jsonl)."""
     if "metrics.jsonl" not in outputs:
         return None
-    from marin.monitoring.health import health  # JAX-free, but only a training step needs it
-    from marin.training.metrics import read_metrics
-
     return health(read_metrics(path), train_horizon(config))

@@ -37,7 +37,8 @@ import math
 import os
 from typing import Any
 
-from marin.models.config import TRANSPORTS, MoEConfig, flops_per_token, param_shapes
+from marin.models.config import TRANSPORTS, MoEConfig, flops_per_token, mean_flops_per_token, param_shapes
+from marin.parallel.capacity import buffer_rows_per_token
 from marin.parallel.layout import (
     EXPERT,
     EXPERT_LEAVES,
@@ -133,17 +134,9 @@ def _bytes(dtype: str) -> int:
 
 
 def expert_rows_per_token(cfg: MoEConfig, transport: str, ep: int, tokens_per_shard: int) -> dict[str, float]:
-    """Rows per local token in the EP buffers: sent/returned rows and the rows the experts compute."""
-    k, e_loc = cfg.top_k, max(1, cfg.n_experts // ep)
-    if transport == "local":
-        return {"send": 0.0, "compute": float(k)}
-    t = max(1, tokens_per_shard)
-    worst = ep * min(k, e_loc)  # per local token: every source could send all its assignments here
-    if transport == "fixed":
-        cap_send = min(t * min(k, e_loc), math.ceil(cfg.capacity_factor * t * k / ep))
-        cap_recv = min(ep * t, math.ceil(cfg.capacity_factor * ep * t * k / cfg.n_experts))
-        return {"send": ep * cap_send / t, "compute": e_loc * cap_recv / t}
-    return {"send": float(worst), "compute": float(worst)}  # dropless / ragged: worst-case buffers
+    """Rows per local token in the EP buffers: sent/returned rows and the rows the experts compute
+    (the transports' own capacities, :mod:`marin.parallel.capacity`)."""
+    return buffer_rows_per_token(transport, tokens_per_shard, cfg.top_k, cfg.n_experts, ep, cfg.capacity_factor)
 
 
 def activation_bytes_per_token_layer(cfg: MoEConfig, seq_len: int, rows: float) -> dict[str, float]:
@@ -299,14 +292,6 @@ def smallest_fitting_pool(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, 
 
 
 # ---- compute ---------------------------------------------------------------------------------
-def mean_flops_per_token(cfg: MoEConfig, seq_len_phases) -> float:
-    """FLOPs per token averaged over sequence-length phases ``((start fraction, seq_len), ...)``
-    weighted by the share of steps each phase covers (the batch in tokens is constant)."""
-    phases = sorted((float(f), int(n)) for f, n in seq_len_phases)
-    ends = [f for f, _ in phases[1:]] + [1.0]
-    return sum((end - f) * flops_per_token(cfg, n) for (f, n), end in zip(phases, ends))
-
-
 def compute_plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int,
                  train_steps: int | None = None, mfu: float = DEFAULT_MFU,
                  planned_tokens: float | None = None, seq_len_phases=None) -> dict[str, Any]:
@@ -316,7 +301,7 @@ def compute_plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_le
 
     if not 0 < mfu <= 1:
         raise ValueError(f"mfu must be in (0, 1], got {mfu}")
-    fpt = mean_flops_per_token(cfg, seq_len_phases) if seq_len_phases else flops_per_token(cfg, seq_len)
+    fpt = mean_flops_per_token(cfg, seq_len_phases, train_steps) if seq_len_phases else flops_per_token(cfg, seq_len)
     peak = peak_flops_per_device(pool.accelerator)
     rate = pool.num_devices * peak * mfu / fpt  # tokens/s the pool sustains at this MFU
     out: dict[str, Any] = {"flops_per_token": fpt, "mfu": mfu, "tokens_per_s": rate,

@@ -79,7 +79,8 @@ def check_transition(old: StepStatus | None, new: StepStatus) -> None:
 
 
 def read_status(step_dir: str, *, attempts: bool = True) -> dict[str, Any] | None:
-    """``{"status": ..., "events": [...]}`` or None when the step never started.
+    """``{"status": ..., "events": [...]}``, or None when the step never started; a status file that
+    does not parse reads as UNREADABLE (see :func:`parse_record`), never as None.
 
     ``attempts``: include the attempts that the step's lease records and the file does not yet
     (see :func:`with_attempts`); False reads the file alone (the lease's holder, judging what

@@ -212,3 +212,12 @@ def _config(path):
 
 def _policy():
     return _config("/nonexistent").checkpoint_policy()
+
+
+def test_retry_failed_is_spelt_either_way_and_takes_several_steps():
+    from marin.execution.main import parse_executor_args
+
+    assert parse_executor_args(["--retry-failed", "probe/train", "eval.*", "--infra_retries", "0"]).retry_failed == [
+        "probe/train", "eval.*"]
+    config = parse_executor_args(["--retry_failed=probe/train", "--run_only", "x"])
+    assert config.retry_failed == ["probe/train"] and config.run_only == ["x"] and config.infra_retries == 2

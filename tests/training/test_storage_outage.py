@@ -58,6 +58,10 @@ def s3(monkeypatch):
     yield store
     if store.server is not None:
         store.stop()
+    # forget every filesystem bound to this server: later tests reach the session's S3 server again
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
     storage._fs_for.cache_clear()
 
 

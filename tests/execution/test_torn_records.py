@@ -84,6 +84,11 @@ def test_torn_success_record_is_reported_refused_and_repaired(tmp_path, ray_loca
                        text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert f"probe/a: UNREADABLE: record unreadable: {path} (100 bytes" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "marin.cli", "report", "--prefix", str(store), "-o",
+                        str(tmp_path / "report.html")], capture_output=True, text=True, env=env, timeout=180)
+    assert r.returncode == 0, r.stderr
+    html = (tmp_path / "report.html").read_text()
+    assert "UNREADABLE" in html and "record unreadable: " in html
 
     # the executor refuses, naming the step and what a repair would do; nothing is recomputed
     before = executions(log)

@@ -29,7 +29,8 @@ def _start_and_signal(tmp_path, sig: int) -> tuple[subprocess.Popen, str]:
     return proc, err
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)],
+                         ids=["SIGTERM", "SIGHUP"])  # SIGHUP takes the same path (slow set)
 def test_stop_signal_marks_the_step_interrupted_names_the_signal_and_the_rerun_resumes(tmp_path, sig):
     proc, err = _start_and_signal(tmp_path, sig)
     name = signal.Signals(sig).name

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import glob as glob_module
 import hashlib
 import itertools
 import json
@@ -226,9 +227,7 @@ def list_dir(path: str) -> list[str]:
 
 def glob(pattern: str) -> list[str]:
     if is_local(pattern):
-        import glob as _glob
-
-        return sorted(_glob.glob(_local(pattern)))
+        return sorted(glob_module.glob(_local(pattern)))
     fs = filesystem(pattern)
     proto = pattern.split("://", 1)[0]
     found = call_with_retry(lambda: fs.glob(pattern), what=f"list {pattern}")

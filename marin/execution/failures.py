@@ -9,6 +9,8 @@ person to look at. Anything not known to be the infrastructure's counts as the s
 
 from __future__ import annotations
 
+from marin.execution.retry import StorageUnavailable
+
 
 class InfrastructureFailure(RuntimeError):
     """The machinery under a step failed (a host, worker or node died, the step was preempted, a
@@ -37,8 +39,6 @@ _PEER_LOST_WORDS = ("unavailable:", "deadline_exceeded", "connection reset by pe
 def is_infrastructure_failure(exc: BaseException | None) -> bool:
     """Whether ``exc`` (a step's error as the driver sees it, Ray's wrapper included) is the
     infrastructure's: one of the errors above anywhere in its chain or as a Ray task's cause."""
-    from marin.execution.retry import StorageUnavailable
-
     seen: set[int] = set()
     stack = [exc]
     while stack:

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from typing import Any, TextIO
@@ -232,8 +233,6 @@ class WandbTracker:
 
     def __init__(self, *, project: str, name: str, config: Mapping[str, Any], output_path: str,
                  run_id: str, local_dir: str | None = None) -> None:
-        import tempfile
-
         import wandb
 
         os.environ.setdefault("WANDB_MODE", "offline")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from marin.commands import options
 from marin.commands.sample import add_run_arguments
 from marin.inference import load_run
 from marin.inference.export import DEFAULT_MAX_SHARD_BYTES, check_output_dir, export_run
@@ -19,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_arguments(p)
     p.add_argument("-o", "--output", required=True, help="directory to write (must be empty or new)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
-    p.add_argument("--max-shard-size", type=int, default=DEFAULT_MAX_SHARD_BYTES,
+    p.add_argument("--max-shard-size", type=options.positive_int, default=DEFAULT_MAX_SHARD_BYTES,
                    help=f"bytes per safetensors shard (default {DEFAULT_MAX_SHARD_BYTES})")
 
 

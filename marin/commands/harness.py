@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", required=True, help="comma-separated task names (from --include-path or lm_eval's own)")
     p.add_argument("--include-path", default=None, help="directory of task YAML files (local data, no hub access)")
     p.add_argument("--output-path", default=None, help="directory to write lm_eval's results JSON into")
-    p.add_argument("--limit", type=int, default=None, help="at most N documents per task")
+    p.add_argument("--limit", type=options.positive_int, default=None, help="at most N documents per task")
     options.add_json(p)
 
 

@@ -27,11 +27,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_arguments(p)
     p.add_argument("--prompt", action="append", default=[], required=True, help="prompt text; repeatable")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
+    p.add_argument("--max-new-tokens", type=options.positive_int, default=64,
+                   help="tokens to generate per prompt (default 64)")
     p.add_argument("--greedy", action="store_true", help="take the most likely token every time (deterministic)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, > 0 (default 1.0)")
-    p.add_argument("--top-k", type=int, default=None, help="sample among the K most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: the smallest set with probability P")
+    p.add_argument("--top-k", type=options.positive_int, default=None, help="sample among the K most likely tokens")
+    p.add_argument("--top-p", type=options.fraction, default=None,
+                   help="nucleus sampling: the smallest set with probability P")
     p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same samples")
     options.add_json(p)
 

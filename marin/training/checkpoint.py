@@ -363,10 +363,11 @@ def _describe(dtype: Any, shape: Any) -> str:
     return f"{np.dtype(dtype).name}{list(shape)}"
 
 
-def check_template(path: str, entries: list[dict[str, Any]], template: Any) -> None:
+def check_template(path: str, entries: list[dict[str, Any]], template: Any, *, partial: bool = False) -> None:
     """Raise :class:`CheckpointMismatchError` naming every leaf whose presence, shape or dtype differs
     between the checkpoint's index and ``template`` (arrays or ``jax.ShapeDtypeStruct``s), before any
-    array is read."""
+    array is read. ``partial``: the checkpoint may hold more leaves than the template (a model read
+    without its optimizer state)."""
     keys, leaves, _ = flatten_with_keys(template)
     saved = {e["key"]: e for e in entries}
     wanted = dict(zip(keys, leaves, strict=True))
@@ -379,8 +380,9 @@ def check_template(path: str, entries: list[dict[str, Any]], template: Any) -> N
         have = _describe(_dtype(saved[k]["dtype"]), saved[k]["shape"])
         if have != want:
             problems.append(f"{k}: checkpoint {have}, model wants {want}")
-    problems += [f"{k}: in the checkpoint ({_describe(_dtype(e['dtype']), e['shape'])}) but not in the model"
-                 for k, e in saved.items() if k not in wanted]
+    if not partial:
+        problems += [f"{k}: in the checkpoint ({_describe(_dtype(e['dtype']), e['shape'])}) but not in the model"
+                     for k, e in saved.items() if k not in wanted]
     if problems:
         # parameters first: optimizer moments mirror them and only repeat the story
         problems.sort(key=lambda p: not p.startswith("['params']"))
@@ -459,7 +461,8 @@ def _index_key(idx: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[in
     return tuple(sl.indices(n)[:2] for sl, n in zip(idx, shape, strict=True))
 
 
-def restore_checkpoint(path: str, template: Any = None, shardings: Any = None) -> tuple[Any, dict[str, Any]]:
+def restore_checkpoint(path: str, template: Any = None, shardings: Any = None, *,
+                       partial: bool = False) -> tuple[Any, dict[str, Any]]:
     """Restore a committed checkpoint; returns ``(tree, metadata)``.
 
     ``template``: a pytree (arrays or ``jax.ShapeDtypeStruct``s) the checkpoint must match leaf for
@@ -468,7 +471,8 @@ def restore_checkpoint(path: str, template: Any = None, shardings: Any = None) -
     ``jax.sharding.Sharding`` matching ``template`` (or one sharding for all leaves): the leaves come
     back as global arrays laid out for *this* pool's mesh, whatever mesh wrote them; each process reads
     only its slices. ``shardings=None`` reads every leaf whole into this process (export only).
-    Data that does not verify raises :class:`CorruptCheckpointError`.
+    ``partial``: read only the template's leaves of a checkpoint that holds more. Data that does not
+    verify raises :class:`CorruptCheckpointError`.
     """
     import jax
 
@@ -476,12 +480,12 @@ def restore_checkpoint(path: str, template: Any = None, shardings: Any = None) -
     if commit is None:
         raise FileNotFoundError(f"{path} is not a committed checkpoint (no valid {_COMMIT})")
     if is_legacy(commit):
-        return _restore_legacy(path, commit, template, shardings)
+        return _restore_legacy(path, commit, template, shardings, partial)
     verify_parts(path, commit)
     index = read_index(path)
     entries = index["leaves"]
     if template is not None:
-        check_template(path, entries, template)
+        check_template(path, entries, template, partial=partial)
         keys, _, treedef = flatten_with_keys(template)
     else:
         keys, treedef = [e["key"] for e in entries], None
@@ -516,7 +520,8 @@ def read_checkpoint(path: str, template: Any = None, *, verify: bool = True) -> 
 
 
 # ---- the earlier single-blob format (read only) -------------------------------------------------------
-def _restore_legacy(path: str, commit: Mapping[str, Any], template: Any, shardings: Any) -> tuple[Any, dict[str, Any]]:
+def _restore_legacy(path: str, commit: Mapping[str, Any], template: Any, shardings: Any,
+                    partial: bool = False) -> tuple[Any, dict[str, Any]]:
     """Read a checkpoint of the earlier format: one ``arrays.bin`` blob, verified against the sha256 in
     its COMMIT. These were written by one process for states that fit in one; they are read whole and
     then placed onto ``shardings``."""
@@ -525,7 +530,7 @@ def _restore_legacy(path: str, commit: Mapping[str, Any], template: Any, shardin
     fs, root = fsspec.core.url_to_fs(path)
     index = read_index(path)
     if template is not None:
-        check_template(path, index["leaves"], template)
+        check_template(path, index["leaves"], template, partial=partial)
     try:
         blob = fs.cat_file(f"{root}/{_LEGACY_ARRAYS}")
     except FileNotFoundError:
@@ -735,6 +740,79 @@ class CheckpointManager:
             _delete_dir(self.fs, p)
             deleted.append(s)
         return deleted
+
+
+# ---- loading a trained model -------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    """A training run's model at one checkpoint: what sampling, export and evaluation need."""
+
+    config: Any  # marin.models.config.MoEConfig, exactly as the run trained it
+    params: Any  # nested dict of arrays (global jax Arrays on the mesh given, or numpy)
+    router_bias: Any  # [moe layers, experts]: part of the model's forward, not only of training
+    metadata: dict[str, Any]  # the checkpoint's: config record, step, tokens, data position
+    step: int
+    path: str  # the checkpoint directory
+
+
+def checkpoint_step(run_path: str, step: int | None = None) -> int:
+    """``step`` if the run at ``run_path`` has a committed checkpoint there, else (None) its newest;
+    FileNotFoundError saying what is there otherwise."""
+    steps = CheckpointManager(run_path, CheckpointPolicy()).committed_steps()
+    if not steps:
+        raise FileNotFoundError(f"{run_path} has no committed checkpoint (is it a training step's output directory?)")
+    if step is None:
+        return steps[-1]
+    if step not in steps:
+        raise FileNotFoundError(f"{run_path} has no committed checkpoint at step {step}; committed: {steps}")
+    return step
+
+
+def model_config_of(metadata: Mapping[str, Any]) -> Any:
+    """The MoEConfig a checkpoint's run trained, from its metadata's config record."""
+    from marin.models.config import MoEConfig  # kept off the light import path of CheckpointPolicy
+
+    model = metadata["config"]["model"]
+    if not isinstance(model, dict):
+        raise ValueError(f"the checkpoint's config names model {model!r} without its fields; it predates recorded "
+                         "model configs and cannot be loaded by itself")
+    return MoEConfig(**model)
+
+
+def load_model(run_path: str, mesh: Any = None, *, step: int | None = None,
+               param_sharding: str = "replicated") -> LoadedModel:
+    """Load a training run's model for inference: its config, params and router bias (no optimizer
+    state), restored onto ``mesh`` whatever pool wrote it; each process reads only the slices its
+    devices hold. ``step``: a committed checkpoint's step (default: the newest). ``param_sharding``:
+    "replicated" or "fsdp" (marin.parallel.layout; expert weights are split over "expert" either
+    way). ``mesh=None`` reads the model whole into this process as numpy arrays (export)."""
+    import jax
+
+    from marin.models.transformer import init_params, init_router_bias  # JAX only when a model is loaded
+
+    step = checkpoint_step(run_path, step)
+    path = CheckpointManager(run_path, CheckpointPolicy()).path_for(step)
+    meta = read_metadata(path)
+    cfg = model_config_of(meta)
+    template = {"params": jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0))),
+                "router_bias": jax.eval_shape(lambda: init_router_bias(cfg))}
+    shardings = None
+    if mesh is not None:
+        from marin.parallel.mesh import param_shardings, replicated
+
+        shardings = {"params": param_shardings(template["params"], mesh, param_sharding),
+                     "router_bias": replicated(mesh)}
+    tree, meta = restore_checkpoint(path, template, shardings, partial=True)
+    return LoadedModel(cfg, tree["params"], tree["router_bias"], meta, step, path)
+
+
+def read_full_state(run_path: str, *, step: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Every leaf of a run's checkpoint (optimizer state included), whole, as numpy arrays in this
+    one process: ``({key path: array}, metadata)``. For an export the user asks for explicitly; a
+    hero checkpoint is about 6.4 TB, so anything that runs on a pool uses :func:`load_model` or
+    :func:`restore_checkpoint` with shardings instead."""
+    step = checkpoint_step(run_path, step)
+    return read_checkpoint(CheckpointManager(run_path, CheckpointPolicy()).path_for(step))
 
 
 # ---- conversion ----------------------------------------------------------------------------------------

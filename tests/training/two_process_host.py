@@ -1,0 +1,86 @@
+"""One host of a two-process pool (``local-2host``: 2 processes x 4 fake CPU devices, one (1, 8)
+mesh), started twice by tests/training/test_sharded_state.py; joined by ``jax.distributed`` on
+127.0.0.1, as the Ray launcher joins them (marin.training.pools.initialize_jax).
+
+    python two_process_host.py MODE OUT PROCESS_ID COORDINATOR
+
+MODE ``train``: the fresh state created sharded is saved to OUT/init, then a real run trains 4
+steps into OUT/run (fsdp: weights and AdamW state split across the two processes; async saves at
+steps 2 and 4). MODE ``kill``: the state is saved at step 1, then process 1 kills itself with SIGKILL
+in the middle of the save of step 2, after its chunks are written and before its part record.
+Both print one ``RESULT {json}`` line with the process's peak resident memory.
+"""
+
+import json
+import os
+import resource
+import signal
+import sys
+
+
+def config(out: str, **kw):
+    from marin.training.config import SyntheticDataConfig, TrainConfig
+
+    base = dict(output_path=out, data=SyntheticDataConfig(vocab_size=512), model="tiny-ep", pool="local-2host",
+                param_sharding="fsdp", train_steps=4, tokens_per_step=256, seq_len_phases=((0.0, 32),),
+                warmup_steps=1, peak_lr=1e-2, checkpoint_every_steps=2, checkpoint_every_minutes=None,
+                keep_last_checkpoints=3, wandb_project=None, progress_every_s=0.0)
+    return TrainConfig(**{**base, **kw})
+
+
+def main() -> None:
+    mode, out, pid, coord = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    os.environ["JAX_PLATFORMS"] = "cpu"  # before JAX starts its backend: 4 fake devices per host
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    from marin.training.pools import HostContext, get_pool, initialize_jax
+
+    ctx = HostContext(pid, 2, coord, get_pool("local-2host"))
+    initialize_jax(ctx)
+    from marin.parallel.mesh import make_mesh
+    from marin.training import checkpoint as ckpt
+    from marin.training.trainer import init_state, model_config, state_shapes, state_shardings, train_on_host
+
+    cfgt = config(f"{out}/run")
+    cfg = model_config(cfgt)
+    mesh = make_mesh(*ctx.pool.mesh)
+    shardings = state_shardings(state_shapes(cfgt, cfg), mesh, cfgt.param_sharding)
+    result: dict = {"process": pid}
+    if mode == "train":
+        state = init_state(cfgt, cfg, mesh, shardings)
+        # no leaf is whole on one process: fsdp and expert leaves hold 1/2 of the rows here
+        result["local_fraction"] = sum(s.data.nbytes for x in jax_leaves(state) for s in x.addressable_shards
+                                       if s.replica_id == 0) / sum(x.nbytes for x in jax_leaves(state))
+        ckpt.write_checkpoint(f"{out}/init", state, {"kind": "fresh"}, step=0)
+        del state
+        result["summary"] = train_on_host(ctx, cfgt)
+    elif mode == "kill":
+        mgr = ckpt.CheckpointManager(f"{out}/run", cfgt.checkpoint_policy(), is_writer=pid == 0, part_timeout_s=8)
+        state = init_state(cfgt, cfg, mesh, shardings)
+        mgr.save(1, state, {"tokens": 0, "data_step": 1}, blocking=True)
+        real_commit = ckpt._commit
+
+        def commit_or_die(fs, path, data):
+            if pid == 1 and "/step-00000002/parts/" in path:
+                os.kill(os.getpid(), signal.SIGKILL)  # kill -9 mid-save: chunks written, part record not
+            real_commit(fs, path, data)
+
+        ckpt._commit = commit_or_die
+        mgr.save(2, state, {"tokens": 0, "data_step": 2})
+        try:
+            mgr.wait()
+            result["error"] = None
+        except ckpt.CheckpointWriteError as e:
+            result["error"] = str(e)
+    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print("RESULT " + json.dumps(result), flush=True)
+    os._exit(0)  # the peer may be gone: skip jax.distributed's shutdown barrier
+
+
+def jax_leaves(tree):
+    import jax
+
+    return jax.tree_util.tree_leaves(tree)
+
+
+if __name__ == "__main__":
+    main()

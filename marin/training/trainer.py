@@ -55,12 +55,16 @@ class IncompatibleCheckpoint(NonRetryableError):
     """The step's checkpoints were written by a different model structure; a retry cannot fix it."""
 
 
-BatchFn = Callable[[int, int, int], dict[str, np.ndarray]]
+BatchFn = Callable[..., dict[str, np.ndarray]]  # (step, batch_size, seq_len, rows=None) -> tokens, segment_ids
 
 
 # ---- data -----------------------------------------------------------------------------------------
-def synthetic_batch(cfg: SyntheticDataConfig, step: int, batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
-    """Deterministic learnable batch: a pure function of (cfg, step, batch_size, seq_len)."""
+def synthetic_batch(cfg: SyntheticDataConfig, step: int, batch_size: int, seq_len: int,
+                    rows: slice | None = None) -> dict[str, np.ndarray]:
+    """Deterministic learnable batch: a pure function of (cfg, step, batch_size, seq_len). ``rows``
+    selects rows of it (generated whole: synthetic tokens read nothing from storage)."""
+    if rows is not None:
+        return {k: v[rows] for k, v in synthetic_batch(cfg, step, batch_size, seq_len).items()}
     rng = np.random.default_rng([cfg.seed, step, batch_size, seq_len])
     v = cfg.vocab_size
     rules = np.random.default_rng([cfg.seed, 7919]).integers(1, v, size=(cfg.n_rules, 2))
@@ -79,11 +83,35 @@ def make_batch_fn(data: Any, total_steps: int | None = None) -> tuple[BatchFn, i
     """``(batch(step, B, L), vocab_size)`` for a data config: synthetic, or the mixture loader
     (``total_steps`` places mixture stages given as fractions of the run)."""
     if isinstance(data, SyntheticDataConfig):
-        return (lambda step, b, l: synthetic_batch(data, step, b, l)), data.vocab_size
+        return (lambda step, b, l, rows=None: synthetic_batch(data, step, b, l, rows)), data.vocab_size
     from marin.data.loader import MixtureLoader
 
     loader = MixtureLoader(data, total_steps=total_steps)
     return loader.batch, int(loader.vocab_size)
+
+
+def host_rows(sharding, batch_size: int, seq_len: int) -> slice:
+    """The rows of a [batch_size, seq_len + 1] global batch that this process's devices hold under
+    ``sharding`` (one contiguous span: devices are ordered host by host along the batch axis)."""
+    spans = [idx[0].indices(batch_size)[:2] for idx in
+             sharding.addressable_devices_indices_map((batch_size, seq_len + 1)).values()]
+    return slice(min(a for a, _ in spans), max(b for _, b in spans))
+
+
+def place_batch(batch_fn: BatchFn, sharding, step: int, batch_size: int, seq_len: int) -> tuple[Any, Any]:
+    """(tokens, segment_ids) of batch ``step`` as global arrays split over ``sharding``: this process
+    builds (and reads the documents of) only its own rows; the assembled global batch is the one
+    ``batch_fn(step, batch_size, seq_len)`` builds whole."""
+    rows = host_rows(sharding, batch_size, seq_len)
+    local = batch_fn(step, batch_size, seq_len, rows=rows)
+    shape = (batch_size, seq_len + 1)
+
+    def place(x: np.ndarray):
+        return jax.make_array_from_callback(
+            shape, sharding, lambda idx: x[slice(idx[0].indices(batch_size)[0] - rows.start,
+                                                 idx[0].indices(batch_size)[1] - rows.start), idx[1]])
+
+    return place(local["tokens"]), place(local["segment_ids"])
 
 
 # ---- model and optimizer --------------------------------------------------------------------------
@@ -401,9 +429,7 @@ def run_step(run: TrainRun) -> dict[str, Any]:
     key = (transport, n_micro, phase_cfg.remat_policy)
     if key not in run.compiled:
         run.compiled[key] = make_train_step(config, phase_cfg, run.mesh, transport, run.shardings, n_micro)
-    batch = run.batch_fn(run.step, batch_size, seq_len)
-    sharding = batch_sharding(run.mesh)
-    tokens, segments = place_host_arrays(batch["tokens"], sharding), place_host_arrays(batch["segment_ids"], sharding)
+    tokens, segments = place_batch(run.batch_fn, batch_sharding(run.mesh), run.step, batch_size, seq_len)
     lr = lr_at(run.step, config.lr_schedule())
     new_state, m = run.compiled[key](run.state, tokens, segments, jnp.float32(lr))
     m = {k: float(v) for k, v in m.items()}  # waits for the step

@@ -56,3 +56,20 @@ def test_resuming_a_different_model_names_the_mismatching_parameters(finished_ru
     msg = str(err.value)
     assert msg.startswith(f"checkpoint {run}/checkpoints/step-00000004 does not match the model being trained")
     assert "['params']['blocks']" in msg and "checkpoint float32[4, " in msg and "model wants float32[2, " in msg
+
+
+def test_a_run_checkpointed_in_the_earlier_blob_format_resumes_bitwise(tmp_path):
+    """A run whose step-2 checkpoint was written by the single-blob code resumes under the sharded
+    format and trains steps 3 and 4 to exactly the losses the uninterrupted run logged."""
+    import json
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "legacy-blob-run"
+    run = tmp_path / "run"
+    shutil.copytree(fixture, run, ignore=shutil.ignore_patterns("*.py", "expected.json"))
+    expected = json.loads((fixture / "expected.json").read_text())
+    cfg = _config(run, data=SyntheticDataConfig(vocab_size=64), model_overrides={"vocab_size": 64, "n_layers": 2})
+    summary = run_training(cfg, use_ray=False)
+    assert summary["resumed_from"] == 2 and summary["final_step"] == 4
+    assert [r["loss"] for r in read_metrics(str(run))] == expected["losses"]
+    assert [r["grad_norm"] for r in read_metrics(str(run))] == expected["grad_norms"]

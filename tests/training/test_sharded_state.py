@@ -78,6 +78,9 @@ def test_init_is_the_same_on_every_mesh_and_process_count(two_process_run):
         shardings = state_shardings(shapes, mesh, mode)
         _leaves_equal(init_state(cfgt, cfg, mesh, shardings), two)
     _leaves_equal(init_host_state(cfgt, cfg), two)
+    # per-host batches: rows 0-3 on process 0, 4-7 on process 1; assembled, the whole batch, bitwise
+    assert [r["rows"] for r in results] == [[0, 4], [4, 8]]
+    assert all(r["batch_identical"] == [True, True] for r in results)
     # each process held about half of the state, never all of it
     assert all(0.4 < r["local_fraction"] < 0.75 for r in results), [r["local_fraction"] for r in results]
 

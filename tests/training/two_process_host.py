@@ -36,6 +36,8 @@ def main() -> None:
 
     ctx = HostContext(pid, 2, coord, get_pool("local-2host"))
     initialize_jax(ctx)
+    import numpy as np
+
     from marin.parallel.mesh import make_mesh
     from marin.training import checkpoint as ckpt
     from marin.training.trainer import init_state, model_config, state_shapes, state_shardings, train_on_host
@@ -46,6 +48,22 @@ def main() -> None:
     shardings = state_shardings(state_shapes(cfgt, cfg), mesh, cfgt.param_sharding)
     result: dict = {"process": pid}
     if mode == "train":
+        # per-host batches: each process builds only its rows; the assembled batch is the whole one
+        from jax.experimental import multihost_utils
+
+        from marin.parallel.mesh import batch_sharding
+        from marin.training.trainer import host_rows, make_batch_fn, place_batch
+
+        batch_fn, _ = make_batch_fn(cfgt.data)
+        rows = host_rows(batch_sharding(mesh), 8, 32)
+        result["rows"] = [rows.start, rows.stop]
+        same = []
+        for step in (0, 1):
+            tokens, segments = place_batch(batch_fn, batch_sharding(mesh), step, 8, 32)
+            whole = batch_fn(step, 8, 32)
+            same.append(all(np.asarray(multihost_utils.process_allgather(x, tiled=True)).tobytes() == whole[k].tobytes()
+                            for x, k in ((tokens, "tokens"), (segments, "segment_ids"))))
+        result["batch_identical"] = same
         state = init_state(cfgt, cfg, mesh, shardings)
         # no leaf is whole on one process: fsdp and expert leaves hold 1/2 of the rows here
         result["local_fraction"] = sum(s.data.nbytes for x in jax_leaves(state) for s in x.addressable_shards

@@ -30,7 +30,7 @@ from marin.execution.step import InputName, OutputName, VersionedValue
 from marin.monitoring.health import HealthReportConfig, health_report_step
 from marin.review.report import ReportConfig, report_step
 from marin.scaling.ladder import LadderFitConfig, RungRun, ladder_fit_step
-from marin.training.config import SyntheticDataConfig, TrainConfig, resolve_model
+from marin.training.config import InitFrom, SyntheticDataConfig, TrainConfig, resolve_model
 from marin.training.planning import StepDoesNotFit, check_train_config_fits
 from marin.training.pools import get_pool
 from marin.training.schedule import DEFAULT_FINAL_LR_FRACTION
@@ -286,6 +286,7 @@ def default_train(
     memory_check: str = "error",
     eval_every_steps: int | None = None,
     eval_sets: Sequence[EvalSet] = (),
+    init_from: InitFrom | None = None,
 ) -> ExecutorStep:
     """A training step: ``model`` preset (+ ``model_overrides``) on ``mixture`` over ``pool``.
 
@@ -331,6 +332,9 @@ def default_train(
             every this many steps and at the last, as ``kind: "eval"`` records in metrics.jsonl. Live.
         eval_sets: named eval sets (see :func:`default_eval_suite`); their tokenize steps become
             dependencies, which are versioned.
+        init_from: start from another training step's committed checkpoint instead of a fresh state
+            (:func:`branch_from`); the source step's version and the checkpoint step are part of this
+            step's version, and the source run is left untouched.
     """
     get_pool(pool)  # fail at declaration time on a typo, not inside a Ray task
     phases = tuple((float(f), int(n)) for f, n in seq_len_phases)
@@ -375,6 +379,7 @@ def default_train(
         remat_by_seq_len=remats,
         eval_every_steps=eval_every_steps,
         eval_sets=tuple(eval_sets),
+        **({"init_from": init_from} if init_from is not None else {}),
     )
     return ExecutorStep(
         name=name,
@@ -385,6 +390,30 @@ def default_train(
         # pool's hosts need.
         resources={"num_cpus": 0},
     )
+
+
+def branch_from(source: ExecutorStep, step: int, *, optimizer: bool = True, data_position: bool = True,
+                wait_for_source: bool = False) -> InitFrom:
+    """``init_from`` for :func:`default_train`: start at ``source``'s committed checkpoint of ``step``,
+    resharded onto the new run's pool. The source is a dependency (its version is part of the new
+    step's, and it must have succeeded, so the checkpoint exists) and ``step`` is versioned.
+
+    ``optimizer``: take the AdamW state too. ``data_position``: continue the source's data stream,
+    step counter and LR schedule (a cooldown side branch: the same schedule with ``lr_replans=((step,
+    step + cooldown_steps),)`` decays to the final LR over the cooldown; a longer horizon: a larger
+    ``train_steps``); False starts at step 0 of the new run's own schedule with the source's weights.
+    ``wait_for_source``: start only after the source step succeeded (continuing a finished run); by
+    default the branch may run while the source still trains (a side branch of a live run), and the
+    checkpoint must be committed when it starts.
+    """
+    if not isinstance(source, ExecutorStep):
+        raise TypeError(f"branch_from needs the source training step (an ExecutorStep), got {type(source).__name__}")
+    if int(step) <= 0:
+        raise ValueError(f"branch_from: step must be a positive checkpoint step, got {step}")
+    run = output_path_of(source)
+    return InitFrom(run=run if wait_for_source else run.nonblocking(), step=versioned(int(step)),
+                    optimizer=versioned(bool(optimizer)),
+                    data_position=versioned(bool(data_position)))
 
 
 def _check_train_memory(mode: str, config: TrainConfig) -> None:

@@ -40,6 +40,28 @@ class SyntheticDataConfig:
     noise: float = 0.05
 
 
+@dataclasses.dataclass(frozen=True)
+class InitFrom:
+    """Start a run from a committed checkpoint of another training step instead of a fresh state.
+
+    ``run``: the source step's output directory (``output_path_of(source_step)`` in an experiment
+    file, so the source's version is part of this step's). ``step``: the checkpoint's step (it must
+    be committed; retention keeps it when it is a multiple of the source's ``keep_every_steps``).
+    ``optimizer``: also take the AdamW state (else fresh moments). ``data_position``: continue the
+    source's data stream and step counter (the batch at step N is the source's batch N, the LR
+    schedule is read at N): what a cooldown side branch or a longer horizon wants; without it the
+    run starts at its own step 0 with the source's weights.
+
+    Used only when the run has no checkpoint of its own: a branch that was interrupted resumes from
+    its own checkpoints, like any run.
+    """
+
+    run: str
+    step: int
+    optimizer: bool = True
+    data_position: bool = True
+
+
 def resolve_model(
     preset: str,
     overrides: dict[str, Any] | None = None,
@@ -126,6 +148,8 @@ class TrainConfig:
     eval_stride: int | None = None
     # the preset ``model`` was resolved from (readability only: ``model`` is what is trained)
     preset: str | None = None
+    # branch from another run's checkpoint (InitFrom) instead of the seed's fresh state
+    init_from: InitFrom | None = None
 
     def __post_init__(self) -> None:
         if self.param_sharding not in PARAM_SHARDINGS:

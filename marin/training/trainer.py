@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from marin.training.checkpoint import CheckpointManager, CheckpointMismatchError
+from marin.training.checkpoint import CheckpointManager, CheckpointMismatchError, CheckpointPolicy
 from marin.training.config import SyntheticDataConfig, TrainConfig, model_at
 from marin.training.metrics import (
     MetricsWriter,
@@ -380,12 +380,47 @@ def restore_or_init(ctx: HostContext, config: TrainConfig, cfg, mesh, ckpts: Che
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices("marin: checkpoints cleared and restored")
+    if restored is None and config.init_from is not None:
+        state, start, tokens = branch_state(config, cfg, mesh, shapes, shardings)
+        return state, shardings, start, tokens
     if restored is None:
         return init_state(config, cfg, mesh, shardings), shardings, None, 0
     start, state, meta = restored
     ckpts.mark_restored(start)
     logger.info("resumed %s from step %d", config.output_path, start)
     return state, shardings, start, int(meta["tokens"])
+
+
+def branch_state(config: TrainConfig, cfg, mesh, shapes: dict[str, Any], shardings: dict[str, Any]
+                 ) -> tuple[dict[str, Any], int | None, int]:
+    """``(state, start step, tokens)`` of a run that starts from another run's checkpoint
+    (``config.init_from``), resharded onto this run's mesh: weights and router bias always, the AdamW
+    state when asked (else fresh moments for the weights), the data position when asked (else step 0).
+    The training PRNG key is the source's with the data position, else this run's own."""
+    from marin.training.checkpoint import checkpoint_step, restore_checkpoint
+
+    src = config.init_from
+    step = checkpoint_step(src.run, int(src.step))
+    path = CheckpointManager(src.run, CheckpointPolicy()).path_for(step)
+    wanted = ["params", "router_bias"] + (["opt_state"] if src.optimizer else []) + (["rng"] if src.data_position
+                                                                                     else [])
+    try:
+        part, meta = restore_checkpoint(path, {k: shapes[k] for k in wanted}, {k: shardings[k] for k in wanted},
+                                        partial=True)
+    except CheckpointMismatchError as e:
+        raise IncompatibleCheckpoint(f"init_from: {e}") from None
+    state = dict(part)
+    if not src.optimizer:
+        tx = make_optimizer(config)
+        state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
+    if not src.data_position:
+        state["rng"] = jax.jit(lambda: jax.random.split(jax.random.PRNGKey(config.seed))[1],
+                               out_shardings=shardings["rng"])()
+    logger.info("%s starts from %s (optimizer state: %s, data position: %s)", config.output_path, path,
+                src.optimizer, src.data_position)
+    if src.data_position:
+        return state, step, int(meta["tokens"])
+    return state, None, 0
 
 
 def setup_run(ctx: HostContext, config: TrainConfig) -> TrainRun:

@@ -43,6 +43,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -237,7 +238,12 @@ def stage_leaves(path: str, keys: list[str], leaves: list[Any], metadata: Mappin
             dtype = np.dtype(leaf.dtype)
             for s in leaf.addressable_shards:
                 if s.replica_id == 0:
-                    shards.append((i, s.index, np.asarray(s.data)))
+                    host = np.asarray(s.data)
+                    if s.device.platform == "cpu":
+                        # a CPU device's buffer is host memory and np.asarray is a view of it: copy, so
+                        # the next step may donate (overwrite) the buffer while this copy is written
+                        host = host.copy()
+                    shards.append((i, s.index, host))
         else:
             arr = np.asarray(leaf)
             chunk, dtype = shape, arr.dtype
@@ -277,6 +283,8 @@ def write_staged(staged: _Staged, *, part_timeout_s: float = PART_TIMEOUT_S) -> 
                 "bytes": staged.nbytes, "time": time.time()}
         _commit(fs, f"{root}/{_PARTS_DIR}/{_part_name(staged.process)}", json.dumps(part).encode())
         if staged.process != 0:
+            # the save is done for this process only once it counts: when process 0 has committed it
+            _wait_for_file(fs, f"{root}/{_COMMIT}", part_timeout_s, "COMMIT (written by process 0)")
             return
         _wait_for_parts(fs, root, staged.num_processes, part_timeout_s)
         commit = {"format": FORMAT, "step": staged.step, "processes": staged.num_processes, "time": time.time()}
@@ -293,6 +301,20 @@ def write_staged(staged: _Staged, *, part_timeout_s: float = PART_TIMEOUT_S) -> 
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return text if len(text) < 300 else text[:300] + "..."
+
+
+def _wait_for_file(fs: Any, path: str, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    delay = 0.02
+    while True:
+        if hasattr(fs, "invalidate_cache"):
+            fs.invalidate_cache(path.rsplit("/", 1)[0])
+        if fs.exists(path):
+            return
+        if time.monotonic() > deadline:
+            raise CheckpointWriteError(f"{path.rsplit('/', 1)[0]}: {what} did not appear within {timeout_s:.0f} s")
+        time.sleep(delay)
+        delay = min(1.0, delay * 2)
 
 
 def _wait_for_parts(fs: Any, root: str, count: int, timeout_s: float) -> None:
@@ -411,41 +433,54 @@ def verify_parts(path: str, commit: Mapping[str, Any]) -> None:
                                          f"not {commit.get('step')}")
 
 
+READ_AHEAD_BYTES = 512 << 20  # reads in flight ahead of the leaf being placed, per process
+
+
 def _read_leaves(path: str, entries: list[dict[str, Any]], wanted: list[str], shardings: list[Any] | None) -> list[Any]:
     """Read the ``wanted`` leaves: as global jax Arrays laid out by ``shardings`` (each process reads
-    only the slices its own devices hold; all reads are issued before any is awaited), or, with
-    ``shardings=None``, whole, as numpy arrays in this process."""
+    only the slices its own devices hold), or, with ``shardings=None``, whole, as numpy arrays in this
+    process. Reads run concurrently up to :data:`READ_AHEAD_BYTES` ahead of the leaf being placed, so
+    host memory holds the restored state plus one window, not two copies of it."""
+    import jax
     import tensorstore as ts
 
     by_key = {e["key"]: e for e in entries}
-    stores, reads = [], []
-    for n, key in enumerate(wanted):
+
+    def issue(n: int) -> tuple[dict[Any, Any], int]:
+        key = wanted[n]
         e = by_key[key]
         spec = {"driver": "zarr3", "kvstore": kvstore_spec(f"{path}/{e['array']}"), "fill_missing_data_reads": False}
         try:
             t = ts.open(spec, open=True, read=True).result()
         except Exception as err:  # noqa: BLE001 - tensorstore raises ValueError for every storage error
             raise CorruptCheckpointError(f"{path}: {key} cannot be opened: {_one_line(err)}") from None
-        stores.append(t)
         shape = tuple(e["shape"])
         if shardings is None:
-            reads.append({(): t.read()})
-        else:
-            idx_map = shardings[n].addressable_devices_indices_map(shape)
-            uniq: dict[Any, Any] = {}
-            for idx in idx_map.values():
-                k = _index_key(idx, shape)
-                if k not in uniq:
-                    uniq[k] = t[idx].read() if shape else t.read()
-            reads.append(uniq)
-    out = []
-    import jax
+            return {(): t.read()}, math.prod(shape) * _dtype(e["dtype"]).itemsize
+        uniq: dict[Any, Any] = {}
+        for idx in shardings[n].addressable_devices_indices_map(shape).values():
+            k = _index_key(idx, shape)
+            if k not in uniq:
+                uniq[k] = t[idx].read() if shape else t.read()
+        nbytes = sum(math.prod(b - a for a, b in k) for k in uniq) * _dtype(e["dtype"]).itemsize
+        return uniq, nbytes
 
+    pending: dict[int, tuple[dict[Any, Any], int]] = {}
+    in_flight = 0
+    issued = 0
+    out = []
     for n, key in enumerate(wanted):
+        while issued < len(wanted) and (issued <= n or in_flight < READ_AHEAD_BYTES):
+            pending[issued] = issue(issued)
+            in_flight += pending[issued][1]
+            issued += 1
+        reads, nbytes = pending.pop(n)
         try:
-            done = {k: np.asarray(f.result()) for k, f in reads[n].items()}
+            done = {k: np.asarray(f.result()) for k, f in reads.items()}
         except Exception as err:  # noqa: BLE001
             raise CorruptCheckpointError(f"{path}: {key} does not read back: {_one_line(err)}") from None
+        del reads
+        in_flight -= nbytes
         shape = tuple(by_key[key]["shape"])
         if shardings is None:
             out.append(done[()])
@@ -454,6 +489,7 @@ def _read_leaves(path: str, entries: list[dict[str, Any]], wanted: list[str], sh
         arrays = [jax.device_put(done[_index_key(idx, shape)], d)
                   for d, idx in s.addressable_devices_indices_map(shape).items()]
         out.append(jax.make_array_from_single_device_arrays(shape, s, arrays))
+        del done, arrays
     return out
 
 

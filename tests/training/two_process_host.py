@@ -13,7 +13,6 @@ Both print one ``RESULT {json}`` line with the process's peak resident memory.
 
 import json
 import os
-import resource
 import signal
 import sys
 
@@ -89,9 +88,15 @@ def main() -> None:
             result["error"] = None
         except ckpt.CheckpointWriteError as e:
             result["error"] = str(e)
-    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result["peak_rss_bytes"] = peak_rss()
     print("RESULT " + json.dumps(result), flush=True)
     os._exit(0)  # the peer may be gone: skip jax.distributed's shutdown barrier
+
+
+def peak_rss() -> int:
+    """VmHWM: this process's own peak (ru_maxrss would carry the parent's over across exec)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
 def jax_leaves(tree):

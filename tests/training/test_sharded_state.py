@@ -31,13 +31,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_processes(mode: str, out: Path, timeout: float = 600) -> list[dict]:
-    """Run both hosts; returns each one's RESULT record (None for a process that died)."""
+def _two_processes(mode: str, out: Path, timeout: float = 600, hosts: int = 2, *extra: str) -> list[dict]:
+    """Run the hosts; returns each one's RESULT record (None for a process that died)."""
     coord = f"127.0.0.1:{_free_port()}"
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
-    procs = [subprocess.Popen([sys.executable, str(HOST), mode, str(out), str(p), coord], env=env, cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(HOST), mode, str(out), str(p), coord, str(hosts), *extra], env=env,
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for p in range(hosts)]
     results = []
     for p in procs:
         stdout, stderr = p.communicate(timeout=timeout)
@@ -137,3 +138,27 @@ def test_kill_9_of_one_process_mid_save_leaves_the_previous_checkpoint(tmp_path)
     # the partial one is ignored by readers and deleted before the next attempt trains
     assert mgr.clear_uncommitted() == [2] and not (root / "step-00000002").exists()
     assert mgr.committed_steps() == [1]
+
+
+@pytest.mark.slow
+def test_each_process_holds_a_share_of_the_state_not_all_of_it(tmp_path):
+    """Four JAX processes (2 devices each) create the state sharded, train 3 steps with async saves
+    and restore the last checkpoint, for a small and a large state (expert width 256 and 2048: 97 MB
+    and 361 MB with AdamW). What the larger state adds to each process's peak resident memory stays
+    within 4 x its quarter (its shards, their gradients and AdamW update, the save's host staging,
+    XLA's temporaries) plus 64 MiB; a path that builds the state on the host or gathers it to save
+    adds at least twice the whole difference to every process. (The two runs cancel what does not
+    grow with the state: the JAX runtime, compiled programs, the collectives' buffers.)"""
+    hosts = 4
+    runs = {}
+    for width in (256, 2048):
+        res = _two_processes("memory", tmp_path / str(width), 900, hosts, str(width))
+        assert all(r["rc"] == 0 and "summary" in r for r in res), [r["stderr"] for r in res]
+        runs[width] = res
+    added_state = runs[2048][0]["state_bytes"] - runs[256][0]["state_bytes"]
+    assert added_state > 250e6
+    bound = 4 * added_state / hosts + (64 << 20)
+    for small, large in zip(runs[256], runs[2048], strict=True):
+        added = large["peak_rss_bytes"] - small["peak_rss_bytes"]
+        assert added < bound, (large["process"], added / 1e6, bound / 1e6)
+    assert bound < 2 * added_state

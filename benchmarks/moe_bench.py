@@ -40,9 +40,10 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from marin.kernels.cpu import available as cpu_kernel_available  # noqa: E402
+from marin.kernels.grouped import swiglu_experts  # noqa: E402
 from marin.models import transformer as tf  # noqa: E402
 from marin.models.config import MoEConfig, flops_per_token  # noqa: E402
-from marin.parallel.grouped import swiglu_experts  # noqa: E402
+from marin.parallel.capacity import recv_capacity  # noqa: E402
 from marin.parallel.mesh import TOKEN_AXES, make_mesh, param_shardings  # noqa: E402
 from marin.runtime import host_malloc_active  # noqa: E402
 
@@ -144,7 +145,7 @@ def onehot_step(cfg):
         z = xf @ p["latent_down"]
         ids, w, _ = rt.route(z, p["router"], jnp.zeros((cfg.n_experts,)), cfg.top_k)
         t, e = z.shape[0], cfg.n_experts
-        cap = math.ceil(cfg.capacity_factor * t * cfg.top_k / e)
+        cap = recv_capacity(t, cfg.top_k, e, 1, cfg.capacity_factor)  # one device: every expert is local
         chosen = jnp.sum(jax.nn.one_hot(ids, e), axis=1)  # [T, E] 0/1
         gate = jnp.sum(jax.nn.one_hot(ids, e) * w[..., None], axis=1)  # [T, E] combine weights
         pos = (jnp.cumsum(chosen, axis=0) - 1).astype(jnp.int32)  # slot of token t in expert e's buffer

@@ -38,8 +38,8 @@ def main() -> None:
 
     import marin.review as mr
     from marin.execution import ExecutorStep, plan_steps, this_output_path, versioned
-    from marin.execution.review import row_for, step_dirs
     from marin.review.report import render
+    from marin.review.steps import row_for, step_dirs
 
     res: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,9 +3,10 @@
 Each builder returns an :class:`marin.execution.ExecutorStep` (``default_mixture`` a config that a
 training step embeds); experiment files chain them. Read this file top to bottom to learn what a
 default pipeline does: data (corpus -> tokenizer -> token store -> mixture), training, health and
-review, the scaling ladder, evaluation. Every builder follows one rule: a value that changes what
-the step writes is versioned (part of the output path); what an operator may change on a live run
-is not, and is listed in docs/training.md ("What is versioned").
+review, the scaling ladder, evaluation. Every builder follows one rule, declared on the config
+dataclasses themselves (:mod:`marin.execution.versioning`) and applied by ``versioned_config``: a
+field is versioned (part of the output path) unless its class marks it live, with the reason (what
+an operator may change on a live run); the table is in docs/training.md ("What is versioned").
 
 Importing this module is cheap (no JAX, no Ray): the step functions import their heavy libraries
 when they run.
@@ -26,14 +27,14 @@ from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
 from marin.evaluation.sets import EvalSet, mixture_validation_sets
 from marin.evaluation.step import EvalConfig, evaluate
 from marin.execution import ExecutorStep, output_path_of, this_output_path, versioned
-from marin.execution.step import InputName, OutputName, VersionedValue
+from marin.execution.step import VersionedValue
+from marin.execution.versioning import versioned_config
 from marin.monitoring.health import HealthReportConfig, health_report_step
 from marin.review.report import ReportConfig, report_step
 from marin.scaling.ladder import LadderFitConfig, RungRun, ladder_fit_step
 from marin.training.config import InitFrom, SyntheticDataConfig, TrainConfig, resolve_model
 from marin.training.planning import StepDoesNotFit, check_train_config_fits
 from marin.training.pools import get_pool
-from marin.training.schedule import DEFAULT_FINAL_LR_FRACTION
 from marin.training.steps import train
 
 StepOrPath = ExecutorStep | str
@@ -43,7 +44,7 @@ StepOrPath = ExecutorStep | str
 # A data pipeline is: corpus (a K40-layout root, or the miniature generator) -> tokenizer (trained
 # or a tokenizer.json path) -> tokenize (one token store per step) -> a MixtureConfig that the
 # training step embeds. Every config field is versioned (it may change what is written) except the
-# placeholders and the fields listed as unversioned next to each builder.
+# placeholders and the fields the config class marks live.
 
 
 def _data_input(x: StepOrPath) -> Any:
@@ -70,13 +71,13 @@ def default_k40_miniature(
     return ExecutorStep(
         name=name,
         fn=generate_k40_miniature,
-        config=_versioned_config(SyntheticK40Config(
+        config=versioned_config(SyntheticK40Config(
             output_path=this_output_path(),
             total_bytes=total_bytes,
             seed=seed,
             domains=None if domains is None else tuple(domains),
             files_per_source=files_per_source,
-        ), keep=("output_path",)),
+        )),
         description=f"K40-shaped miniature corpus, ~{total_bytes:,} bytes, seed {seed}",
         resources={"num_cpus": 1},
     )
@@ -108,7 +109,7 @@ def default_tokenizer(
     return ExecutorStep(
         name=name,
         fn=train_tokenizer,
-        config=_versioned_config(TrainTokenizerConfig(
+        config=versioned_config(TrainTokenizerConfig(
             input_path=_data_input(corpus),
             output_path=this_output_path(),
             vocab_size=vocab_size,
@@ -117,7 +118,7 @@ def default_tokenizer(
             min_frequency=min_frequency,
             on_corrupt=on_corrupt,
             max_corrupt_fraction=max_corrupt_fraction,
-        ), keep=("input_path", "output_path")),
+        )),
         description=f"byte-level BPE, vocab {vocab_size}",
         resources={"num_cpus": 1},
     )
@@ -152,7 +153,7 @@ def default_tokenize(
     return ExecutorStep(
         name=name,
         fn=tokenize,
-        config=_versioned_config(TokenizeConfig(
+        config=versioned_config(TokenizeConfig(
             input_path=_data_input(source),
             tokenizer=_data_input(tokenizer),
             output_path=this_output_path(),
@@ -162,7 +163,7 @@ def default_tokenize(
             shard_max_tokens=shard_max_tokens,
             on_corrupt=on_corrupt,
             max_corrupt_fraction=max_corrupt_fraction,
-        ), keep=TOKENIZE_UNVERSIONED),
+        )),
         description=f"tokenize {name}",
         resources={"num_cpus": 1},
     )
@@ -193,7 +194,7 @@ def default_mixture(
         validation_max_documents: held-out documents per source, at most.
         domain_quality_weights: per-domain quality weights, overriding ``quality_weights``.
     """
-    return _versioned_config(MixtureConfig(
+    return versioned_config(MixtureConfig(
         stores=tuple(_data_input(t) for t in tokenized),
         domain_weights=None if domain_weights is None else dict(domain_weights),
         quality_weights=None if quality_weights is None else dict(quality_weights),
@@ -202,7 +203,7 @@ def default_mixture(
         seed=seed,
         validation_fraction=validation_fraction,
         validation_max_documents=validation_max_documents,
-    ), keep=("stores",))
+    ))
 
 
 def default_mixture_report(name: str, mixture: MixtureConfig, total_tokens: int | None = None,
@@ -218,29 +219,10 @@ def default_mixture_report(name: str, mixture: MixtureConfig, total_tokens: int 
     return ExecutorStep(
         name=name,
         fn=mixture_report,
-        config=MixtureReportConfig(mixture, this_output_path(), versioned(total_tokens), versioned(total_steps)),
+        config=versioned_config(MixtureReportConfig(mixture, this_output_path(), total_tokens, total_steps)),
         description="effective token shares of a mixture",
         resources={"num_cpus": 1},
     )
-
-
-# What a data step may leave out of its version: how the work is spread, never what it writes (the
-# output is byte-identical with or without Ray, whatever the CPUs per task). batch_docs is versioned:
-# shards are cut at batch boundaries, so it changes the files.
-TOKENIZE_UNVERSIONED = ("input_path", "tokenizer", "output_path", "num_cpus_per_task", "show_progress", "use_ray")
-
-
-def _versioned_config(config: Any, keep: Sequence[str] = ()) -> Any:
-    """``config`` (a dataclass) with every field wrapped in ``versioned`` except those in ``keep``
-    (placeholders and settings that do not change what the step writes). Versioning by default means
-    a field added to a config later is in the version unless someone decides otherwise. Built
-    without ``__init__`` (checks there need plain values); the executor rebuilds the config through
-    ``__init__`` when it resolves the placeholders, so each field is its own leaf (``model.n_layers``)."""
-    out = object.__new__(type(config))
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        object.__setattr__(out, f.name, value if f.name in keep else versioned(value))
-    return out
 
 
 # --- training track (default_train and friends) ------------------------------------------------
@@ -257,43 +239,22 @@ def default_train(
     mixture: MixtureConfig | SyntheticDataConfig,
     model: str = "tiny-ep",
     model_overrides: Mapping[str, Any] | None = None,
-    train_steps: int = 100,
-    tokens_per_step: int = 4096,
-    seq_len_phases: Sequence[tuple[float, int]] = ((0.0, 64),),
-    peak_lr: float = 3e-3,
-    warmup_steps: int = 10,
-    weight_decay: float = 0.1,
-    grad_clip: float = 1.0,
     compute_dtype: str | None = None,
-    beta1: float = 0.9,
-    beta2: float = 0.95,
-    adam_eps: float = 1e-8,
-    final_lr_fraction: float | None = None,
-    seed: int = 0,
-    pool: str = "local-cpu",
-    lr_replans: Sequence[tuple[int, int]] = (),
-    transport_switches: Sequence[tuple[int, str]] = (),
-    checkpoint_every_steps: int = 100,
-    checkpoint_every_minutes: float | None = 30.0,
-    keep_last_checkpoints: int = 2,
-    keep_every_steps: int | None = None,
-    wandb_project: str | None = "marin",
-    log_every: int = 1,
     description: str | None = None,
-    microbatches: int | None = None,
-    param_sharding: str = "replicated",
-    remat_by_seq_len: Sequence[tuple[int, str]] = (),
     memory_check: str = "error",
-    eval_every_steps: int | None = None,
-    eval_sets: Sequence[EvalSet] = (),
-    init_from: InitFrom | None = None,
+    **overrides: Any,
 ) -> ExecutorStep:
-    """A training step: ``model`` preset (+ ``model_overrides``) on ``mixture`` over ``pool``.
+    """A training step: ``model`` preset (+ ``model_overrides``) on ``mixture``, a :class:`TrainConfig`
+    built once with its defaults and ``overrides`` (any other TrainConfig field, as for
+    ``dataclasses.replace``: ``train_steps=``, ``peak_lr=``, ``pool=``, ``lr_replans=``, ...).
 
-    The step's version holds the resolved model (every ``MoEConfig`` field after the preset,
-    ``model_overrides`` and ``compute_dtype``), so editing a preset re-runs the steps that use it,
-    and every constant of the math; the settings an operator may change on a live run are not
-    versioned (marked "live" below), so changing them keeps the output path and its checkpoints.
+    The step's version follows the rule TrainConfig declares field by field (see its definition and
+    docs/training.md, "What is versioned"): the resolved model (every ``MoEConfig`` field after the
+    preset, ``model_overrides`` and ``compute_dtype``), so editing a preset re-runs the steps that use
+    it, the data, the seed, the batch and the original schedule are versioned; what an operator may
+    change on a live run (the pool, horizon re-plans, the transport switch, checkpoint cadence,
+    telemetry, in-training evaluation, microbatches, parameter sharding, remat by sequence length)
+    is not, so changing it keeps the output path and its checkpoints.
 
     Args:
         name: step name.
@@ -301,91 +262,34 @@ def default_train(
         model: a preset of ``marin.models.config.PRESETS``.
         model_overrides: MoEConfig fields to change, e.g. z-loss weight, router-bias update and rate,
             capacity factor, dtype, remat policy.
-        train_steps: the horizon as planned.
-        tokens_per_step: tokens per optimizer step, constant over the sequence-length phases.
-        seq_len_phases: ``(fraction of the run, seq_len)`` pairs (the hero: ``((0, 4096), (0.5, 8192),
-            (0.95, 65536))``).
-        peak_lr, warmup_steps, weight_decay, grad_clip, beta1, beta2, adam_eps: AdamW with global-norm
-            clipping and a linear warmup then linear decay.
-        final_lr_fraction: the decay ends at this fraction of the peak (None: the default, 5%).
         compute_dtype: e.g. ``"bfloat16"`` (float32 master weights); None keeps the preset's dtype.
-        seed: initialisation and data seed.
-        pool: the device pool (``marin.training.pools.POOLS``). Live.
-        lr_replans: ``(at_step, new_total_steps)`` pairs that move the horizon. Live.
-        transport_switches: ``(step, transport)`` pairs, e.g. ``((0, "fixed"), (81716, "dropless"))``. Live.
-        checkpoint_every_steps, checkpoint_every_minutes, keep_last_checkpoints, keep_every_steps:
-            checkpoint cadence and retention. Live.
-        wandb_project, log_every: telemetry. Live.
         description: a line for ``marin status`` and the report.
-        microbatches: gradient accumulation per step (None: the smallest count the memory planner says
-            fits). Live: it changes the math only by float reassociation.
-        param_sharding: ``"replicated"`` (routed experts split over the EP axis, the rest a full copy per
-            device) or ``"fsdp"`` (weights, gradients and AdamW state split over the whole mesh,
-            gathered per layer where used; what large models need to fit). Live: it changes the layout
-            and float reassociation only, and checkpoints restore into either.
-        remat_by_seq_len: remat policy per sequence length, overriding the model's in those phases,
-            e.g. ``((65536, "full"),)`` to recompute every layer only where activations would not fit.
-            Live: recomputation changes memory and speed, not what is computed.
         memory_check: ``"error"``, ``"warn"`` or ``"off"``: what to do at declaration time when the
             planner says a phase of the run does not fit its pool's device memory.
-        eval_every_steps: evaluate bits per byte on the mixture's held-out split (plus ``eval_sets``)
-            every this many steps and at the last, as ``kind: "eval"`` records in metrics.jsonl. Live.
-        eval_sets: named eval sets (see :func:`default_eval_suite`); their tokenize steps become
-            dependencies, which are versioned.
-        init_from: start from another training step's committed checkpoint instead of a fresh state
-            (:func:`branch_from`); the source step's version and the checkpoint step are part of this
-            step's version, and the source run is left untouched.
+        overrides: TrainConfig fields (``final_lr_fraction=None`` means the default, 5% of peak);
+            an unknown name is refused with the list of fields. ``init_from=branch_from(step, N)``
+            starts from another training step's committed checkpoint instead of a fresh state (the
+            source's version and the checkpoint step become part of this step's version).
     """
-    get_pool(pool)  # fail at declaration time on a typo, not inside a Ray task
-    phases = tuple((float(f), int(n)) for f, n in seq_len_phases)
-    switches = tuple((int(s), str(t)) for s, t in transport_switches)
-    remats = tuple((int(n), str(p)) for n, p in remat_by_seq_len)
-    resolved = resolve_model(model, dict(model_overrides or {}), compute_dtype, phases)
-    _check_train_memory(memory_check, TrainConfig(
-        output_path="", data=None, model=resolved, preset=model, pool=pool, train_steps=train_steps,
-        tokens_per_step=tokens_per_step, seq_len_phases=phases, microbatches=microbatches,
-        transport_switches=switches, param_sharding=param_sharding, remat_by_seq_len=remats))
-    # default_mixture versions its own fields; a synthetic stream is versioned whole.
-    data = versioned(mixture) if isinstance(mixture, SyntheticDataConfig) else mixture
-    config = TrainConfig(
-        output_path=this_output_path(),
-        data=data,
-        # one versioned leaf per field, so `marin explain` names the field that changed (model.n_layers)
-        model=_versioned_config(resolved),
-        preset=versioned(model),
-        pool=pool,
-        seed=versioned(seed),
-        train_steps=versioned(train_steps),
-        tokens_per_step=versioned(tokens_per_step),
-        seq_len_phases=versioned(phases),
-        peak_lr=versioned(peak_lr),
-        warmup_steps=versioned(warmup_steps),
-        final_lr_fraction=versioned(DEFAULT_FINAL_LR_FRACTION if final_lr_fraction is None else final_lr_fraction),
-        weight_decay=versioned(weight_decay),
-        beta1=versioned(beta1),
-        beta2=versioned(beta2),
-        adam_eps=versioned(adam_eps),
-        grad_clip=versioned(grad_clip),
-        lr_replans=tuple((int(a), int(t)) for a, t in lr_replans),
-        transport_switches=switches,
-        checkpoint_every_steps=checkpoint_every_steps,
-        checkpoint_every_minutes=checkpoint_every_minutes,
-        keep_last_checkpoints=keep_last_checkpoints,
-        keep_every_steps=keep_every_steps,
-        wandb_project=wandb_project,
-        log_every=log_every,
-        microbatches=microbatches,
-        param_sharding=param_sharding,
-        remat_by_seq_len=remats,
-        eval_every_steps=eval_every_steps,
-        eval_sets=tuple(eval_sets),
-        **({"init_from": init_from} if init_from is not None else {}),
-    )
+    settable = [f.name for f in dataclasses.fields(TrainConfig)
+                if f.name not in ("output_path", "data", "model", "model_overrides", "compute_dtype", "preset")]
+    unknown = sorted(set(overrides) - set(settable))
+    if unknown:
+        raise TypeError(f"default_train() got unknown TrainConfig field(s) {', '.join(unknown)}; "
+                        f"the fields are: {', '.join(settable)}")
+    if overrides.get("final_lr_fraction", 0.0) is None:
+        del overrides["final_lr_fraction"]
+    phases = TrainConfig(output_path="", data=None, **overrides).seq_len_phases
+    config = TrainConfig(output_path=this_output_path(), data=mixture, preset=model,
+                         model=resolve_model(model, dict(model_overrides or {}), compute_dtype, phases), **overrides)
+    get_pool(config.pool)  # fail at declaration time on a typo, not inside a Ray task
+    _check_train_memory(memory_check, config)
     return ExecutorStep(
         name=name,
         fn=train,
-        config=config,
-        description=description or f"train {model} for {train_steps} steps x {tokens_per_step} tokens on {pool}",
+        config=versioned_config(config),
+        description=description or (f"train {model} for {config.train_steps} steps x {config.tokens_per_step} "
+                                    f"tokens on {config.pool}"),
         # The step's own task only waits on the pool's placement group; it must not hold a CPU the
         # pool's hosts need.
         resources={"num_cpus": 0},
@@ -411,9 +315,9 @@ def branch_from(source: ExecutorStep, step: int, *, optimizer: bool = True, data
     if int(step) <= 0:
         raise ValueError(f"branch_from: step must be a positive checkpoint step, got {step}")
     run = output_path_of(source)
-    return InitFrom(run=run if wait_for_source else run.nonblocking(), step=versioned(int(step)),
-                    optimizer=versioned(bool(optimizer)),
-                    data_position=versioned(bool(data_position)))
+    # versioned by TrainConfig's rule (init_from is by_field): the run through the source's hash
+    return InitFrom(run=run if wait_for_source else run.nonblocking(), step=int(step), optimizer=bool(optimizer),
+                    data_position=bool(data_position))
 
 
 def _check_train_memory(mode: str, config: TrainConfig) -> None:
@@ -451,10 +355,10 @@ def default_health_report(name: str, train_step: ExecutorStep, total_steps: int 
     return ExecutorStep(
         name=name,
         fn=health_report_step,
-        config=HealthReportConfig(run_path=output_path_of(train_step), output_path=this_output_path(),
-                                  total_steps=versioned(total_steps),
-                                  fit_path=None if fit is None else output_path_of(fit),
-                                  plan_mfu=versioned(plan_mfu), plan_tokens_per_s=versioned(plan_tokens_per_s)),
+        config=versioned_config(HealthReportConfig(
+            run_path=output_path_of(train_step), output_path=this_output_path(), total_steps=total_steps,
+            fit_path=None if fit is None else output_path_of(fit), plan_mfu=plan_mfu,
+            plan_tokens_per_s=plan_tokens_per_s)),
         description=f"health of {train_step.name}",
         resources={"num_cpus": 1},
     )
@@ -474,8 +378,8 @@ def default_report(name: str, steps: Sequence[ExecutorStep], description: str | 
     return ExecutorStep(
         name=name,
         fn=report_step,
-        config=ReportConfig(name=name, step_paths=[output_path_of(s) for s in steps], output_path=this_output_path(),
-                            description=description),
+        config=versioned_config(ReportConfig(name=name, step_paths=[output_path_of(s) for s in steps],
+                                             output_path=this_output_path(), description=description)),
         description=f"report of {', '.join(s.name for s in steps)}",
         resources={"num_cpus": 1},
     )
@@ -488,8 +392,8 @@ def _rung_run(name: str, train_step: ExecutorStep, eval_step: ExecutorStep | Non
               with_outputs: bool = True) -> RungRun:
     """What a ladder fit needs to know about a training step: its resolved model and schedule
     (read from the step's config at declaration time) and, ``with_outputs``, where its outputs are.
-    A target read without outputs is not a dependency of the fit. Every value is versioned: the
-    model as it resolves, not the preset's name."""
+    A target read without outputs is not a dependency of the fit. The model is the one the step
+    trains, not the preset's name (RungRun versions it as one value)."""
     def v(x):
         return x.value if isinstance(x, VersionedValue) else x
 
@@ -497,12 +401,12 @@ def _rung_run(name: str, train_step: ExecutorStep, eval_step: ExecutorStep | Non
     # default_train versions the resolved model field by field; unwrap it to the model itself
     model = dataclasses.replace(c.model, **{f.name: v(getattr(c.model, f.name)) for f in dataclasses.fields(c.model)})
     return RungRun(
-        name=versioned(name),
-        model=versioned(model),
-        train_steps=versioned(int(v(c.train_steps))),
-        tokens_per_step=versioned(int(v(c.tokens_per_step))),
-        seq_len_phases=versioned(tuple((float(f), int(n)) for f, n in v(c.seq_len_phases))),
-        warmup_steps=versioned(int(v(c.warmup_steps))),
+        name=name,
+        model=model,
+        train_steps=int(v(c.train_steps)),
+        tokens_per_step=int(v(c.tokens_per_step)),
+        seq_len_phases=tuple((float(f), int(n)) for f, n in v(c.seq_len_phases)),
+        warmup_steps=int(v(c.warmup_steps)),
         run_path=output_path_of(train_step) if with_outputs else None,
         eval_path=output_path_of(eval_step) if with_outputs and eval_step is not None else None,
     )
@@ -536,15 +440,15 @@ def default_ladder_fit(
     return ExecutorStep(
         name=name,
         fn=ladder_fit_step,
-        config=LadderFitConfig(
+        config=versioned_config(LadderFitConfig(
             rungs=runs,
             target=_rung_run(target.name.rsplit("/", 1)[-1], target, with_outputs=False),
             output_path=this_output_path(),
             validation=val,
-            fractions=versioned(tuple(float(f) for f in fractions)),
-            n_boot=versioned(n_boot),
+            fractions=tuple(float(f) for f in fractions),
+            n_boot=n_boot,
             max_validation_rel_error=max_validation_rel_error,
-        ),
+        )),
         description=f"ladder fit over {len(runs)} rungs -> {target.name}",
         resources={"num_cpus": 1},
     )
@@ -577,6 +481,8 @@ def default_eval_suite(suite: Mapping[str, str], tokenizer: StepOrPath, text_fie
         else:
             base, loc = "/".join(parts[:glob_at]), "/".join(parts[glob_at:])
         step = default_tokenize(f"{prefix}/{name}", base, tokenizer, sources={name: loc}, text_field=text_field)
+        # only the name is marked here (EvalSet's other fields stay plain): default_eval versions every
+        # field by EvalSet's rule, and a training step's in-training sets keep the version they had
         out.append(EvalSet(name=versioned(name), store=output_path_of(step)))
     return tuple(out)
 
@@ -584,14 +490,6 @@ def default_eval_suite(suite: Mapping[str, str], tokenizer: StepOrPath, text_fie
 def default_validation_sets(mixture: MixtureConfig, name: str = "val") -> tuple[EvalSet, ...]:
     """The held-out split of a ``default_mixture`` as eval sets, one per domain (``{name}/{domain}``)."""
     return mixture_validation_sets(mixture, name)
-
-
-def _versioned_eval_set(es: EvalSet) -> EvalSet:
-    """Every field of an EvalSet that is not a placeholder yet becomes versioned (it changes the scores)."""
-    def v(x):
-        return x if isinstance(x, (VersionedValue, InputName, OutputName)) else versioned(x)
-
-    return dataclasses.replace(es, **{f.name: v(getattr(es, f.name)) for f in dataclasses.fields(es)})
 
 
 def default_eval(
@@ -626,23 +524,23 @@ def default_eval(
         get_pool(pool)
     if not (checkpoint in ("latest", "all") or isinstance(checkpoint, int)):
         raise ValueError(f"checkpoint must be 'latest', 'all' or a step number, got {checkpoint!r}")
-    sets = tuple(_versioned_eval_set(es) for es in eval_sets)
+    sets = tuple(eval_sets)
     if not sets and not held_out and not tasks:
         raise ValueError(f"default_eval {name!r}: nothing to evaluate; pass eval_sets, held_out=True or tasks")
     return ExecutorStep(
         name=name,
         fn=evaluate,
-        config=EvalConfig(
+        config=versioned_config(EvalConfig(
             run_path=output_path_of(train_step),
             output_path=this_output_path(),
             sets=sets,
-            checkpoint=versioned(checkpoint),
-            held_out=versioned(held_out),
+            checkpoint=checkpoint,
+            held_out=held_out,
             pool=pool,
-            seq_len=versioned(seq_len),
-            stride=versioned(stride),
-            tasks=versioned(dict(tasks or {})),
-        ),
+            seq_len=seq_len,
+            stride=stride,
+            tasks=dict(tasks or {}),
+        )),
         description=f"evaluate {train_step.name} ({checkpoint} checkpoint)",
         # Like training, the step's own task only waits on the pool it launches.
         resources={"num_cpus": 0},

@@ -16,7 +16,7 @@ experiments) starts from a committed checkpoint of the main run and leaves the m
 
 Contingencies are operator actions on the live run, not edits of versioned fields, so the output
 path (and its checkpoints) stay: re-plan the horizon with ``lr_replans`` (the LR still ends at 5% of
-peak; see operations/replan_lr.py), switch transport with ``transport_switches``.
+peak; see marin replan-lr), switch transport with ``transport_switches``.
 """
 
 from __future__ import annotations

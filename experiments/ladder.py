@@ -72,7 +72,7 @@ RUNGS = [dataclasses.replace(r, model=_padded_for(r.model, POOLS[r.model.d_model
 
 def ladder_steps():
     """Per rung: train, evaluate (bpb on the mixture's held-out split), health; then the fit that
-    predicts the hero (``fit.json``: what ``operations/health_report.py --fit`` judges the hero by)."""
+    predicts the hero (``fit.json``: what ``marin health --fit`` judges the hero by)."""
     from experiments.hero import hero
 
     mixture = harrier_k40_mixture()

@@ -89,5 +89,5 @@ if __name__ == "__main__":
         f"  marin show quickstart/health --prefix {result.plan.prefix}\n"
         f"  marin eval {result.plan.planned(train).output_path}\n"
         f"  marin report --prefix {result.plan.prefix} -o report.html\n"
-        f"  python operations/health_report.py {result.plan.planned(train).output_path}"
+        f"  marin health {result.plan.planned(train).output_path}"
     )

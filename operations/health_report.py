@@ -1,78 +1,11 @@
-"""Health report of a training run from its metrics.jsonl (live or finished).
+"""Health report of a training run from its metrics.jsonl: ``marin health`` (see ``marin health --help``).
 
-    python operations/health_report.py <step output dir or metrics.jsonl> [--total-steps N] [--json] [--strict]
-
-Checks, in the spirit of the published run's checklist ("first 3%: clear; next window: the real grad-norm peak
-near 30%"):
-  - every logged value is finite;
-  - loss is falling (recent window below the first window);
-  - token drop fraction, send and receive side, below 8% in the recent window (published: healthy < 8%);
-  - grad norm: where it peaked (as % of the horizon), whether it is still rising, and whether it
-    crossed 4 (the ladder bug that z-loss fixed);
-  - MFU and throughput in the recent window.
-``--strict`` exits with status 1 when a check fails, for cron jobs and CI.
-
-With ``--fit <ladder fit step dir or fit.json>`` the run is also judged against the ladder's
-prediction, window by window (first 3%, 3-10%, ...: clear / watch / act), with what the next window
-should show and, on "act" within the first 25%, the lr_replans value for a shorter horizon.
-``--follow SECONDS`` re-reads the growing metrics.jsonl of a live run and prints the report again
-every SECONDS until interrupted (or until the run reaches its horizon).
+    python operations/health_report.py ARGS...   is the same as   marin health ARGS...
 """
 
-from __future__ import annotations
-
-import argparse
-import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from marin.monitoring.health import (  # noqa: E402,F401
-    GRAD_NORM_ALARM,
-    HEALTHY_DROP,
-    format_prediction_report,
-    format_report,
-    health,
-    prediction_report,
-)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Health report of a training run from its metrics.jsonl")
-    p.add_argument("path", help="step output directory or metrics.jsonl (local, s3://, gs://)")
-    p.add_argument("--total-steps", type=int, default=None, help="planned horizon (default: last logged step)")
-    p.add_argument("--window", type=float, default=0.1)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--strict", action="store_true", help="exit 1 when a check fails (or a window is 'act')")
-    p.add_argument("--fit", default=None, help="a ladder fit step directory or fit.json: judge against its prediction")
-    p.add_argument("--plan-mfu", type=float, default=None, help="planned MFU (a fraction, e.g. 0.21)")
-    p.add_argument("--plan-tokens-per-s", type=float, default=None, help="planned training tokens/s")
-    p.add_argument("--follow", type=float, default=None, metavar="SECONDS",
-                   help="re-read the live run's metrics every SECONDS and print again")
-    args = p.parse_args(argv)
-    import time
-
-    from marin.training.metrics import read_metrics
-
-    run = args.path.removesuffix("/metrics.jsonl")
-    while True:
-        try:
-            report = health(read_metrics(args.path), args.total_steps, args.window)
-            if args.fit:
-                report["prediction"] = prediction_report(run, args.fit, args.total_steps, args.plan_mfu,
-                                                         args.plan_tokens_per_s)
-        except FileNotFoundError as e:
-            print(f"health_report: {e}", file=sys.stderr)
-            return 2
-        print(json.dumps(report, indent=1) if args.json else format_report(report), flush=True)
-        done = report.get("prediction", {}).get("progress", report["summary"].get("progress_pct", 0) / 100) >= 1
-        if args.follow is None or done:
-            break
-        time.sleep(args.follow)
-    bad = not report["ok"] or report.get("prediction", {}).get("level") == "act"
-    return 1 if args.strict and bad else 0
-
+from marin.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["health", *sys.argv[1:]]))

@@ -118,3 +118,38 @@ def gcs_bucket(gcs_endpoint):
     fs = fsspec.filesystem("gs", token="anon")
     fs.invalidate_cache()
     yield f"gs://marin-test/{uuid.uuid4().hex[:10]}"
+
+
+class K40Data:
+    """Builders of a small K40-shaped corpus, its byte-level BPE tokenizer and its token store (all
+    in this process, no Ray): the data and evaluation tests' session fixtures are made with these."""
+
+    def __init__(self, factory) -> None:
+        self.factory = factory
+
+    def corpus(self, name: str, total_bytes: int, seed: int, domains: tuple[str, ...]) -> str:
+        from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
+
+        root = str(self.factory.mktemp(name))
+        generate_k40_miniature(SyntheticK40Config(root, total_bytes=total_bytes, seed=seed, domains=domains))
+        return root
+
+    def tokenizer(self, name: str, corpus: str, vocab_size: int) -> str:
+        from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
+
+        out = str(self.factory.mktemp(name))
+        train_tokenizer(TrainTokenizerConfig(corpus, out, vocab_size=vocab_size))
+        return out
+
+    def store(self, name: str, corpus: str, tokenizer: str, **tokenize_kwargs) -> str:
+        from marin.data.tokenize import TokenizeConfig, tokenize
+
+        out = str(self.factory.mktemp(name))
+        tokenize(TokenizeConfig(corpus, tokenizer, out, show_progress=False, use_ray=False, **tokenize_kwargs))
+        return out
+
+
+@pytest.fixture(scope="session")
+def k40_data(tmp_path_factory) -> K40Data:
+    return K40Data(tmp_path_factory)
+

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from marin.data.k40 import split_source_name
+from marin.execution.versioning import input_field
+from marin.runsteps import phase_start_step
 
 
 class MixtureError(ValueError):
@@ -73,8 +75,6 @@ class MixtureStage:
         if total_steps is None:
             raise MixtureError(f"a mixture stage starts at {self.start_fraction:.0%} of the run, but the run's "
                                f"total_steps was not given to the mixture loader")
-        from marin.training.schedule import phase_start_step
-
         return phase_start_step(self.start_fraction, total_steps)
 
 
@@ -82,7 +82,7 @@ class MixtureStage:
 class MixtureConfig:
     """A training mixture over one or more token stores (tokenize step outputs)."""
 
-    stores: tuple[str, ...]
+    stores: tuple[str, ...] = input_field()
     domain_weights: dict[str, float] | None = None
     """Domain -> relative token share. None: proportional to each domain's training tokens."""
     quality_weights: dict[str, float] | None = None

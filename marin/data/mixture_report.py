@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from marin.data.loader import MixtureLoader
 from marin.data.mixture import MixtureConfig, MixtureError
+from marin.execution.versioning import input_field
 
 
 @dataclass(frozen=True)
@@ -13,7 +14,7 @@ class MixtureReportConfig:
     """Write what a mixture will actually sample (``mixture_report.json``) before anyone trains on it."""
 
     mixture: MixtureConfig
-    output_path: str
+    output_path: str = input_field()
     total_tokens: int | None = None
     """Planned training tokens; with it the report shows expected epochs per source."""
     total_steps: int | None = None

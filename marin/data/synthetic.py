@@ -23,6 +23,7 @@ import fsspec
 import numpy as np
 
 from marin.data.k40 import K40_DOMAINS, QUALITY_BUCKETS, K40Layout, make_k40_manifest
+from marin.execution.versioning import input_field
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def generate_documents(domain: str, bucket: str, n_docs: int, seed: int = 0, sta
 class SyntheticK40Config:
     """Write a miniature K40 under ``output_path`` in the :class:`~marin.data.k40.K40Layout` convention."""
 
-    output_path: str
+    output_path: str = input_field()
     total_bytes: int = 4_000_000
     """Approximate text bytes in all (split by domain share, then by BUCKET_FRACTION)."""
     seed: int = 0

@@ -42,6 +42,7 @@ from marin.data.readers import (
 )
 from marin.data.store import MANIFEST, STORE_FORMAT, source_dir, write_shard
 from marin.data.tokenizer import DEFAULT_EOS, load_tokenizer
+from marin.execution.versioning import input_field, live
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +61,9 @@ class TokenizeConfig:
         in ``input_path`` form the source ``default``.
     """
 
-    input_path: str
-    tokenizer: str
-    output_path: str
+    input_path: str = input_field()
+    tokenizer: str = input_field()
+    output_path: str = input_field()
     sources: dict[str, str] | None = None
     text_field: str = "text"
     max_doc_bytes: int = 8_000_000
@@ -73,9 +74,10 @@ class TokenizeConfig:
     of the files are corrupt; "fail": any corrupt file fails the step."""
     max_corrupt_fraction: float = DEFAULT_MAX_CORRUPT_FRACTION
     batch_docs: int = 512
-    num_cpus_per_task: float = 1.0
-    show_progress: bool = True
-    use_ray: bool = True
+    num_cpus_per_task: float = live("CPUs per Ray task: how the work is spread, the store is byte-identical",
+                                    default=1.0)
+    show_progress: bool = live("a progress bar on the terminal", default=True)
+    use_ray: bool = live("Ray tasks or this process: the store is byte-identical either way", default=True)
     """Fan out as Ray tasks when Ray is initialized (always, inside an executor step). False runs
     every file in this process (small jobs, tests); the output is byte-identical either way."""
 

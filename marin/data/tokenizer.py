@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import fsspec
 
+from marin.execution.versioning import input_field
+
 logger = logging.getLogger(__name__)
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -114,8 +116,8 @@ class TrainTokenizerConfig:
     output_path: directory that receives ``tokenizer.json``.
     """
 
-    input_path: str
-    output_path: str
+    input_path: str = input_field()
+    output_path: str = input_field()
     vocab_size: int = 8192
     max_bytes: int = 50_000_000
     """Stop reading the corpus after this many bytes of text (a tokenizer needs a sample, not all)."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from marin.data.k40 import split_source_name
+from marin.execution.versioning import input_field
 
 
 class EvalSetError(ValueError):
@@ -36,7 +37,7 @@ class EvalSet:
     """
 
     name: str
-    store: str
+    store: str = input_field()
     held_out: bool = False
     validation_fraction: float = 0.01
     validation_min_documents: int = 1

@@ -26,6 +26,7 @@ from marin.evaluation.sets import (
     mixture_validation_sets,
     run_tokenizer,
 )
+from marin.execution.versioning import by_field, input_field, live
 
 logger = logging.getLogger(__name__)
 
@@ -159,12 +160,12 @@ class EvalConfig:
     ``seq_len``: None = the run's longest training sequence; ``stride``: None = disjoint windows.
     """
 
-    run_path: str
-    output_path: str
-    sets: tuple[EvalSet, ...] = ()
+    run_path: str = input_field()
+    output_path: str = input_field()
+    sets: tuple[EvalSet, ...] = by_field("each eval set's fields are versioned leaves (sets[0].name)", default=())
     checkpoint: str | int = "latest"
     held_out: bool = False
-    pool: str | None = None
+    pool: str | None = live("where the evaluation runs; the scores do not depend on it", default=None)
     seq_len: int | None = None
     stride: int | None = None
     tasks: dict[str, str] = field(default_factory=dict)

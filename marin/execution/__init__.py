@@ -1,9 +1,13 @@
 """marin.execution: experiment steps -> versioned DAG -> Ray tasks -> resumable outputs.
 
-Importing this package never imports JAX (nor Ray: Ray is started only when a step must run).
+Importing this package never imports JAX (nor Ray: Ray is started only when a step must run), and
+installs no process-wide hook in a library, a notebook or a test run: the one-line report of an
+experiment-file mistake (:mod:`marin.execution.errors`) is installed by the entry points, the
+``marin`` command (:func:`marin.cli.main`) and an experiment file run as a script (``python exp.py``,
+detected by :func:`marin.execution.errors.running_a_script`).
 """
 
-from marin.execution.errors import install_excepthook
+from marin.execution.errors import install_excepthook, running_a_script
 from marin.execution.executor import ExecutorError, PreviouslyFailedError, RunResult
 from marin.execution.hashing import UnhashableConfigError
 from marin.execution.main import ExecutorMainConfig, executor_main
@@ -20,7 +24,8 @@ from marin.execution.step import (
     versioned,
 )
 
-install_excepthook()
+if running_a_script():
+    install_excepthook()
 
 __all__ = [
     "ExecutorError",

@@ -1,9 +1,10 @@
-"""One-line errors for mistakes in experiment files, wherever they are raised.
+"""The executor's error types, and one-line errors for mistakes in experiment files, wherever raised.
 
 A bad step name or config is usually found while the experiment file is being imported (at
-``ExecutorStep(...)``), before ``executor_main`` can catch anything. Importing
-:mod:`marin.execution` installs :func:`excepthook`, which prints such an uncaught error as
+``ExecutorStep(...)``), before ``executor_main`` can catch anything. :func:`excepthook` prints such an uncaught error as
 ``marin: error: <message> (at exp.py:12)`` instead of a traceback into the executor's internals.
+The entry points install it: ``marin`` (:func:`marin.cli.main`) and, for ``python exp.py``,
+:mod:`marin.execution` when :func:`running_a_script` (never in a library, notebook or test run).
 Every other exception keeps Python's usual report; ``MARIN_TRACEBACK=1`` shows the full traceback.
 """
 
@@ -15,6 +16,18 @@ import traceback
 from types import TracebackType
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class ExecutorError(RuntimeError):
+    """One or more steps failed; the message names each, with its error and remote traceback."""
+
+
+class ExecutorInterrupted(ExecutorError):
+    """The user stopped the run (Ctrl-C); running steps were marked INTERRUPTED and their leases released."""
+
+
+class PreviouslyFailedError(ExecutorError):
+    """Steps that FAILED in an earlier run were asked to run again without ``--force_run_failed``."""
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:
@@ -43,6 +56,13 @@ def excepthook(kind: type[BaseException], exc: BaseException, tb: TracebackType 
         print(f"marin: error: {exc}" + (f" (at {where})" if where else ""), file=sys.stderr)
         return
     _previous(kind, exc, tb)
+
+
+def running_a_script() -> bool:
+    """Whether this process is ``python FILE.py`` (an experiment file run as a script): ``__main__`` is
+    a file, not a module run with ``-m`` (pytest, ipykernel) nor ``-c`` or an interactive session."""
+    main = sys.modules.get("__main__")
+    return getattr(main, "__file__", None) is not None and getattr(main, "__spec__", None) is None
 
 
 def install_excepthook() -> None:

@@ -56,7 +56,24 @@ HASH_CHARS = 10
 
 def encode(value: Any, path: FieldPath | str = "") -> Any:
     """Return the canonical JSON-able form of ``value``; ``path`` names it in error messages."""
-    return walk(value, _encode_leaf, _encode_container, path)
+    return walk(value, _encode_leaf, _encode_container, path, key_text)
+
+
+def key_text(key: Any) -> str:
+    """Canonical text of a dict key: JSON of a str, else the canonical encoding of the key.
+
+    This is how a field path names a non-str key (``weights[{"set":["a","b"]}]``), so the path is the
+    same in every process. Raises UnhashableConfigError for keys without one (objects whose only
+    text is ``repr``)."""
+    if isinstance(key, str):
+        return json.dumps(key)
+    try:
+        return canonical_json(encode(key))
+    except UnhashableConfigError as e:
+        raise UnhashableConfigError(
+            f"dict key {key!r:.80} of type {type(key).__name__} has no canonical encoding ({e}); a versioned "
+            "value under it would be named differently in each process: use str, int, tuple or frozenset keys"
+        ) from None
 
 
 def _encode_leaf(value: Any, path: FieldPath) -> Any:

@@ -23,7 +23,8 @@ import pathlib
 import re
 from typing import Any
 
-from marin.execution.walker import DESCEND, FieldPath, container_kind, key_text, walk
+from marin.execution.hashing import key_text
+from marin.execution.walker import DESCEND, FieldPath, container_kind, walk
 from marin.execution.walker import UnhashableConfigError as _Unencodable
 
 MASK = "***"
@@ -131,7 +132,8 @@ def to_jsonable(value: Any, *, field_name: str = "") -> Any:
     """A JSON-compatible rendering of ``value`` with secrets masked (the rule in the module docstring).
 
     ``field_name`` is the name ``value`` sits under, if any (a secret name masks it whole)."""
-    path = FieldPath.root().child("key", field_name) if field_name else FieldPath.root()
+    root = FieldPath.root(key_text=key_text)
+    path = root.child("key", field_name) if field_name else root
     return walk(value, _render_leaf, _render_container, path)
 
 

@@ -14,7 +14,7 @@ import re
 import types
 from typing import Any, Iterator
 
-from marin.execution.hashing import HASH_CHARS, UnhashableConfigError, encode, version_digest
+from marin.execution.hashing import HASH_CHARS, UnhashableConfigError, encode, key_text, version_digest
 from marin.execution.step import ExecutorStep, InputName, InvalidStepError, OutputName, VersionedValue
 from marin.execution.walker import DESCEND, ConfigStructureError, FieldPath, container_kind, walk
 
@@ -114,7 +114,7 @@ def walk_placeholders(value: Any, path: FieldPath | str = "") -> list[tuple[Fiel
             _refuse_placeholders_in_object(v, p)
         return None
 
-    walk(value, visit, lambda *_: None, path)
+    walk(value, visit, lambda *_: None, path, key_text)
     return found
 
 
@@ -298,7 +298,7 @@ def unversioned_view(step: ExecutorStep, by_id: dict[int, PlannedStep]) -> dict[
         leaves[path.describe()] = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(rendered))
         return None
 
-    walk(step.config, visit, lambda *_: None)
+    walk(step.config, visit, lambda *_: None, key_text=key_text)
     fn = step.fn
     leaves["<fn>"] = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
     return leaves
@@ -331,14 +331,14 @@ def resolve_config(ps: PlannedStep, plan: Plan) -> Any:
 
     def visit(value: Any, path: FieldPath) -> Any:
         if isinstance(value, VersionedValue):
-            return walk(value.value, visit, rebuild, path)
+            return walk(value.value, visit, rebuild, path, key_text)
         if isinstance(value, InputName):
             return sub(plan.planned(value.step).output_path, value.name)
         if isinstance(value, OutputName):
             return sub(ps.output_path, value.name)
         return DESCEND if container_kind(value) is not None else value
 
-    return walk(ps.step.config, visit, rebuild)
+    return walk(ps.step.config, visit, rebuild, key_text=key_text)
 
 
 def rebuild(value: Any, kind: str, items: list[tuple[str, Any, Any]], path: FieldPath) -> Any:

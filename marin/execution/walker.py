@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any, Callable
 
 MAX_DEPTH = 100
@@ -50,16 +51,20 @@ class FieldPath:
     is a dict key without a canonical encoding, because such a path cannot name a versioned value.
     """
 
-    __slots__ = ("parent", "kind", "key", "depth", "_text")
+    __slots__ = ("parent", "kind", "key", "depth", "_text", "key_text")
 
-    def __init__(self, parent: "FieldPath | None" = None, kind: str = "", key: Any = None, text: str | None = None):
+    def __init__(self, parent: "FieldPath | None" = None, kind: str = "", key: Any = None, text: str | None = None,
+                 key_text: "Callable[[Any], str] | None" = None):
         self.parent, self.kind, self.key = parent, kind, key
         self.depth = 0 if parent is None else parent.depth + 1
         self._text = text
+        self.key_text = parent.key_text if parent is not None else key_text
+        """How a non-str dict key or a set member is named: the canonical encoding's text
+        (``marin.execution.hashing.key_text``), given by the walk's caller; None: it cannot be named."""
 
     @staticmethod
-    def root(text: str = "") -> "FieldPath":
-        return FieldPath(text=text)
+    def root(text: str = "", key_text: "Callable[[Any], str] | None" = None) -> "FieldPath":
+        return FieldPath(text=text, key_text=key_text)
 
     def child(self, kind: str, key: Any) -> "FieldPath":
         return FieldPath(self, kind, key)
@@ -73,7 +78,7 @@ class FieldPath:
 
     def __str__(self) -> str:
         if self._text is None:
-            self._text = _join(str(self.parent), self.kind, self.key)
+            self._text = _join(str(self.parent), self.kind, self.key, self.key_text)
         return self._text
 
     def describe(self) -> str:
@@ -87,6 +92,16 @@ class FieldPath:
 
     def __repr__(self) -> str:
         return f"FieldPath({self.describe()!r})"
+
+    def keys(self) -> tuple[Any, ...]:
+        """The attribute names, dict keys and indices from the root to here (what :func:`path_keys` reads
+        back from the text): two spellings of one field, ``model.d_model`` and ``model["d_model"]``,
+        have the same keys."""
+        out, node = [], self
+        while node is not None and node.parent is not None:
+            out.append(node.key)
+            node = node.parent
+        return tuple(reversed(out))
 
 
 def join_attr(path: str, name: str) -> str:
@@ -103,32 +118,50 @@ def join_key(path: str, key: str) -> str:
     return f"{path}[{json.dumps(key)}]"
 
 
-def key_text(key: Any) -> str:
-    """Canonical text of a dict key: JSON of a str, else the canonical encoding of the key.
-
-    Raises UnhashableConfigError for keys without one (objects whose only text is ``repr``)."""
-    if isinstance(key, str):
-        return json.dumps(key)
-    from marin.execution.hashing import canonical_json, encode  # hashing builds on this module
-
-    try:
-        return canonical_json(encode(key))
-    except UnhashableConfigError as e:
-        raise UnhashableConfigError(
-            f"dict key {key!r:.80} of type {type(key).__name__} has no canonical encoding ({e}); a versioned "
-            "value under it would be named differently in each process: use str, int, tuple or frozenset keys"
-        ) from None
+_IDENTIFIER = re.compile(r"\.?([A-Za-z_][A-Za-z0-9_]*)")
+_DECODER = json.JSONDecoder()
 
 
-def _join(parent: str, kind: str, key: Any) -> str:
+def path_keys(text: str) -> tuple[Any, ...]:
+    """The keys a field path names (the inverse of the spelling above): ``model.d_model`` and
+    ``model["d_model"]`` both give ``("model", "d_model")``, ``layers[3]`` gives ``("layers", 3)``; a
+    key written as its canonical encoding (``[{"set":["a","b"]}]``) comes back as that encoding's text.
+
+    A recorded config is JSON, where a dataclass field and a dict key look alike; comparing keys
+    rather than text lets a recorded leaf be matched against the version's field paths."""
+    out: list[Any] = []
+    pos = 0
+    while pos < len(text):
+        m = _IDENTIFIER.match(text, pos)
+        if m is not None:
+            out.append(m.group(1))
+            pos = m.end()
+            continue
+        if text[pos] not in "[{":
+            raise ValueError(f"not a field path: {text!r} (at {text[pos:pos + 20]!r})")
+        close = "]" if text[pos] == "[" else "}"
+        try:
+            key, end = _DECODER.raw_decode(text, pos + 1)
+        except json.JSONDecodeError:
+            raise ValueError(f"not a field path: {text!r} (at {text[pos:pos + 20]!r})") from None
+        if end >= len(text) or text[end] != close:
+            raise ValueError(f"not a field path: {text!r} (at {text[pos:pos + 20]!r})")
+        out.append(key if isinstance(key, (str, int)) and close == "]" else text[pos + 1:end])
+        pos = end + 1
+    return tuple(out)
+
+
+def _join(parent: str, kind: str, key: Any, key_text: "Callable[[Any], str] | None") -> str:
     if kind == ATTR:
         return join_attr(parent, key)
-    if kind == KEY:
-        if isinstance(key, str):
-            return join_key(parent, key)
-        return f"{parent}[{key_text(key)}]"
+    if kind == KEY and isinstance(key, str):
+        return join_key(parent, key)
     if kind == INDEX:
         return f"{parent}[{key}]"
+    if key_text is None:
+        raise UnhashableConfigError(f"{type(key).__name__} key {key!r:.60} cannot be named without its encoding")
+    if kind == KEY:
+        return f"{parent}[{key_text(key)}]"
     return f"{parent}{{{key_text(key)}}}"  # MEMBER of a set, named by its own encoding
 
 
@@ -162,10 +195,13 @@ Visit = Callable[[Any, FieldPath], Any]
 Build = Callable[[Any, str, list[tuple[str, Any, Any]], FieldPath], Any]
 
 
-def walk(value: Any, visit: Visit, build: Build, path: FieldPath | str | None = None) -> Any:
-    """Walk ``value`` depth first (see the module docstring); ``path`` names ``value`` itself."""
+def walk(value: Any, visit: Visit, build: Build, path: FieldPath | str | None = None,
+         key_text: Callable[[Any], str] | None = None) -> Any:
+    """Walk ``value`` depth first (see the module docstring); ``path`` names ``value`` itself.
+    ``key_text`` names non-str dict keys and set members in paths (the caller's canonical encoding,
+    :func:`marin.execution.hashing.key_text`; a path given as a FieldPath carries its own)."""
     if not isinstance(path, FieldPath):
-        path = FieldPath.root(path or "")
+        path = FieldPath.root(path or "", key_text)
     return _walk(value, visit, build, path, set())
 
 
@@ -190,3 +226,17 @@ def _walk(value: Any, visit: Visit, build: Build, path: FieldPath, on_stack: set
     finally:
         on_stack.discard(id(value))
     return build(value, kind, out, path)
+
+
+def leaves(value: Any, key_text: Callable[[Any], str] | None = None) -> list[tuple[FieldPath, Any]]:
+    """``(path, value)`` of every leaf of a config (an empty container is a leaf), in walk order."""
+    out: list[tuple[FieldPath, Any]] = []
+
+    def visit(v: Any, path: FieldPath) -> Any:
+        if container_kind(v) is not None and len(v if not dataclasses.is_dataclass(v) else dataclasses.fields(v)):
+            return DESCEND
+        out.append((path, v))
+        return None
+
+    walk(value, visit, lambda *_: None, key_text=key_text)
+    return out

@@ -2,7 +2,7 @@
 
 `grouped_matmul(a, b)` computes out[g] = op(a[g]) @ op(b[g]) over a leading group (expert) axis;
 `swiglu_fwd` / `swiglu_bwd` are the routed experts' whole SwiGLU forward and backward over capacity
-buffers (the MoE's CPU path, marin.parallel.grouped). On CPU they run `grouped_gemm.cc`: the experts
+buffers (the MoE's CPU path, marin.kernels.grouped). On CPU they run `grouped_gemm.cc`: the experts
 are split across threads, each running single-threaded OpenBLAS SGEMMs and the elementwise work on
 whole experts in cache, instead of XLA:CPU's batched dot that splits every expert's small GEMM across
 all cores. All of them compute only the filled rows of each expert's buffer. On other platforms, or

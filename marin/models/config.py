@@ -18,10 +18,12 @@ way); `active_params_with_head` is also reported.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-TRANSPORTS = ("local", "fixed", "dropless", "ragged")
-EP_TRANSPORTS = tuple(t for t in TRANSPORTS if t != "local")  # the ones that move tokens between devices
+from marin.parallel.capacity import EP_TRANSPORTS, TRANSPORTS  # noqa: F401  (re-exported for model configs)
+from marin.runsteps import phase_weights
+
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ROUTER_BIAS_UPDATES = ("quantile", "sign")
 DTYPES = ("float32", "bfloat16")
@@ -259,6 +261,15 @@ def flops_per_token(cfg: MoEConfig, seq_len: int) -> float:
     for w in cfg.layer_windows():
         attn += 12.0 * cfg.n_heads * cfg.head_dim * mean_attended_keys(seq_len, w)
     return dense + attn
+
+
+def mean_flops_per_token(cfg: MoEConfig, seq_len_phases: Sequence[tuple[float, int]],
+                         train_steps: int | None = None) -> float:
+    """Training FLOPs per token averaged over a run's sequence-length phases ``((start fraction,
+    seq_len), ...)`` at constant tokens per step: each phase weighted by its share of the run's steps,
+    placed with the trainer's rounding (:func:`marin.runsteps.phase_weights`) when ``train_steps`` is
+    known, by the fractions otherwise. The one rule the planner, the recipe and the ladder use."""
+    return sum(w * flops_per_token(cfg, n) for w, n in phase_weights(seq_len_phases, train_steps))
 
 
 def summary(cfg: MoEConfig, seq_len: int | None = None) -> dict:

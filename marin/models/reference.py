@@ -1,7 +1,7 @@
 """The routed experts of the MoE block written plainly: the definitions the fast paths are tested against.
 
 `moe_reference` is the formula every transport and grouped implementation computes (fast paths in
-:mod:`marin.parallel.grouped` and :mod:`marin.parallel.transports`); `fixed_transport_survivors`
+:mod:`marin.kernels.grouped` and :mod:`marin.parallel.transports`); `fixed_transport_survivors`
 says which assignments the `fixed` transport keeps at a given capacity factor. Both are slow on
 purpose (a gather of each selected expert's weights; a Python loop over shards and assignments) and
 are not used by training.
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marin.parallel.transports import recv_capacity, send_capacity
+from marin.parallel.capacity import recv_capacity, send_capacity
 
 
 def moe_reference(x, expert_ids, weights, experts, kept=None):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from marin.execution.versioning import input_field
+
 HEALTHY_DROP = 0.08
 GRAD_NORM_ALARM = 4.0
 
@@ -373,11 +375,11 @@ import dataclasses  # noqa: E402
 
 @dataclasses.dataclass(frozen=True)
 class HealthReportConfig:
-    run_path: str
+    run_path: str = input_field()
     """A training step's output directory (holding metrics.jsonl)."""
-    output_path: str
+    output_path: str = input_field()
     total_steps: int | None = None
-    fit_path: str | None = None
+    fit_path: str | None = input_field(default=None)
     """A ladder fit step's directory (fit.json): judge the run against its prediction too."""
     plan_mfu: float | None = None
     plan_tokens_per_s: float | None = None

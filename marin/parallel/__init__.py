@@ -1,2 +1,3 @@
-"""Meshes (mesh.py), grouped expert compute on one device (grouped.py) and the expert-parallel (EP)
-transports that move tokens to their experts (transports.py) for the MoE model."""
+"""Meshes (mesh.py), the EP buffer capacities (capacity.py, JAX-free) and the expert-parallel (EP)
+transports that move tokens to their experts (transports.py) for the MoE model. The single-device
+expert compute they call is :mod:`marin.kernels.grouped`."""

@@ -7,7 +7,7 @@ combine weights [T, k], and the routed experts' SwiGLU weights, and returns
 plus drop counts; :func:`marin.models.reference.moe_reference` is that formula written plainly, and
 :func:`marin.models.reference.fixed_transport_survivors` says which assignments the fixed transport
 keeps. An "assignment" is one (token, expert) pair; a token has k of them. The expert compute
-itself is in :mod:`marin.parallel.grouped`.
+itself is in :mod:`marin.kernels.grouped`.
 
   local     no EP: each device runs every expert on its own tokens (`grouped.routed_experts`).
   fixed     all_to_all with static buffers sized by the capacity factor (the hero run's scheme):
@@ -32,7 +32,6 @@ Platform choices (grouped implementation, emulated ragged all_to_all) follow
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import jax
@@ -40,8 +39,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from marin.jaxcompat import compute_platform
-from marin.models.config import EP_TRANSPORTS
-from marin.parallel.grouped import combine, grouped_swiglu, rank_within_groups, routed_experts, swiglu_experts
+from marin.kernels.grouped import combine, grouped_swiglu, rank_within_groups, routed_experts, swiglu_experts
+from marin.parallel.capacity import EP_TRANSPORTS, recv_capacity, send_capacity
 from marin.parallel.mesh import EXPERT, TOKEN_AXES, make_mesh
 
 
@@ -53,23 +52,6 @@ def drop_stats(send_drops, recv_drops, assignments: int) -> dict:
         "recv_drops": jnp.sum(recv_drops).astype(jnp.float32),
         "assignments": jnp.float32(assignments),
     }
-
-
-# ---- capacities (static ints; pure) ---------------------------------------------------------
-def send_capacity(tokens_per_shard: int, top_k: int, n_experts: int, ep: int, capacity_factor: float | None):
-    """Slots per destination device in a sender's buffer. None = worst case (dropless)."""
-    worst = tokens_per_shard * min(top_k, n_experts // ep)
-    if capacity_factor is None:
-        return worst
-    return min(worst, math.ceil(capacity_factor * tokens_per_shard * top_k / ep))
-
-
-def recv_capacity(tokens_per_shard: int, top_k: int, n_experts: int, ep: int, capacity_factor: float | None):
-    """Slots per local expert in a receiver's buffer: cf x the expected per-expert count of a wave."""
-    worst = ep * tokens_per_shard
-    if capacity_factor is None:
-        return worst
-    return min(worst, math.ceil(capacity_factor * ep * tokens_per_shard * top_k / n_experts))
 
 
 # ---- the sender and receiver layouts (pure, shared by the fixed and dropless transports) -----

@@ -11,6 +11,14 @@
 
 Everything here reads the files the executor and the steps wrote; nothing starts Ray or runs a step.
 The same objects feed ``marin report`` (:func:`marin.review.report.write_report`).
+
+The package holds everything a person uses to look at outputs, one module per concern:
+
+    steps.py            a step's state, the status table, one step in full  (marin status, marin show)
+    explain.py          would each step run, and why                          (marin explain)
+    experiment_file.py  load an experiment file's steps without running them
+    live.py             the refreshing status screen                          (marin watch)
+    report.py, dag.py, plots.py   the self-contained HTML report              (marin report)
 """
 
 from __future__ import annotations
@@ -23,14 +31,16 @@ from typing import Any
 
 from marin.execution import status as st
 from marin.execution import storage
+from marin.execution.executor import experiment_record_path
+from marin.execution.jsonable import mask_leaves, to_jsonable
+from marin.execution.plan import plan_steps, resolve_config
 from marin.execution.prefix import resolve_prefix
-from marin.execution.review import CATEGORIES, StepState, step_state, train_horizon
+from marin.review.experiment_file import load_experiment
+from marin.review.explain import explain
+from marin.review.steps import CATEGORIES, StepState, show, status_rows, step_dirs, step_state, train_horizon
 
-__all__ = ["CATEGORIES", "Experiment", "Step", "StepState", "load", "load_file", "load_prefix", "show", "step_state"]
-
-# --------------------------------------------------------------------------------------------- #
-# what a step's files say about its state                                                         #
-# --------------------------------------------------------------------------------------------- #
+__all__ = ["CATEGORIES", "Experiment", "Step", "StepState", "explain", "load", "load_file", "load_prefix", "show",
+           "status_rows", "step_state"]
 
 # --------------------------------------------------------------------------------------------- #
 # steps                                                                                            #
@@ -325,8 +335,6 @@ def load_prefix(prefix: str | None = None, experiment: str | None = None) -> Exp
     """Everything recorded under a prefix, or one experiment's record (``--experiment NAME``: the
     record file's stem, ``quickstart`` or ``quickstart-a0ea2d014f``). Steps found under the prefix
     without any record are included when no experiment is named."""
-    from marin.execution.review import step_dirs
-
     prefix = resolve_prefix(prefix)
     records = read_records(prefix)
     if experiment:
@@ -344,7 +352,7 @@ def load_prefix(prefix: str | None = None, experiment: str | None = None) -> Exp
     steps = _record_steps([r for _, r in records])
     known = {s.output_path for s in steps}
     steps += [Step(p) for p in step_dirs(prefix) if p not in known]
-    steps = _dependency_order(steps)
+    steps = dependency_order(steps)
     name = os.path.basename(records[-1][0])[:-5] if len(records) == 1 else os.path.basename(prefix)
     desc = records[-1][1].get("description") if len(records) == 1 else None
     return Experiment(name, prefix, steps, desc, [r for _, r in records])
@@ -352,11 +360,6 @@ def load_prefix(prefix: str | None = None, experiment: str | None = None) -> Exp
 
 def load_file(path: str, prefix: str | None = None) -> Experiment:
     """An experiment file's steps as planned under ``prefix`` (run or not), with its latest record."""
-    from marin.execution.executor import experiment_record_path
-    from marin.execution.jsonable import mask_leaves, to_jsonable
-    from marin.execution.plan import plan_steps, resolve_config
-    from marin.execution.review import load_experiment
-
     prefix = resolve_prefix(prefix)
     steps, description = load_experiment(path)
     plan = plan_steps(steps, prefix)
@@ -383,7 +386,7 @@ def load(source: str | None = None, *, prefix: str | None = None, experiment: st
     return load_prefix(source or prefix, experiment)
 
 
-def _dependency_order(steps: list[Step]) -> list[Step]:
+def dependency_order(steps: list[Step]) -> list[Step]:
     """Dependencies before dependents (stable otherwise); steps whose inputs are unknown keep their place."""
     by_path = {s.output_path: s for s in steps}
     done: set[str] = set()
@@ -407,17 +410,3 @@ def _dependency_order(steps: list[Step]) -> list[Step]:
                 on_stack.add(d.output_path)
                 stack.append((d, iter(d.dependencies)))
     return out
-
-
-def show(target: str, prefix: str | None = None) -> dict[str, Any]:
-    """What ``marin show`` prints: :func:`marin.execution.review.show` (config, version, dependencies,
-    outputs, report content, error) plus, for a training step, its telemetry against healthy ranges."""
-    from marin.execution.review import show as show_files
-
-    d = show_files(target, prefix)
-    if "metrics.jsonl" in d["outputs"]:
-        from marin.monitoring.health import health
-        from marin.training.metrics import read_metrics
-
-        d["health"] = health(read_metrics(d["output_path"]), d["horizon"])
-    return d

@@ -16,7 +16,8 @@ from typing import Any, TextIO
 from marin.execution import status as st
 from marin.execution import storage
 from marin.execution.prefix import resolve_prefix
-from marin.execution.review import describe_prefix, row_for, step_dirs, train_horizon
+from marin.review.steps import describe_prefix, row_for, step_dirs, train_horizon
+from marin.textfmt import format_duration
 
 TAIL_BYTES = 64 * 1024
 
@@ -65,13 +66,6 @@ def eta_seconds(records: list[dict[str, Any]], horizon: int | None) -> float | N
     return max(0, horizon - last["step"]) * per_step / tps
 
 
-def _fmt_s(s: float | None) -> str:
-    if s is None:
-        return "-"
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
 def snapshot(prefix: str | None = None, now: float | None = None) -> tuple[str, bool]:
     """The status screen of every step under ``prefix`` and whether any step is still running."""
     prefix = resolve_prefix(prefix)
@@ -98,7 +92,7 @@ def snapshot(prefix: str | None = None, now: float | None = None) -> tuple[str, 
             r = records[-1]
             of = f"/{horizon} ({100 * r['step'] / horizon:.1f}%)" if horizon else ""
             lines.append(f"             step {r['step']}{of}  loss {r.get('loss', float('nan')):.4f}  "
-                         f"{r.get('tokens_per_s', 0):.0f} tok/s  eta {_fmt_s(eta_seconds(records, horizon))}")
+                         f"{r.get('tokens_per_s', 0):.0f} tok/s  eta {format_duration(eta_seconds(records, horizon))}")
         if row["advice"]:
             lines.append(f"             what to do: {row['advice']}")
     lines.append(", ".join(f"{n} {k}" for k, n in sorted(counts.items())))

@@ -20,11 +20,12 @@ import time
 from typing import Any
 
 from marin.execution import storage
-from marin.execution.review import config_leaves, is_versioned
-from marin.execution.review import format_duration as _dur
-from marin.review import CATEGORIES, Experiment, Step
+from marin.execution.versioning import input_field, live
+from marin.review import CATEGORIES, Experiment, Step, dependency_order
 from marin.review import dag as dagmod
+from marin.review.explain import config_leaves, is_versioned
 from marin.review.plots import line_plot
+from marin.textfmt import format_duration as _dur
 
 MAX_INLINE_IMAGE = 1_500_000
 """Bytes: larger PNG outputs are listed, not embedded, so the report stays a file one can attach."""
@@ -452,18 +453,17 @@ def write_report(exp: Experiment, path: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ReportConfig:
-    name: str
+    name: str = live("the title in the report's header; the step's own name is in its version")
     """The experiment's name in the report's header."""
-    step_paths: list[str]
+    step_paths: list[str] = input_field()
     """Output paths of the steps to report (their upstream steps are found from their records)."""
-    output_path: str
-    description: str | None = None
+    output_path: str = input_field()
+    description: str | None = live("a caption in the report's header", default=None)
 
 
 def experiment_from_steps(name: str, step_paths: list[str], prefix: str | None = None,
                           description: str | None = None) -> Experiment:
     """An experiment of ``step_paths`` and every step they read, found from the steps' own records."""
-    from marin.review import _dependency_order
 
     seen: dict[str, Step] = {}
     todo = list(step_paths)
@@ -473,7 +473,7 @@ def experiment_from_steps(name: str, step_paths: list[str], prefix: str | None =
             continue
         seen[p] = Step(p)
         todo.extend(seen[p].dependencies)
-    steps = _dependency_order(list(seen.values()))
+    steps = dependency_order(list(seen.values()))
     if prefix is None:
         prefix = (
             os.path.commonpath([s.output_path for s in steps])

@@ -33,7 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from marin.execution.versioning import by_field, input_field, live
 from marin.models.config import MoEConfig
+from marin.runsteps import phase_steps
 from marin.scaling.fit import (
     FitError,
     fit_power_law,
@@ -41,7 +43,7 @@ from marin.scaling.fit import (
     linear_trend,
     trend_predict,
 )
-from marin.scaling.recipe import phase_steps, run_flops
+from marin.scaling.recipe import run_flops
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +71,8 @@ class RungRun:
     tokens_per_step: int
     seq_len_phases: tuple[tuple[float, int], ...]
     warmup_steps: int = 0
-    run_path: str | None = None
-    eval_path: str | None = None
+    run_path: str | None = input_field(default=None)
+    eval_path: str | None = input_field(default=None)
 
     def flops_until(self, step: int) -> float:
         """Training FLOPs of the first ``step`` steps (phases placed on the full run)."""
@@ -90,13 +92,14 @@ class RungRun:
 
 @dataclasses.dataclass(frozen=True)
 class LadderFitConfig:
-    rungs: tuple[RungRun, ...]
-    target: RungRun
-    output_path: str
-    validation: RungRun | None = None
+    rungs: tuple[RungRun, ...] = by_field("each rung's fields are versioned leaves (rungs[0].train_steps)")
+    target: RungRun = by_field("the target's model and schedule as versioned leaves")
+    output_path: str = input_field()
+    validation: RungRun | None = by_field("the held-out rung's fields as versioned leaves", default=None)
     fractions: tuple[float, ...] = FRACTIONS
     n_boot: int = 400
-    max_validation_rel_error: float | None = None
+    max_validation_rel_error: float | None = live(
+        "a pass/fail threshold checked on the finished fit; it changes no output file", default=None)
     """When set, the step fails (after writing fit.json) if the validation rung's final value is
     further than this from the prediction."""
 

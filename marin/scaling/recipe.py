@@ -19,11 +19,10 @@ Pure functions, no JAX: experiment files call them at declaration time.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Mapping, Sequence
 
-from marin.models.config import MoEConfig, count_params, flops_per_token
-from marin.training.schedule import phase_start_step
+from marin.models.config import MoEConfig, count_params, mean_flops_per_token
+from marin.runsteps import phase_steps  # noqa: F401  (re-exported: the recipe's phase placement)
 
 
 class RecipeError(ValueError):
@@ -133,26 +132,18 @@ def model_overrides(base: MoEConfig, model: MoEConfig) -> dict:
             if getattr(model, f.name) != getattr(base, f.name)}
 
 
-def phase_steps(train_steps: int, seq_len_phases: Sequence[tuple[float, int]]) -> list[tuple[int, int]]:
-    """``(steps, seq_len)`` per phase, with the trainer's own rule for where a phase starts."""
-    starts = [phase_start_step(float(f), train_steps) for f, _ in seq_len_phases] + [train_steps]
-    return [(max(0, min(b, train_steps) - min(a, train_steps)), int(n))
-            for (a, b), (_, n) in zip(itertools.pairwise(starts), seq_len_phases)]
-
-
 def run_flops(model: MoEConfig, train_steps: int, tokens_per_step: int,
               seq_len_phases: Sequence[tuple[float, int]]) -> float:
-    """Training FLOPs of a run: per phase, tokens x FLOPs per token at the phase's sequence length."""
-    return sum(
-        steps * tokens_per_step * flops_per_token(model, n) for steps, n in phase_steps(train_steps, seq_len_phases)
-    )
+    """Training FLOPs of a run: its tokens x FLOPs per token over its phases, as the trainer places them."""
+    if train_steps <= 0:
+        return 0.0
+    return train_steps * tokens_per_step * mean_flops_per_token(model, seq_len_phases, train_steps)
 
 
 def flops_per_step(model: MoEConfig, tokens_per_step: int, seq_len_phases: Sequence[tuple[float, int]]) -> float:
-    """Mean FLOPs per step over the run's phases (phases weighted by their fraction of the run)."""
-    bounds = [float(f) for f, _ in seq_len_phases] + [1.0]
-    return sum((b - a) * tokens_per_step * flops_per_token(model, int(n))
-               for a, b, (_, n) in zip(bounds[:-1], bounds[1:], seq_len_phases))
+    """Mean FLOPs per step over the run's phases, before the step count is known (phases weighted by
+    their fraction of the run; :func:`run_flops` is the same rule once the steps are known)."""
+    return tokens_per_step * mean_flops_per_token(model, seq_len_phases)
 
 
 def ladder_rungs(

@@ -1,9 +1,10 @@
 """The training step's configuration (JAX-free, so experiment files and the CLI import it cheaply).
 
 A :class:`TrainConfig` is what ``default_train`` puts into the executor step; everything the run needs
-is in it. Fields that are part of the run's identity are wrapped in ``versioned`` by the experiment
-layer; the horizon re-plans (``lr_replans``) deliberately are not, so that re-planning a running
-step keeps its output path and resumes from its checkpoints. The model is carried fully resolved
+is in it. Every field is part of the run's version unless it is declared live below, with why
+(:mod:`marin.execution.versioning`): what an operator may change on a running run (the pool, horizon
+re-plans, the transport switch, checkpoint cadence, telemetry) keeps its output path, so the step
+resumes from its checkpoints. The model is carried fully resolved
 (every :class:`~marin.models.config.MoEConfig` field after preset, overrides and compute dtype), so
 editing a preset changes the version of every run that uses it; the trainer builds exactly that model.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from marin.execution.versioning import by_field, input_field, live
 from marin.models.config import REMAT_POLICIES, MoEConfig, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
 from marin.training.checkpoint import CheckpointPolicy
@@ -56,7 +58,7 @@ class InitFrom:
     its own checkpoints, like any run.
     """
 
-    run: str
+    run: str = input_field()
     step: int
     optimizer: bool = True
     data_position: bool = True
@@ -79,6 +81,9 @@ def resolve_model(
     return cfg.replace(max_seq_len=longest) if cfg.max_seq_len < longest else cfg
 
 
+EVAL_IS_TELEMETRY = "in-training evaluation is telemetry: it reads the weights, never writes them"
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """One training run.
@@ -91,67 +96,88 @@ class TrainConfig:
     ``lr_replans`` moves it later on.
     """
 
-    output_path: str
-    data: Any
-    model: MoEConfig | str = "tiny-ep"
-    model_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
-    pool: str = "local-cpu"
+    output_path: str = input_field()
+    data: Any = dataclasses.field()
+    """A ``MixtureConfig`` (versioned field by field, its stores through their tokenize steps' hashes)
+    or a ``SyntheticDataConfig`` (one versioned value)."""
+    model: MoEConfig | str = by_field("every resolved MoEConfig field is its own leaf (model.n_layers), so "
+                                      "editing a preset moves the hash and marin explain names the field",
+                                      default="tiny-ep")
+    model_overrides: dict[str, Any] = live("applied to model when the config is built; model is versioned",
+                                           default_factory=dict)
+    pool: str = live("where the run executes, not what it computes: a run may move to another pool and resume "
+                     "from its checkpoints", default="local-cpu")
     seed: int = 0
     # horizon and batch
     train_steps: int = 100
+    """The horizon as planned (``lr_replans`` moves it later on)."""
     tokens_per_step: int = 4096
-    # gradient accumulation: the optimizer batch (tokens_per_step) is computed in this many sequential
-    # microbatches to fit device memory; None = the smallest count the memory planner says fits.
-    # Not part of a run's identity: it changes only float summation order.
-    microbatches: int | None = None
+    microbatches: int | None = live(
+        "gradient accumulation count (None: the smallest the memory planner says fits); it changes only the "
+        "float summation order", default=None)
     seq_len_phases: tuple[tuple[float, int], ...] = ((0.0, 64),)
-    # where the weights and their AdamW state live (marin.parallel.layout): "replicated" (routed
-    # experts split over "expert", the rest a full copy per device) or "fsdp" (every weight matrix
-    # split over the mesh, gathered per use). Not part of a run's identity: it changes the layout and
-    # the float summation order only, and checkpoints hold whole arrays, so a run may switch on resume.
-    param_sharding: str = "replicated"
-    # remat policy by sequence length, overriding the model's for those phases: ((65536, "full"),)
-    # recomputes every layer in the 65K phase only, where the model's policy would keep too much.
-    # Not part of a run's identity: recomputation changes memory and speed, not what is computed.
-    remat_by_seq_len: tuple[tuple[int, str], ...] = ()
+    param_sharding: str = live(
+        "where weights, gradients and AdamW moments live (replicated or fsdp): the same math, only where partial "
+        "sums are added changes (float reassociation, within 2e-5 on the loss in the tests); a checkpoint "
+        "restores onto any layout and mesh, so a run resumes into either", default="replicated")
+    remat_by_seq_len: tuple[tuple[int, str], ...] = live(
+        "the remat policy of some sequence-length phases, overriding the model's (((65536, 'full'),)): "
+        "recomputation changes memory and speed, not what is computed (the same losses at rel 1e-5 in the tests)",
+        default=())
     # optimizer (AdamW with global-norm clipping)
     peak_lr: float = 3e-3
     warmup_steps: int = 10
     final_lr_fraction: float = DEFAULT_FINAL_LR_FRACTION
-    lr_replans: tuple[tuple[int, int], ...] = ()
+    lr_replans: tuple[tuple[int, int], ...] = live(
+        "(at_step, new_total_steps): moving the horizon of a running run; the schedule before the re-plan point "
+        "is unchanged and the run resumes from its checkpoints", default=())
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
     adam_eps: float = 1e-8
     grad_clip: float = 1.0
-    # "bfloat16" computes in bf16 with float32 master weights; None keeps the preset's dtype
-    compute_dtype: str | None = None
-    # EP transport by step: ((0, "fixed"), (800, "dropless")); empty = the preset's transport
-    transport_switches: tuple[tuple[int, str], ...] = ()
+    compute_dtype: str | None = live(
+        "applied to model when the config is built ('bfloat16': bf16 compute, float32 master weights); "
+        "model.dtype is versioned", default=None)
+    transport_switches: tuple[tuple[int, str], ...] = live(
+        "EP transport by step, e.g. ((0, 'fixed'), (81716, 'dropless')): a throughput decision taken on a live "
+        "run; the transports compute the same model, except that fixed buffers drop the tokens that overflow "
+        "their capacity (logged as drop_frac_send / drop_frac_recv), so a switch changes the weights slightly "
+        "but must not restart the run", default=())
     # checkpoints
-    checkpoint_every_steps: int = 100
-    checkpoint_every_minutes: float | None = 30.0
-    keep_last_checkpoints: int = 2
-    keep_every_steps: int | None = None
+    checkpoint_every_steps: int = live("when state is saved, not what is computed", default=100)
+    checkpoint_every_minutes: float | None = live("when state is saved, not what is computed", default=30.0)
+    keep_last_checkpoints: int = live("which checkpoints are kept, not what is computed", default=2)
+    keep_every_steps: int | None = live("which checkpoints are kept, not what is computed", default=None)
     # telemetry
-    log_every: int = 1
-    wandb_project: str | None = "marin"
-    run_name: str | None = None
-    progress_every_s: float = 10.0
-    # evaluation during training (telemetry, like the above: not part of the run's identity). Every
-    # eval_every_steps steps and at the last step, bits per byte on eval_sets (marin.evaluation.sets.
-    # EvalSet) plus, when eval_held_out and the data is a mixture, its held-out split, as records with
-    # kind "eval" in metrics.jsonl. None: no evaluation.
-    eval_every_steps: int | None = None
-    eval_sets: tuple[Any, ...] = ()
-    eval_held_out: bool = True
-    eval_stride: int | None = None
-    # the preset ``model`` was resolved from (readability only: ``model`` is what is trained)
+    log_every: int = live("telemetry only", default=1)
+    wandb_project: str | None = live("telemetry only", default="marin")
+    run_name: str | None = live("telemetry only", default=None)
+    progress_every_s: float = live("telemetry only", default=10.0)
+    # evaluation during training: every eval_every_steps steps and at the last step, bits per byte on
+    # eval_sets (marin.evaluation.sets.EvalSet) plus, when eval_held_out and the data is a mixture, its
+    # held-out split, as records with kind "eval" in metrics.jsonl. None: no evaluation.
+    eval_every_steps: int | None = live(EVAL_IS_TELEMETRY, default=None)
+    eval_sets: tuple[Any, ...] = live(
+        "in-training evaluation is telemetry (the sets' tokenize steps are dependencies, which are versioned, "
+        "and so are the names default_eval_suite marks)", default=())
+    eval_held_out: bool = live(EVAL_IS_TELEMETRY, default=True)
+    eval_stride: int | None = live(EVAL_IS_TELEMETRY, default=None)
     preset: str | None = None
-    # branch from another run's checkpoint (InitFrom) instead of the seed's fresh state
-    init_from: InitFrom | None = None
+    """The preset ``model`` was resolved from (readability: ``model``, versioned field by field, is what is trained)."""
+    init_from: InitFrom | None = by_field(
+        "a branch's source: the source run's output (a placeholder: versioned through its hash), the checkpoint "
+        "step and what is taken from it are versioned; None (a fresh start) adds nothing", default=None)
 
     def __post_init__(self) -> None:
+        # one spelling of the schedules, whatever sequences the caller passed (the version encodes them)
+        for name, kinds in (("seq_len_phases", (float, int)), ("transport_switches", (int, str)),
+                            ("remat_by_seq_len", (int, str)), ("lr_replans", (int, int))):
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):
+                object.__setattr__(self, name, tuple((kinds[0](a), kinds[1](b)) for a, b in value))
+        if isinstance(self.eval_sets, list):
+            object.__setattr__(self, "eval_sets", tuple(self.eval_sets))
         if self.param_sharding not in PARAM_SHARDINGS:
             raise ValueError(f"unknown param_sharding {self.param_sharding!r}; choose from {PARAM_SHARDINGS}")
         for _, policy in self.remat_by_seq_len:

@@ -19,6 +19,8 @@ from typing import Any, TextIO
 
 import fsspec
 
+from marin.textfmt import format_duration
+
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
@@ -225,13 +227,6 @@ class WandbTracker:
 
     def finish(self, exit_code: int = 0) -> None:
         self._run.finish(exit_code=exit_code)
-
-
-def format_duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
 class ProgressLine:

@@ -45,17 +45,15 @@ the same step on CPU; docs/training.md lists where it is known to be rough.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 from typing import Any
 
-from marin.models.config import TRANSPORTS, MoEConfig, flops_per_token, get_preset, param_shapes
+from marin.models.config import TRANSPORTS, MoEConfig, flops_per_token, mean_flops_per_token, param_shapes
+from marin.parallel.capacity import buffer_rows_per_token
 from marin.parallel.layout import (
     EXPERT,
     EXPERT_LEAVES,
-    PARAM_SHARDINGS,
     check_param_sharding,
     leaf_partition,
     shard_shape,
@@ -163,17 +161,9 @@ def _bytes(dtype: str) -> int:
 
 
 def expert_rows_per_token(cfg: MoEConfig, transport: str, ep: int, tokens_per_shard: int) -> dict[str, float]:
-    """Rows per local token in the EP buffers: sent/returned rows and the rows the experts compute."""
-    k, e_loc = cfg.top_k, max(1, cfg.n_experts // ep)
-    if transport == "local":
-        return {"send": 0.0, "compute": float(k)}
-    t = max(1, tokens_per_shard)
-    worst = ep * min(k, e_loc)  # per local token: every source could send all its assignments here
-    if transport == "fixed":
-        cap_send = min(t * min(k, e_loc), math.ceil(cfg.capacity_factor * t * k / ep))
-        cap_recv = min(ep * t, math.ceil(cfg.capacity_factor * ep * t * k / cfg.n_experts))
-        return {"send": ep * cap_send / t, "compute": e_loc * cap_recv / t}
-    return {"send": float(worst), "compute": float(worst)}  # dropless / ragged: worst-case buffers
+    """Rows per local token in the EP buffers: sent/returned rows and the rows the experts compute
+    (the transports' own capacities, :mod:`marin.parallel.capacity`)."""
+    return buffer_rows_per_token(transport, tokens_per_shard, cfg.top_k, cfg.n_experts, ep, cfg.capacity_factor)
 
 
 def activation_bytes_per_token_layer(cfg: MoEConfig, seq_len: int, rows: float) -> dict[str, float]:
@@ -389,14 +379,6 @@ def host_plan(cfg: MoEConfig, pool: PoolSpec, device_total: int, tokens_per_step
 
 
 # ---- compute ---------------------------------------------------------------------------------
-def mean_flops_per_token(cfg: MoEConfig, seq_len_phases) -> float:
-    """FLOPs per token averaged over sequence-length phases ``((start fraction, seq_len), ...)``
-    weighted by the share of steps each phase covers (the batch in tokens is constant)."""
-    phases = sorted((float(f), int(n)) for f, n in seq_len_phases)
-    ends = [f for f, _ in phases[1:]] + [1.0]
-    return sum((end - f) * flops_per_token(cfg, n) for (f, n), end in zip(phases, ends))
-
-
 def compute_plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int,
                  train_steps: int | None = None, mfu: float = DEFAULT_MFU,
                  planned_tokens: float | None = None, seq_len_phases=None) -> dict[str, Any]:
@@ -406,7 +388,7 @@ def compute_plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_le
 
     if not 0 < mfu <= 1:
         raise ValueError(f"mfu must be in (0, 1], got {mfu}")
-    fpt = mean_flops_per_token(cfg, seq_len_phases) if seq_len_phases else flops_per_token(cfg, seq_len)
+    fpt = mean_flops_per_token(cfg, seq_len_phases, train_steps) if seq_len_phases else flops_per_token(cfg, seq_len)
     peak = peak_flops_per_device(pool.accelerator)
     rate = pool.num_devices * peak * mfu / fpt  # tokens/s the pool sustains at this MFU
     out: dict[str, Any] = {"flops_per_token": fpt, "mfu": mfu, "tokens_per_s": rate,
@@ -508,79 +490,3 @@ def check_train_config_fits(config, device_memory: int | None = None) -> list[di
             f"training step {config.preset or 'model'!r} on pool {config.pool!r} does not fit in device memory "
             f"({len(bad)} of {len(plans)} phase/transport combinations):\n" + "\n".join(format_plan(p) for p in bad))
     return plans
-
-
-# ---- CLI -------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    from marin.models.config import PRESETS
-
-    p = argparse.ArgumentParser(
-        prog="marin plan",
-        description="Per-device memory of a training step (parameters, gradients, fp32 master weights, optimizer "
-                    "state, activations under the preset's remat policy, all-to-all buffers, logits) against the "
-                    "pool's device memory, and the run's compute: FLOPs, device-hours and days at an MFU.")
-    p.add_argument("preset", choices=sorted(PRESETS), help="model preset")
-    p.add_argument("--pool", required=True, choices=sorted(POOLS), help="device pool")
-    p.add_argument("--tokens-per-step", type=int, default=None,
-                   help="optimizer batch in tokens (default: the pool's devices x 16 sequences, or the hero's batch)")
-    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the preset's max_seq_len)")
-    p.add_argument("--microbatches", type=int, default=None, help="gradient accumulation count (default: the "
-                   "smallest that fits)")
-    p.add_argument("--transport", default=None, help="EP transport (default: the preset's; hero/ladder: fixed)")
-    p.add_argument("--steps", type=int, default=None, help="training steps for the compute plan")
-    p.add_argument("--planned-tokens", type=float, default=None,
-                   help="tokens the schedule is meant to cover; a mismatch with steps x batch is flagged")
-    p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help=f"model FLOPs utilisation (default {DEFAULT_MFU})")
-    p.add_argument("--remat", default=None, help="override the preset's remat policy")
-    p.add_argument("--dtype", default=None, help="override the compute dtype")
-    p.add_argument("--param-sharding", default="fsdp", choices=PARAM_SHARDINGS,
-                   help="where weights and AdamW state live: fsdp (split over the mesh; default, as the hero and "
-                        "ladder experiments run) or replicated (only routed experts split)")
-    p.add_argument("--storage-gbps", type=float, default=STORAGE_WRITE_BYTES_PER_S / 1e9,
-                   help="write bandwidth of one host to the checkpoint store, GB/s, for the save-time estimate "
-                        f"(default {STORAGE_WRITE_BYTES_PER_S / 1e9:g})")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    return p
-
-
-# The hero's published schedule (Marin 535B-A23B run): used when `marin plan hero` gets no --steps.
-HERO_STEPS = 390_139
-HERO_TOKENS_PER_STEP = 11_264 * 4096
-HERO_PLANNED_TOKENS = 18.75e12
-HERO_SEQ_LEN_PHASES = ((0.0, 4096), (0.5, 8192), (0.95, 65536))  # compute follows the schedule
-
-
-def plan_main(argv: list[str]) -> int:
-    import sys
-
-    args = build_parser().parse_args(argv)
-    overrides = {k: v for k, v in (("remat_policy", args.remat), ("dtype", args.dtype)) if v is not None}
-    try:
-        cfg = get_preset(args.preset, **overrides)
-        pool = get_pool(args.pool)
-        seq_len = args.seq_len or cfg.max_seq_len
-        transport = args.transport or (cfg.transport if cfg.transport != "local" or pool.mesh[1] == 1 else "fixed")
-        is_hero = args.preset == "hero"
-        tokens_per_step = args.tokens_per_step or (HERO_TOKENS_PER_STEP if is_hero else pool.num_devices * 16 * seq_len)
-        steps = args.steps if args.steps is not None else (HERO_STEPS if is_hero else None)
-        planned = args.planned_tokens if args.planned_tokens is not None else (
-            HERO_PLANNED_TOKENS if is_hero and args.steps is None else None)
-        if args.storage_gbps <= 0:
-            raise ValueError(f"--storage-gbps must be > 0, got {args.storage_gbps}")
-        if args.microbatches is not None and args.microbatches < 1:
-            raise ValueError(f"--microbatches must be >= 1, got {args.microbatches}")
-        phases = HERO_SEQ_LEN_PHASES if is_hero and args.seq_len is None and args.steps is None else None
-        p = plan(cfg, pool, tokens_per_step=tokens_per_step, seq_len=seq_len, microbatches=args.microbatches,
-                 transport=transport, train_steps=steps, mfu=args.mfu, seq_len_phases=phases,
-                 planned_tokens=planned, param_sharding=args.param_sharding,
-                 storage_bytes_per_s=args.storage_gbps * 1e9)
-    except (KeyError, ValueError) as e:
-        print(f"marin plan: error: {e.args[0] if e.args else e}", file=sys.stderr)
-        return 2
-    p["model"] = args.preset
-    if args.json:
-        print(json.dumps(p, sort_keys=True))
-    else:
-        print(format_plan(p))
-    return 0 if p["fits"] else 1
-

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from marin.runsteps import phase_start_step  # noqa: F401  (the schedules' rounding rule; re-exported)
+
 # The hero recipe ends the linear decay at 5% of peak (the published schedule).
 DEFAULT_FINAL_LR_FRACTION = 0.05
 
@@ -178,13 +180,6 @@ def phase_index_at(step: int, total_steps: int, schedule: SeqLenSchedule) -> int
         if step >= phase_start_step(p.start_fraction, total_steps):
             index = i
     return index
-
-
-def phase_start_step(fraction: float, total_steps: int) -> int:
-    """First step of a phase; integer arithmetic on the rounded fraction avoids float drift at edges."""
-    # Round the fraction to 1e-9 so that 0.95 * 20 lands on 19, not 19.000000000000004 -> 20.
-    numerator = round(fraction * 1_000_000_000)
-    return -(-numerator * total_steps // 1_000_000_000)
 
 
 def seq_len_at(step: int, total_steps: int, schedule: SeqLenSchedule) -> tuple[int, int]:

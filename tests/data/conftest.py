@@ -16,30 +16,17 @@ MINI_DOMAINS = ("council", "infra", "web_code", "science")
 
 
 @pytest.fixture(scope="session")
-def mini_corpus(tmp_path_factory) -> str:
-    from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
-
-    root = str(tmp_path_factory.mktemp("k40mini"))
-    generate_k40_miniature(SyntheticK40Config(root, total_bytes=400_000, seed=3, domains=MINI_DOMAINS))
-    return root
+def mini_corpus(k40_data) -> str:
+    return k40_data.corpus("k40mini", total_bytes=400_000, seed=3, domains=MINI_DOMAINS)
 
 
 @pytest.fixture(scope="session")
-def mini_tokenizer(mini_corpus, tmp_path_factory) -> str:
-    from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
-
-    out = str(tmp_path_factory.mktemp("tok"))
-    train_tokenizer(TrainTokenizerConfig(mini_corpus, out, vocab_size=1024))
-    return out
+def mini_tokenizer(k40_data, mini_corpus) -> str:
+    return k40_data.tokenizer("tok", mini_corpus, vocab_size=1024)
 
 
 @pytest.fixture(scope="session")
-def mini_store(mini_corpus, mini_tokenizer, tmp_path_factory) -> str:
+def mini_store(k40_data, mini_corpus, mini_tokenizer) -> str:
     """Tokenized in this process (no Ray), with small shards (2,000 tokens) so sources span several
     shards and windows cross shard edges."""
-    from marin.data.tokenize import TokenizeConfig, tokenize
-
-    out = str(tmp_path_factory.mktemp("store"))
-    tokenize(TokenizeConfig(mini_corpus, mini_tokenizer, out, shard_max_tokens=2000, batch_docs=16,
-                            show_progress=False, use_ray=False))
-    return out
+    return k40_data.store("store", mini_corpus, mini_tokenizer, shard_max_tokens=2000, batch_docs=16)

@@ -9,30 +9,18 @@ EVAL_DOMAINS = ("council", "infra", "web_code", "science")
 
 
 @pytest.fixture(scope="session")
-def eval_corpus(tmp_path_factory) -> str:
-    from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
-
-    root = str(tmp_path_factory.mktemp("k40eval"))
-    generate_k40_miniature(SyntheticK40Config(root, total_bytes=300_000, seed=5, domains=EVAL_DOMAINS))
-    return root
+def eval_corpus(k40_data) -> str:
+    return k40_data.corpus("k40eval", total_bytes=300_000, seed=5, domains=EVAL_DOMAINS)
 
 
 @pytest.fixture(scope="session")
-def eval_tokenizer(eval_corpus, tmp_path_factory) -> str:
-    from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
-
-    out = str(tmp_path_factory.mktemp("evaltok"))
-    train_tokenizer(TrainTokenizerConfig(eval_corpus, out, vocab_size=512))
-    return out
+def eval_tokenizer(k40_data, eval_corpus) -> str:
+    return k40_data.tokenizer("evaltok", eval_corpus, vocab_size=512)
 
 
 @pytest.fixture(scope="session")
-def eval_store(eval_corpus, eval_tokenizer, tmp_path_factory) -> str:
-    from marin.data.tokenize import TokenizeConfig, tokenize
-
-    out = str(tmp_path_factory.mktemp("evalstore"))
-    tokenize(TokenizeConfig(eval_corpus, eval_tokenizer, out, show_progress=False, use_ray=False))
-    return out
+def eval_store(k40_data, eval_corpus, eval_tokenizer) -> str:
+    return k40_data.store("evalstore", eval_corpus, eval_tokenizer)
 
 
 TRAIN_STEPS = 40

@@ -24,7 +24,7 @@ from marin.execution import (
     versioned,
 )
 from marin.execution import status as st
-from marin.execution.review import show, status_rows
+from marin.review.steps import show, status_rows
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import tests/
 

@@ -127,7 +127,7 @@ def test_importing_the_executor_pulls_in_neither_jax_nor_ray():
     import subprocess
     import sys
 
-    code = ("import sys, marin.execution, marin.execution.review, marin.cli, experiments.quickstart; "
+    code = ("import sys, marin.execution, marin.review, marin.cli, experiments.quickstart; "
             "bad = [m for m in ('jax', 'ray', 'optax', 'tokenizers') if m in sys.modules]; "
             "assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -169,7 +169,7 @@ def test_address_joins_a_cluster_started_with_token_authentication(tmp_path):
     import shutil
     import tempfile
 
-    from marin.execution.executor import _descendants, _still_running
+    from marin.execution.cluster import descendants, still_running
 
     exp = write_experiment(tmp_path)
     home, empty_home = tmp_path / "home", tmp_path / "empty-home"
@@ -205,13 +205,13 @@ def test_address_joins_a_cluster_started_with_token_authentication(tmp_path):
             "~/.ray/auth_token" in last and "RAY_AUTH_TOKEN" in last, r.stderr
         assert not list((tmp_path / "other").glob("*/out.txt"))
     finally:
-        spawned = _descendants(head.pid)
+        spawned = descendants(head.pid)
         head.terminate()
         try:
             head.wait(60)
         except subprocess.TimeoutExpired:
             head.kill()
         for proc in spawned:
-            if _still_running(proc):  # same pid and start time: still the process the cluster started
+            if still_running(proc):  # same pid and start time: still the process the cluster started
                 os.kill(proc[0], signal.SIGKILL)
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -1,8 +1,9 @@
 """Every default builder: if a value changes what the step writes, it is in the version.
 
-Planning only (no Ray, nothing runs): for each builder, every config field is a versioned leaf
-except the documented placeholders / work-spreading settings, and flipping each builder argument
-moves the step's hash (and a dependent's).
+Planning only (no Ray, nothing runs): for each builder, the versioned leaves are derived from
+``dataclasses.fields()`` of its config and the rule each field declares
+(:mod:`marin.execution.versioning`), so a field added tomorrow is expected in the version unless
+someone marks it live; and flipping each builder argument moves the step's hash (and a dependent's).
 """
 
 from __future__ import annotations
@@ -12,20 +13,31 @@ import dataclasses
 import pytest
 
 from experiments.defaults import (
-    TOKENIZE_UNVERSIONED,
+    default_eval,
     default_health_report,
     default_k40_miniature,
+    default_ladder_fit,
     default_mixture,
     default_mixture_report,
+    default_report,
     default_tokenize,
     default_tokenizer,
     default_train,
 )
 from marin.data.mixture import MixtureConfig, MixtureStage
+from marin.data.mixture_report import MixtureReportConfig
 from marin.data.synthetic import SyntheticK40Config
 from marin.data.tokenize import TokenizeConfig
 from marin.data.tokenizer import TrainTokenizerConfig
+from marin.evaluation.sets import EvalSet
+from marin.evaluation.step import EvalConfig
 from marin.execution import plan_steps
+from marin.execution.versioning import rule, versioned_leaves
+from marin.models.config import MoEConfig
+from marin.monitoring.health import HealthReportConfig
+from marin.review.report import ReportConfig
+from marin.scaling.ladder import LadderFitConfig, RungRun
+from marin.training.config import SyntheticDataConfig, TrainConfig
 
 
 def _corpus(**kw):
@@ -62,19 +74,59 @@ def _leaves(step) -> set[str]:
     return set(_plan(step)[1].config_leaves)
 
 
-def _fields(cls, prefix: str = "") -> set[str]:
-    return {prefix + f.name for f in dataclasses.fields(cls)}
+def _inputs(cls, prefix: str = "") -> set[str]:
+    """Input fields holding one placeholder: the placeholder is a leaf (its upstream's digest)."""
+    return {prefix + f.name for f in dataclasses.fields(cls) if rule(f)[0] == "input"}
 
 
 def test_every_field_that_can_change_the_output_is_a_leaf():
-    assert _leaves(_corpus()) == _fields(SyntheticK40Config)
-    assert _leaves(_tokenizer()) == _fields(TrainTokenizerConfig)
-    # input_path and tokenizer are inputs (their upstream's version), the rest is how the work is spread
-    assert _leaves(_tokenized()) == _fields(TokenizeConfig) - set(TOKENIZE_UNVERSIONED) | {"input_path", "tokenizer",
-                                                                                          "output_path"}
-    mixture_leaves = _fields(MixtureConfig, "mixture.") - {"mixture.stores"} | {"mixture.stores[0]"}
-    assert _leaves(_report()) == mixture_leaves | {"output_path", "total_tokens", "total_steps"}
-    assert {"data" + leaf[len("mixture"):] for leaf in mixture_leaves} <= _leaves(_train())
+    assert _leaves(_corpus()) == versioned_leaves(SyntheticK40Config) | _inputs(SyntheticK40Config)
+    assert _leaves(_tokenizer()) == versioned_leaves(TrainTokenizerConfig) | _inputs(TrainTokenizerConfig)
+    # input_path and tokenizer are inputs (their upstream's version); live fields (how the work is spread) are out
+    assert _leaves(_tokenized()) == versioned_leaves(TokenizeConfig) | _inputs(TokenizeConfig)
+    mixture_leaves = versioned_leaves(MixtureConfig, "mixture") | {"mixture.stores[0]"}
+    assert _leaves(_report()) == (versioned_leaves(MixtureReportConfig, nested={"mixture": MixtureConfig})
+                                  | mixture_leaves | {"output_path"}) - {"mixture"}
+    train_leaves = _leaves(_train())
+    expected = versioned_leaves(TrainConfig, nested={"model": MoEConfig, "data": MixtureConfig})
+    assert train_leaves == expected | {"data.stores[0]", "output_path"}
+
+
+def test_synthetic_data_and_every_eval_and_fit_config_follow_their_metadata():
+    synthetic = default_train("c/train", mixture=SyntheticDataConfig(), model="tiny")
+    assert _leaves(synthetic) == versioned_leaves(TrainConfig, nested={"model": MoEConfig}) | {"output_path"}
+    train = _train()
+    ev = default_eval("c/eval", train, eval_sets=[EvalSet("web", "/data/web-store")], held_out=True)
+    set_leaves = {"sets[0]." + leaf for leaf in versioned_leaves(EvalSet) | {"store"}}
+    assert _leaves(ev) == versioned_leaves(EvalConfig) - {"sets"} | set_leaves | _inputs(EvalConfig)
+    health = default_health_report("c/health", train, total_steps=7)
+    assert _leaves(health) == versioned_leaves(HealthReportConfig) | {"run_path", "output_path"}
+    report = default_report("c/report", [train])
+    assert _leaves(report) == versioned_leaves(ReportConfig) | {"step_paths[0]", "output_path"}
+    fit = default_ladder_fit("c/fit", [(train, ev)], train)
+    rung = versioned_leaves(RungRun)
+    assert _leaves(fit) == (versioned_leaves(LadderFitConfig) - {"rungs", "target", "validation"}
+                            | {f"rungs[0].{x}" for x in rung | {"run_path", "eval_path"}}
+                            | {f"target.{x}" for x in rung} | {"output_path"})
+
+
+def test_a_new_config_field_is_versioned_unless_marked_live():
+    """The rule's default: a field without metadata is a versioned leaf (the stale-cache defect stays fixed)."""
+    from marin.execution.versioning import input_field, live, versioned_config
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        output_path: str = input_field()
+        old: int = 1
+        added_tomorrow: int = 2
+        cadence: int = live("how often it logs", default=3)
+
+    from marin.execution import ExecutorStep, this_output_path
+
+    step = ExecutorStep("c/new", print, versioned_config(Config(this_output_path())))
+    assert _leaves(step) == versioned_leaves(Config) | {"output_path"} == {"old", "added_tomorrow", "output_path"}
+    with pytest.raises(ValueError, match="needs a reason"):
+        live(" ")
 
 
 CASES = {

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from marin.execution import plan_steps, resolve_config
-from marin.execution.review import load_experiment
+from marin.review.experiment_file import load_experiment
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -74,7 +74,7 @@ def test_zero_sized_operands():
 
 def test_swiglu_experts_gradients_match_einsum():
     """swiglu_experts (the fixed transport's receivers) differentiates through the fused kernels."""
-    from marin.parallel.grouped import swiglu_experts
+    from marin.kernels.grouped import swiglu_experts
 
     rng = np.random.default_rng(2)
     x = rng.standard_normal((4, 9, 6)).astype(np.float32)

@@ -48,9 +48,9 @@ def test_stored_width_and_validation():
 
 
 def test_counts_are_the_models_and_storage_is_the_padded_pytree(capsys):
-    from marin.models.cli import model_info_main
+    from marin.cli import main as marin_main
 
-    assert model_info_main(["hero"]) == 0
+    assert marin_main(["model-info", "hero"]) == 0
     assert "width 3072 (stored 3080)" in capsys.readouterr().out
     cfg = get_preset("hero")
     unpadded = cfg.replace(expert_width_multiple=1)

@@ -6,8 +6,8 @@ import jax
 import numpy as np
 import pytest
 
+from marin.cli import main as marin_main
 from marin.models import config as C
-from marin.models.cli import model_info_main
 
 
 @pytest.mark.parametrize("name,tol", [("hero", 0.015), ("d768", 0.10), ("d2048", 0.10)])
@@ -89,10 +89,10 @@ def test_get_preset_overrides_and_errors():
 
 
 def test_model_info_json(capsys):
-    assert model_info_main(["hero", "--json"]) == 0
+    assert marin_main(["model-info", "hero", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     for key in ("total_params", "active_params", "flops_per_token", "layers", "d_model", "num_experts", "top_k"):
         assert key in info
     assert info["layers"] == 48 and info["num_experts"] == 384 and info["top_k"] == 8
-    assert model_info_main(["d768"]) == 0
+    assert marin_main(["model-info", "d768"]) == 0
     assert "active params" in capsys.readouterr().out

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from marin.jaxcompat import lowering_for
+from marin.kernels import grouped
 from marin.models.reference import fixed_transport_survivors, moe_reference
-from marin.parallel import grouped
 from marin.parallel.mesh import batch_sharding, make_mesh
 from marin.parallel.transports import moe_experts, recv_capacity, send_capacity
 

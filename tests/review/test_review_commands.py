@@ -13,8 +13,8 @@ from marin.execution import lease as leases
 from marin.execution import plan_steps, resolve_config
 from marin.execution import status as st
 from marin.execution.executor import step_info
-from marin.execution.review import load_experiment
 from marin.execution.status import StepStatus
+from marin.review.experiment_file import load_experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "PYTHONPATH": REPO, "RAY_USAGE_STATS_ENABLED": "0"}

@@ -1,26 +1,19 @@
-"""operations/: the health report and the LR re-plan helper."""
+"""The operator's commands: the health report (``marin health``) and the LR re-plan helper
+(``marin replan-lr``), also reachable as ``python operations/<script>.py``."""
 
-import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import pytest
 
+from marin.cli import main as marin
+from marin.monitoring import health as health_report
 from marin.training.checkpoint import CheckpointManager, CheckpointPolicy
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "operations", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-health_report = _load("health_report")
-replan_lr = _load("replan_lr")
 
 
 def _records(n=50, drop=0.03, loss0=11.8, gn_peak_at=15):
@@ -57,9 +50,9 @@ def test_health_cli(tmp_path, capsys):
     with open(tmp_path / "metrics.jsonl", "w") as f:
         for r in _records(drop=0.2):
             f.write(json.dumps(r) + "\n")
-    assert health_report.main([str(tmp_path), "--strict"]) == 1
+    assert marin(["health", str(tmp_path), "--strict"]) == 1
     assert "ALERT" in capsys.readouterr().out
-    assert health_report.main([str(tmp_path), "--json"]) == 0
+    assert marin(["health", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"] is False
 
 
@@ -67,12 +60,22 @@ def test_replan_helper(tmp_path, capsys):
     config = {"peak_lr": 1e-3, "warmup_steps": 10, "train_steps": 1000, "tokens_per_step": 4096, "lr_replans": []}
     mgr = CheckpointManager(str(tmp_path), CheckpointPolicy(every_steps=1))
     mgr.save(200, {"x": jnp.zeros(1)}, {"config": config, "tokens": 0})
-    assert replan_lr.main([str(tmp_path), "--new-total-steps", "600", "--json"]) == 0
+    assert marin(["replan-lr", str(tmp_path), "--new-total-steps", "600", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["lr_replans"] == [[200, 600]]
     curve = {row["step"]: row for row in out["curve"]}
     assert curve[200]["new_lr"] == pytest.approx(curve[200]["old_lr"])  # continuous at the switch
     assert curve[600]["new_lr"] == pytest.approx(0.05 * 1e-3)  # still ends at 5% of peak
     assert out["tokens_saved_or_added"] == -400 * 4096
-    assert replan_lr.main([str(tmp_path), "--new-total-steps", "600"]) == 0
+    assert marin(["replan-lr", str(tmp_path), "--new-total-steps", "600"]) == 0
     assert "lr_replans=((200, 600),)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("script, command", [("health_report", "health"), ("replan_lr", "replan-lr")])
+def test_operations_scripts_are_the_marin_commands(script, command):
+    """The scripts are thin wrappers (no sys.path edits): same usage as the subcommand."""
+    text = open(os.path.join(REPO, "operations", f"{script}.py")).read()
+    assert "sys.path" not in text
+    r = subprocess.run([sys.executable, os.path.join(REPO, "operations", f"{script}.py"), "--help"],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith(f"usage: marin {command} "), r.stdout + r.stderr

@@ -11,8 +11,8 @@ from experiments.defaults import default_health_report, default_train
 from marin.execution import lease as leases
 from marin.execution import plan_steps, resolve_config
 from marin.execution import status as st
-from marin.execution.review import explain
 from marin.models import config as model_config
+from marin.review.explain import explain
 from marin.training.config import SyntheticDataConfig, TrainConfig
 
 
@@ -119,3 +119,10 @@ def test_a_preset_name_is_resolved_once_and_later_overrides_are_not_ignored():
     assert dataclasses.replace(cfg, seed=1).model == cfg.model
     with pytest.raises(ValueError, match=r"model_overrides/compute_dtype \{'n_layers': 3\} disagree with the resolved"):
         dataclasses.replace(cfg, model_overrides={"n_layers": 3})
+
+
+def test_default_train_takes_train_config_fields_and_refuses_a_misspelt_one():
+    step = default_train("t/train", mixture=SyntheticDataConfig(), peak_lr=1e-3, lr_replans=[(5, 50)])
+    assert step.config.peak_lr.value == 1e-3 and step.config.lr_replans == ((5, 50),)  # one spelling, live
+    with pytest.raises(TypeError, match=r"unknown TrainConfig field\(s\) peak_lrr; the fields are: .*peak_lr"):
+        default_train("t/train", mixture=SyntheticDataConfig(), peak_lrr=1e-3)

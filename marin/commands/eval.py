@@ -1,4 +1,4 @@
-"""``marin eval``: bits per byte of a training run's checkpoint on text you point it at.
+"""Bits per byte of a training run's checkpoint on text you point it at.
 
     marin eval RUN_DIR [--data NAME=PATH_OR_GLOB ...] [--task NAME=PATH ...] [--held-out]
                        [--checkpoint latest|N] [--stride S] [--pool POOL] [--json]
@@ -20,11 +20,11 @@ import sys
 import tempfile
 from typing import Any
 
+from marin.data.tokenize import TokenizeError
+from marin.textfmt import format_table
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="marin eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="training step output directory (local, s3://, gs://)")
     p.add_argument("--data", action="append", default=[], metavar="NAME=PATH_OR_GLOB",
                    help="an eval set: documents (file, directory, glob) or a token store; repeatable")
@@ -36,7 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", default=None, help="device pool to evaluate on (default: the run's)")
     p.add_argument("--text-field", default="text", help="document field holding the text (default: text)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    return p
 
 
 def _parse_data(items: list[str], flag: str = "--data") -> list[tuple[str, str]]:
@@ -72,7 +71,7 @@ def _tokenize_set(name: str, path: str, tokenizer: str, text_field: str, workdir
     return out
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from marin.data.store import TokenStore
     from marin.evaluation.sets import EvalSet
     from marin.evaluation.step import (
@@ -142,11 +141,9 @@ def format_result(result: dict[str, Any]) -> str:
 
 
 def _sets_table(result: dict[str, Any]) -> str:
-    rows = [("set", "documents", "tokens", "bytes", "loss", "bpb")]
-    for n, m in result["sets"].items():
-        rows.append((n, str(m["documents"]), str(m["tokens"]), str(m["bytes"]), f"{m['loss']:.4f}", f"{m['bpb']:.4f}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    rows = [(n, m["documents"], m["tokens"], m["bytes"], f"{m['loss']:.4f}", f"{m['bpb']:.4f}")
+            for n, m in result["sets"].items()]
+    lines = [format_table(("set", "documents", "tokens", "bytes", "loss", "bpb"), rows, right=range(1, 6), rule=False)]
     lines += [
         "",
         (
@@ -158,12 +155,9 @@ def _sets_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def eval_main(argv: list[str]) -> int:
-    from marin.data.tokenize import TokenizeError
-
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
     try:
-        result = run(args)
+        result = evaluate(args)
     except (FileNotFoundError, ValueError, KeyError, TokenizeError) as e:
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
         print(f"marin eval: error: {msg.splitlines()[0] if msg else type(e).__name__}", file=sys.stderr)

@@ -1,4 +1,9 @@
-"""`marin model-info <preset> [--json]`: parameter and FLOP accounting of a model preset (no JAX needed)."""
+"""Parameter and FLOP counts of a model preset (no JAX needed).
+
+Print total and active parameters and training FLOPs per token of a MoE model preset. "Active" =
+parameters a token touches in the transformer blocks (attention, norms, router, latent projections,
+shared experts, top-k routed experts); embedding and output head excluded.
+"""
 
 from __future__ import annotations
 
@@ -15,22 +20,14 @@ def _human(n: float) -> str:
     return f"{n:.0f}"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="marin model-info",
-        description="Print total and active parameters and training FLOPs per token of a MoE model preset. "
-        "'Active' = parameters a token touches in the transformer blocks (attention, norms, router, latent "
-        "projections, shared experts, top-k routed experts); embedding and output head excluded.",
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset", choices=sorted(PRESETS), help="model preset name")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--seq-len", type=int, default=None,
                    help="sequence length for the attention FLOP term (default: the preset's max_seq_len)")
-    return p
 
 
-def model_info_main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
     cfg = get_preset(args.preset)
     info = summary(cfg, args.seq_len)
     if args.json:
@@ -60,8 +57,3 @@ def model_info_main(argv: list[str]) -> int:
         print(f"{k:<{width}}  {v}")
     return 0
 
-
-if __name__ == "__main__":
-    import sys
-
-    raise SystemExit(model_info_main(sys.argv[1:]))

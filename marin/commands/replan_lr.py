@@ -1,0 +1,55 @@
+"""Re-plan the token horizon of a running training step (the published run's contingency).
+
+    marin replan-lr <step output dir> --new-total-steps N [--at-step S]
+
+Reads the run's config and latest committed checkpoint, and prints the ``lr_replans`` value to pass to
+``default_train`` (it is not part of the step's version, so the step keeps its output path): rerunning
+the experiment resumes from the checkpoint and decays linearly from the LR in force at the switch to
+5% of peak at the new horizon. ``--at-step`` defaults to the latest checkpoint, which is where the
+resumed run continues. The LR curve around the switch is printed so the change can be reviewed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, read_metadata
+from marin.training.schedule import replan_horizon, schedule_from_config
+
+
+def replan(config: dict[str, Any], at_step: int, new_total: int) -> dict[str, Any]:
+    """The new ``lr_replans`` tuple and a few LR values of the old and new plans (pure; the logic is
+    :func:`marin.training.schedule.replan_horizon`, shared with the health report's contingency)."""
+    return replan_horizon(schedule_from_config(config), at_step, new_total, int(config.get("tokens_per_step", 0)))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("step_dir", help="the training step's output directory")
+    p.add_argument("--new-total-steps", type=int, required=True, help="the new horizon in steps")
+    p.add_argument("--at-step", type=int, default=None, help="default: the latest committed checkpoint")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    mgr = CheckpointManager(args.step_dir, CheckpointPolicy())
+    latest = mgr.latest_step()
+    if latest is None:
+        print(f"marin replan-lr: error: no committed checkpoint under {args.step_dir}", file=sys.stderr)
+        return 2
+    meta = read_metadata(mgr.path_for(latest))
+    at = latest if args.at_step is None else args.at_step
+    out = replan(meta["config"], at, args.new_total_steps)
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"latest checkpoint: step {latest}; horizon {out['old_total_steps']} -> {out['new_total_steps']} steps "
+          f"({out['tokens_saved_or_added']:+,} tokens)")
+    for row in out["curve"]:
+        print(f"  step {row['step']:>8}: lr {row['old_lr']:.4g} -> {row['new_lr']:.4g}")
+    print(f"\nadd to default_train(...): lr_replans={tuple(tuple(r) for r in out['lr_replans'])}")
+    print("then rerun the experiment: the step resumes from its checkpoint under the new plan.")
+    return 0
+

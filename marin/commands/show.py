@@ -1,0 +1,89 @@
+"""Everything about one step.
+
+Show a step's config, versioned fields, dependencies, outputs and error. STEP is a step directory or
+a step name (latest run of that name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from marin.commands import options
+from marin.monitoring.health import format_report
+from marin.review.steps import show
+from marin.textfmt import format_duration
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("step", help="a step directory, or a step name (its latest run under the prefix)")
+    options.add_prefix(parser)
+    options.add_json(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    d = show(args.step, args.prefix)
+    if args.json:
+        print(json.dumps(d, indent=1, default=repr))
+        return 0
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["start_time"])) if d.get("start_time") else "-"
+    print(f"step      {d['name']}-{d['hash']}\nstatus    {d['label']}  (started {when}, "
+          f"duration {format_duration(d['duration_s'])}, host {d.get('host')})\npath      {d['output_path']}\n"
+          f"fn        {d.get('fn')}")
+    if d.get("description"):
+        print(f"about     {d['description']}")
+    print("\nconfig:\n" + json.dumps(d.get("config"), indent=2))
+    version = d.get("version") or {}
+    print("\nversioned fields (what the hash is made of):")
+    for path, v in (version.get("config") or {}).items():
+        print(f"  {path} = {json.dumps(v)}")
+    print("\ndependencies:")
+    for path, dep in (version.get("dependencies") or {}).items():
+        print(f"  {dep['name']}-{dep['hash']}  {path}")
+    if not version.get("dependencies"):
+        print("  (none)")
+    print("\noutputs:\n" + ("\n".join(f"  {o}" for o in d["outputs"]) or "  (none)"))
+    if d.get("advice"):
+        print(f"\nwhat to do: {d['advice']}")
+    if d.get("health"):
+        print("\ntraining health (metrics.jsonl):\n" + format_report(d["health"]))
+    _print_content(d.get("content") or {})
+    if d.get("error"):
+        print(f"\nerror: {d['error']}\n{d.get('traceback') or ''}")
+    return 0
+
+
+def _print_content(content: dict[str, Any]) -> None:
+    """What a step's report files say (health checklist, mixture shares, token store counts, eval)."""
+    report = content.get("health_report")
+    if report:
+        try:
+            text = format_report(report)
+        except (KeyError, TypeError, ValueError):  # another writer's checklist: show its checks as written
+            checks = report.get("checks") or []
+            text = "\n".join(f"  [{'clear' if c.get('ok') else 'ALERT'}] {c.get('name')}: {c.get('detail', '')}"
+                              for c in checks if isinstance(c, dict))
+            if "ok" in report:
+                text += "\noverall: " + ("clear" if report["ok"] else "needs a look")
+        print("\nhealth checklist (health.json):\n" + text)
+    for stage in content.get("mixture_shares") or []:
+        shares = sorted((stage.get("domain_shares") or {}).items(), key=lambda kv: -kv[1])
+        print(f"\neffective domain shares from step {stage['start_step']} (mixture_report.json):")
+        for name, share in shares:
+            print(f"  {name:<24} {100 * share:6.2f}%")
+    store = content.get("token_store")
+    if store:
+        t = store["totals"]
+        skipped = ", ".join(f"{k} {v}" for k, v in (t.get("skipped") or {}).items()) or "none"
+        print(f"\ntoken store (manifest.json): {t.get('documents', 0):,} documents, {t.get('tokens', 0):,} tokens "
+              f"from {t.get('files', 0)} files; skipped documents: {skipped} ({t.get('skipped_bytes', 0):,} bytes)")
+        for source, counts in store["skipped_by_source"].items():
+            print(f"  {source}: skipped {json.dumps(counts)}")
+    ev = content.get("eval")
+    if ev:
+        print(f"\nevaluation (eval.json) at step {ev.get('step')}: macro bpb {ev.get('macro_bpb')}, "
+              f"micro bpb {ev.get('micro_bpb')}")
+        for name, v in (ev.get("sets") or {}).items():
+            print(f"  {name:<24} bpb {v.get('bpb')}  loss {v.get('loss')}  tokens {v.get('tokens')}")

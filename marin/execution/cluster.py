@@ -1,0 +1,161 @@
+"""The Ray cluster a run uses: join one (with its authentication token) or start a fresh local one,
+and shut a local one down completely.
+
+Ray is imported only here and only when a step must actually run, so planning, dry runs and review
+never pay for it. The scheduler (:mod:`marin.execution.executor`) calls :func:`ensure_ray` before it
+submits the first step and :func:`shutdown_local_ray` when a cluster it started is done.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import sys
+import time
+
+from marin.execution.errors import ExecutorError
+
+logger = logging.getLogger("marin.execution")
+
+
+def ensure_ray(address: str | None) -> bool:
+    """Join ``address`` (or ``RAY_ADDRESS``), or start a fresh local cluster: the embedded default.
+
+    Returns True when this call started a local cluster, which the caller then owns and shuts down
+    (:func:`shutdown_local_ray`)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        token = use_ray_token_if_present()
+        try:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+        except Exception as e:
+            raise ExecutorError(join_failure(address, token, e)) from None
+        return False
+    ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    return True
+
+
+RAY_TOKEN_FILE = os.path.join("~", ".ray", "auth_token")
+"""Where ``ray start`` and ``ray get-auth-token --generate`` keep the cluster token by default."""
+
+
+def ray_token_source() -> str | None:
+    """Where a Ray authentication token is available to this process (env var or file), else None."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "$RAY_AUTH_TOKEN"
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if path and os.path.isfile(path):
+        return path
+    default = os.path.expanduser(RAY_TOKEN_FILE)
+    return default if os.path.isfile(default) else None
+
+
+def use_ray_token_if_present() -> str | None:
+    """Turn on Ray's token authentication for this driver when a token is available; return its source.
+
+    Ray clusters use token authentication by default, but a driver given an explicit address only
+    sends its token when ``RAY_AUTH_MODE=token``. An explicit ``RAY_AUTH_MODE`` is left alone."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None:
+        return ray_token_source() if mode.lower() == "token" else None
+    source = ray_token_source()
+    if source is None:
+        return None
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if "ray._raylet" in sys.modules:  # Ray read its config already: make it see the new mode
+        try:
+            from ray._raylet import AuthenticationTokenLoader, Config
+
+            Config.initialize("")
+            AuthenticationTokenLoader.instance().reset_cache()
+        except Exception as e:  # pragma: no cover - a Ray without these internals
+            logger.debug("could not refresh Ray's auth config: %s", e)
+    return source
+
+
+def join_failure(address: str, token: str | None, exc: BaseException) -> str:
+    cause = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if token:
+        return (f"could not join the Ray cluster at {address} ({cause}) using the token from {token}: check that "
+                "the cluster is up and that the token matches `ray get-auth-token` on its head node")
+    return (f"could not join the Ray cluster at {address} ({cause}); if it uses token authentication (Ray's "
+            "default), put the output of `ray get-auth-token` on its head node into ~/.ray/auth_token "
+            "(or set RAY_AUTH_TOKEN) and rerun")
+
+
+def proc_stat(pid: int | str) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state, ppid, ..., starttime at index 19)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """``(pid, start time)`` of every process below ``pid`` (from /proc; empty where there is none).
+
+    The start time identifies a process for later signals even if its pid is reused meanwhile."""
+    children: dict[int, list[tuple[int, str]]] = collections.defaultdict(list)
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        stat = proc_stat(entry)
+        if stat is None or len(stat) < 20:
+            continue
+        children[int(stat[1])].append((int(entry), stat[19]))
+    out, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child[0])
+    return out
+
+
+def still_running(proc: tuple[int, str]) -> bool:
+    stat = proc_stat(proc[0])
+    return stat is not None and len(stat) >= 20 and stat[19] == proc[1] and stat[0] != "Z"
+
+
+def shutdown_local_ray(grace_s: float = 5.0) -> None:
+    """Stop the local cluster this process started, including the agents its raylet spawned.
+
+    ``ray.shutdown`` stops the processes ``ray.init`` started (GCS, raylet, ...), but the dashboard
+    and runtime-env agents are the raylet's children and notice its death only by polling, so they
+    would outlive the run by minutes. They are ours (started for this run), so we stop them by pid
+    (checking each one's start time, so a reused pid is never signalled)."""
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    owned: list[tuple[int, str]] = []
+    if node is not None:
+        for name in ("raylet", "gcs_server"):
+            for info in node.all_processes.get(name, []):
+                if info.process is not None:
+                    owned += descendants(info.process.pid)
+    ray.shutdown(wait_for_processes=True)
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
+        alive = [p for p in owned if still_running(p)]
+        for pid, _ in alive:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + wait_s
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+            alive = [p for p in alive if still_running(p)]
+        if not alive:
+            return
+        owned = alive

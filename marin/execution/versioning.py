@@ -1,0 +1,133 @@
+"""The versioning rule, declared on the config dataclasses and applied by one builder.
+
+A step's hash must change whenever a value that changes what the step writes changes; so every
+field of a config dataclass is **versioned** unless the class says otherwise, field by field, in the
+field's metadata:
+
+* :func:`live` ``(reason)``: the field may change on a live run without changing what the step
+  writes (checkpoint cadence, telemetry, the device pool, how work is spread), so it is left out of
+  the version and a changed value keeps the step's output path. The reason is required: it is what
+  the docs' "what is versioned" table prints.
+* :func:`input_field`: the field holds a placeholder (an upstream step's output, this step's own
+  output) or None. Placeholders are versioned through the upstream's hash; a plain path given
+  instead is versioned as a value.
+* :func:`by_field` ``(reason)``: a nested config (or a container of them) versioned field by field
+  by its own class's rule, so that ``marin explain`` names the nested field that changed
+  (``model.n_layers``); None adds nothing. Any other nested dataclass is one versioned value.
+
+A field added to a config tomorrow is therefore in the version unless someone marks it live and
+says why. :func:`versioned_config` applies the rule; experiment builders call it instead of wrapping
+fields in ``versioned`` by hand. Values the caller already wrapped (``versioned(x)``) or that hold
+placeholders are walked into, never wrapped again, so applying the rule twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from marin.execution.step import InputName, OutputName, VersionedValue, versioned
+
+RULE = "marin_versioning"
+"""The field-metadata key; its value is ``("live", reason)``, ``("input", reason)`` or ``("by_field", reason)``."""
+
+INPUT_REASON = "a placeholder: versioned through the upstream step's hash (this step's own output: not at all)"
+
+
+def live(reason: str, **field_kwargs: Any) -> Any:
+    """A ``dataclasses.field`` left out of the version, with why (``reason``) for the docs."""
+    if not reason.strip():
+        raise ValueError("a live (unversioned) field needs a reason")
+    return dataclasses.field(metadata={RULE: ("live", reason)}, **field_kwargs)
+
+
+def input_field(**field_kwargs: Any) -> Any:
+    """A ``dataclasses.field`` that holds a placeholder (an input or this step's output) or None."""
+    return dataclasses.field(metadata={RULE: ("input", INPUT_REASON)}, **field_kwargs)
+
+
+def by_field(reason: str, **field_kwargs: Any) -> Any:
+    """A ``dataclasses.field`` holding a nested config versioned field by field (see the module doc)."""
+    return dataclasses.field(metadata={RULE: ("by_field", reason)}, **field_kwargs)
+
+
+def rule(f: dataclasses.Field) -> tuple[str, str]:
+    """``(kind, reason)`` of a field: kind is ``versioned``, ``live``, ``input`` or ``by_field``."""
+    return f.metadata.get(RULE, ("versioned", ""))
+
+
+def is_live(f: dataclasses.Field) -> bool:
+    return rule(f)[0] == "live"
+
+
+def _marked(value: Any) -> bool:
+    """Whether a value is, or holds, a placeholder or an already versioned part (walked into, never wrapped)."""
+    if isinstance(value, (VersionedValue, InputName, OutputName)):
+        return True
+    if isinstance(value, dict):
+        return any(_marked(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_marked(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(_marked(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return False
+
+
+def _nested(value: Any) -> Any:
+    """A value that holds marked parts: its dataclasses by their rule, its other plain parts versioned."""
+    if isinstance(value, (VersionedValue, InputName, OutputName)) or value is None:
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return versioned_config(value)
+    if isinstance(value, dict):
+        return {k: _nested(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_nested(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return versioned(value)
+
+
+def versioned_config(config: Any) -> Any:
+    """``config`` (a dataclass instance) with the versioning rule applied to each of its fields.
+
+    Built without ``__init__`` (its checks need plain values); the executor rebuilds the config through
+    ``__init__`` when it resolves the placeholders and unwraps the versioned values, so the step's
+    function receives a normal config."""
+    out = object.__new__(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        kind, _ = rule(f)
+        if kind == "live" or isinstance(value, (VersionedValue, InputName, OutputName)):
+            new = value
+        elif kind == "input":
+            new = value if value is None or _marked(value) else versioned(value)
+        elif kind == "by_field" or _marked(value):
+            new = _nested(value)
+        else:
+            new = versioned(value)
+        object.__setattr__(out, f.name, new)
+    return out
+
+
+def versioned_leaves(cls: type, prefix: str = "", nested: dict[str, type] | None = None) -> set[str]:
+    """The field paths :func:`versioned_config` makes versioned leaves of, for an instance of ``cls``
+    whose fields hold plain values (placeholders in input fields): every field not live and not an
+    input, with a ``by_field`` field expanded into its class's leaves. ``nested`` names the class of
+    a ``by_field`` (or marked) field's value, by field name; without it the field is one leaf.
+    Tests derive the expected version of every config from this, so they follow the metadata."""
+    out: set[str] = set()
+    for f in dataclasses.fields(cls):
+        kind, _ = rule(f)
+        path = f"{prefix}.{f.name}" if prefix else f.name
+        if kind in ("live", "input"):
+            continue
+        sub = (nested or {}).get(f.name)
+        out |= versioned_leaves(sub, path) if sub is not None else {path}
+    return out
+
+
+def rule_table(cls: type) -> list[tuple[str, str, str]]:
+    """``(field, "versioned" | "live" | "input" | "by field", reason)`` for each field of ``cls``, in
+    declaration order: the docs' "what is versioned" table is this, for every config."""
+    names = {"versioned": "versioned", "live": "live", "input": "input", "by_field": "versioned by field"}
+    return [(f.name, names[rule(f)[0]], rule(f)[1]) for f in dataclasses.fields(cls)]

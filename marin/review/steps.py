@@ -1,0 +1,243 @@
+"""What a step's files say: its state, the status table, one step in full (``marin status | show``).
+
+Everything here reads the files the executor and the steps wrote (``.executor_status``,
+``.executor_lease``, a step's report files); nothing here starts Ray or runs a step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from typing import Any
+
+from marin.execution import lease as leases
+from marin.execution import status as st
+from marin.execution import storage
+from marin.execution.plan import plan_steps
+from marin.execution.prefix import resolve_prefix
+from marin.monitoring.health import health
+from marin.review.experiment_file import load_experiment
+from marin.training.metrics import read_metrics
+
+CATEGORIES = ("succeeded", "reused", "failed", "running", "interrupted", "not run")
+"""How the report colours a step. ``reused``: SUCCESS found from an earlier run, nothing recomputed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepState:
+    status: str
+    """The status file's value (SUCCESS, FAILED, RUNNING, DEP_FAILED, ...) or NOT_RUN."""
+    category: str
+    """One of :data:`CATEGORIES`."""
+    label: str
+    """What a person reads: ``SUCCESS``, ``RUNNING``, ``INTERRUPTED (holder gone)``, ..."""
+    lease_holder: str | None
+    lease_age_s: float | None
+    """Seconds since the holder last renewed its lease (heartbeat age)."""
+    advice: str | None
+    """What to do about it, when something needs doing."""
+
+
+def step_state(step_dir: str, record: dict | None = None, outcome: str | None = None,
+               now: float | None = None) -> StepState:
+    """The state of one step directory, judged from its status record, its lease and the run's outcome.
+
+    A RUNNING status is only true while a live holder keeps the lease: a released, expired or
+    dead-process lease means the run was interrupted (SIGINT, kill, crash) and the step resumes on the
+    next run. Status values this code does not know (a newer executor's) are shown as they are.
+    """
+    now = time.time() if now is None else now
+    record = st.read_status(step_dir) if record is None else record
+    lease = leases.read_lease(step_dir)
+    status = record["status"] if record else "NOT_RUN"
+    holder, age, stale = None, None, True
+    if lease is not None and not lease.released:
+        stale = leases.is_stale(lease, now, socket.gethostname())
+        holder = lease.holder
+        age = max(0.0, now - (lease.expiry - leases.DEFAULT_TTL_S))
+    resume = "rerun the experiment (same command) to resume it under a new lease"
+    if status == "SUCCESS":
+        category = "reused" if outcome == "cached" else "succeeded"
+        return StepState(status, category, status, None, None, None)
+    if status in ("FAILED", "DEP_FAILED"):
+        advice = ("see the error with `marin show`, fix the cause, then rerun with --force_run_failed true"
+                  if status == "FAILED" else "fix the failed dependency, then rerun")
+        return StepState(status, "failed", status, None, None, advice)
+    if status == "NOT_RUN":
+        return StepState(status, "not run", "NOT_RUN", None, None, None)
+    if status == "RUNNING":
+        if not stale:
+            return StepState(status, "running", "RUNNING", holder, age, None)
+        why = ("holder " + holder + " is gone") if holder else "no live holder"
+        return StepState(status, "interrupted", f"INTERRUPTED ({why})", holder, age,
+                         f"the run stopped without finishing this step; {resume}")
+    # a status value from a newer executor (INTERRUPTED, ...): show it as written
+    category = "interrupted" if "INTERRUPT" in status or "LOST" in status else "not run"
+    return StepState(status, category, status, holder if not stale else None, age,
+                     resume if category == "interrupted" else None)
+
+
+def step_dirs(prefix: str) -> list[str]:
+    """Every step directory under ``prefix`` (see :data:`status.STEP_FILES`)."""
+    if storage.is_local(prefix):
+        out = []
+        for root, dirs, files in os.walk(prefix):
+            if any(m in files for m in st.STEP_FILES):
+                out.append(root)
+                dirs[:] = []
+        return sorted(out)
+    return marked_dirs(f"{prefix}/**")  # one listing of the store for every marker
+
+
+def marked_dirs(pattern: str) -> list[str]:
+    """The directories matching ``pattern`` that hold a step marker (:data:`status.STEP_FILES`)."""
+    found = storage.glob(f"{pattern}/.executor_*")
+    return sorted({p.rsplit("/", 1)[0] for p in found if p.rsplit("/", 1)[-1] in st.STEP_FILES})
+
+
+def train_horizon(config: Any) -> int | None:
+    """``train_steps`` (or ``total_steps``) of a training config as recorded, wherever it sits."""
+    if not isinstance(config, dict):
+        return None
+    for key in ("train_steps", "total_steps", "num_train_steps"):
+        v = config.get(key)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    for v in config.values():
+        if isinstance(v, dict):
+            found = train_horizon(v)
+            if found is not None:
+                return found
+    return None
+
+
+def row_for(path: str, name: str | None = None, hash_: str | None = None) -> dict[str, Any]:
+    """One status-table row of a step directory; a RUNNING step without a live holder reads INTERRUPTED."""
+    record = st.read_status(path)
+    base = path.rstrip("/").rsplit("/", 1)[-1]
+    if name is None or hash_ is None:
+        guessed_name, _, guessed_hash = base.rpartition("-")
+        info = st.read_info(path, record) or {}
+        name = name or info.get("name") or guessed_name
+        hash_ = hash_ or info.get("hash") or guessed_hash
+    state = step_state(path, record)
+    duration, start, end = st.attempt_times(record)
+    holder = state.lease_holder
+    if holder and state.category == "interrupted":
+        holder += " (stale)"
+    return {
+        "name": name,
+        "hash": hash_,
+        "status": state.status,
+        "label": state.label,
+        "category": state.category,
+        "lease_holder": holder,
+        "lease_age_s": state.lease_age_s,
+        "advice": state.advice,
+        "duration_s": duration,
+        "start_time": start,
+        "end_time": end,
+        "output_path": path,
+    }
+
+
+def status_rows(prefix: str | None = None, experiment: str | None = None) -> list[dict[str, Any]]:
+    """One row per step: of an experiment file (planned, run or not) or of everything under a prefix."""
+    prefix = resolve_prefix(prefix)
+    if experiment:
+        steps, _ = load_experiment(experiment)
+        plan = plan_steps(steps, prefix)
+        return [row_for(s.output_path, s.name, s.hash) for s in plan.steps]
+    return [row_for(p) for p in step_dirs(prefix)]
+
+
+def describe_prefix(prefix: str | None = None) -> str:
+    """Why a prefix shows no steps: whether it exists, and what it holds instead."""
+    prefix = resolve_prefix(prefix)
+    if not storage.exists(prefix):
+        return (f"no steps: {prefix} does not exist (run an experiment with --prefix {prefix}, or pass the "
+                "--prefix it ran with; the default is $MARIN_PREFIX, else ./local_store)")
+    entries = [e.rstrip("/").rsplit("/", 1)[-1] for e in storage.list_dir(prefix)]
+    if not entries:
+        return f"no steps: {prefix} exists and is empty"
+    shown = ", ".join(sorted(entries)[:10]) + (f" and {len(entries) - 10} more" if len(entries) > 10 else "")
+    return (f"no steps: {prefix} exists but holds no step directory (none has a {' or '.join(st.STEP_FILES)} file); "
+            f"it holds {len(entries)} entries: {shown}")
+
+
+def find_step(target: str, prefix: str | None = None) -> str:
+    """A step directory from a path, or from a name (latest run of that name under the prefix)."""
+    prefix = resolve_prefix(prefix)
+    for candidate in (target, f"{prefix}/{target}"):
+        if any(storage.exists(f"{candidate.rstrip('/')}/{m}") for m in st.STEP_FILES):
+            return candidate.rstrip("/")
+    matches = [p for p in step_dirs(prefix) if p[len(prefix) + 1:].rpartition("-")[0] == target]
+    if not matches:
+        raise FileNotFoundError(
+            f"no step directory {target!r} and no step named {target!r} under {prefix}; "
+            "try `marin status --prefix ...` to list steps"
+        )
+    return max(matches, key=st.last_started)
+
+
+def step_content(path: str, outputs: list[str]) -> dict[str, Any]:
+    """What a step's report files say, for ``marin show``: a health checklist, a mixture's effective
+    shares, a token store's document counts and skipped documents, an evaluation's results."""
+    out: dict[str, Any] = {}
+    if "health.json" in outputs:
+        out["health_report"] = storage.read_json(f"{path}/health.json")
+    if "mixture_report.json" in outputs:
+        rep = storage.read_json(f"{path}/mixture_report.json") or {}
+        out["mixture_shares"] = [{"start_step": s.get("start_step", 0), "domain_shares": s.get("domain_shares")}
+                                 for s in rep.get("stages", [])]
+    if "manifest.json" in outputs:
+        man = storage.read_json(f"{path}/manifest.json") or {}
+        if "totals" in man:
+            out["token_store"] = {
+                "totals": man["totals"],
+                "skipped_by_source": {n: s["skipped"] for n, s in (man.get("sources") or {}).items()
+                                      if s.get("skipped")},
+            }
+    if "eval.json" in outputs:
+        out["eval"] = storage.read_json(f"{path}/eval.json")
+    return out
+
+
+def show(target: str, prefix: str | None = None) -> dict[str, Any]:
+    """What ``marin show`` prints: config, version tree, dependencies, outputs, report content and
+    error of one step, from the files the executor wrote; for a training step (one that wrote
+    ``metrics.jsonl``) also its telemetry against healthy ranges."""
+    path = find_step(target, prefix)
+    record = st.read_status(path) or {}
+    info = st.read_info(path, record) or {}
+    outputs = []
+    for entry in storage.list_dir(path):
+        base = entry.rstrip("/").rsplit("/", 1)[-1]
+        if not base.startswith(".executor") and not base.startswith(".tmp-"):
+            outputs.append(base)
+    return {
+        **row_for(path, info.get("name"), info.get("hash")),
+        "health": _health(path, outputs, info.get("config")),
+        "horizon": train_horizon(info.get("config")),
+        "content": step_content(path, outputs),
+        "description": info.get("description"),
+        "fn": info.get("fn"),
+        "config": info.get("config"),
+        "version": info.get("version"),
+        "dependencies": info.get("dependencies", []),
+        "code_fingerprint": info.get("code_fingerprint"),
+        "host": info.get("host"),
+        "outputs": outputs,
+        "error": info.get("error"),
+        "traceback": info.get("traceback"),
+        "events": record.get("events", []),
+    }
+
+
+def _health(path: str, outputs: list[str], config: Any) -> dict[str, Any] | None:
+    """A training step's telemetry against healthy ranges (None for a step without metrics.jsonl)."""
+    if "metrics.jsonl" not in outputs:
+        return None
+    return health(read_metrics(path), train_horizon(config))

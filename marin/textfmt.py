@@ -1,0 +1,34 @@
+"""How numbers and tables read on a terminal: one duration format and one table layout for every command.
+
+A top-level helper (no marin imports), so the trainer's progress line, ``marin status``, ``marin
+watch``, ``marin eval`` and the HTML report all print a duration and a table the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def format_duration(seconds: float | None) -> str:
+    """``0m42s``, ``3m05s``, ``2h07m``; ``-`` when unknown (None, NaN, infinite)."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    s = max(0, int(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[object]], *, right: Sequence[int] = (),
+                 rule: bool = True) -> str:
+    """Columns padded to their widest cell, two spaces apart; ``right`` lists the columns aligned
+    right (numbers); ``rule`` puts a line of dashes under the header. A None cell reads ``-``."""
+    cells = [[str(h) for h in header]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+
+    def line(c: list[str]) -> str:
+        return "  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(c, widths))).rstrip()
+
+    out = [line(c) for c in cells]
+    if rule:
+        out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)

@@ -1,0 +1,84 @@
+"""docs/versioning.md is generated from the configs' field metadata (the one versioning rule).
+
+Regenerate it after changing a config's fields: ``python tests/docs/test_versioning_table.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DOC = REPO / "docs" / "versioning.md"
+
+HEADER = """# What is versioned
+
+A step's output path is its name and the hash of its version (docs/architecture.md). Which config
+fields enter the version is declared on each config dataclass, field by field
+(`marin/execution/versioning.py`), and applied by one builder (`versioned_config`, which every
+builder in `experiments/defaults.py` calls): a field is **versioned** unless it is marked **live**
+(an operator may change it on a running step without changing what the step writes, so the step
+keeps its output path and resumes) or **input** (an upstream step's output, versioned through that
+step's hash, or this step's own output). **versioned by field**: a nested config whose own fields
+are the version's leaves (`model.n_layers`), so `marin explain` names the one that changed.
+
+This page is generated from that metadata (`python tests/docs/test_versioning_table.py`); a test
+keeps it equal to the code.
+"""
+
+
+def config_classes() -> list[type]:
+    from marin.data.mixture import MixtureConfig
+    from marin.data.mixture_report import MixtureReportConfig
+    from marin.data.synthetic import SyntheticK40Config
+    from marin.data.tokenize import TokenizeConfig
+    from marin.data.tokenizer import TrainTokenizerConfig
+    from marin.evaluation.sets import EvalSet
+    from marin.evaluation.step import EvalConfig
+    from marin.models.config import MoEConfig
+    from marin.monitoring.health import HealthReportConfig
+    from marin.review.report import ReportConfig
+    from marin.scaling.ladder import LadderFitConfig, RungRun
+    from marin.training.config import SyntheticDataConfig, TrainConfig
+
+    return [TrainConfig, MoEConfig, SyntheticDataConfig, SyntheticK40Config, TrainTokenizerConfig, TokenizeConfig,
+            MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet, HealthReportConfig, LadderFitConfig, RungRun,
+            ReportConfig]
+
+
+def render() -> str:
+    from marin.execution.versioning import rule_table
+
+    parts = [HEADER]
+    for cls in config_classes():
+        rows = rule_table(cls)
+        versioned = [name for name, kind, _ in rows if kind == "versioned"]
+        parts.append(f"\n## `{cls.__name__}` (`{cls.__module__}`)\n")
+        if versioned:
+            parts.append("versioned: " + ", ".join(f"`{n}`" for n in versioned) + "\n")
+        others = [(n, k, r) for n, k, r in rows if k != "versioned"]
+        if others:
+            parts.append("\n| field | rule | why |\n|---|---|---|\n")
+            parts.extend(f"| `{n}` | {k} | {r} |\n" for n, k, r in others)
+    return "".join(parts)
+
+
+def test_the_versioning_page_is_the_metadata():
+    assert DOC.read_text() == render(), "docs/versioning.md is stale: run python tests/docs/test_versioning_table.py"
+
+
+def test_every_config_of_a_builder_is_on_the_page():
+    """A config a builder in experiments/defaults.py constructs is listed (so its rule is documented)."""
+    import inspect
+
+    import experiments.defaults as defaults
+
+    source = inspect.getsource(defaults)
+    listed = {cls.__name__ for cls in config_classes()}
+    built = {name for name in dir(defaults) if name.endswith("Config") and f"{name}(" in source}
+    assert built <= listed, built - listed
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    DOC.write_text(render())

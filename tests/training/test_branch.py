@@ -122,3 +122,17 @@ def test_the_hero_declares_its_early_cooldown_branch():
     assert [d.name for d in p.nonblocking_dependencies] == ["hero/moe-535b-a23b"]
     cfg = hero.hero_early_cooldown.config
     assert cfg.lr_replans == ((60_000, 66_600),)
+
+
+def test_a_branch_is_versioned_by_the_configs_rule():
+    """init_from follows TrainConfig's field metadata: its fields are leaves, its run a placeholder."""
+    from experiments.defaults import branch_from, default_train
+    from marin.execution import plan_steps
+    from marin.execution.versioning import versioned_leaves
+
+    main = default_train("main", mixture=SyntheticDataConfig(), model="tiny", pool="local-cpu-1", wandb_project=None)
+    b = default_train("b", mixture=SyntheticDataConfig(), model="tiny", pool="local-cpu-1", wandb_project=None,
+                      init_from=branch_from(main, 2))
+    leaves = set(plan_steps([b], "/tmp/p").planned(b).config_leaves)
+    assert {"init_from.step", "init_from.optimizer", "init_from.data_position"} <= leaves
+    assert leaves >= versioned_leaves(InitFrom, "init_from")

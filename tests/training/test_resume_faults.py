@@ -73,3 +73,34 @@ def test_a_run_checkpointed_in_the_earlier_blob_format_resumes_bitwise(tmp_path)
     assert summary["resumed_from"] == 2 and summary["final_step"] == 4
     assert [r["loss"] for r in read_metrics(str(run))] == expected["losses"]
     assert [r["grad_norm"] for r in read_metrics(str(run))] == expected["grad_norms"]
+
+
+def test_a_save_that_fails_stops_training_and_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    """Storage refusing the step-4 save (ENOSPC when the part record is written, after the chunks):
+    the run stops with one line naming the checkpoint, step 2 stays the newest valid one, and the
+    half-written step 4 is never committed."""
+    import errno
+
+    from marin.training import checkpoint as ckpt
+
+    real_commit = ckpt._commit
+
+    def full_disk(fs, path, data):
+        if "/step-00000004/" in path:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_commit(fs, path, data)
+
+    monkeypatch.setattr(ckpt, "_commit", full_disk)
+    run = tmp_path / "run"
+    with pytest.raises(ckpt.CheckpointWriteError) as err:
+        run_training(_config(run, train_steps=6), use_ray=False)
+    msg = str(err.value)
+    assert "\n" not in msg and "step-00000004 failed on process 0: [Errno 28] No space left on device" in msg
+    assert "was not committed and the previous checkpoint is intact" in msg
+    mgr = CheckpointManager(str(run), _config(run).checkpoint_policy())
+    assert mgr.committed_steps() == [2] and not (run / "checkpoints" / "step-00000004" / "COMMIT").exists()
+    assert not (run / "train_summary.json").exists()
+    # a rerun (storage fixed) resumes from step 2 and finishes
+    monkeypatch.setattr(ckpt, "_commit", real_commit)
+    summary = run_training(_config(run, train_steps=6), use_ray=False)
+    assert summary["resumed_from"] == 2 and summary["final_step"] == 6

@@ -8,6 +8,12 @@ State (everything a resume needs, all in one pytree so one checkpoint holds it):
 The data position is the step number itself: every batch is a pure function of (data config, seed,
 step, batch, seq_len), so resuming at step k replays exactly what an uninterrupted run would read.
 
+The state is never built on a host: a fresh one is created sharded on the devices by one jitted
+init (``init_state``), a resumed one is restored straight into the pool's shardings, and each
+process builds only its own rows of every batch (``place_batch``). A run reads top to bottom as
+``setup_run`` (data, model, mesh, checkpoints, state, outputs), ``run_step`` (one optimizer step)
+and ``after_step`` (logging, in-training eval, an async checkpoint), driven by ``train_loop``.
+
 A step: loss/grad through the model (cross entropy + z-loss, EP transport per the schedule), clip by
 global norm, AdamW update with the host-computed LR, then the router bias update from the step's
 statistics (outside the gradient path). Non-finite loss or grad norm stops the run before anything is

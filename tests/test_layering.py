@@ -138,6 +138,36 @@ def test_no_private_names_across_modules():
     assert not bad, "private names used across modules:\n  " + "\n  ".join(bad)
 
 
+HEAVY = {"jax", "jaxlib", "ray", "optax", "orbax", "tensorstore", "tokenizers", "pyarrow", "draccus", "wandb",
+         "lm_eval", "datasets", "scipy", "matplotlib", "tqdm", "safetensors", "zstandard", "numpy", "fsspec",
+         "ml_dtypes", "scipy_openblas32", "ctypes", "playwright"}
+"""Optional or heavy dependencies: importing them inside a function keeps them off light paths."""
+KNOWN_LOCAL_IMPORTS = {"marin/training/trainer.py", "marin/training/lowering.py", "marin/evaluation/step.py"}
+"""Modules whose imports inside functions the train loop's rework (with its evaluation split) moves."""
+
+
+def test_an_import_inside_a_function_keeps_a_heavy_dependency_off_a_light_path():
+    """Inside a function, import only a heavy dependency, or say on the line (or the one above) why."""
+    bad = []
+    for path in sorted((REPO / "marin").rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel in KNOWN_LOCAL_IMPORTS:
+            continue
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines))
+        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for node in ast.walk(fn):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                top = (node.module if isinstance(node, ast.ImportFrom) else node.names[0].name) or ""
+                line, above = lines[node.lineno - 1], lines[node.lineno - 2].strip()
+                if top.split(".")[0] in HEAVY or "#" in line or above.startswith("#"):
+                    continue
+                bad.append(f"{rel}:{node.lineno}: {line.strip()}")
+    assert not bad, "imports inside functions without a reason (move them to the top, or say why):\n  " + \
+        "\n  ".join(sorted(set(bad)))
+
+
 def test_the_layering_is_stated_in_the_architecture_doc():
     text = (REPO / "docs" / "architecture.md").read_text()
     for layer in LAYERS:

@@ -20,8 +20,15 @@ import sys
 import tempfile
 from typing import Any
 
-from marin.data.tokenize import TokenizeError
+import fsspec
+
+from marin.data.store import MANIFEST, TokenStore
+from marin.data.tokenize import TokenizeConfig, TokenizeError, tokenize
+from marin.evaluation.sets import EvalSet
+from marin.evaluation.step import EvalConfig, checkpoint_path, run_eval, select_steps, train_config_from_record
 from marin.textfmt import format_table
+from marin.training.checkpoint import read_metadata
+from marin.training.pools import get_pool, host_env
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,11 +59,6 @@ def _parse_data(items: list[str], flag: str = "--data") -> list[tuple[str, str]]
 
 def _tokenize_set(name: str, path: str, tokenizer: str, text_field: str, workdir: str) -> str:
     """A token store of the documents at ``path`` (tokenized here), or ``path`` itself if it is one."""
-    import fsspec
-
-    from marin.data.store import MANIFEST
-    from marin.data.tokenize import TokenizeConfig, tokenize
-
     fs, p = fsspec.core.url_to_fs(path)
     if fs.isfile(f"{p.rstrip('/')}/{MANIFEST}"):
         return path
@@ -72,17 +74,6 @@ def _tokenize_set(name: str, path: str, tokenizer: str, text_field: str, workdir
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
-    from marin.data.store import TokenStore
-    from marin.evaluation.sets import EvalSet
-    from marin.evaluation.step import (
-        EvalConfig,
-        checkpoint_path,
-        select_steps,
-        train_config_from_record,
-    )
-    from marin.training.checkpoint import read_metadata
-    from marin.training.pools import get_pool, host_env
-
     checkpoint: str | int = args.checkpoint if args.checkpoint == "latest" else _step(args.checkpoint)
     steps = select_steps(args.run, checkpoint)
     record = read_metadata(checkpoint_path(args.run, steps[-1]))["config"]
@@ -105,8 +96,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         config = EvalConfig(args.run, "", sets=sets, checkpoint=checkpoint,
                             held_out=args.held_out or not (data or tasks), pool=pool.name, stride=args.stride,
                             tasks=tasks)
-        from marin.evaluation.step import run_eval
-
         return run_eval(config, use_ray=False)
 
 

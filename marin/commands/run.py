@@ -2,7 +2,9 @@
 
 ``marin run EXPERIMENT.py [flags]`` runs the file exactly as ``python EXPERIMENT.py [flags]`` would:
 as ``__main__``, with its folder first on ``sys.path``. The flags are the executor's; the file's own
-``--help`` (``marin run EXPERIMENT.py --help``) shows them with their documentation.
+``--help`` (``marin run EXPERIMENT.py --help``) shows them with their documentation. Options of
+``marin run`` itself (added in :func:`add_arguments`) go before the file: everything after the file
+is the file's own argv.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+
+import fsspec
 
 from marin.data.loader import MixtureLoader
 from marin.data.mixture import MixtureConfig, MixtureError
@@ -23,10 +26,6 @@ class MixtureReportConfig:
 
 def mixture_report(config: MixtureReportConfig) -> None:
     """Executor step: effective shares per source and domain for every stage, held-out sizes, epochs."""
-    import json
-
-    import fsspec
-
     loader = MixtureLoader(config.mixture, total_steps=config.total_steps)
     if loader._stage_starts is None:
         raise MixtureError("the mixture has stages at fractions of the run: give the report total_steps")

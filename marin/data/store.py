@@ -29,6 +29,8 @@ from functools import cached_property
 import fsspec
 import numpy as np
 
+from marin.data.tokenizer import LoadedTokenizer, load_tokenizer
+
 STORE_FORMAT = "marin-token-store/1"
 MANIFEST = "manifest.json"
 TOKEN_DTYPE = np.dtype("<u4")
@@ -100,8 +102,6 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 def _expected_identity(expected) -> tuple[str, str]:
     """(identity, description) of what the caller expects: a LoadedTokenizer, identity hex, or a path."""
-    from marin.data.tokenizer import LoadedTokenizer, load_tokenizer
-
     if isinstance(expected, LoadedTokenizer):
         return expected.identity, expected.path
     if isinstance(expected, str) and _HEX64.match(expected):

@@ -17,6 +17,14 @@ from dataclasses import dataclass
 
 import fsspec
 
+from marin.data.readers import (
+    CorruptInputError,
+    TooManyCorruptFilesError,
+    corrupt_policy_violation,
+    iter_documents,
+    list_document_files,
+    validate_corrupt_policy,
+)
 from marin.execution.versioning import input_field
 
 logger = logging.getLogger(__name__)
@@ -136,14 +144,6 @@ def _sample_texts(config: TrainTokenizerConfig, report: dict) -> Iterator[str]:
     A file's texts are held back until the file has been read up to its share without damage, so a
     skipped corrupt file contributes nothing (not the part before the damage). ``report`` receives
     the file count and the skipped files."""
-    from marin.data.readers import (
-        CorruptInputError,
-        TooManyCorruptFilesError,
-        corrupt_policy_violation,
-        iter_documents,
-        list_document_files,
-        validate_corrupt_policy,
-    )
 
     validate_corrupt_policy(config.on_corrupt, config.max_corrupt_fraction)
     files = list_document_files(config.input_path)

@@ -19,6 +19,8 @@ import numpy as np
 from marin.evaluation.metrics import SetTotals
 from marin.evaluation.sets import Documents
 from marin.evaluation.windows import PackedRows, pack_windows
+from marin.models.transformer import forward
+from marin.parallel.mesh import batch_sharding, param_shardings, replicated
 
 _EVAL_CACHE: dict[tuple[Any, ...], Any] = {}
 _MAX_IN_FLIGHT = 2  # batches dispatched ahead of the one whose result is read
@@ -32,13 +34,11 @@ def eval_model_config(cfg, mesh):
 def nll_fn(cfg, mesh):
     """``f(params, router_bias, inputs, targets, segment_ids) -> nll [B, L]`` (float32, nats), jitted
     for ``mesh`` (rows split over every device, the result replicated so every host has all of it)."""
-    from marin.parallel.mesh import batch_sharding, replicated
 
     cfg = eval_model_config(cfg, mesh)
     key = (cfg, mesh)
     if key in _EVAL_CACHE:
         return _EVAL_CACHE[key]
-    from marin.models.transformer import forward
 
     def f(params, router_bias, inputs, targets, segment_ids):
         logits, _ = forward(params, router_bias, inputs, cfg, mesh=mesh, segment_ids=segment_ids)
@@ -103,7 +103,6 @@ def sequence_nll(params, router_bias, rows: PackedRows, n_sequences: int, cfg, m
     """
     fn = nll_fn(cfg, mesh)
     if mesh is not None:
-        from marin.parallel.mesh import batch_sharding, param_shardings, replicated
 
         params = _place(params, param_shardings(params, mesh))
         router_bias = _place(router_bias, replicated(mesh))

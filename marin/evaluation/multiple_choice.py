@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from marin.evaluation.windows import pack_windows
+
 
 class TaskError(ValueError):
     """A task file that cannot be scored (missing, empty, or a malformed line)."""
@@ -76,8 +78,7 @@ def encode_pair(tok, context: str, choice: str) -> tuple[list[int], list[int]]:
 def choice_logliks(questions: list[Question], tok, params, router_bias, cfg, mesh, seq_len: int,
                    batch_rows: int) -> list[np.ndarray]:
     """Per question, the log-likelihood (nats) of each choice given its context."""
-    from marin.evaluation.evaluator import sequence_nll
-    from marin.evaluation.windows import pack_windows
+    from marin.evaluation.evaluator import sequence_nll  # JAX: reading and packing tasks must not import it
 
     seqs, score_from = [], []
     for qi, q in enumerate(questions):

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from marin.data.k40 import split_source_name
+from marin.data.mixture import validation_documents
+from marin.data.store import StoreError, TokenizerMismatchError, TokenStore
+from marin.data.tokenizer import load_tokenizer
 from marin.execution.versioning import input_field
 
 
@@ -71,7 +74,6 @@ def mixture_validation_sets(mixture, name: str = "val") -> tuple[EvalSet, ...]:
 
 
 def _bytes_of(tokenizer_path: str, docs: list[np.ndarray]) -> np.ndarray:
-    from marin.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer_path).tokenizer
     texts = tok.decode_batch([d.tolist() for d in docs], skip_special_tokens=False)
@@ -81,8 +83,6 @@ def _bytes_of(tokenizer_path: str, docs: list[np.ndarray]) -> np.ndarray:
 def load_eval_set(es: EvalSet, tokenizer=None) -> dict[str, Documents]:
     """Set name -> its documents. ``tokenizer`` (path, LoadedTokenizer or identity hex): the run's
     tokenizer; a store written with another one raises :class:`EvalSetError` in one line."""
-    from marin.data.mixture import validation_documents
-    from marin.data.store import StoreError, TokenizerMismatchError, TokenStore
 
     try:
         store = TokenStore.open(es.store, tokenizer=tokenizer)
@@ -144,6 +144,5 @@ def run_tokenizer(data) -> str | None:
     stores = getattr(data, "stores", None) if not isinstance(data, Mapping) else data.get("stores")
     if not stores:
         return None
-    from marin.data.store import TokenStore
 
     return TokenStore.open(stores[0]).tokenizer_identity

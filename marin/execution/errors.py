@@ -15,6 +15,10 @@ import sys
 import traceback
 from types import TracebackType
 
+from marin.execution.plan import PlanError
+from marin.execution.step import InvalidStepError
+from marin.execution.walker import UnhashableConfigError
+
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -32,10 +36,6 @@ class PreviouslyFailedError(ExecutorError):
 
 def user_error_types() -> tuple[type[BaseException], ...]:
     """Errors that mean "the experiment file is wrong", each with a message that says how."""
-    from marin.execution.plan import PlanError
-    from marin.execution.step import InvalidStepError
-    from marin.execution.walker import UnhashableConfigError
-
     return (InvalidStepError, PlanError, UnhashableConfigError)
 
 

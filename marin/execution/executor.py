@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from marin.execution import lease as leases
@@ -86,8 +87,6 @@ def read_statuses(plan: Plan) -> dict[PlannedStep, dict | None]:
     """Status records of every step; object stores are read with a thread pool."""
     if all(storage.is_local(s.output_path) for s in plan.steps):
         return {s: st.read_status(s.output_path) for s in plan.steps}
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(16) as pool:
         return dict(zip(plan.steps, pool.map(lambda s: st.read_status(s.output_path), plan.steps)))
 

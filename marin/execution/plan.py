@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import posixpath
 import re
 import types
 from typing import Any, Iterator
 
 from marin.execution.hashing import HASH_CHARS, UnhashableConfigError, encode, key_text, version_digest
+from marin.execution.jsonable import to_jsonable
 from marin.execution.step import ExecutorStep, InputName, InvalidStepError, OutputName, VersionedValue
 from marin.execution.walker import DESCEND, ConfigStructureError, FieldPath, container_kind, walk
 
@@ -209,8 +211,6 @@ def _output_path(prefix: str, step: ExecutorStep, short_hash: str) -> str:
 
 def normalize_prefix(prefix: str) -> str:
     """Absolute local path or ``scheme://...`` URL, without a trailing slash."""
-    import os
-
     prefix = prefix.rstrip("/") or "/"
     if "://" in prefix:
         if prefix.startswith("file://"):
@@ -279,8 +279,6 @@ def unversioned_view(step: ExecutorStep, by_id: dict[int, PlannedStep]) -> dict[
 
     Two declarations of one step (same name and version) must agree on this view; otherwise they
     would share one output directory although they would write different things."""
-    from marin.execution.jsonable import to_jsonable
-
     leaves: dict[str, str] = {}
 
     def visit(value: Any, path: FieldPath) -> Any:

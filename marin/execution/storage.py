@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import glob as glob_module
 import hashlib
 import itertools
 import json
@@ -198,9 +199,7 @@ def list_dir(path: str) -> list[str]:
 
 def glob(pattern: str) -> list[str]:
     if is_local(pattern):
-        import glob as _glob
-
-        return sorted(_glob.glob(_local(pattern)))
+        return sorted(glob_module.glob(_local(pattern)))
     fs = filesystem(pattern)
     proto = pattern.split("://", 1)[0]
     return sorted(e if "://" in e else f"{proto}://{e}" for e in fs.glob(pattern))

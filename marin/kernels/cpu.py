@@ -22,6 +22,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 from pathlib import Path
 
 import jax
@@ -44,8 +45,6 @@ def _cpu_identity() -> str:
             lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
         return "".join(sorted(set(lines)))
     except OSError:
-        import platform
-
         return platform.machine()
 
 
@@ -55,7 +54,7 @@ def _build_inputs() -> tuple[list[str], list[str], list[str], str]:
     import jaxlib
 
     try:
-        import scipy_openblas32 as openblas
+        import scipy_openblas32 as openblas  # the train extra's BLAS wheel: needed only to build the kernel
     except ImportError as e:
         raise RuntimeError("the scipy-openblas32 wheel is missing; install marin's train extra "
                            "(pip install -e '.[train]')") from e

@@ -9,10 +9,18 @@ fraction on the send and receive side below 8%; where the grad norm peaked and w
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from typing import Any
 
+import fsspec
+
+from marin.execution.status import read_info
 from marin.execution.versioning import input_field
+from marin.scaling.ladder import GRAD_NORM_SMOOTH, read_fit, window_mean
+from marin.training.metrics import read_metrics
+from marin.training.schedule import replan_horizon, schedule_from_config
 
 HEALTHY_DROP = 0.08
 GRAD_NORM_ALARM = 4.0
@@ -97,9 +105,6 @@ def health(records: list[dict[str, Any]], total_steps: int | None = None, window
 def prediction_report(run_path: str, fit_path: str, total_steps: int | None = None, plan_mfu: float | None = None,
                       plan_tokens_per_s: float | None = None) -> dict[str, Any]:
     """:func:`health_vs_prediction` of a run directory (live or finished) against a fit.json."""
-    from marin.scaling.ladder import read_fit
-    from marin.training.metrics import read_metrics
-
     fit = read_fit(fit_path)
     schedule, tokens_per_step, horizon = run_schedule(run_path)
     total = total_steps or horizon or int(fit["target"]["train_steps"])
@@ -187,8 +192,6 @@ def health_vs_prediction(
     """Judge a run (its training records, and in-training eval records) window by window against a
     ladder fit; pure. ``schedule`` (a :class:`marin.training.schedule.LRSchedule`) enables the
     contingency proposal. Returns ``{"windows": [...], "level", "next", "contingency", ...}``."""
-    from marin.scaling.ladder import GRAD_NORM_SMOOTH, window_mean
-
     records = sorted((r for r in records if "loss" in r), key=lambda r: r["step"])
     evals = sorted(eval_records or [], key=lambda r: r["step"])
     if not records:
@@ -288,8 +291,6 @@ def propose_contingency(records: list[dict[str, Any]], total_steps: int, schedul
     """A shorter horizon from the last logged step: sized by the throughput shortfall when there is
     one (the remaining steps at the achieved rate take the planned time), else 80% of what remains;
     with the run's schedule, the ``lr_replans`` value that still ends the LR at 5% of peak."""
-    from marin.training.schedule import replan_horizon
-
     at = records[-1]["step"]
     keep = DEFAULT_SHORTEN
     tps = [_num(r.get("tokens_per_s")) for r in records[-max(1, len(records) // 10):]]
@@ -337,23 +338,16 @@ def format_prediction_report(report: dict[str, Any]) -> str:
 def run_schedule(run_path: str) -> tuple[Any, int, int | None]:
     """(LR schedule, tokens per step, final horizon) of a run from its recorded config (the step's
     status record), or from its latest checkpoint's metadata; (None, 0, None) when neither is there yet."""
-    from marin.training.schedule import schedule_from_config
-
     config = None
     try:
-        from marin.execution.status import read_info
-
         info = read_info(run_path.rstrip("/"))
         config = (info or {}).get("config")
     except Exception:  # noqa: BLE001 - a run outside the executor has no step record
         config = None
     if not config:
         try:
-            from marin.training.checkpoint import (
-                CheckpointManager,
-                CheckpointPolicy,
-                read_metadata,
-            )
+            # the checkpoint reader's storage backends are only needed for a run without a step record
+            from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, read_metadata
 
             mgr = CheckpointManager(run_path, CheckpointPolicy())
             latest = mgr.latest_step()
@@ -370,7 +364,6 @@ def run_schedule(run_path: str) -> tuple[Any, int, int | None]:
 # as an executor step                                                                            #
 # --------------------------------------------------------------------------------------------- #
 
-import dataclasses  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,12 +381,6 @@ class HealthReportConfig:
 def health_report_step(config: HealthReportConfig) -> dict[str, Any]:
     """Write ``health.json`` for a finished training step (``format_report`` renders it); with a
     ladder fit, ``report["prediction"]`` holds the window-by-window checklist."""
-    import json
-
-    import fsspec
-
-    from marin.training.metrics import read_metrics
-
     report = health(read_metrics(config.run_path), config.total_steps)
     if config.fit_path:
         report["prediction"] = prediction_report(config.run_path, config.fit_path, config.total_steps,

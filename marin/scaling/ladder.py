@@ -44,6 +44,7 @@ from marin.scaling.fit import (
     trend_predict,
 )
 from marin.scaling.recipe import run_flops
+from marin.training.metrics import read_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -416,8 +417,6 @@ def _read_json(path: str) -> dict[str, Any]:
 
 
 def _load(run: RungRun, fractions: Sequence[float]) -> dict[str, Any]:
-    from marin.training.metrics import read_metrics
-
     if run.run_path is None:
         raise LadderFitError(f"rung {run.name} has no run_path")
     final_eval = _read_json(f"{run.eval_path.rstrip('/')}/eval.json") if run.eval_path else None

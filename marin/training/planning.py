@@ -58,6 +58,8 @@ from marin.parallel.layout import (
     leaf_partition,
     shard_shape,
 )
+from marin.training.config import model_at
+from marin.training.metrics import peak_flops_per_device
 from marin.training.pools import POOLS, PoolSpec, get_pool
 
 GiB = 1 << 30
@@ -384,8 +386,6 @@ def compute_plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_le
                  planned_tokens: float | None = None, seq_len_phases=None) -> dict[str, Any]:
     """Training FLOPs, device-hours and wall-clock days at ``mfu``, and the token rate that needs.
     With ``seq_len_phases`` the attention term follows the schedule (else ``seq_len`` throughout)."""
-    from marin.training.metrics import peak_flops_per_device
-
     if not 0 < mfu <= 1:
         raise ValueError(f"mfu must be in (0, 1], got {mfu}")
     fpt = mean_flops_per_token(cfg, seq_len_phases, train_steps) if seq_len_phases else flops_per_token(cfg, seq_len)
@@ -462,8 +462,6 @@ def format_plan(p: dict[str, Any]) -> str:
 def train_config_plans(config, device_memory: int | None = None) -> list[dict[str, Any]]:
     """One plan per (sequence length, transport) a TrainConfig will run, with its microbatch setting
     and the phase's remat policy."""
-    from marin.training.config import model_at
-
     cfg = config.model  # resolved when the TrainConfig was built (preset, overrides and compute dtype)
     pool = get_pool(config.pool)
     seq_lens = sorted({int(n) for _, n in config.seq_len_phases})

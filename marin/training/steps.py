@@ -16,7 +16,7 @@ from marin.training.config import TrainConfig
 def train(config: TrainConfig) -> dict[str, Any]:
     """Run or resume the training described by ``config``; returns the run summary."""
     # Imported here so experiment files (and the executor's planner) never import JAX.
-    from marin.training.trainer import run_training
+    from marin.training.trainer import run_training  # JAX: declaring a training step must not import it
 
     if not config.output_path:
         raise ValueError("TrainConfig.output_path is empty; use this_output_path() in the step config")

@@ -3,13 +3,13 @@ on a live (growing) metrics.jsonl, and the health step with a fit."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+from marin.cli import main as marin
 from marin.monitoring.health import (
     HealthReportConfig,
     format_prediction_report,
@@ -95,13 +95,6 @@ def test_act_in_the_first_quarter_proposes_a_shorter_horizon_ending_at_5_percent
     assert late["level"] == "act" and late["contingency"] is None  # past 25%: no horizon contingency
 
 
-def _health_cli():
-    spec = importlib.util.spec_from_file_location("health_report_cli", REPO / "operations" / "health_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_cli_on_a_live_run_reads_the_growing_metrics(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
@@ -109,13 +102,12 @@ def test_cli_on_a_live_run_reads_the_growing_metrics(tmp_path, capsys):
     (tmp_path / "fit" / "fit.json").write_text(json.dumps(_fit()))
     lines = [json.dumps(r) for r in _records(50)]
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n" + lines[0][:20])  # a line being written
-    cli = _health_cli()
-    assert cli.main([str(run), "--fit", str(tmp_path / "fit"), "--total-steps", str(TOTAL)]) == 0
+    assert marin(["health", str(run), "--fit", str(tmp_path / "fit"), "--total-steps", str(TOTAL)]) == 0
     out = capsys.readouterr().out
     assert "first 3%: clear" in out and "3-10%" not in out.split("next window")[0]
     with open(run / "metrics.jsonl", "a") as f:  # the run goes on (the partial line completes)
         f.write(lines[0][20:] + "\n" + "\n".join(json.dumps(r) for r in _records(320, loss_shift=0.5)[50:]) + "\n")
-    assert cli.main([str(run), "--fit", str(tmp_path / "fit"), "--total-steps", str(TOTAL), "--strict"]) == 1
+    assert marin(["health", str(run), "--fit", str(tmp_path / "fit"), "--total-steps", str(TOTAL), "--strict"]) == 1
     out = capsys.readouterr().out
     assert "10-30%: act" in out and "next window (30-50%)" in out
 

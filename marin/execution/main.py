@@ -39,15 +39,28 @@ class ExecutorMainConfig:
     """Seconds a step lease lives without heartbeat; a dead executor's steps are taken over after it."""
     progress: bool = True
     """Show a progress bar on stderr."""
+    infra_retries: int = 2
+    """Times a step is retried by itself after an infrastructure failure (a host, worker or node died,
+    a preemption, a storage outage past its retry limit), each from what it committed (a training
+    step resumes from its last checkpoint), with backoff; 0 turns this off. Failures of the step
+    itself (divergence, a config error, a bug) are never retried."""
+    retry_failed: list[str] | None = None
+    """Steps (names or regexes, ``--retry_failed A B``) whose earlier FAILED attempt may run again,
+    without --force_run_failed for every failed step."""
+    repair_records: bool = False
+    """Rebuild status records that cannot be read (torn, truncated) where that is safe, and say how
+    (off by default: the run stops and lists them, since their outputs may be complete)."""
 
 
-def _extract_run_only(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """Pull ``--run_only A B ...`` out of argv (draccus wants one token per flag; regexes may hold
-    commas or brackets, so we do not go through its list syntax)."""
+def _extract_run_only(argv: list[str], flag: str = "--run_only") -> tuple[list[str], list[str] | None]:
+    """Pull ``--run_only A B ...`` (or another list ``flag``, also spelt with dashes) out of argv
+    (draccus wants one token per flag; regexes may hold commas or brackets, so we do not go through
+    its list syntax)."""
     out, patterns, i = [], None, 0
+    spellings = (flag, flag.replace("_", "-"))
     while i < len(argv):
         arg = argv[i]
-        if arg == "--run_only" or arg.startswith("--run_only="):
+        if arg in spellings or arg.startswith(tuple(f"{f}=" for f in spellings)):
             patterns = patterns or []
             if "=" in arg:
                 patterns.append(arg.split("=", 1)[1])
@@ -65,9 +78,12 @@ def parse_executor_args(argv: Sequence[str]) -> ExecutorMainConfig:
     import draccus
 
     rest, run_only = _extract_run_only(list(argv))
+    rest, retry_failed = _extract_run_only(rest, "--retry_failed")
     config = draccus.parse(config_class=ExecutorMainConfig, args=rest)
     if run_only is not None:
         config.run_only = run_only
+    if retry_failed is not None:
+        config.retry_failed = retry_failed
     return config
 
 
@@ -157,6 +173,9 @@ def executor_main(
             description=description,
             script=_script_name(),
             progress=config.progress,
+            repair_records=config.repair_records,
+            infra_retries=config.infra_retries,
+            retry_failed=config.retry_failed,
         )
         result = run_plan(plan, opts)
     except (PlanError, InvalidStepError, UnhashableConfigError, ExecutorError) as e:
@@ -164,7 +183,7 @@ def executor_main(
             raise
         if isinstance(e, ExecutorInterrupted):
             print(f"marin: {e}", file=sys.stderr)
-            raise SystemExit(130) from None  # the shell's convention for "stopped by SIGINT"
+            raise SystemExit(128 + e.signum) from None  # the shell's convention: 130 SIGINT, 143 SIGTERM, 129 SIGHUP
         print(f"marin: error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     if from_cli and config.dry_run:

@@ -37,7 +37,16 @@ from marin.execution.plan import plan_steps, resolve_config
 from marin.execution.prefix import resolve_prefix
 from marin.review.experiment_file import load_experiment
 from marin.review.explain import explain
-from marin.review.steps import CATEGORIES, StepState, show, status_rows, step_dirs, step_state, train_horizon
+from marin.review.steps import (
+    CATEGORIES,
+    StepState,
+    check_prefix_is_a_directory,
+    show,
+    status_rows,
+    step_dirs,
+    step_state,
+    train_horizon,
+)
 
 __all__ = ["CATEGORIES", "Experiment", "Step", "StepState", "explain", "load", "load_file", "load_prefix", "show",
            "status_rows", "step_state"]
@@ -336,6 +345,7 @@ def load_prefix(prefix: str | None = None, experiment: str | None = None) -> Exp
     record file's stem, ``quickstart`` or ``quickstart-a0ea2d014f``). Steps found under the prefix
     without any record are included when no experiment is named."""
     prefix = resolve_prefix(prefix)
+    check_prefix_is_a_directory(prefix)
     records = read_records(prefix)
     if experiment:
         stem = experiment[:-3] if experiment.endswith(".py") else os.path.basename(experiment)

@@ -46,7 +46,6 @@ import logging
 import math
 import os
 import re
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -621,8 +620,9 @@ class CheckpointManager:
         self._last_save_time = time.monotonic()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._in_flight: concurrent.futures.Future | None = None
-        self._lock = threading.Lock()
+        self._save_started = 0.0
         self.last_blocking_s = 0.0  # time the latest save held the caller (staging to host memory)
+        self.last_save_s: float | None = None  # staging + writing + commit of the latest finished save
 
     def path_for(self, step: int) -> str:
         return f"{self.root_url}/{step_dirname(step)}"
@@ -677,6 +677,7 @@ class CheckpointManager:
             _delete_dir(self.fs, f"{self.root}/{step_dirname(step)}")
         staged = stage(path, tree, metadata, step=step)
         self.last_blocking_s = time.perf_counter() - t0
+        self._save_started = t0
         self._last_save_step = step
         self._last_save_time = time.monotonic()
         if self._pool is None:
@@ -688,6 +689,7 @@ class CheckpointManager:
 
     def _write(self, staged: _Staged) -> None:
         write_staged(staged, part_timeout_s=self.part_timeout_s)
+        self.last_save_s = time.perf_counter() - self._save_started
         logger.info("saved checkpoint %s (%.1f MB from this process)", staged.path, staged.nbytes / 1e6)
         if self.is_writer:
             self.collect_garbage(current=staged.step)

@@ -48,6 +48,7 @@ from marin.training.metrics import (
     read_metrics,
 )
 from marin.training.pools import HostContext, NonRetryableError, get_pool
+from marin.training.preemption import Preempted, PreemptionWatch
 from marin.training.schedule import lr_at, phase_index_at, seq_len_at, transport_at
 
 logger = logging.getLogger(__name__)
@@ -336,6 +337,23 @@ class _InTrainingEval:
         return metrics_record(step, tokens, suite_record(totals))
 
 
+def _stop_for_preemption(ctx: HostContext, config: TrainConfig, ckpts: CheckpointManager, step: int, state: Any,
+                         meta: dict[str, Any], save_s: float | None, preemption: PreemptionWatch) -> None:
+    """SIGTERM arrived: save a final checkpoint if the grace period allows (process 0 decides: the
+    save is collective), then stop with :class:`Preempted`, which the executor retries from it."""
+    ckpts.wait()  # a save of this step may still be in flight: it counts once committed
+    saved = ckpts.latest_step() == step
+    if not saved and _agree(preemption.worth_saving(save_s), ctx):
+        ckpts.save(step, state, meta, blocking=True)
+        saved = True
+    last = ckpts.latest_step()
+    where = (f"final checkpoint {ckpts.path_for(step)}" if saved else
+             f"no time for a final checkpoint ({preemption.time_left():.0f}s of {config.preemption_grace_s:.0f}s "
+             f"grace left, a save takes {save_s or 0:.0f}s); resumes from "
+             + (ckpts.path_for(last) if last is not None else "the start"))
+    raise Preempted(f"SIGTERM at step {step}: {where}")
+
+
 @dataclasses.dataclass
 class TrainRun:
     """One process's view of a run: what :func:`setup_run` builds once, and the loop's live state."""
@@ -359,6 +377,7 @@ class TrainRun:
     micro: dict[tuple[int, str], int] = dataclasses.field(default_factory=dict)  # per (seq_len, transport)
     last: dict[str, Any] = dataclasses.field(default_factory=dict)
     t_prev: float = 0.0
+    preemption: PreemptionWatch | None = None  # SIGTERM watch, started by train_on_host
 
     @property
     def is_writer(self) -> bool:
@@ -522,12 +541,18 @@ def after_step(run: TrainRun, record: dict[str, Any]) -> None:
     due = run.ckpts.should_save(step)
     if config.checkpoint_every_minutes is not None:  # wall time differs per host
         due = _agree(due, run.ctx)
+    meta = {"tokens": run.tokens_seen, "data_step": step, "seq_len": record["seq_len"],
+            "transport": record["transport"], "config": _config_record(config)}
     if step == total or due:
         # async: blocks only while this process's shards are copied to host memory
-        run.ckpts.save(step, run.state, {"tokens": run.tokens_seen, "data_step": step,
-                                         "seq_len": record["seq_len"], "transport": record["transport"],
-                                         "config": _config_record(config)})
+        run.ckpts.save(step, run.state, meta)
+        if run.tracker:
+            run.tracker.sync()  # W&B files of an object-store step go up with each checkpoint
         run.t_prev = time.perf_counter()  # checkpoint time is not training throughput
+    watch = run.preemption
+    if watch is not None and watch.active and step < total and _agree(watch.requested, run.ctx):
+        # how long a whole save took (staging and writing): whether a final one fits the grace period
+        _stop_for_preemption(run.ctx, config, run.ckpts, step, run.state, meta, run.ckpts.last_save_s, watch)
 
 
 def train_loop(run: TrainRun) -> dict[str, Any]:
@@ -549,14 +574,17 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
     """Run (or resume) the training described by ``config`` as process ``ctx.process_id`` of the pool.
 
     Returns a summary dict (final step, loss, tokens, checkpoint path). Raises
-    :class:`TrainingDiverged` on NaN/Inf with the step number and the last good checkpoint.
+    :class:`TrainingDiverged` on NaN/Inf with the step number and the last good checkpoint, and
+    :class:`Preempted` after a SIGTERM (with a final checkpoint when the grace period allows).
     """
     run = setup_run(ctx, config)
     exit_code = 1
+    run.preemption = PreemptionWatch(config.preemption_grace_s).start()  # SIGTERM: a flag, checked between steps
     try:
         summary = train_loop(run)
         exit_code = 0
     finally:
+        run.preemption.stop()
         try:
             run.ckpts.close()  # the save in flight is committed (or its error raised) before we return
         except Exception:

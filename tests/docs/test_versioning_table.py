@@ -21,6 +21,8 @@ builder in `experiments/defaults.py` calls): a field is **versioned** unless it 
 keeps its output path and resumes) or **input** (an upstream step's output, versioned through that
 step's hash, or this step's own output). **versioned by field**: a nested config whose own fields
 are the version's leaves (`model.n_layers`), so `marin explain` names the one that changed.
+**versioned when set**: a field added after steps were recorded (`added_later(default=...)`), in the
+version only when it differs from its default, so adding it renames no recorded step.
 
 This page is generated from that metadata (`python tests/docs/test_versioning_table.py`); a test
 keeps it equal to the code.

@@ -131,6 +131,34 @@ def test_a_new_config_field_is_versioned_unless_marked_live():
         live(" ")
 
 
+def test_a_field_added_later_keeps_the_recorded_hashes_until_it_is_set():
+    """Adding a versioned field with a default would rename every recorded step; ``added_later`` keeps
+    the old hash for the default and versions any other value."""
+    from marin.execution import ExecutorStep, this_output_path
+    from marin.execution.versioning import added_later, input_field, versioned_config
+
+    @dataclasses.dataclass(frozen=True)
+    class Before:
+        output_path: str = input_field()
+        old: int = 1
+
+    @dataclasses.dataclass(frozen=True)
+    class After:
+        output_path: str = input_field()
+        old: int = 1
+        init_from: str | None = added_later(default=None)
+
+    def step(cfg):
+        return ExecutorStep("c/added", print, versioned_config(cfg))
+
+    before = _plan(step(Before(this_output_path())))[1]
+    assert _plan(step(After(this_output_path())))[1].hash == before.hash
+    moved = _plan(step(After(this_output_path(), init_from="/ckpt/step-100")))[1]
+    assert moved.hash != before.hash and moved.config_leaves["init_from"] == "/ckpt/step-100"
+    with pytest.raises(ValueError, match="needs a default"):
+        added_later()
+
+
 CASES = {
     "k40": (_corpus, [{"total_bytes": 123_456}, {"seed": 1}, {"domains": ("council",)}, {"files_per_source": 2}]),
     "tokenizer": (lambda **kw: _tokenizer(**kw), [

@@ -111,7 +111,20 @@ def test_the_branch_version_names_its_source_and_step():
     assert not any(k.startswith("init_from") for k in plan_steps([main], "/tmp/p").planned(main).config_leaves)
 
 
-def test_the_hero_declares_its_early_cooldown_branch():
+@pytest.fixture()
+def fresh_experiment_modules(monkeypatch):
+    """Import experiment files offline and forget them afterwards (module-level data roots are read
+    at import time; other tests import them under their own settings)."""
+    import sys
+
+    monkeypatch.setenv("HARRIER_K40_ROOT", "s3://no-such-bucket-anywhere/k40")
+    before = {k for k in sys.modules if k.startswith("experiments.")}
+    yield
+    for k in [k for k in sys.modules if k.startswith("experiments.") and k not in before]:
+        del sys.modules[k]
+
+
+def test_the_hero_declares_its_early_cooldown_branch(fresh_experiment_modules):
     from experiments import hero
     from marin.execution import plan_steps
 

@@ -56,6 +56,8 @@ class PoolSpec:
     rack_label: str | None = None
     max_retries: int = 0
     ready_timeout_s: float = 300.0
+    host_memory_bytes: int | None = None
+    """Host (CPU) memory of one host, bytes; None: this machine's (the CPU pools run here)."""
 
     def __post_init__(self) -> None:
         data, expert = self.mesh
@@ -103,6 +105,10 @@ class PoolSpec:
 # GB200 NVL72: 18 compute trays x 4 GPUs; the hero uses 16 nodes x 4 GPUs per rack (EP 64).
 GB200_HOSTS_PER_RACK = 16
 GB200_GPUS_PER_HOST = 4
+# Host memory of one GB200 compute tray: two Grace CPUs with 480 GB LPDDR5X each (NVIDIA GB200 NVL72
+# specifications). The lent H200 machine has 128 GiB.
+GB200_HOST_MEMORY_BYTES = 960 * 10**9
+H200_LENT_HOST_MEMORY_BYTES = 128 * (1 << 30)
 
 POOLS: dict[str, PoolSpec] = {
     # One process, 8 fake CPU devices: EP 4 x data 2. The default for local runs and the quickstart.
@@ -117,7 +123,8 @@ POOLS: dict[str, PoolSpec] = {
         "local-2host", hosts=2, devices_per_host=4, accelerator="cpu", mesh=(1, 8), device_resource="fake_host"
     ),
     # One H200 (the lent device machine): the GPU benchmark.
-    "h200-1": PoolSpec("h200-1", hosts=1, devices_per_host=1, accelerator="H200", mesh=(1, 1), device_resource="GPU"),
+    "h200-1": PoolSpec("h200-1", hosts=1, devices_per_host=1, accelerator="H200", mesh=(1, 1), device_resource="GPU",
+                       host_memory_bytes=H200_LENT_HOST_MEMORY_BYTES),
     # One GB200 NVL72 rack: the d768 ladder rung (published: 1 rack, batch 1,024).
     "gb200-rack": PoolSpec(
         "gb200-rack",
@@ -130,6 +137,7 @@ POOLS: dict[str, PoolSpec] = {
         device_resource="GPU",
         rack_label=RACK_LABEL,
         max_retries=3,
+        host_memory_bytes=GB200_HOST_MEMORY_BYTES,
     ),
     # Eleven racks, ~704 GPUs: the d2048 rung and the hero (EP 64 x DP 11).
     "gb200-11racks": PoolSpec(
@@ -143,6 +151,7 @@ POOLS: dict[str, PoolSpec] = {
         device_resource="GPU",
         rack_label=RACK_LABEL,
         max_retries=3,
+        host_memory_bytes=GB200_HOST_MEMORY_BYTES,
     ),
 }
 

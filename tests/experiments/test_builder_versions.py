@@ -89,12 +89,14 @@ def test_every_field_that_can_change_the_output_is_a_leaf():
                                   | mixture_leaves | {"output_path"}) - {"mixture"}
     train_leaves = _leaves(_train())
     expected = versioned_leaves(TrainConfig, nested={"model": MoEConfig, "data": MixtureConfig})
-    assert train_leaves == expected | {"data.stores[0]", "output_path"}
+    # init_from (a branch's source) is None here, and None adds nothing (tests/training/test_branch.py)
+    assert train_leaves == expected - {"init_from"} | {"data.stores[0]", "output_path"}
 
 
 def test_synthetic_data_and_every_eval_and_fit_config_follow_their_metadata():
     synthetic = default_train("c/train", mixture=SyntheticDataConfig(), model="tiny")
-    assert _leaves(synthetic) == versioned_leaves(TrainConfig, nested={"model": MoEConfig}) | {"output_path"}
+    assert _leaves(synthetic) == versioned_leaves(TrainConfig, nested={"model": MoEConfig}) - {"init_from"} | {
+        "output_path"}
     train = _train()
     ev = default_eval("c/eval", train, eval_sets=[EvalSet("web", "/data/web-store")], held_out=True)
     set_leaves = {"sets[0]." + leaf for leaf in versioned_leaves(EvalSet) | {"store"}}

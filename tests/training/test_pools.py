@@ -110,7 +110,7 @@ def test_unsatisfiable_pool_fails_fast(ray_local):
 
 
 def _flaky_train(ctx, config, marker):
-    """First attempt: the host process dies hard right after the step-4 checkpoint."""
+    """First attempt: the host process dies hard right after the step-4 checkpoint is committed."""
     from marin.training import checkpoint as ckpt
     from marin.training.trainer import train_on_host
 
@@ -118,9 +118,10 @@ def _flaky_train(ctx, config, marker):
         open(marker, "w").close()
         real_save = ckpt.CheckpointManager.save
 
-        def save_then_die(self, step, tree, metadata):
-            path = real_save(self, step, tree, metadata)
+        def save_then_die(self, step, tree, metadata, **kw):
+            path = real_save(self, step, tree, metadata, **kw)
             if step == 4:
+                self.wait()  # saves are asynchronous: die once this one is committed
                 os._exit(1)
             return path
 

@@ -14,7 +14,7 @@ from typing import Any
 from marin.data.store import TokenStore
 from marin.data.tokenizer import load_tokenizer
 from marin.evaluation.step import train_config_from_record
-from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, read_checkpoint, read_metadata
+from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, load_model, read_metadata
 from marin.training.pools import get_pool, host_env
 
 
@@ -61,8 +61,9 @@ def load_run(run_dir: str, step: int | None = None, pool: str | None = None) -> 
     checkpoint ``step`` (None: the latest), on ``pool`` (None: the run's own; it must be one host,
     since this process holds the model).
 
-    Today's checkpoint is one blob: the whole params are read into host memory and placed on the
-    pool's mesh. Raises :class:`RunLoadError` for a run without that checkpoint."""
+    The model is restored through the sharded checkpoint restore (``load_model``): on a multi-device
+    pool each device reads only its own slices; on one device the model is read whole.
+    Raises :class:`RunLoadError` for a run without that checkpoint."""
     manager = CheckpointManager(run_dir, CheckpointPolicy())
     steps = manager.committed_steps()
     if not steps:
@@ -82,31 +83,21 @@ def load_run(run_dir: str, step: int | None = None, pool: str | None = None) -> 
     # JAX only now, after the pool's (fake) device count is set
     import jax
 
-    from marin.models.transformer import init_params, init_router_bias  # JAX (see above)
-    from marin.parallel.mesh import make_mesh, param_shardings, replicated  # JAX (see above)
+    from marin.parallel.mesh import make_mesh  # JAX (see above)
 
     train_config = train_config_from_record(record)
-    cfg = train_config.model
-    arrays, metadata = read_checkpoint(path)
-    template = {"params": jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0))),
-                "router_bias": jax.eval_shape(lambda: init_router_bias(cfg))}
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
-    values = []
-    for key_path, leaf in leaves:
-        key = jax.tree_util.keystr(key_path)
-        if key not in arrays or tuple(arrays[key].shape) != tuple(leaf.shape):
-            raise ValueError(f"{path}: {key} is missing or has the wrong shape: not a checkpoint of the model "
-                             "its config record names")
-        values.append(arrays[key])
-    tree = jax.tree_util.tree_unflatten(treedef, values)
     mesh = make_mesh(*pool_spec.mesh)
     if mesh.size == 1:
+        # one device: read the model whole (it has to fit that device anyway) and put it there
+        model = load_model(run_dir, None, step=step)
         mesh = None
-        params, bias = jax.device_put(tree["params"]), jax.device_put(tree["router_bias"])
+        params, bias = jax.device_put(model.params), jax.device_put(model.router_bias)
     else:
-        params = jax.device_put(tree["params"], param_shardings(tree["params"], mesh))
-        bias = jax.device_put(tree["router_bias"], replicated(mesh))
-    return LoadedRun(run_dir, step, path, cfg, params, bias, metadata, _run_tokenizer(train_config), mesh)
+        # each device gets only its slices, whatever pool wrote the checkpoint
+        model = load_model(run_dir, mesh, step=step)
+        params, bias = model.params, model.router_bias
+    return LoadedRun(run_dir, step, path, model.config, params, bias, model.metadata, _run_tokenizer(train_config),
+                     mesh)
 
 
 def _run_tokenizer(train_config):

@@ -29,6 +29,7 @@ from marin.evaluation.step import EvalConfig, evaluate
 from marin.execution import ExecutorStep, output_path_of, this_output_path, versioned
 from marin.execution.step import VersionedValue
 from marin.execution.versioning import versioned_config
+from marin.inference.harness import HarnessConfig, harness_eval, task_files_fingerprint
 from marin.monitoring.health import HealthReportConfig, health_report_step
 from marin.review.report import ReportConfig, report_step
 from marin.scaling.ladder import LadderFitConfig, RungRun, ladder_fit_step
@@ -518,4 +519,50 @@ def default_eval(
         description=f"evaluate {train_step.name} ({checkpoint} checkpoint)",
         # Like training, the step's own task only waits on the pool it launches.
         resources={"num_cpus": 0},
+    )
+
+
+def default_harness_eval(
+    name: str,
+    train_step: ExecutorStep,
+    tasks: Sequence[str],
+    include_path: str | None = None,
+    checkpoint: int | None = None,
+    pool: str | None = None,
+    *,
+    limit: int | None = None,
+) -> ExecutorStep:
+    """A step writing ``harness.json``: EleutherAI lm-evaluation-harness ``tasks`` on ``train_step``'s
+    checkpoint, through marin's lm_eval model class (its results appear in the report).
+
+    Args:
+        name: step name.
+        train_step: the ``default_train`` step whose checkpoint is evaluated.
+        tasks: lm_eval task names, defined by YAML files under ``include_path`` (local data files:
+            no hub access needed).
+        include_path: directory of task YAML files; their content is part of the step's version.
+        checkpoint: a committed step number (None: the latest).
+        pool: a single-host pool (None: the training step's).
+        limit: at most this many documents per task.
+    """
+    if not tasks:
+        raise ValueError(f"default_harness_eval {name!r}: pass at least one task name")
+    if include_path is not None:
+        from marin.evaluation.harness import check_tasks
+
+        check_tasks(list(tasks), include_path)
+    return ExecutorStep(
+        name=name,
+        fn=harness_eval,
+        config=versioned_config(HarnessConfig(
+            run_path=output_path_of(train_step),
+            output_path=this_output_path(),
+            tasks=tuple(tasks),
+            include_path=include_path,
+            task_files=task_files_fingerprint(include_path),
+            checkpoint=checkpoint,
+            limit=limit,
+            pool=pool,
+        )),
+        description=f"lm-evaluation-harness {', '.join(tasks)} on {train_step.name}",
     )

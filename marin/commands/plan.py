@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from marin.commands.options import fraction, positive_float, positive_int
 from marin.models.config import PRESETS, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
 from marin.training.planning import DEFAULT_MFU, format_plan, plan
@@ -20,16 +21,17 @@ from marin.training.pools import POOLS, get_pool
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset", choices=sorted(PRESETS), help="model preset")
     p.add_argument("--pool", required=True, choices=sorted(POOLS), help="device pool")
-    p.add_argument("--tokens-per-step", type=int, default=None,
+    p.add_argument("--tokens-per-step", type=positive_int, default=None,
                    help="optimizer batch in tokens (default: the pool's devices x 16 sequences, or the hero's batch)")
-    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the preset's max_seq_len)")
-    p.add_argument("--microbatches", type=int, default=None, help="gradient accumulation count (default: the "
+    p.add_argument("--seq-len", type=positive_int, default=None,
+                   help="sequence length (default: the preset's max_seq_len)")
+    p.add_argument("--microbatches", type=positive_int, default=None, help="gradient accumulation count (default: the "
                    "smallest that fits)")
     p.add_argument("--transport", default=None, help="EP transport (default: the preset's; hero/ladder: fixed)")
-    p.add_argument("--steps", type=int, default=None, help="training steps for the compute plan")
-    p.add_argument("--planned-tokens", type=float, default=None,
+    p.add_argument("--steps", type=positive_int, default=None, help="training steps for the compute plan")
+    p.add_argument("--planned-tokens", type=positive_float, default=None,
                    help="tokens the schedule is meant to cover; a mismatch with steps x batch is flagged")
-    p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help=f"model FLOPs utilisation (default {DEFAULT_MFU})")
+    p.add_argument("--mfu", type=fraction, default=DEFAULT_MFU, help=f"model FLOPs utilisation (default {DEFAULT_MFU})")
     p.add_argument("--remat", default=None, help="override the preset's remat policy")
     p.add_argument("--dtype", default=None, help="override the compute dtype")
     p.add_argument("--param-sharding", default="fsdp", choices=PARAM_SHARDINGS,

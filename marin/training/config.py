@@ -127,6 +127,11 @@ class TrainConfig:
     checkpoint_every_minutes: float | None = live("when state is saved, not what is computed", default=30.0)
     keep_last_checkpoints: int = live("which checkpoints are kept, not what is computed", default=2)
     keep_every_steps: int | None = live("which checkpoints are kept, not what is computed", default=None)
+    preemption_grace_s: float = live(
+        "seconds between the scheduler's SIGTERM and its SIGKILL (Kubernetes: terminationGracePeriodSeconds); "
+        "> 0: a SIGTERM ends training at the next step with a final checkpoint where the grace allows "
+        "(marin.training.preemption); 0 leaves SIGTERM alone (tiny runs). When state is saved, not what is "
+        "computed", default=0.0)
     # telemetry
     log_every: int = live("telemetry only", default=1)
     wandb_project: str | None = live("telemetry only", default="marin")

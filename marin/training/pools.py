@@ -27,6 +27,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from marin.execution.failures import InfrastructureFailure, is_infrastructure_failure
+
 logger = logging.getLogger(__name__)
 
 # Node label that groups the nodes of one NVL72 rack (set per worker group in infra/).
@@ -170,6 +172,11 @@ class PoolLaunchError(RuntimeError):
     """The pool failed on every allowed attempt."""
 
 
+class PoolLostError(PoolLaunchError, InfrastructureFailure):
+    """Every allowed attempt of the pool ended in an infrastructure failure (a host died, a peer went
+    away): the executor retries the step by itself, from its last checkpoint."""
+
+
 def host_env(pool: PoolSpec) -> dict[str, str]:
     """Environment of a host process; fake CPU devices must be requested before JAX is imported."""
     env = {"RAY_USAGE_STATS_ENABLED": "0"}
@@ -242,6 +249,23 @@ def _placement_groups(pool: PoolSpec) -> list[Any]:
     return groups
 
 
+def _a_host_was_lost(refs: list[Any], wait_s: float = 2.0) -> bool:
+    """Whether any host of a failed attempt died underneath (the first error seen may be a survivor's
+    collective failing because its peer went away, which reads like the step's own error)."""
+    import ray
+
+    if not refs:
+        return False
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+    for ref in done:
+        try:
+            ray.get(ref)
+        except Exception as e:  # noqa: BLE001 - classified below
+            if is_infrastructure_failure(e):
+                return True
+    return False
+
+
 def _unwrap(error: BaseException) -> BaseException:
     """The user exception inside a Ray task/actor error, if there is one."""
     cause = getattr(error, "cause", None)
@@ -276,6 +300,7 @@ def launch(
     for attempt in range(retries + 1):
         groups = _placement_groups(pool)
         actors: list[Any] = []
+        refs: list[Any] = []  # the hosts' results, once started
         try:
             try:
                 ray.get([g.ready() for g in groups], timeout=pool.ready_timeout_s)
@@ -314,6 +339,8 @@ def launch(
             inner = _unwrap(e)
             if isinstance(inner, NonRetryableError):
                 raise inner from None
+            if not (is_infrastructure_failure(e) or _a_host_was_lost(refs)):
+                raise inner from None  # a bug or a config error: the same on every attempt, so not retried
             errors.append(f"attempt {attempt + 1}: {type(inner).__name__}: {inner}")
             last_cause = _one_line(inner)
             logger.warning("pool %s failed (attempt %d/%d): %s", pool.name, attempt + 1, retries + 1, inner)
@@ -322,9 +349,9 @@ def launch(
                 ray.kill(a, no_restart=True)
             for g in groups:
                 remove_placement_group(g)
-        time.sleep(min(5.0, 0.5 * (attempt + 1)))
+        time.sleep(min(30.0, 1.0 * 2 ** attempt))  # backoff: a lost node may take a while to be replaced
     # The first line is what a step's recorded failure reason shows: it must carry the cause itself.
-    raise PoolLaunchError(f"pool {pool.name} failed after {retries + 1} attempt(s); last: {last_cause}\n"
+    raise PoolLostError(f"pool {pool.name} failed after {retries + 1} attempt(s); last: {last_cause}\n"
                           + "\n".join(errors))
 
 

@@ -41,6 +41,7 @@ from marin.training.metrics import (
     read_metrics,
 )
 from marin.training.pools import HostContext, NonRetryableError, get_pool
+from marin.training.preemption import Preempted, PreemptionWatch
 from marin.training.schedule import lr_at, phase_index_at, seq_len_at, transport_at
 
 logger = logging.getLogger(__name__)
@@ -270,6 +271,22 @@ class _InTrainingEval:
         return metrics_record(step, tokens, suite_record(totals))
 
 
+def _stop_for_preemption(ctx: HostContext, config: TrainConfig, ckpts: CheckpointManager, step: int, state: Any,
+                         meta: dict[str, Any], save_s: float | None, preemption: PreemptionWatch) -> None:
+    """SIGTERM arrived: save a final checkpoint if the grace period allows (process 0 decides: the
+    save is collective), then stop with :class:`Preempted`, which the executor retries from it."""
+    saved = ckpts.latest_step() == step
+    if not saved and _agree(preemption.worth_saving(save_s), ctx):
+        ckpts.save(step, state, meta)
+        saved = True
+    last = ckpts.latest_step()
+    where = (f"final checkpoint {ckpts.path_for(step)}" if saved else
+             f"no time for a final checkpoint ({preemption.time_left():.0f}s of {config.preemption_grace_s:.0f}s "
+             f"grace left, a save takes {save_s or 0:.0f}s); resumes from "
+             + (ckpts.path_for(last) if last is not None else "the start"))
+    raise Preempted(f"SIGTERM at step {step}: {where}")
+
+
 def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
     """Run (or resume) the training described by ``config`` as process ``ctx.process_id`` of the pool.
 
@@ -322,6 +339,8 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
     last: dict[str, Any] = {}
     t_prev = time.perf_counter()
     exit_code = 1
+    preemption = PreemptionWatch(config.preemption_grace_s).start()  # SIGTERM: a flag, checked between steps
+    save_s: float | None = None  # how long the last save took: whether a final one fits the grace period
     try:
         while step < total:
             seq_len, batch_size = seq_len_at(step, total, seq_sched)
@@ -380,12 +399,20 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
             due = ckpts.should_save(step)
             if config.checkpoint_every_minutes is not None:  # wall time differs per host
                 due = _agree(due, ctx)
+            meta = {"tokens": tokens_seen, "data_step": step, "seq_len": seq_len, "transport": transport,
+                    "config": _config_record(config)}
             if step == total or due:
-                ckpts.save(step, state, {"tokens": tokens_seen, "data_step": step, "seq_len": seq_len,
-                                         "transport": transport, "config": _config_record(config)})
+                t_save = time.perf_counter()
+                ckpts.save(step, state, meta)
+                save_s = time.perf_counter() - t_save
+                if tracker:
+                    tracker.sync()  # W&B files of an object-store step go up with each checkpoint
                 t_prev = time.perf_counter()  # checkpoint time is not training throughput
+            if preemption.active and step < total and _agree(preemption.requested, ctx):
+                _stop_for_preemption(ctx, config, ckpts, step, state, meta, save_s, preemption)
         exit_code = 0
     finally:
+        preemption.stop()
         metrics_out.close()
         if tracker:
             tracker.finish(exit_code)

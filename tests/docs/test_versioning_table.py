@@ -37,6 +37,7 @@ def config_classes() -> list[type]:
     from marin.data.tokenizer import TrainTokenizerConfig
     from marin.evaluation.sets import EvalSet
     from marin.evaluation.step import EvalConfig
+    from marin.inference.harness import HarnessConfig
     from marin.models.config import MoEConfig
     from marin.monitoring.health import HealthReportConfig
     from marin.review.report import ReportConfig
@@ -44,8 +45,8 @@ def config_classes() -> list[type]:
     from marin.training.config import SyntheticDataConfig, TrainConfig
 
     return [TrainConfig, MoEConfig, SyntheticDataConfig, SyntheticK40Config, TrainTokenizerConfig, TokenizeConfig,
-            MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet, HealthReportConfig, LadderFitConfig, RungRun,
-            ReportConfig]
+            MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet, HarnessConfig, HealthReportConfig, LadderFitConfig,
+            RungRun, ReportConfig]
 
 
 def render() -> str:

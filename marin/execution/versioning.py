@@ -73,10 +73,6 @@ def rule(f: dataclasses.Field) -> tuple[str, str]:
     return f.metadata.get(RULE, ("versioned", ""))
 
 
-def is_live(f: dataclasses.Field) -> bool:
-    return rule(f)[0] == "live"
-
-
 def _marked(value: Any) -> bool:
     """Whether a value is, or holds, a placeholder or an already versioned part (walked into, never wrapped)."""
     if isinstance(value, (VersionedValue, InputName, OutputName)):
@@ -91,7 +87,8 @@ def _marked(value: Any) -> bool:
 
 
 def _nested(value: Any) -> Any:
-    """A value that holds marked parts: its dataclasses by their rule, its other plain parts versioned."""
+    """A value that holds marked parts: its dataclasses by their rule, its other plain parts versioned
+    (a None inside adds nothing, as an absent optional config)."""
     if isinstance(value, (VersionedValue, InputName, OutputName)) or value is None:
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -110,6 +107,9 @@ def versioned_config(config: Any) -> Any:
     Built without ``__init__`` (its checks need plain values); the executor rebuilds the config through
     ``__init__`` when it resolves the placeholders and unwraps the versioned values, so the step's
     function receives a normal config."""
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"versioned_config takes a config dataclass instance, got {type(config).__name__}; "
+                        "wrap a plain value in versioned(...) instead")
     out = object.__new__(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)

@@ -157,6 +157,8 @@ def test_a_field_added_later_keeps_the_recorded_hashes_until_it_is_set():
     assert moved.hash != before.hash and moved.config_leaves["init_from"] == "/ckpt/step-100"
     with pytest.raises(ValueError, match="needs a default"):
         added_later()
+    with pytest.raises(TypeError, match=r"takes a config dataclass instance, got dict; wrap a plain value"):
+        versioned_config({"lr": 1e-3})
 
 
 CASES = {

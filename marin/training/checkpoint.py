@@ -32,7 +32,7 @@ Why it is built this way:
   through fsspec.
 
 Checkpoints of the earlier single-blob format (``arrays.bin`` + ``index.json`` + a COMMIT holding a
-sha256) still restore, through the same entry points; ``python -m marin.training.checkpoint convert
+sha256) still restore, through the same entry points; ``marin convert-checkpoints
 RUN_DIR`` rewrites them in this format.
 """
 
@@ -836,7 +836,7 @@ def load_model(run_path: str, mesh: Any = None, *, step: int | None = None,
                 "router_bias": jax.eval_shape(lambda: init_router_bias(cfg))}
     shardings = None
     if mesh is not None:
-        from marin.parallel.mesh import param_shardings, replicated
+        from marin.parallel.mesh import param_shardings, replicated  # JAX only when a mesh is given
 
         shardings = {"params": param_shardings(template["params"], mesh, param_sharding),
                      "router_bias": replicated(mesh)}
@@ -874,21 +874,3 @@ def convert_legacy(run_path: str) -> list[int]:
         fs.mv(fsspec.core.url_to_fs(tmp)[1], root, recursive=True)
         converted.append(step)
     return converted
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m marin.training.checkpoint",
-                                description="Checkpoint maintenance for training runs.")
-    sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("convert", help="rewrite a run's single-blob checkpoints in the sharded format")
-    c.add_argument("run", help="the training step's output directory")
-    args = p.parse_args(argv)
-    steps = convert_legacy(args.run)
-    print(f"converted {len(steps)} checkpoint(s): {steps}" if steps else "nothing to convert")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -52,12 +52,12 @@ def lower_train_step(config: TrainConfig, cfg, mesh_shape: tuple[int, int], tran
 
     ``mesh`` defaults to an abstract mesh of ``mesh_shape``; pass a concrete one to compile the
     result on this machine (the planner's validation)."""
-    from marin.training.trainer import _build_train_step
+    from marin.training.trainer import build_train_step
 
     mesh = abstract_mesh(*mesh_shape) if mesh is None else mesh
     with lowering_for(platform):
         state, shardings = abstract_state(config, cfg, mesh)
-        step = _build_train_step(config, cfg, mesh, transport, shardings, microbatches)
+        step = build_train_step(config, cfg, mesh, transport, shardings, microbatches)
         traced = step.trace(state, *abstract_batch(mesh, batch_size, seq_len))
         return traced.lower(lowering_platforms=(platform,))
 

@@ -235,11 +235,11 @@ def make_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: d
     key = (config.beta1, config.beta2, config.adam_eps, config.weight_decay, config.grad_clip, cfg, mesh, transport,
            jax.tree_util.tree_structure(shardings), tuple(jax.tree_util.tree_leaves(shardings)), microbatches)
     if key not in _STEP_CACHE:
-        _STEP_CACHE[key] = _build_train_step(config, cfg, mesh, transport, shardings, microbatches)
+        _STEP_CACHE[key] = build_train_step(config, cfg, mesh, transport, shardings, microbatches)
     return _STEP_CACHE[key]
 
 
-def _build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: dict[str, Any], microbatches: int = 1):
+def build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: dict[str, Any], microbatches: int = 1):
     from marin.models.transformer import loss_and_stats, update_router_bias
     from marin.training.accumulate import accumulate
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from marin.cli import main as cli_main
 from marin.training import checkpoint as ckpt
 from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, read_checkpoint, write_checkpoint
 
@@ -229,7 +230,7 @@ def test_a_checkpoint_of_the_earlier_blob_format_restores_and_converts(tmp_path)
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "expert"))
     placed, _ = ckpt.restore_checkpoint(path, None, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
     assert set(placed) == set(before)
-    assert ckpt.main(["convert", str(run)]) == 0
+    assert cli_main(["convert-checkpoints", str(run)]) == 0
     assert not ckpt.is_legacy(ckpt.read_commit(path))
     assert not (run / "checkpoints" / "step-00000002" / "arrays.bin").exists()
     after, meta2 = read_checkpoint(path)

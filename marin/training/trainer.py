@@ -240,6 +240,8 @@ def make_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: d
 
 
 def build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: dict[str, Any], microbatches: int = 1):
+    """The jitted train step, built anew (:func:`make_train_step` memoises it); the CUDA lowering
+    check (marin.training.lowering) traces this same program without running it."""
     from marin.models.transformer import loss_and_stats, update_router_bias
     from marin.training.accumulate import accumulate
 

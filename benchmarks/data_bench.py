@@ -127,8 +127,25 @@ def bench_loader(store: str, batch_size: int, seq_len: int, n_batches: int) -> d
         return out
 
     window_s = _best_rate(window_copy, plans)
+
+    # per-host batches: each of H hosts builds only its rows (batch(..., rows=)); bytes each reads
+    per_host: dict[str, float] = {}
+    steps = list(range(min(n_batches, 20)))
+    for hosts in (1, 2, 4, 8):
+        if batch_size % hosts:
+            continue
+        rows = batch_size // hosts
+        readers = [MixtureLoader(loader.config) for _ in range(hosts)]
+        t0 = time.perf_counter()
+        for s in steps:
+            for h, ld in enumerate(readers):
+                ld.batch(s, batch_size, seq_len, rows=slice(h * rows, (h + 1) * rows))
+        per_host[str(hosts)] = max(ld.tokens_read for ld in readers) * 4 / len(steps)
+        per_host[f"{hosts}_s"] = (time.perf_counter() - t0) / len(steps) / hosts
     return {"loader_tokens_per_s": n / load_s, "memcpy_tokens_per_s": n / copy_s,
             "window_copy_tokens_per_s": n / window_s,
+            "bytes_read_per_host_per_batch": {k: v for k, v in per_host.items() if not k.endswith("_s")},
+            "batch_s_per_host": {k[:-2]: v for k, v in per_host.items() if k.endswith("_s")},
             "batch_size": batch_size, "seq_len": seq_len, "batches": n_batches}
 
 
@@ -163,6 +180,9 @@ def main(argv=None) -> dict:
         "tokenize_vs_raw_fast": tk["tokenize_tokens_per_s"] / tk["raw_encode_fast_tokens_per_s"],
         "loader_vs_memcpy": ld["loader_tokens_per_s"] / ld["memcpy_tokens_per_s"],
         "loader_vs_window_copy": ld["loader_tokens_per_s"] / ld["window_copy_tokens_per_s"],
+        "per_host": ld["bytes_read_per_host_per_batch"]["1"],  # bytes one host reads alone
+        "bytes_per_host_ratio_8_hosts": ld["bytes_read_per_host_per_batch"].get("8", float("nan"))
+        / ld["bytes_read_per_host_per_batch"]["1"],
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
@@ -179,7 +199,9 @@ def main(argv=None) -> dict:
         ("  ratio (target >= 0.25)", f"{result['loader_vs_memcpy']:8.2f} x"),
         ("copy of the loader's own windows", f"{ld['window_copy_tokens_per_s'] / 1e6:8.1f} M tokens/s"),
         ("  ratio", f"{result['loader_vs_window_copy']:8.2f} x"),
-    ]
+    ] + [(f"bytes read per host per batch, {h} host(s)",
+          f"{b / 1e6:8.2f} MB  ({b / result['per_host']:.3f} of one host)")
+         for h, b in ld["bytes_read_per_host_per_batch"].items()]
     w = max(len(a) for a, _ in rows)
     print(f"data_bench  {result['date']}  {result['machine']}")
     for a, b in rows:

@@ -30,11 +30,12 @@ from marin.evaluation.step import EvalConfig, evaluate
 from marin.execution import ExecutorStep, output_path_of, this_output_path, versioned
 from marin.execution.step import VersionedValue
 from marin.execution.versioning import versioned_config
+from marin.inference.harness import HarnessConfig, harness_eval, task_files_fingerprint
 from marin.monitoring.health import HealthReportConfig, health_report_step
 from marin.review.report import ReportConfig, report_step
 from marin.scaling.isoflop import IsoFlopFitConfig, IsoFlopRun, RecipeSpace, isoflop_fit_step
 from marin.scaling.ladder import LadderFitConfig, RungRun, ladder_fit_step
-from marin.training.config import SyntheticDataConfig, TrainConfig, resolve_model
+from marin.training.config import InitFrom, SyntheticDataConfig, TrainConfig, resolve_model
 from marin.training.planning import StepDoesNotFit, check_train_config_fits
 from marin.training.pools import get_pool
 from marin.training.steps import train
@@ -269,7 +270,9 @@ def default_train(
         memory_check: ``"error"``, ``"warn"`` or ``"off"``: what to do at declaration time when the
             planner says a phase of the run does not fit its pool's device memory.
         overrides: TrainConfig fields (``final_lr_fraction=None`` means the default, 5% of peak);
-            an unknown name is refused with the list of fields.
+            an unknown name is refused with the list of fields. ``init_from=branch_from(step, N)``
+            starts from another training step's committed checkpoint instead of a fresh state (the
+            source's version and the checkpoint step become part of this step's version).
     """
     settable = [f.name for f in dataclasses.fields(TrainConfig)
                 if f.name not in ("output_path", "data", "model", "model_overrides", "compute_dtype", "preset")]
@@ -294,6 +297,30 @@ def default_train(
         # pool's hosts need.
         resources={"num_cpus": 0},
     )
+
+
+def branch_from(source: ExecutorStep, step: int, *, optimizer: bool = True, data_position: bool = True,
+                wait_for_source: bool = False) -> InitFrom:
+    """``init_from`` for :func:`default_train`: start at ``source``'s committed checkpoint of ``step``,
+    resharded onto the new run's pool. The source is a dependency (its version is part of the new
+    step's, and it must have succeeded, so the checkpoint exists) and ``step`` is versioned.
+
+    ``optimizer``: take the AdamW state too. ``data_position``: continue the source's data stream,
+    step counter and LR schedule (a cooldown side branch: the same schedule with ``lr_replans=((step,
+    step + cooldown_steps),)`` decays to the final LR over the cooldown; a longer horizon: a larger
+    ``train_steps``); False starts at step 0 of the new run's own schedule with the source's weights.
+    ``wait_for_source``: start only after the source step succeeded (continuing a finished run); by
+    default the branch may run while the source still trains (a side branch of a live run), and the
+    checkpoint must be committed when it starts.
+    """
+    if not isinstance(source, ExecutorStep):
+        raise TypeError(f"branch_from needs the source training step (an ExecutorStep), got {type(source).__name__}")
+    if int(step) <= 0:
+        raise ValueError(f"branch_from: step must be a positive checkpoint step, got {step}")
+    run = output_path_of(source)
+    # versioned by TrainConfig's rule (init_from is by_field): the run through the source's hash
+    return InitFrom(run=run if wait_for_source else run.nonblocking(), step=int(step), optimizer=bool(optimizer),
+                    data_position=bool(data_position))
 
 
 def _check_train_memory(mode: str, config: TrainConfig) -> None:
@@ -602,4 +629,50 @@ def default_eval(
         description=f"evaluate {train_step.name} ({checkpoint} checkpoint)",
         # Like training, the step's own task only waits on the pool it launches.
         resources={"num_cpus": 0},
+    )
+
+
+def default_harness_eval(
+    name: str,
+    train_step: ExecutorStep,
+    tasks: Sequence[str],
+    include_path: str | None = None,
+    checkpoint: int | None = None,
+    pool: str | None = None,
+    *,
+    limit: int | None = None,
+) -> ExecutorStep:
+    """A step writing ``harness.json``: EleutherAI lm-evaluation-harness ``tasks`` on ``train_step``'s
+    checkpoint, through marin's lm_eval model class (its results appear in the report).
+
+    Args:
+        name: step name.
+        train_step: the ``default_train`` step whose checkpoint is evaluated.
+        tasks: lm_eval task names, defined by YAML files under ``include_path`` (local data files:
+            no hub access needed).
+        include_path: directory of task YAML files; their content is part of the step's version.
+        checkpoint: a committed step number (None: the latest).
+        pool: a single-host pool (None: the training step's).
+        limit: at most this many documents per task.
+    """
+    if not tasks:
+        raise ValueError(f"default_harness_eval {name!r}: pass at least one task name")
+    if include_path is not None:
+        from marin.evaluation.harness import check_tasks
+
+        check_tasks(list(tasks), include_path)
+    return ExecutorStep(
+        name=name,
+        fn=harness_eval,
+        config=versioned_config(HarnessConfig(
+            run_path=output_path_of(train_step),
+            output_path=this_output_path(),
+            tasks=tuple(tasks),
+            include_path=include_path,
+            task_files=task_files_fingerprint(include_path),
+            checkpoint=checkpoint,
+            limit=limit,
+            pool=pool,
+        )),
+        description=f"lm-evaluation-harness {', '.join(tasks)} on {train_step.name}",
     )

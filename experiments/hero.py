@@ -9,6 +9,11 @@ EP 64 inside a rack and data parallelism 11; 390,139 steps of 11,264 x 4,096 = 4
 sequence length 4K -> 8K at 50% -> 65K at 95%; fixed-buffer all-to-all at capacity 1.15 with the
 hot switch to dropless at step 81,716. Peak LR and warmup are not published: they are assumptions.
 
+The early-cooldown side branch (days 10-20 of the run, 1-2 days long, for RL and long-context
+experiments) starts from a committed checkpoint of the main run and leaves the main run untouched:
+
+    marin run experiments/hero.py --run_only 'hero/moe-535b-a23b-early-cooldown' ...   # once step 60,000 is committed
+
 Contingencies are operator actions on the live run, not edits of versioned fields, so the output
 path (and its checkpoints) stay: re-plan the horizon with ``lr_replans`` (the LR still ends at 5% of
 peak; see marin replan-lr), switch transport with ``transport_switches``.
@@ -16,7 +21,7 @@ peak; see marin replan-lr), switch transport with ``transport_switches``.
 
 from __future__ import annotations
 
-from experiments.defaults import default_health_report, default_train
+from experiments.defaults import branch_from, default_health_report, default_train
 from experiments.harrier_k40 import harrier_k40_mixture
 from marin.execution import executor_main
 
@@ -26,9 +31,11 @@ HERO_TOKENS_PER_STEP = HERO_BATCH_SEQUENCES * 4096  # 46,137,344
 HERO_SEQ_LEN_PHASES = ((0.0, 4096), (0.5, 8192), (0.95, 65536))  # 4K -> 8K at 50% -> 65K at 95%
 HERO_WARMUP_STEPS = 2_000
 FIXED_TO_DROPLESS_STEP = 81_716
+# the early-cooldown branch: at about day 14 (~4,400 steps/day), ~1.5 days of linear decay to the final LR
+EARLY_COOLDOWN_AT_STEP = 60_000  # a multiple of keep_every_steps, so the main run keeps that checkpoint
+EARLY_COOLDOWN_STEPS = 6_600
 
-hero = default_train(
-    "hero/moe-535b-a23b",
+HERO_TRAIN = dict(
     mixture=harrier_k40_mixture(),
     model="hero",
     pool="gb200-11racks",
@@ -54,7 +61,19 @@ hero = default_train(
     # planner sizes its EP buffers for the worst case) (docs/training.md, "Memory planner"). Warn
     # until that is fixed.
     memory_check="warn",
-    description="hero 535B-A23B on Harrier K40, 390,139 steps x 46.1M tokens",
+)
+hero = default_train("hero/moe-535b-a23b", **HERO_TRAIN,
+                     description="hero 535B-A23B on Harrier K40, 390,139 steps x 46.1M tokens")
+# Same recipe and data stream, weights, AdamW state and step counter from the main run's checkpoint
+# at EARLY_COOLDOWN_AT_STEP, resharded onto its pool; the horizon re-planned to end the decay
+# EARLY_COOLDOWN_STEPS later (the LR still ends at 5% of peak). Its own output path: the main run
+# is untouched.
+hero_early_cooldown = default_train(
+    "hero/moe-535b-a23b-early-cooldown",
+    **{**HERO_TRAIN, "keep_every_steps": None},
+    lr_replans=((EARLY_COOLDOWN_AT_STEP, EARLY_COOLDOWN_AT_STEP + EARLY_COOLDOWN_STEPS),),
+    init_from=branch_from(hero, EARLY_COOLDOWN_AT_STEP),
+    description=f"hero early cooldown: {EARLY_COOLDOWN_STEPS:,} steps of decay from step {EARLY_COOLDOWN_AT_STEP:,}",
 )
 hero_health = default_health_report("hero/moe-535b-a23b-health", hero, total_steps=HERO_STEPS)
 

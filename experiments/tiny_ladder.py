@@ -131,4 +131,12 @@ if __name__ == "__main__":
         # small machine more rungs than cores at once would time out instead of queueing.
         argv += ["--max_concurrent", str(os.cpu_count() or 1)]
     executor_main(steps=[steps["mixture_report"], steps["fit"], steps["check"]], argv=argv,
-                  description="tiny scaling ladder: rungs -> fit -> validation rung -> check")
+                  description="tiny scaling ladder: rungs -> fit -> validation rung -> check",
+                  hypothesis="Final loss and bits per byte of the tiny rungs follow a power law in training "
+                             "FLOPs, so a fit to the smaller rungs predicts the largest (held-out) rung.",
+                  goal="The validation rung's final loss within the check's tolerance of the prediction.",
+                  risks="Too few rungs or too little compute per rung to separate the power law from noise; "
+                        "repeated data in the largest rung.",
+                  contingency="If the check fails, inspect the fit's leave-one-out error and the rungs' curves "
+                              "(the report overlays them); add a rung or lengthen the runs before trusting "
+                              "predictions at larger scale.")

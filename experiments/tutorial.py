@@ -59,4 +59,12 @@ total = ExecutorStep(
 )
 
 if __name__ == "__main__":
-    executor_main(steps=[total], description="Tutorial: numbers -> sum")
+    executor_main(
+        steps=[total],
+        description="Tutorial: numbers -> sum",
+        # the experiment card: shown at the top of `marin report`, next to what happened (not versioned)
+        hypothesis="The sum of the integers 10..999 is 499,455 (the arithmetic series (10 + 999) x 990 / 2).",
+        goal="Both steps succeed and sum.json holds 499455; a second run recomputes nothing.",
+        risks="None worth a plan: two CPU steps on local disk.",
+        contingency="If the sum is wrong, `marin show tutorial/sum` prints the step's config and error.",
+    )

@@ -11,6 +11,10 @@
     marin eval RUN_DIR [--data NAME=PATH ...]    bits per byte of a training run's checkpoint
     marin health RUN_DIR [--fit FIT] [--follow S]   health checklist of a training run (live or finished)
     marin replan-lr RUN_DIR --new-total-steps N  the lr_replans value that shortens or extends a run
+    marin sample RUN_DIR --prompt TEXT ...       continue prompts with a run's model (KV-cache decoding)
+    marin export RUN_DIR -o DIR                  safetensors shards, config, tokenizer, model card
+    marin harness RUN_DIR --tasks T1,T2          EleutherAI lm-evaluation-harness tasks on a run's model
+    marin compare RUN_OR_STEP ... [-o FILE]      versioned fields that differ; loss/bpb/grad norm/drops overlaid
 
 Every command takes --help; status, show and explain take --json for scripts.
 
@@ -56,6 +60,11 @@ COMMANDS: dict[str, str] = {
     "eval": "bits per byte of a training run's checkpoint on text",
     "health": "health checklist of a training run from its metrics.jsonl",
     "replan-lr": "re-plan the LR horizon of a running training step",
+    "sample": "continue text prompts with a training run's model",
+    "export": "a run's weights as safetensors with config, tokenizer and model card",
+    "harness": "lm-evaluation-harness tasks on a training run's model",
+    "compare": "put runs side by side: differing versioned fields, overlaid curves",
+    "convert-checkpoints": "rewrite a run's single-blob checkpoints in the sharded format",
 }
 """Command name -> one-line help. The command's code is ``marin.commands.<name with _ for ->``."""
 

@@ -36,11 +36,7 @@ KNOWN_UPWARD = {
     ("marin.training.trainer", "marin.evaluation.step"),
     ("marin.training.lowering", "marin.evaluation.evaluator"),
 }
-KNOWN_PRIVATE = {
-    # Private names of the trainer and checkpoint modules, until they export public ones.
-    ("marin.evaluation.step", "marin.training.checkpoint", "_flatten"),
-    ("marin.training.lowering", "marin.training.trainer", "_build_train_step"),
-}
+KNOWN_PRIVATE: set[tuple[str, str, str]] = set()
 
 
 def _modules() -> dict[str, Path]:

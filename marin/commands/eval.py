@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 from typing import Any
@@ -68,13 +69,32 @@ def _tokenize_set(name: str, path: str, tokenizer: str, text_field: str, workdir
     if glob_at is None and not fs.exists(p):
         raise FileNotFoundError(f"--data {name}: no such file or directory: {path}")
     out = os.path.join(workdir, name.replace("/", "__"))
-    tokenize(TokenizeConfig(base, tokenizer, out, sources={name: loc}, text_field=text_field,
-                            show_progress=False, use_ray=False))
+    try:
+        tokenize(TokenizeConfig(base, tokenizer, out, sources={name: loc}, text_field=text_field,
+                                show_progress=False, use_ray=False))
+    except TokenizeError as e:  # say it about the user's file, not the temporary store being built
+        raise ValueError(f"--data {name}: cannot score {path}: {_tokenize_reason(str(e), out)}") from None
     return out
+
+
+def _tokenize_reason(message: str, workdir: str) -> str:
+    """A tokenize error as one line about the input: the per-file reasons when it lists them, without
+    its advice about the (temporary) store's shards or the step's allow_empty setting."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    reason = "; ".join(lines[1:]) if len(lines) > 1 else lines[0] if lines else "tokenizing failed"
+    reason = re.sub(r" \((?:finished shards|the shards) are kept[^)]*\)", "", reason)
+    reason = reason.replace(", or set allow_empty=True", "").replace(workdir, "<temporary store>")
+    return reason
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     checkpoint: str | int = args.checkpoint if args.checkpoint == "latest" else _step(args.checkpoint)
+    import fsspec
+
+    fs, run_path = fsspec.core.url_to_fs(args.run)
+    if not fs.exists(run_path):
+        raise FileNotFoundError(f"no training run at {args.run}: the path does not exist (pass a training step's "
+                                "output directory; `marin status` lists them)")
     steps = select_steps(args.run, checkpoint)
     record = read_metadata(checkpoint_path(args.run, steps[-1]))["config"]
     train_config = train_config_from_record(record)

@@ -19,3 +19,33 @@ def add_refresh(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     parser.add_argument("--count", type=int, default=None,
                         help="stop after this many refreshes (default: until Ctrl-C)")
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type`` for counts and sizes: 0 or a negative value is refused (not read as a default)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type`` for positive amounts (tokens, rates)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """An argparse ``type`` for a fraction in (0, 1] (an MFU)."""
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text}")
+    return value

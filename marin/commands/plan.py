@@ -2,7 +2,9 @@
 
 Per-device memory of a training step (parameters, gradients, fp32 master weights, optimizer state,
 activations under the preset's remat policy, all-to-all buffers, logits) against the pool's device
-memory, and the run's compute: FLOPs, device-hours and days at an MFU. Exit status 1 when it does not fit.
+memory; per-host memory (state shards, checkpoint staging, data buffers, runtime) against the pool's
+host memory, with the checkpoint's size, bytes per host and save time; and the run's compute: FLOPs,
+device-hours and days at an MFU. Exit status 1 when it does not fit (devices or hosts).
 """
 
 from __future__ import annotations
@@ -11,30 +13,35 @@ import argparse
 import json
 import sys
 
+from marin.commands.options import fraction, positive_float, positive_int
 from marin.models.config import PRESETS, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
-from marin.training.planning import DEFAULT_MFU, format_plan, plan
+from marin.training.planning import DEFAULT_MFU, STORAGE_WRITE_BYTES_PER_S, format_plan, plan
 from marin.training.pools import POOLS, get_pool
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset", choices=sorted(PRESETS), help="model preset")
     p.add_argument("--pool", required=True, choices=sorted(POOLS), help="device pool")
-    p.add_argument("--tokens-per-step", type=int, default=None,
+    p.add_argument("--tokens-per-step", type=positive_int, default=None,
                    help="optimizer batch in tokens (default: the pool's devices x 16 sequences, or the hero's batch)")
-    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the preset's max_seq_len)")
-    p.add_argument("--microbatches", type=int, default=None, help="gradient accumulation count (default: the "
+    p.add_argument("--seq-len", type=positive_int, default=None,
+                   help="sequence length (default: the preset's max_seq_len)")
+    p.add_argument("--microbatches", type=positive_int, default=None, help="gradient accumulation count (default: the "
                    "smallest that fits)")
     p.add_argument("--transport", default=None, help="EP transport (default: the preset's; hero/ladder: fixed)")
-    p.add_argument("--steps", type=int, default=None, help="training steps for the compute plan")
-    p.add_argument("--planned-tokens", type=float, default=None,
+    p.add_argument("--steps", type=positive_int, default=None, help="training steps for the compute plan")
+    p.add_argument("--planned-tokens", type=positive_float, default=None,
                    help="tokens the schedule is meant to cover; a mismatch with steps x batch is flagged")
-    p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help=f"model FLOPs utilisation (default {DEFAULT_MFU})")
+    p.add_argument("--mfu", type=fraction, default=DEFAULT_MFU, help=f"model FLOPs utilisation (default {DEFAULT_MFU})")
     p.add_argument("--remat", default=None, help="override the preset's remat policy")
     p.add_argument("--dtype", default=None, help="override the compute dtype")
     p.add_argument("--param-sharding", default="fsdp", choices=PARAM_SHARDINGS,
                    help="where weights and AdamW state live: fsdp (split over the mesh; default, as the hero and "
                         "ladder experiments run) or replicated (only routed experts split)")
+    p.add_argument("--storage-gbps", type=float, default=STORAGE_WRITE_BYTES_PER_S / 1e9,
+                   help="write bandwidth of one host to the checkpoint store, GB/s, for the save-time estimate "
+                        f"(default {STORAGE_WRITE_BYTES_PER_S / 1e9:g})")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -57,12 +64,15 @@ def run(args: argparse.Namespace) -> int:
         steps = args.steps if args.steps is not None else (HERO_STEPS if is_hero else None)
         planned = args.planned_tokens if args.planned_tokens is not None else (
             HERO_PLANNED_TOKENS if is_hero and args.steps is None else None)
+        if args.storage_gbps <= 0:
+            raise ValueError(f"--storage-gbps must be > 0, got {args.storage_gbps}")
         if args.microbatches is not None and args.microbatches < 1:
             raise ValueError(f"--microbatches must be >= 1, got {args.microbatches}")
         phases = HERO_SEQ_LEN_PHASES if is_hero and args.seq_len is None and args.steps is None else None
         p = plan(cfg, pool, tokens_per_step=tokens_per_step, seq_len=seq_len, microbatches=args.microbatches,
                  transport=transport, train_steps=steps, mfu=args.mfu, seq_len_phases=phases,
-                 planned_tokens=planned, param_sharding=args.param_sharding)
+                 planned_tokens=planned, param_sharding=args.param_sharding,
+                 storage_bytes_per_s=args.storage_gbps * 1e9)
     except (KeyError, ValueError) as e:
         print(f"marin plan: error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ import json
 import sys
 from typing import Any
 
+from marin.execution import status as st
 from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, read_metadata
 from marin.training.schedule import replan_horizon, schedule_from_config
 
@@ -41,7 +42,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     meta = read_metadata(mgr.path_for(latest))
     at = latest if args.at_step is None else args.at_step
-    out = replan(meta["config"], at, args.new_total_steps)
+    if args.new_total_steps <= at:
+        print(f"marin replan-lr: error: --new-total-steps {args.new_total_steps} is not after step {at}, where the "
+              f"resumed run continues{' (the latest checkpoint)' if args.at_step is None else ''}; a new horizon "
+              f"must lie after it: pass --new-total-steps greater than {at}", file=sys.stderr)
+        return 2
+    try:
+        out = replan(meta["config"], at, args.new_total_steps)
+    except ValueError as e:  # the schedule's own rule (after warmup, in step order, ...)
+        print(f"marin replan-lr: error: {e}", file=sys.stderr)
+        return 2
+    finished = _finished(args.step_dir)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -50,6 +61,16 @@ def run(args: argparse.Namespace) -> int:
     for row in out["curve"]:
         print(f"  step {row['step']:>8}: lr {row['old_lr']:.4g} -> {row['new_lr']:.4g}")
     print(f"\nadd to default_train(...): lr_replans={tuple(tuple(r) for r in out['lr_replans'])}")
-    print("then rerun the experiment: the step resumes from its checkpoint under the new plan.")
+    if finished:
+        print(f"note: this step already finished ({finished}): a rerun reuses it and trains nothing more. To train "
+              "on under the new plan, declare a new training step (another name) that starts from this checkpoint.")
+    else:
+        print("then rerun the experiment: the step resumes from its checkpoint under the new plan.")
     return 0
+
+
+def _finished(step_dir: str) -> str | None:
+    """How the step's record says it finished (``SUCCESS``), or None while it can still resume."""
+    status = st.current_status(st.read_status(step_dir))
+    return status.value if status == st.StepStatus.SUCCESS else None
 

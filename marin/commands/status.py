@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         r["duration"] = format_duration(r["duration_s"])
     print(format_table([h for _, h in COLUMNS], [[r.get(k) for k, _ in COLUMNS] for r in rows]))
     for r in rows:
-        if r.get("category") == "interrupted" and r.get("advice"):
+        if (r.get("category") == "interrupted" or r.get("status") == "UNREADABLE") and r.get("advice"):
             print(f"{r['name']}: {r['label']}: {r['advice']}")
     counts: dict[str, int] = {}
     for r in rows:

@@ -104,6 +104,7 @@ class MixtureLoader:
     """
 
     def __init__(self, config: MixtureConfig, total_steps: int | None = None):
+        self.tokens_read = 0  # training tokens this loader has read from its stores (per host)
         if isinstance(config.stores, str):
             raise MixtureError(
                 f"MixtureConfig.stores must be a tuple of store paths, got the string {config.stores!r}; "
@@ -342,17 +343,24 @@ class MixtureLoader:
         return [self._shard_maps[first + k][lo:hi]
                 for a, b in ring_pieces(start, n, int(self.train_tokens[i])) for k, lo, hi in reader._pieces(a, b)]
 
-    def batch(self, step: int, batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
+    def batch(self, step: int, batch_size: int, seq_len: int, rows: slice | None = None) -> dict[str, np.ndarray]:
         """Batch ``step``: 'tokens' and 'segment_ids', int32 [batch_size, seq_len + 1].
 
         A pure function of (config, step, batch_size, seq_len); inputs are tokens[:, :-1], targets
-        tokens[:, 1:].
+        tokens[:, 1:]. ``rows``: only those rows of the global batch (a host builds the rows its own
+        devices hold and reads only their documents: the cluster reads each batch once, not once per
+        host); the result is exactly ``batch(step, batch_size, seq_len)[rows]``. The plan (which source
+        and start each row draws) is made for the whole batch, so every host agrees on it.
         """
         if seq_len <= 0:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
         src, starts = self.plan(step, batch_size)
+        if rows is not None:
+            src, starts = src[rows], starts[rows]
+            batch_size = src.size
         shape = (batch_size, seq_len + 1)
         n_tok = batch_size * (seq_len + 1)
+        self.tokens_read += n_tok
         kernel = native.kernel()
         if kernel is not None and self._all_local:
             # Native kernel (marin/data/native.py): windows copied and segment ids written in one pass,

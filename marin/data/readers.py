@@ -72,6 +72,23 @@ def corrupt_policy_violation(n_corrupt: int, n_files: int, on_corrupt: str, max_
     return None
 
 
+DAMAGED_SKIPS = (SKIP_INVALID_UTF8, SKIP_INVALID_JSON)
+"""Skip reasons that mean the bytes are damaged (not merely an unusable document): they count
+against the corrupt-input policy like corrupt files do."""
+
+
+def damaged_documents_violation(n_damaged: int, n_records: int, max_corrupt_fraction: float) -> str | None:
+    """Why ``n_damaged`` damaged records (invalid UTF-8 or JSON) out of ``n_records`` fail the step, or
+    None: the document-level twin of :func:`corrupt_policy_violation`, since a file of garbage lines
+    reads to its end and is never a corrupt *file*. Damaged documents are skipped and counted under
+    either ``on_corrupt`` policy (which is about files) while they are at most
+    ``max_corrupt_fraction`` of the records."""
+    if n_damaged == 0 or n_damaged <= max_corrupt_fraction * n_records:
+        return None
+    return (f"{n_damaged} of {n_records} documents ({n_damaged / n_records:.1%}) are damaged (invalid JSON or UTF-8), "
+            f"more than max_corrupt_fraction={max_corrupt_fraction} allows")
+
+
 @dataclass(frozen=True)
 class Record:
     """One input record. ``text`` is None exactly when ``skip`` says why the record is unusable."""

@@ -27,15 +27,18 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import fsspec
 import numpy as np
 
 from marin.data.readers import (
+    DAMAGED_SKIPS,
     DEFAULT_MAX_CORRUPT_FRACTION,
     DEFAULT_ON_CORRUPT,
     CorruptInputError,
     corrupt_policy_violation,
+    damaged_documents_violation,
     iter_documents,
     list_document_files,
     validate_corrupt_policy,
@@ -80,6 +83,10 @@ class TokenizeConfig:
     use_ray: bool = live("Ray tasks or this process: the store is byte-identical either way", default=True)
     """Fan out as Ray tasks when Ray is initialized (always, inside an executor step). False runs
     every file in this process (small jobs, tests); the output is byte-identical either way."""
+    allow_empty: bool = live("whether a store (or a source of it) with no document may succeed, not what the "
+                             "step writes", default=False)
+    """A store, or a source of it, with no document fails the step (a wrong path or text field, a
+    corpus of garbage) unless this is True."""
 
 
 @dataclass(frozen=True)
@@ -370,6 +377,29 @@ def _run_tasks(tasks: list[FileTask], config: TokenizeConfig) -> list[dict]:
     return results
 
 
+def empty_or_damaged(manifest: dict[str, Any], config: TokenizeConfig) -> str | None:
+    """Why a finished store must not count as a success: no documents at all or in some source
+    (unless ``allow_empty``), or more damaged documents than the corrupt-input policy allows."""
+    totals = manifest["totals"]
+    skipped = totals.get("skipped") or {}
+    where = f"under {config.input_path} (text field {config.text_field!r})"
+    if not config.allow_empty:
+        if totals["documents"] == 0:
+            reasons = ", ".join(f"{n} {k}" for k, n in sorted(skipped.items())) or "no records at all"
+            return (f"no documents to tokenize {where}: {totals.get('files', 0)} file(s), skipped: {reasons}; check "
+                    "the path and text_field, or set allow_empty=True if an empty store is what you want")
+        empty = sorted(name for name, src in manifest["sources"].items() if src["documents"] == 0)
+        if empty:
+            return (f"{len(empty)} source(s) {where} have no documents: {', '.join(empty)}; check them, drop them "
+                    "from sources, or set allow_empty=True")
+    damaged = sum(skipped.get(k, 0) for k in DAMAGED_SKIPS)
+    records = totals["documents"] + sum(skipped.values())
+    why = damaged_documents_violation(damaged, records, config.max_corrupt_fraction)
+    if why:
+        return f"{why} {where}; fix the input or raise max_corrupt_fraction"
+    return None
+
+
 def tokenize(config: TokenizeConfig) -> None:
     """Executor step: write the token store at ``config.output_path`` (see module docstring)."""
     validate_corrupt_policy(config.on_corrupt, config.max_corrupt_fraction)
@@ -398,6 +428,9 @@ def tokenize(config: TokenizeConfig) -> None:
             f"a rerun redoes only the failed files):\n{lines}"
         )
     manifest = build_manifest(config, results, tok)
+    problem = empty_or_damaged(manifest, config)
+    if problem:
+        raise TokenizeError(problem + " (the shards are kept; no manifest was written, so nothing reads this store)")
     with fsspec.open(f"{out}/{MANIFEST}", "w") as f:
         json.dump(manifest, f, indent=1)
     fs, root = fsspec.core.url_to_fs(out)

@@ -25,7 +25,7 @@ from marin.data.readers import (
     list_document_files,
     validate_corrupt_policy,
 )
-from marin.execution.versioning import input_field
+from marin.execution.versioning import input_field, live
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +136,9 @@ class TrainTokenizerConfig:
     """"skip": leave a corrupt file out (recorded in tokenizer_info.json) while at most
     ``max_corrupt_fraction`` of the files are corrupt; "fail": stop on the first corrupt file."""
     max_corrupt_fraction: float = 0.01
+    allow_small_vocab: bool = live("whether a tokenizer with fewer entries than vocab_size may succeed, not what "
+                                   "the step writes", default=False)
+    """A corpus too small (or empty) to learn ``vocab_size`` entries fails the step unless this is True."""
 
 
 def _sample_texts(config: TrainTokenizerConfig, report: dict) -> Iterator[str]:
@@ -175,6 +178,7 @@ def _sample_texts(config: TrainTokenizerConfig, report: dict) -> Iterator[str]:
                     f"max_corrupt_fraction:\n{names}") from None
             logger.warning("skipping corrupt file (%d so far): %s", len(skipped), e)
             continue
+        report["bytes"] = report.get("bytes", 0) + used
         yield from texts
 
 
@@ -201,6 +205,14 @@ def train_tokenizer(config: TrainTokenizerConfig) -> None:
     report: dict = {}
     tok = train_bpe_tokenizer(_sample_texts(config, report), config.vocab_size, config.min_frequency,
                               config.eos_token)
+    learned = tok.get_vocab_size(with_added_tokens=True)
+    if learned < config.vocab_size and not config.allow_small_vocab:
+        merges = len(json.loads(tok.to_str())["model"]["merges"])
+        raise TokenizerError(
+            f"the tokenizer learned {merges} merges, {learned} of the {config.vocab_size} vocabulary entries asked: "
+            f"the text under {config.input_path} ({report.get('files', 0)} file(s), {report.get('bytes', 0):,} bytes "
+            f"sampled from field {config.text_field!r}) is empty or too small; give it more text, lower vocab_size or "
+            "min_frequency, or set allow_small_vocab=True")
     text = tok.to_str()
     out = config.output_path.rstrip("/")
     fs, root = fsspec.core.url_to_fs(out)

@@ -31,19 +31,23 @@ def eval_model_config(cfg, mesh):
     return cfg.replace(transport="local" if mesh is None or mesh.size == 1 else "dropless", remat_policy="none")
 
 
-def nll_fn(cfg, mesh):
+def nll_fn(cfg, mesh, with_greedy: bool = False):
     """``f(params, router_bias, inputs, targets, segment_ids) -> nll [B, L]`` (float32, nats), jitted
-    for ``mesh`` (rows split over every device, the result replicated so every host has all of it)."""
+    for ``mesh`` (rows split over every device, the result replicated so every host has all of it).
+    ``with_greedy``: ``(nll, target is the argmax [B, L])``, what lm-evaluation-harness calls is_greedy."""
 
     cfg = eval_model_config(cfg, mesh)
-    key = (cfg, mesh)
+    key = (cfg, mesh, with_greedy)
     if key in _EVAL_CACHE:
         return _EVAL_CACHE[key]
 
     def f(params, router_bias, inputs, targets, segment_ids):
         logits, _ = forward(params, router_bias, inputs, cfg, mesh=mesh, segment_ids=segment_ids)
         lse = jax.nn.logsumexp(logits, axis=-1)
-        return lse - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+        nll = lse - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+        if with_greedy:
+            return nll, (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+        return nll
 
     if mesh is None:
         fn = jax.jit(f)
@@ -95,27 +99,35 @@ def prepare_suite(
     )
 
 
-def sequence_nll(params, router_bias, rows: PackedRows, n_sequences: int, cfg, mesh, batch_rows: int) -> np.ndarray:
-    """Summed NLL (nats, float64) of the scored targets of each sequence in ``rows``.
+def sequence_nll(params, router_bias, rows: PackedRows, n_sequences: int, cfg, mesh, batch_rows: int,
+                 greedy: bool = False):
+    """Summed NLL (nats, float64) of the scored targets of each sequence in ``rows``; with ``greedy``
+    also whether every scored target of the sequence is the model's argmax (bool), as a pair.
 
     ``params`` / ``router_bias`` are host arrays or arrays already placed for ``mesh`` (the trainer's
     state); ``rows.num_rows`` must be a multiple of ``batch_rows``.
     """
-    fn = nll_fn(cfg, mesh)
+    fn = nll_fn(cfg, mesh, greedy)
     if mesh is not None:
 
         params = _place(params, param_shardings(params, mesh))
         router_bias = _place(router_bias, replicated(mesh))
         sharding = batch_sharding(mesh)
     out = np.zeros(n_sequences, np.float64)
+    missed = np.zeros(n_sequences, np.float64)  # scored targets that are not the argmax
     in_flight: list[tuple[np.ndarray, Any]] = []
+
+    def host(a) -> np.ndarray:
+        # replicated: every process holds the whole result (addressable_data works across processes)
+        return np.asarray(a.addressable_data(0) if mesh is not None else a, dtype=np.float64)
 
     def collect() -> None:
         seq, res = in_flight.pop(0)
-        # replicated: every process holds the whole result (addressable_data works across processes)
-        nll = np.asarray(res.addressable_data(0) if mesh is not None else res, dtype=np.float64)
+        nll = host(res[0] if greedy else res)
         m = seq >= 0
         out[:] += np.bincount(seq[m], weights=nll[m], minlength=n_sequences)
+        if greedy:
+            missed[:] += np.bincount(seq[m], weights=1.0 - host(res[1])[m], minlength=n_sequences)
 
     for b in range(0, rows.num_rows, batch_rows):
         sl = slice(b, b + batch_rows)
@@ -131,7 +143,7 @@ def sequence_nll(params, router_bias, rows: PackedRows, n_sequences: int, cfg, m
             collect()
     while in_flight:
         collect()
-    return out
+    return (out, missed == 0) if greedy else out
 
 
 def evaluate_prepared(params, router_bias, suite: PreparedSuite, cfg, mesh) -> dict[str, SetTotals]:

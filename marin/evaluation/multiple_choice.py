@@ -88,27 +88,37 @@ def encode_pair(tok, context: str, choice: str) -> tuple[list[int], list[int]]:
 def choice_logliks(questions: list[Question], tok, params, router_bias, cfg, mesh, seq_len: int,
                    batch_rows: int) -> list[np.ndarray]:
     """Per question, the log-likelihood (nats) of each choice given its context."""
-    from marin.evaluation.evaluator import sequence_nll  # JAX: reading and packing tasks must not import it
-
-    seqs, score_from = [], []
-    for qi, q in enumerate(questions):
-        for choice in q.choices:
-            ctx, cont = encode_pair(tok, q.context, choice)
-            if not cont:
-                raise TaskError(f"question {qi}: choice {choice!r} has no tokens")
-            if len(cont) > seq_len:
-                raise TaskError(f"question {qi}: choice of {len(cont)} tokens is longer than the window ({seq_len})")
-            s = np.array([tok.eos_id, *ctx, *cont], np.int32)
-            keep = min(len(s), seq_len + 1)
-            seqs.append(s[-keep:])
-            score_from.append(keep - len(cont))
-    rows = pack_windows(seqs, seq_len, score_from=score_from).padded_to(batch_rows)
-    loglik = -sequence_nll(params, router_bias, rows, len(seqs), cfg, mesh, batch_rows)
+    pairs = [(q.context, choice) for q in questions for choice in q.choices]
+    loglik = pair_logliks(pairs, tok, params, router_bias, cfg, mesh, seq_len, batch_rows)
     out, k = [], 0
     for q in questions:
         out.append(loglik[k:k + len(q.choices)])
         k += len(q.choices)
     return out
+
+
+def pair_logliks(pairs: list[tuple[str, str]], tok, params, router_bias, cfg, mesh, seq_len: int, batch_rows: int,
+                 greedy: bool = False):
+    """log P(continuation | [EOS] + context) (nats) of each ``(context, continuation)`` pair, packed
+    several to a window row; with ``greedy`` also whether each continuation is the model's argmax at
+    every one of its tokens, as a pair of arrays. The one scorer behind multiple-choice tasks and the
+    lm-evaluation-harness adapter."""
+    from marin.evaluation.evaluator import sequence_nll  # JAX: reading and packing tasks must not import it
+
+    seqs, score_from = [], []
+    for n, (context, continuation) in enumerate(pairs):
+        ctx, cont = encode_pair(tok, context, continuation)
+        if not cont:
+            raise TaskError(f"request {n}: continuation {continuation!r} has no tokens")
+        if len(cont) > seq_len:
+            raise TaskError(f"request {n}: continuation of {len(cont)} tokens is longer than the window ({seq_len})")
+        s = np.array([tok.eos_id, *ctx, *cont], np.int32)
+        keep = min(len(s), seq_len + 1)
+        seqs.append(s[-keep:])
+        score_from.append(keep - len(cont))
+    rows = pack_windows(seqs, seq_len, score_from=score_from).padded_to(batch_rows)
+    res = sequence_nll(params, router_bias, rows, len(seqs), cfg, mesh, batch_rows, greedy=greedy)
+    return (-res[0], res[1]) if greedy else -res
 
 
 def accuracy(questions: list[Question], logliks: list[np.ndarray]) -> dict[str, Any]:

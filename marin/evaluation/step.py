@@ -89,24 +89,26 @@ def select_steps(run_path: str, checkpoint: str | int) -> list[int]:
     return [step]
 
 
-def load_model_state(path: str, cfg) -> tuple[Any, Any, dict[str, Any]]:
-    """``(params, router_bias, metadata)`` of a committed checkpoint (optimizer state is not kept)."""
+def load_model_state(path: str, cfg, mesh=None) -> tuple[Any, Any, dict[str, Any]]:
+    """``(params, router_bias, metadata)`` of a committed checkpoint (its optimizer state is not read),
+    restored onto ``mesh`` whatever pool wrote it: each process reads only the slices its devices hold
+    (marin.training.checkpoint). ``mesh=None`` reads them whole into this process (tests, exports)."""
     import jax
 
     from marin.models.transformer import init_params, init_router_bias
-    from marin.training.checkpoint import _flatten, read_checkpoint
+    from marin.training.checkpoint import CheckpointMismatchError, restore_checkpoint
 
-    arrays, meta = read_checkpoint(path)
     template = {"params": jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0))),
                 "router_bias": jax.eval_shape(lambda: init_router_bias(cfg))}
-    keys, leaves, treedef = _flatten(template)
-    missing = [k for k in keys if k not in arrays]
-    if missing:
-        raise KeyError(f"{path} lacks {missing[:3]}: not a checkpoint of this model")
-    for k, leaf in zip(keys, leaves):
-        if tuple(arrays[k].shape) != tuple(leaf.shape):
-            raise ValueError(f"{path}: {k} has shape {arrays[k].shape}, the model wants {leaf.shape}")
-    tree = jax.tree_util.tree_unflatten(treedef, [arrays[k] for k in keys])
+    shardings = None
+    if mesh is not None:
+        from marin.parallel.mesh import param_shardings, replicated
+
+        shardings = {"params": param_shardings(template["params"], mesh), "router_bias": replicated(mesh)}
+    try:
+        tree, meta = restore_checkpoint(path, template, shardings, partial=True)
+    except CheckpointMismatchError as e:
+        raise ValueError(f"not a checkpoint of this model: {e}") from None
     return tree["params"], tree["router_bias"], meta
 
 
@@ -175,11 +177,10 @@ def evaluate_checkpoints_on_host(ctx, config: EvalConfig, steps: list[int]) -> d
     from marin.evaluation.evaluator import evaluate_prepared
     from marin.parallel.mesh import make_mesh
     from marin.training.checkpoint import read_metadata
-    from marin.training.trainer import model_config
 
     first = read_metadata(checkpoint_path(config.run_path, steps[-1]))
     train_config = train_config_from_record(first["config"])
-    cfg = model_config(train_config)
+    cfg = train_config.model  # exactly the model the run trained (its record holds the resolved config)
     mesh = make_mesh(*ctx.pool.mesh)
     sets = run_eval_sets(train_config, config.sets, config.held_out)
     suite = prepare_run_suite(train_config, sets, mesh, config.stride, config.seq_len) if sets else None
@@ -189,7 +190,7 @@ def evaluate_checkpoints_on_host(ctx, config: EvalConfig, steps: list[int]) -> d
     records = []
     for step in steps:
         path = checkpoint_path(config.run_path, step)
-        params, bias, meta = load_model_state(path, cfg)
+        params, bias, meta = load_model_state(path, cfg, mesh)
         rec = {"step": step, "checkpoint": path, "train_tokens": int(meta.get("tokens", 0))}
         if suite is not None:
             rec.update(suite_record(evaluate_prepared(params, bias, suite, cfg, mesh)))

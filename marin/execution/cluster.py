@@ -16,6 +16,7 @@ import sys
 import time
 
 from marin.execution.errors import ExecutorError
+from marin.execution.signals import RunStopped
 
 logger = logging.getLogger("marin.execution")
 
@@ -38,7 +39,16 @@ def ensure_ray(address: str | None) -> bool:
         except Exception as e:
             raise ExecutorError(join_failure(address, token, e)) from None
         return False
-    ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    try:
+        ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    except SystemExit:
+        # ray.init installs SIGTERM handlers that exit (after stopping what it started): a SIGTERM
+        # while the cluster starts is a stop like any other
+        raise RunStopped(signal.SIGTERM) from None
+    except BaseException:  # a signal (or an error) halfway through: stop whatever part of it started
+        if ray.is_initialized():
+            shutdown_local_ray()
+        raise
     return True
 
 

@@ -27,7 +27,16 @@ class ExecutorError(RuntimeError):
 
 
 class ExecutorInterrupted(ExecutorError):
-    """The user stopped the run (Ctrl-C); running steps were marked INTERRUPTED and their leases released."""
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP) ended the run; running steps were marked INTERRUPTED
+    (the signal named) and their leases released. ``signum`` is the signal: the process exits with
+    128 + signum, the shell's convention."""
+
+    signum: int = 2  # SIGINT
+
+
+class UnreadableRecordError(ExecutorError):
+    """Some steps' status records do not parse; the run refuses to reuse or recompute them without
+    ``--repair_records`` (the message says what a repair would make of each)."""
 
 
 class PreviouslyFailedError(ExecutorError):

@@ -41,17 +41,29 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from marin.execution import lease as leases
+from marin.execution import retry, storage
 from marin.execution import status as st
-from marin.execution import storage
 from marin.execution.cluster import ensure_ray, shutdown_local_ray
-from marin.execution.errors import ExecutorError, ExecutorInterrupted, PreviouslyFailedError
+from marin.execution.errors import (
+    ExecutorError,
+    ExecutorInterrupted,
+    PreviouslyFailedError,
+    UnreadableRecordError,
+)
+from marin.execution.failures import is_infrastructure_failure
 from marin.execution.fingerprint import code_fingerprint, drift
 from marin.execution.hashing import canonical_json, sha256_hex
 from marin.execution.jsonable import mask_argv, mask_leaves, mask_text, to_jsonable
 from marin.execution.plan import Plan, PlannedStep, resolve_config
+from marin.execution.signals import STOP_SIGNALS, StopSignals, signal_of, stop_reason
 from marin.execution.status import StepStatus
 
 logger = logging.getLogger("marin.execution")
+
+
+INTERRUPT_RETRY_S = 10.0
+"""How long recording an interruption rides out a store outage: a person waits for the prompt, and a
+scheduler's grace period (30 s on Kubernetes by default) is short."""
 
 
 @dataclasses.dataclass
@@ -65,8 +77,14 @@ class RunOptions:
     lease_ttl: float = leases.DEFAULT_TTL_S
     poll_interval: float = 0.5
     description: str | None = None
+    card: dict[str, str] | None = None  # hypothesis, goal, risks, contingency (marin.execution.main)
     script: str = "experiment"
     progress: bool = True
+    repair_records: bool = False
+    infra_retries: int = 2
+    """Times a step is resubmitted after an infrastructure failure (see :mod:`failures`); 0: never."""
+    retry_failed: list[str] | None = None
+    """Regexes of step names whose earlier FAILED attempt may be rerun (``--force_run_failed`` for a few)."""
 
 
 @dataclasses.dataclass
@@ -125,11 +143,36 @@ def experiment_record_path(plan: Plan, script: str) -> str:
     return f"{plan.prefix}/experiments/{stem}-{digest}.json"
 
 
+def merged_outcomes(previous: dict[str, str | None], outcome: dict[str, str]) -> dict[str, str | None]:
+    """Each step's outcome for the record, given what the record said before this run wrote it.
+
+    A step this run found finished ("cached", "reused") keeps "succeeded" when the record has it: the
+    report then names the run that produced the output, not the last one that looked at it, and a
+    concurrent run that only waited for a step does not overwrite the outcome of the run that ran it.
+    A step this run did not consider ("not_selected", "dry_run", none) keeps what the record says."""
+    out = dict(previous)
+    for path, new in outcome.items():
+        old = previous.get(path)
+        if new in ("cached", "reused") and old == "succeeded":
+            continue
+        if new in ("not_selected", "dry_run") and old:
+            continue
+        out[path] = new
+    return out
+
+
 def write_experiment_record(plan: Plan, opts: RunOptions, outcome: dict[str, str]) -> str:
     path = experiment_record_path(plan, opts.script)
+    try:  # another run of this experiment (earlier, or at the same time) may have written it
+        before = json.loads(storage.read_text(path) or "{}")
+        previous = {s["output_path"]: s.get("outcome") for s in before.get("steps", [])}
+    except (ValueError, KeyError, TypeError, AttributeError):  # unreadable: this run's record replaces it
+        previous = {}
+    outcome = merged_outcomes(previous, outcome)
     record = {
         "script": opts.script,
         "description": mask_text(opts.description or "") or None,
+        "card": {k: mask_text(v) for k, v in opts.card.items()} if opts.card else None,
         "prefix": plan.prefix,
         "updated": time.time(),
         "host": socket.gethostname(),
@@ -267,6 +310,11 @@ class _Runner:
         self.initial_events = {s: len((statuses.get(s) or {}).get("events", [])) for s in todo}
         self.bar = None
         self._resources: dict[str, float] | None = None
+        self.signals: StopSignals | None = None
+        self.infra_failures: dict[PlannedStep, int] = collections.Counter()
+        self.resubmit_at: dict[PlannedStep, float] = {}
+        """Steps waiting out the backoff before their next attempt after an infrastructure failure."""
+        self.retry_configs: dict[PlannedStep, Any] = {}
 
     # -- heartbeat -------------------------------------------------------------------------------
     def _heartbeat(self) -> None:
@@ -384,7 +432,7 @@ class _Runner:
             if problem is not None:
                 self._record_failure(s, *problem)
                 return
-            config = self.configs.pop(s)
+            config = self.retry_configs[s] = self.configs.pop(s)
             options = _ray_options(s)
             missing = infeasible(options, self._cluster_resources())
             if missing:
@@ -455,6 +503,11 @@ class _Runner:
                 self._finish(s, "lost")
                 return
             error, tb = describe_failure(e)
+            if is_infrastructure_failure(e) and self.infra_failures[s] < self.opts.infra_retries:
+                self._retry_later(s, error)
+                return
+            if self.infra_failures[s]:
+                error += f" (after {self.infra_failures[s]} retried infrastructure failure(s))"
             self._record_failure(s, error, tb)
             return
         with self.lock:  # from here on the heartbeat leaves this lease alone
@@ -476,14 +529,64 @@ class _Runner:
             return
         self._finish(s, "succeeded")
 
-    def interrupt(self) -> None:
-        """Ctrl-C: stop every step this driver holds, mark it INTERRUPTED, release its lease.
+    def _retry_later(self, s: PlannedStep, error: str) -> None:
+        """Record an infrastructure failure as an attempt and resubmit the step after a backoff.
 
-        Signals are ignored meanwhile so a second Ctrl-C cannot leave a step RUNNING with a dead
-        holder (the next run would then wait for the holder's lease to expire)."""
-        in_main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
+        The step keeps its lease (it stays RUNNING for every reader, with the attempt in its events)
+        and resumes from whatever it committed: a training step from its last checkpoint."""
+        self.infra_failures[s] += 1
+        n = self.infra_failures[s]
+        delay = min(60.0, 2.0 * 2 ** (n - 1))
+        message = (f"infrastructure failure ({mask_text(error)}); attempt {n + 1} of {self.opts.infra_retries + 1} "
+                   f"starts in {delay:.0f}s from what the step committed")
+        with self.lock:
+            lease = self.held.get(s)
+        if lease is None:  # taken over meanwhile: not ours to retry
+            self._finish(s, "lost")
+            return
         try:
+            st.write_status(s.output_path, StepStatus.RUNNING, lease=lease, message=message)
+        except Exception as e:  # noqa: BLE001 - the record is the store's; the retry goes on without it
+            logger.error("step %s: could not record the retry: %s", s.name, e)
+        self._print(f"RETRY {s.name}: {message}")
+        self.resubmit_at[s] = time.monotonic() + delay
+
+    def _resubmit_due(self) -> None:
+        now = time.monotonic()
+        for s, at in list(self.resubmit_at.items()):
+            if at > now:
+                continue
+            del self.resubmit_at[s]
+            with self.lock:
+                held = s in self.held
+            if not held:  # the lease was lost while waiting
+                self._finish(s, "lost")
+                continue
+            try:
+                ref = remote_body(s.step.fn).options(**_ray_options(s)).remote(self.retry_configs[s], s.output_path)
+            except Exception as e:  # noqa: BLE001 - submission failed: the step failed
+                self._record_failure(s, f"{type(e).__name__}: {e}", traceback.format_exc())
+                continue
+            self.running[ref] = s
+            self.refs[s] = ref
+
+    def interrupt(self, signum: int = signal.SIGINT) -> None:
+        """A stop signal: stop every step this driver holds, mark it INTERRUPTED, release its lease.
+
+        Stop signals are ignored meanwhile so a second Ctrl-C (or the scheduler's repeated SIGTERM)
+        cannot leave a step RUNNING with a dead holder (the next run would then wait for the holder's
+        lease to expire)."""
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS} if in_main else {}
+        message = f"the run was stopped ({stop_reason(signum)})"
+        try:
+            self._interrupt(message)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _interrupt(self, message: str) -> None:
+        with retry.capped(INTERRUPT_RETRY_S):  # the person (or the scheduler's grace period) is waiting
             import ray
 
             for ref in list(self.running):
@@ -498,14 +601,11 @@ class _Runner:
                     record = st.read_status(s.output_path)
                     if st.current_status(record) == StepStatus.RUNNING:
                         st.write_status(s.output_path, StepStatus.INTERRUPTED, lease=lease,
-                                        message="the run was interrupted (Ctrl-C)", previous=record)
+                                        message=message, previous=record)
                 except Exception as e:  # pragma: no cover - store unreachable
                     logger.error("step %s: could not record the interruption: %s", s.name, e)
                 self._release(s)
                 self.outcome[s.output_path] = "interrupted"
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
 
     def _check_waiting(self) -> None:
         now = time.monotonic()
@@ -537,9 +637,11 @@ class _Runner:
         beat = threading.Thread(target=self._heartbeat, name="marin-lease-heartbeat", daemon=True)
         beat.start()
         try:
-            while self.ready or self.running or self.waiting:
+            while self.ready or self.running or self.waiting or self.resubmit_at:
                 while self.ready and len(self.running) < window:
                     self._start(self.ready.popleft())
+                if self.resubmit_at:
+                    self._resubmit_due()
                 with self.lock:
                     lost = [s for s in self.lost if s in self.refs]
                 for s in lost:
@@ -554,11 +656,11 @@ class _Runner:
                         # upstreams first: a dependent's result is judged after its upstream's
                         for ref in sorted(set(done + more), key=lambda r: self.order[self.running[r]]):
                             self._on_done(ref)
-                elif self.waiting and not self.ready:
+                elif (self.waiting or self.resubmit_at) and not self.ready:
                     time.sleep(min(self.opts.poll_interval, 0.2))
                 self.bar.set_postfix(running=len(self.running), waiting=len(self.waiting), refresh=False)
-        except KeyboardInterrupt:
-            self.interrupt()
+        except KeyboardInterrupt as e:
+            self.interrupt(signal_of(e, self.signals))
             raise
         finally:
             self.stop.set()
@@ -577,6 +679,11 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
             raise ExecutorError(problem + "\nCheck the prefix, your credentials and the network.") from e
         print(f"warning: {problem}; showing the plan as if no step had run", file=sys.stderr)
         statuses = {s: None for s in plan.steps}
+    unreadable = [s for s in plan.steps if st.current_status(statuses[s]) == StepStatus.UNREADABLE]
+    if unreadable and not opts.dry_run:
+        if not opts.repair_records:
+            raise UnreadableRecordError(unreadable_message(unreadable, statuses))
+        statuses.update(repair_records(plan, unreadable, statuses, opts))
     todo = select_steps(plan, statuses, opts.run_only)
     outcome: dict[str, str] = {}
     for s in plan.steps:
@@ -586,12 +693,21 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
             outcome[s.output_path] = "not_selected"
 
     failed_before = [s for s in todo if st.current_status(statuses[s]) == StepStatus.FAILED]
+    if opts.retry_failed:
+        patterns = [re.compile(p) for p in opts.retry_failed]
+        named = [s for s in failed_before if any(p.fullmatch(s.name) or p.search(s.output_path) for p in patterns)]
+        if not named:
+            names = ", ".join(s.name for s in failed_before) or "none"
+            raise ExecutorError(f"--retry_failed {' '.join(opts.retry_failed)} names no failed step of this "
+                                f"experiment (failed steps: {names})")
+        failed_before = [s for s in failed_before if s not in named]
     if failed_before and not opts.force_run_failed and not opts.dry_run:
         names = "\n".join(f"  {s.name} ({s.output_path})" for s in failed_before)
         raise PreviouslyFailedError(
             f"{len(failed_before)} step(s) failed in an earlier run:\n{names}\n"
-            "See why with `marin show <path>`, fix the cause, then rerun with --force_run_failed true "
-            "(failed steps are not retried by default so a broken step cannot burn compute silently)."
+            "See why with `marin show <path>`, fix the cause, then rerun with --retry_failed STEP (that step) "
+            "or --force_run_failed true (every failed step); failed steps are not retried by default so a "
+            "broken step cannot burn compute silently."
         )
 
     if opts.dry_run:
@@ -601,27 +717,36 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
         return RunResult(plan, outcome, None)
 
     problem = storage.writable_problem(f"{plan.prefix}/experiments")
+    if not todo:  # nothing will be written but the record: a read-only prefix is fine
+        print(f"Nothing to run: all {len(plan.steps)} steps already succeeded under {plan.prefix}", file=sys.stderr)
+        if problem:
+            print(f"(the experiment record was not updated: cannot write under {plan.prefix}: {problem})",
+                  file=sys.stderr)
+            return RunResult(plan, outcome, None)
+        return RunResult(plan, outcome, write_experiment_record(plan, opts, outcome))
     if problem:
         raise ExecutorError(
             f"cannot write under the prefix {plan.prefix} ({problem}); choose a writable --prefix or $MARIN_PREFIX"
         )
-    if not todo:
-        print(f"Nothing to run: all {len(plan.steps)} steps already succeeded under {plan.prefix}", file=sys.stderr)
-        return RunResult(plan, outcome, write_experiment_record(plan, opts, outcome))
 
     storage.makedirs(plan.prefix)
     runner = _Runner(plan, todo, statuses, opts)
     started = False
-    try:
-        started = ensure_ray(opts.address)
-        record = write_experiment_record(plan, opts, outcome)
-        runner.loop()
-    except KeyboardInterrupt:
-        outcome.update(runner.outcome)
-        raise _interrupted(plan, opts, outcome, runner) from None
-    finally:
-        if started:  # a cluster we started ends with the run, agents included
-            shutdown_local_ray()
+    with StopSignals() as signals:
+        runner.signals = signals
+        try:
+            started = ensure_ray(opts.address)
+            signals.install()  # ray.init replaced our SIGTERM handler with its own
+            record = write_experiment_record(plan, opts, outcome)
+            runner.loop()
+        except KeyboardInterrupt as e:
+            with signals.deferred():
+                outcome.update(runner.outcome)
+                raise _interrupted(plan, opts, outcome, runner, signal_of(e, signals)) from None
+        finally:
+            with signals.deferred():  # a cluster we started ends with the run, agents included, signal or not
+                if started:
+                    shutdown_local_ray()
     outcome.update(runner.outcome)
     record = write_experiment_record(plan, opts, outcome)
     result = RunResult(plan, outcome, record, runner.errors)
@@ -644,15 +769,50 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
     return result
 
 
-def _interrupted(plan: Plan, opts: RunOptions, outcome: dict[str, str], runner: "_Runner") -> ExecutorInterrupted:
-    """The message (and record) for a run stopped by Ctrl-C: what stopped, what is kept, how to resume."""
+def unreadable_message(steps: list[PlannedStep], statuses: dict[PlannedStep, dict | None]) -> str:
+    """Why the run refuses to start over unreadable records, and what ``--repair_records`` would do."""
+    lines = [f"{len(steps)} step(s) have a status record that cannot be read; their outputs may be complete, "
+             "so they are neither reused nor recomputed:"]
+    for s in steps:
+        status, why = st.rebuild_plan(statuses[s])
+        lines.append(f"  {s.name} ({s.output_path}): {statuses[s]['unreadable']}\n"
+                     f"      --repair_records true would rebuild it as {status.value}: {why}")
+    lines.append("Look at the step directories (marin show PATH), then rerun with --repair_records true "
+                 "(the damaged records are kept as .executor_status.unreadable).")
+    return "\n".join(lines)
+
+
+def repair_records(plan: Plan, steps: list[PlannedStep], statuses: dict[PlannedStep, dict | None],
+                   opts: RunOptions) -> dict[PlannedStep, dict]:
+    """Rebuild each step's unreadable record under its lease (see :func:`status.rebuild_record`)."""
+    holder = leases.new_holder_id()
+    out = {}
+    for s in steps:
+        lease = leases.try_acquire(s.output_path, holder, opts.lease_ttl)
+        if lease is None:
+            raise ExecutorError(f"cannot repair the record of {s.name} ({s.output_path}): a live executor holds "
+                                "its lease; wait for it to finish or stop it, then rerun")
+        try:
+            info = step_info(s, resolve_config(s, plan), holder)
+            out[s] = st.rebuild_record(s.output_path, statuses[s], lease=lease, info=info)
+        finally:
+            leases.release(s.output_path, lease)  # a rebuilt SUCCESS removed it already: nothing to release
+        event = out[s]["events"][-1]
+        print(f"rebuilt the record of {s.name} ({s.output_path}) as {out[s]['status']}: "
+              f"{event['message'].rsplit('): ', 1)[-1]}", file=sys.stderr)
+    return out
+
+
+def _interrupted(plan: Plan, opts: RunOptions, outcome: dict[str, str], runner: "_Runner",
+                 signum: int = signal.SIGINT) -> ExecutorInterrupted:
+    """The message (and record) for a run stopped by a signal: what stopped, what is kept, how to resume."""
     try:
         record = write_experiment_record(plan, opts, outcome)
     except Exception:  # the record is a convenience; the statuses are what the next run reads
         record = None
     stopped = [s for s in plan.steps if outcome.get(s.output_path) == "interrupted"]
     done = sum(1 for v in outcome.values() if v in ("succeeded", "reused"))
-    lines = ["interrupted (Ctrl-C)."]
+    lines = ["interrupted (Ctrl-C)." if signum == signal.SIGINT else f"stopped by {stop_reason(signum)}."]
     if stopped:
         lines.append(f"{len(stopped)} running step(s) stopped and marked INTERRUPTED, their leases released:")
         lines += [f"  {s.name} ({s.output_path})" for s in stopped]
@@ -662,6 +822,7 @@ def _interrupted(plan: Plan, opts: RunOptions, outcome: dict[str, str], runner: 
     command = shlex.join(mask_argv([os.path.basename(sys.executable), *sys.argv]))
     lines.append(f"To resume, run the same command again: {command}")
     err = ExecutorInterrupted("\n".join(lines))
+    err.signum = signum
     err.result = RunResult(plan, outcome, record, runner.errors)  # type: ignore[attr-defined]
     return err
 
@@ -672,6 +833,11 @@ def print_dry_run(plan: Plan, statuses: dict, todo: list[PlannedStep]) -> None:
     for s in plan.steps:
         status = st.current_status(statuses[s])
         mark = "run " if s in todo_set else "skip"
+        if status == StepStatus.UNREADABLE:
+            rebuilt, why = st.rebuild_plan(statuses[s])
+            print(f"  [stop] {s.name}-{s.hash}  (UNREADABLE)  {s.output_path}\n         {statuses[s]['unreadable']}; "
+                  f"a run refuses it; --repair_records true rebuilds it as {rebuilt.value} ({why})")
+            continue
         print(f"  [{mark}] {s.name}-{s.hash}  ({status.value if status else 'new'})  {s.output_path}")
         if statuses[s] is not None:
             info = st.read_info(s.output_path, statuses[s])

@@ -12,7 +12,12 @@ The masking rule, the one used everywhere a config or an error message leaves th
 * any string, under any field, has credential-looking parts replaced by ``***``: AWS access key ids
   (``AKIA``/``ASIA`` + 16 upper-case letters or digits), W&B API keys (40 hex digits; a git commit
   id reads the same and is masked too), ``sk-...``, ``hf_...``, ``ghp_...`` style tokens, and
-  40-character base64 AWS secret keys under a field whose name mentions aws/access/auth/cred.
+  40-character base64 AWS secret keys under a field whose name mentions aws/access/auth/cred;
+* credentials in other shapes, wherever they appear in a string: the user-info part of a URL
+  (``https://user:pass@host/x`` -> ``https://***@host/x``), the value of an authorization-like
+  header (``Authorization: Bearer ...``, ``X-Api-Key: ...``, also as JSON or ``key=value``), a
+  ``Bearer``/``Basic`` credential on its own, and credential query parameters of a URL
+  (``?access_token=...``, ``X-Amz-Signature=...``). A field named ``authorization`` is a secret.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from marin.execution.walker import DESCEND, FieldPath, container_kind, walk
 from marin.execution.walker import UnhashableConfigError as _Unencodable
 
 MASK = "***"
-_SECRET_WORDS = {"key", "secret", "token", "password", "passwd", "apikey", "credential", "credentials"}
+_SECRET_WORDS = {"key", "secret", "token", "password", "passwd", "apikey", "credential", "credentials",
+                 "authorization"}
 _KEYISH_WORDS = _SECRET_WORDS | {"aws", "access", "auth", "cred", "creds", "s3", "env", "environment"}
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 
@@ -42,6 +48,18 @@ _CREDENTIAL_RE = re.compile(
     r")(?![A-Za-z0-9])"
 )
 _AWS_SECRET_RE = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+_URL_USERINFO_RE = re.compile(r"(?<=://)[^/\s@:'\"<>]+(?::[^/\s@'\"<>]*)?@")
+"""``user:password@`` (or ``token@``) right after a URL's scheme."""
+_AUTH_HEADER_RE = re.compile(
+    r"(?i)((?:proxy-)?authorization|x-api-key|api-key|x-auth-token|x-goog-api-key|private-token)"
+    r"(\"?\s*[:=]\s*\"?)(?:(bearer|basic|token|digest)\s+)?[^\s\"',;}]+"
+)
+"""An authorization-like header and its value, as ``Name: value``, ``"Name": "value"`` or ``name=value``."""
+_BEARER_RE = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}")
+_QUERY_SECRET_RE = re.compile(
+    r"(?i)([?&](?:access_token|id_token|refresh_token|token|api_key|apikey|key|sig|signature|password"
+    r"|x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|x-goog-credential)=)[^&\s\"'#]+"
+)
 
 
 def _words(name: str) -> set[str]:
@@ -65,6 +83,13 @@ def mask_text(text: str, field_name: str = "", *, keyish: bool | None = None) ->
     if not text:
         return text
     out = _CREDENTIAL_RE.sub(MASK, text)
+    if "@" in out:
+        out = _URL_USERINFO_RE.sub(MASK + "@", out)
+    out = _AUTH_HEADER_RE.sub(lambda m: m.group(1) + m.group(2) + (m.group(3) + " " if m.group(3) else "") + MASK,
+                              out)
+    out = _BEARER_RE.sub(lambda m: f"{m.group(1)} {MASK}", out)
+    if "=" in out:
+        out = _QUERY_SECRET_RE.sub(lambda m: m.group(1) + MASK, out)
     if keyish is None:
         keyish = bool(field_name) and bool(_words(field_name) & _KEYISH_WORDS)
     if keyish:

@@ -149,6 +149,8 @@ def renew(step_dir: str, lease: Lease, ttl: float = DEFAULT_TTL_S) -> Lease:
     _check_ours(step_dir, current, lease)
     new = dataclasses.replace(lease, expiry=time.time() + ttl)
     if not storage.compare_and_swap(path, new.to_json(), tag):
+        if storage.read_text(path) == new.to_json():  # our PUT landed, then a retry of it lost to itself
+            return new
         raise LeaseLost(f"lease on {step_dir} changed while renewing token {lease.token}")
     return new
 

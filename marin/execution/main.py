@@ -39,15 +39,28 @@ class ExecutorMainConfig:
     """Seconds a step lease lives without heartbeat; a dead executor's steps are taken over after it."""
     progress: bool = True
     """Show a progress bar on stderr."""
+    infra_retries: int = 2
+    """Times a step is retried by itself after an infrastructure failure (a host, worker or node died,
+    a preemption, a storage outage past its retry limit), each from what it committed (a training
+    step resumes from its last checkpoint), with backoff; 0 turns this off. Failures of the step
+    itself (divergence, a config error, a bug) are never retried."""
+    retry_failed: list[str] | None = None
+    """Steps (names or regexes, ``--retry_failed A B``) whose earlier FAILED attempt may run again,
+    without --force_run_failed for every failed step."""
+    repair_records: bool = False
+    """Rebuild status records that cannot be read (torn, truncated) where that is safe, and say how
+    (off by default: the run stops and lists them, since their outputs may be complete)."""
 
 
-def _extract_run_only(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """Pull ``--run_only A B ...`` out of argv (draccus wants one token per flag; regexes may hold
-    commas or brackets, so we do not go through its list syntax)."""
+def _extract_run_only(argv: list[str], flag: str = "--run_only") -> tuple[list[str], list[str] | None]:
+    """Pull ``--run_only A B ...`` (or another list ``flag``, also spelt with dashes) out of argv
+    (draccus wants one token per flag; regexes may hold commas or brackets, so we do not go through
+    its list syntax)."""
     out, patterns, i = [], None, 0
+    spellings = (flag, flag.replace("_", "-"))
     while i < len(argv):
         arg = argv[i]
-        if arg == "--run_only" or arg.startswith("--run_only="):
+        if arg in spellings or arg.startswith(tuple(f"{f}=" for f in spellings)):
             patterns = patterns or []
             if "=" in arg:
                 patterns.append(arg.split("=", 1)[1])
@@ -65,15 +78,33 @@ def parse_executor_args(argv: Sequence[str]) -> ExecutorMainConfig:
     import draccus
 
     rest, run_only = _extract_run_only(list(argv))
+    rest, retry_failed = _extract_run_only(rest, "--retry_failed")
     config = draccus.parse(config_class=ExecutorMainConfig, args=rest)
     if run_only is not None:
         config.run_only = run_only
+    if retry_failed is not None:
+        config.retry_failed = retry_failed
     return config
 
 
 def _script_name() -> str:
     main = sys.modules.get("__main__")
     return os.path.basename(getattr(main, "__file__", None) or sys.argv[0] or "experiment")
+
+
+CARD_FIELDS = ("hypothesis", "goal", "risks", "contingency")
+
+
+def experiment_card(hypothesis: str | None = None, goal: str | None = None, risks: str | None = None,
+                    contingency: str | None = None) -> dict[str, str] | None:
+    """The experiment card: what the experiment expects and will do if it does not happen (free
+    text; not versioned: rewording a hypothesis changes no step's output). None when all are empty."""
+    card = {"hypothesis": hypothesis, "goal": goal, "risks": risks, "contingency": contingency}
+    for k, v in card.items():
+        if v is not None and not isinstance(v, str):
+            raise TypeError(f"executor_main({k}=...) must be text, got {type(v).__name__}")
+    card = {k: v.strip() for k, v in card.items() if v and v.strip()}
+    return card or None
 
 
 class ExperimentLoaded(BaseException):
@@ -83,10 +114,11 @@ class ExperimentLoaded(BaseException):
     loading a file for review stops at its ``executor_main`` call and never runs its post-run code.
     """
 
-    def __init__(self, steps: list[ExecutorStep], description: str | None) -> None:
+    def __init__(self, steps: list[ExecutorStep], description: str | None, card: dict[str, str] | None = None) -> None:
         super().__init__("experiment loaded for review")
         self.steps = steps
         self.description = description
+        self.card = card
 
 
 _capturing = False
@@ -115,6 +147,11 @@ def executor_main(
     steps: list[ExecutorStep] | None = None,
     description: str | None = None,
     argv: Sequence[str] | None = None,
+    *,
+    hypothesis: str | None = None,
+    goal: str | None = None,
+    risks: str | None = None,
+    contingency: str | None = None,
 ) -> RunResult:
     """Plan and run ``steps`` (and everything they depend on); returns the :class:`RunResult`.
 
@@ -130,9 +167,14 @@ def executor_main(
     steps through :class:`ExperimentLoaded`. A file declares its whole DAG in one call: a second
     command-line call in the same process is refused, since review tools and dry runs see only the
     first and a second record would split one experiment in two.
+
+    ``hypothesis``, ``goal``, ``risks`` and ``contingency`` are the experiment card (free text, not
+    versioned): written to the experiment record and shown at the top of ``marin report`` next to
+    the outcome.
     """
+    card = experiment_card(hypothesis, goal, risks, contingency)
     if _capturing:
-        raise ExperimentLoaded(list(steps or []), description)
+        raise ExperimentLoaded(list(steps or []), description, card)
     from_cli = config is None
     if from_cli:
         here = _caller()
@@ -155,8 +197,12 @@ def executor_main(
             address=config.address,
             lease_ttl=config.lease_ttl,
             description=description,
+            card=card,
             script=_script_name(),
             progress=config.progress,
+            repair_records=config.repair_records,
+            infra_retries=config.infra_retries,
+            retry_failed=config.retry_failed,
         )
         result = run_plan(plan, opts)
     except (PlanError, InvalidStepError, UnhashableConfigError, ExecutorError) as e:
@@ -164,7 +210,7 @@ def executor_main(
             raise
         if isinstance(e, ExecutorInterrupted):
             print(f"marin: {e}", file=sys.stderr)
-            raise SystemExit(130) from None  # the shell's convention for "stopped by SIGINT"
+            raise SystemExit(128 + e.signum) from None  # the shell's convention: 130 SIGINT, 143 SIGTERM, 129 SIGHUP
         print(f"marin: error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     if from_cli and config.dry_run:

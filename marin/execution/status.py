@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import time
 from typing import Any
 
@@ -44,7 +45,11 @@ class StepStatus(str, enum.Enum):
     FAILED = "FAILED"
     DEP_FAILED = "DEP_FAILED"
     INTERRUPTED = "INTERRUPTED"
-    """The run was stopped by the user (Ctrl-C) while the step ran; not a failure of the step."""
+    """The run was stopped by a signal (Ctrl-C, SIGTERM, SIGHUP) while the step ran; not a failure of the step."""
+    UNREADABLE = "UNREADABLE"
+    """Never written: the status file exists but does not parse (torn by a crash of a store that is
+    not atomic, truncated, overwritten by hand). The step may hold finished outputs, so the executor
+    neither reuses nor recomputes it without ``--repair_records`` (see :func:`rebuild_record`)."""
 
 
 class IllegalTransition(RuntimeError):
@@ -60,6 +65,7 @@ _ALLOWED: dict[StepStatus | None, set[StepStatus]] = {
     StepStatus.FAILED: {StepStatus.RUNNING, StepStatus.DEP_FAILED},  # RUNNING only with --force_run_failed
     StepStatus.DEP_FAILED: {StepStatus.RUNNING, StepStatus.DEP_FAILED},
     StepStatus.SUCCESS: set(),
+    StepStatus.UNREADABLE: {StepStatus.SUCCESS, StepStatus.FAILED, StepStatus.INTERRUPTED},  # rebuild_record only
 }
 
 
@@ -73,15 +79,87 @@ def check_transition(old: StepStatus | None, new: StepStatus) -> None:
 
 
 def read_status(step_dir: str, *, attempts: bool = True) -> dict[str, Any] | None:
-    """``{"status": ..., "events": [...]}`` or None when the step never started.
+    """``{"status": ..., "events": [...]}``, or None when the step never started; a status file that
+    does not parse reads as UNREADABLE (see :func:`parse_record`), never as None.
 
     ``attempts``: include the attempts that the step's lease records and the file does not yet
     (see :func:`with_attempts`); False reads the file alone (the lease's holder, judging what
     happened before its own attempt). A finished step's lease is not read."""
-    record = storage.read_json(f"{step_dir}/{STATUS_FILE}")  # damaged: read as never started
-    if not attempts or current_status(record) == StepStatus.SUCCESS:
+    record = parse_record(f"{step_dir}/{STATUS_FILE}", storage.read_text(f"{step_dir}/{STATUS_FILE}"))
+    if not attempts or current_status(record) in (StepStatus.SUCCESS, StepStatus.UNREADABLE):
         return record
     return with_attempts(record, leases.read_lease(step_dir))
+
+
+_HEAD_STATUS = re.compile(r'^\s*\{\s*"status"\s*:\s*"([A-Z_]+)"')
+
+
+def parse_record(path: str, text: str | None) -> dict[str, Any] | None:
+    """The status record in ``text`` (None when there is no file), or an UNREADABLE record saying why.
+
+    An unreadable record is ``{"status": "UNREADABLE", "events": [], "unreadable": why, "head_status":
+    ...}``; ``head_status`` is the status its readable start names, if any (the writer puts it first),
+    which :func:`rebuild_record` uses. Never read as "not run": the step may have finished."""
+    if text is None:
+        return None
+    why = None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as e:
+        why = f"{'empty file' if not text.strip() else f'not JSON ({e.msg} at byte {e.pos})'}"
+    else:
+        if not isinstance(record, dict) or record.get("status") not in StepStatus._value2member_map_ \
+                or not isinstance(record.get("events", []), list):
+            why = "not a status record (no known status)"
+        elif record["status"] == StepStatus.UNREADABLE.value:
+            why = "a status record that says UNREADABLE"
+        else:
+            record.setdefault("events", [])
+            return record
+    head = _HEAD_STATUS.match(text)
+    head_status = head.group(1) if head and head.group(1) in StepStatus._value2member_map_ else None
+    return {
+        "status": StepStatus.UNREADABLE.value, "events": [],
+        "unreadable": f"record unreadable: {path} ({len(text.encode())} bytes, {why})"
+                      + (f"; its readable start says {head_status}" if head_status else ""),
+        "head_status": head_status,
+    }
+
+
+def rebuild_plan(record: dict[str, Any]) -> tuple[StepStatus, str]:
+    """What :func:`rebuild_record` would make of an UNREADABLE record, and why that is safe.
+
+    SUCCESS only where the torn record's own start says SUCCESS (the executor writes SUCCESS after
+    the outputs are complete, so they were); FAILED where it says FAILED (the failure still needs a
+    look); otherwise INTERRUPTED, which the next run resumes over the outputs already there (as
+    after a killed run: a training step continues from its last committed checkpoint)."""
+    head = record.get("head_status")
+    if head == StepStatus.SUCCESS.value:
+        return StepStatus.SUCCESS, ("its readable start says SUCCESS, which is written only after the outputs "
+                                    "are complete")
+    if head == StepStatus.FAILED.value:
+        return StepStatus.FAILED, "its readable start says FAILED; the failure still needs --force_run_failed"
+    return StepStatus.INTERRUPTED, "it did not finish as far as can be told; the run resumes it over its outputs"
+
+
+def rebuild_record(step_dir: str, record: dict[str, Any], *, lease: leases.Lease,
+                   info: dict[str, Any] | None) -> dict[str, Any]:
+    """Replace an UNREADABLE record (see :func:`rebuild_plan`) under ``lease``, held by the caller;
+    the damaged text is kept beside it as ``.executor_status.unreadable`` for a person to look at.
+    A rebuilt SUCCESS removes the lease with the write, as a committed SUCCESS does."""
+    status, why = rebuild_plan(record)
+    path = f"{step_dir}/{STATUS_FILE}"
+    damaged = storage.read_text(path)
+    if damaged is not None:
+        storage.write_text(f"{path}.unreadable", damaged)
+    event = {"status": status.value, "time": time.time(), "holder": lease.holder, "token": lease.token,
+             "message": f"rebuilt from an unreadable record ({record.get('unreadable')}): {why}"}
+    out: dict[str, Any] = {"status": status.value, "events": [event]}
+    if info is not None:
+        out["info"] = info
+    consume = leases.lease_path(step_dir) if status == StepStatus.SUCCESS else None
+    storage.write_text(path, json.dumps(out, indent=1, default=repr), consume=consume)
+    return out
 
 
 def _recorded(events: list[dict[str, Any]], attempt: leases.Attempt) -> bool:
@@ -103,6 +181,8 @@ def with_attempts(
     if lease is None or lease.released:
         return record
     events = list(record["events"]) if record else []
+    if current_status(record) == StepStatus.UNREADABLE:
+        return record  # nothing to merge into; the damage is what the reader must see
     attempts = (*lease.abandoned, lease.attempt) if own else lease.abandoned
     new = [
         {"status": StepStatus.RUNNING.value, "time": since, "holder": holder, "token": token}

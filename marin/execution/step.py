@@ -18,6 +18,8 @@ import posixpath
 import re
 from typing import Any, Callable, Generic, TypeVar
 
+from marin.execution.hashing import HASH_CHARS
+
 T = TypeVar("T")
 ConfigT = TypeVar("ConfigT")
 
@@ -25,6 +27,11 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*$")
 
 RESOURCE_KEYS = frozenset({"num_cpus", "num_gpus", "memory", "resources", "accelerator_type"})
 """Keys accepted in ``ExecutorStep.resources``; they map one-to-one onto Ray task options."""
+
+
+NAME_PART_MAX = 255
+"""Longest directory name most filesystems allow (NAME_MAX on Linux, macOS and Windows), in bytes; a
+step name's parts are ASCII, so characters."""
 
 
 class InvalidStepError(ValueError):
@@ -144,4 +151,14 @@ def validate_step_name(name: str) -> None:
     if not _NAME_RE.match(name):
         raise InvalidStepError(
             f"step name {name!r} has characters outside [A-Za-z0-9_.-] (with '/' between parts)"
+        )
+    parts = name.split("/")
+    limit = NAME_PART_MAX - 1 - HASH_CHARS  # the last part becomes the directory "<part>-<hash>"
+    long = [p for p in parts[:-1] if len(p) > NAME_PART_MAX] + ([parts[-1]] if len(parts[-1]) > limit else [])
+    if long:
+        short = long[0][:24] + "..."
+        raise InvalidStepError(
+            f"step name {short!r} has a part of {len(long[0])} characters; a part becomes a directory name, which "
+            f"filesystems limit to {NAME_PART_MAX} bytes (the last part to {limit}, leaving room for '-' and the "
+            "hash): shorten it, or split it into parts with '/'"
         )

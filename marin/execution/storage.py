@@ -10,6 +10,10 @@ Guarantees by backend (see docs/architecture.md):
 * GCS and other fsspec stores: single writes are atomic, but gcsfs exposes no generation-match for
   replacing an object, so compare-and-swap is check-then-write-then-verify: two racers can both
   believe they won for a moment; the loser finds out at its next heartbeat (see leases).
+
+Every object-store call here goes through the one retry policy for transient errors
+(:func:`retry.call_with_retry`): a store that is unreachable for a moment delays a bookkeeping write
+instead of failing the step.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import os
 import tempfile
 import threading
 from typing import Any, Iterator
+
+from marin.execution.retry import call_with_retry
 
 
 def is_local(path: str) -> bool:
@@ -57,10 +63,14 @@ def read_text(path: str) -> str | None:
         except (FileNotFoundError, NotADirectoryError):
             return None
     fs = filesystem(path)
-    try:
-        return fs.cat_file(path).decode("utf-8")
-    except FileNotFoundError:
-        return None
+
+    def cat() -> str | None:
+        try:
+            return fs.cat_file(path).decode("utf-8")
+        except FileNotFoundError:
+            return None
+
+    return call_with_retry(cat, what=f"read {path}")
 
 
 def read_json(path: str) -> Any:
@@ -130,7 +140,7 @@ def write_text(path: str, text: str, *, consume: str | None = None) -> None:
             raise
         return
     fs = filesystem(path)
-    fs.pipe_file(path, text.encode("utf-8"))
+    call_with_retry(lambda: fs.pipe_file(path, text.encode("utf-8")), what=f"write {path}")  # one PUT: atomic
     fs.invalidate_cache(path)
     if consume is not None:
         remove(consume)
@@ -143,15 +153,19 @@ def remove(path: str) -> None:
             os.unlink(_local(path))
         return
     fs = filesystem(path)
-    with contextlib.suppress(FileNotFoundError):
-        fs.rm_file(path)
+
+    def rm() -> None:
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm_file(path)
+
+    call_with_retry(rm, what=f"remove {path}")
     fs.invalidate_cache(path)
 
 
 def exists(path: str) -> bool:
     if is_local(path):
         return os.path.exists(_local(path))
-    return filesystem(path).exists(path)
+    return call_with_retry(lambda: filesystem(path).exists(path), what=f"look up {path}")
 
 
 def makedirs(path: str) -> None:
@@ -164,9 +178,19 @@ def writable_problem(directory: str) -> str | None:
     """Why files cannot be created in ``directory`` (creating it if needed), or None if they can.
 
     Checked for real (create and remove a probe file) on local disk, because permission bits do not
-    tell the whole story (read-only mounts, a regular file where a directory should be, root). Object
-    stores are not probed: their permissions show up at the first write, with the store's message."""
+    tell the whole story (read-only mounts, a regular file where a directory should be, root). On an
+    object store a probe object is written and removed too, so a missing bucket or a read-only
+    credential is found here, before Ray starts, not by a step's first write."""
     if not is_local(directory):
+        probe = f"{directory.rstrip('/')}/.write-probe-{os.getpid()}-{next(_tmp_names)}"
+        try:
+            write_text(probe, "")
+            remove(probe)
+        except Exception as e:  # the store's own words: NoSuchBucket, AccessDenied, unreachable, ...
+            bucket = directory.split("://", 1)[1].split("/", 1)[0]
+            if isinstance(e, FileNotFoundError):
+                return f"the bucket {bucket!r} does not exist or is not visible with these credentials"
+            return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
         return None
     d = _local(directory)
     try:
@@ -188,11 +212,15 @@ def list_dir(path: str) -> list[str]:
         except FileNotFoundError:
             return []
     fs = filesystem(path)
-    try:
-        fs.invalidate_cache(path)
-        entries = fs.ls(path, detail=False)
-    except FileNotFoundError:
-        return []
+
+    def ls() -> list[str]:
+        try:
+            fs.invalidate_cache(path)
+            return fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+
+    entries = call_with_retry(ls, what=f"list {path}")
     proto = path.split("://", 1)[0]
     return sorted(e if "://" in e else f"{proto}://{e}" for e in entries)
 
@@ -202,7 +230,8 @@ def glob(pattern: str) -> list[str]:
         return sorted(glob_module.glob(_local(pattern)))
     fs = filesystem(pattern)
     proto = pattern.split("://", 1)[0]
-    return sorted(e if "://" in e else f"{proto}://{e}" for e in fs.glob(pattern))
+    found = call_with_retry(lambda: fs.glob(pattern), what=f"list {pattern}")
+    return sorted(e if "://" in e else f"{proto}://{e}" for e in found)
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -244,16 +273,20 @@ def read_with_tag(path: str) -> tuple[str | None, str | None]:
     """Contents and a version tag to pass to :func:`compare_and_swap` (None, None if missing)."""
     if path.startswith("s3://"):
         fs = filesystem(path)
-        for _ in range(5):
-            try:
-                fs.invalidate_cache(path)
-                etag = fs.info(path)["ETag"].strip('"')
-                data = fs.cat_file(path)
-            except FileNotFoundError:
-                return None, None
-            if hashlib.md5(data).hexdigest() == etag:  # simple PUT etag = md5 of the body
-                return data.decode("utf-8"), etag
-        raise RuntimeError(f"{path} kept changing while being read")
+
+        def read() -> tuple[str | None, str | None]:
+            for _ in range(5):
+                try:
+                    fs.invalidate_cache(path)
+                    etag = fs.info(path)["ETag"].strip('"')
+                    data = fs.cat_file(path)
+                except FileNotFoundError:
+                    return None, None
+                if hashlib.md5(data).hexdigest() == etag:  # simple PUT etag = md5 of the body
+                    return data.decode("utf-8"), etag
+            raise RuntimeError(f"{path} kept changing while being read")
+
+        return call_with_retry(read, what=f"read {path}")
     text = read_text(path)
     return text, text
 
@@ -275,8 +308,9 @@ def compare_and_swap(path: str, text: str, expected_tag: str | None, *, locked: 
     fs = filesystem(path)
     if path.startswith("s3://"):
         cond = {"mode": "create"} if expected_tag is None else {"IfMatch": expected_tag}
-        try:
-            fs.pipe_file(path, text.encode("utf-8"), **cond)
+        try:  # a retried PUT that had landed before its connection broke loses its own race: callers
+            # that care re-read and compare (see lease.renew)
+            call_with_retry(lambda: fs.pipe_file(path, text.encode("utf-8"), **cond), what=f"write {path}")
         except Exception as e:  # s3fs maps 412 (and 404: If-Match on a removed file) to OSError flavours
             text = str(e).lower()
             lost = isinstance(e, (FileExistsError, FileNotFoundError))

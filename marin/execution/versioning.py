@@ -11,6 +11,9 @@ field's metadata:
 * :func:`input_field`: the field holds a placeholder (an upstream step's output, this step's own
   output) or None. Placeholders are versioned through the upstream's hash; a plain path given
   instead is versioned as a value.
+* :func:`added_later` ``(default=...)``: a field added to a config after steps were recorded with
+  it: versioned only when it differs from its default, so every step recorded before it keeps its
+  hash (and a step that sets it gets a new one).
 * :func:`by_field` ``(reason)``: a nested config (or a container of them) versioned field by field
   by its own class's rule, so that ``marin explain`` names the nested field that changed
   (``model.n_layers``); None adds nothing. Any other nested dataclass is one versioned value.
@@ -46,18 +49,28 @@ def input_field(**field_kwargs: Any) -> Any:
     return dataclasses.field(metadata={RULE: ("input", INPUT_REASON)}, **field_kwargs)
 
 
+ADDED_REASON = "added later: versioned when it differs from its default, so earlier steps keep their hashes"
+
+
+def added_later(**field_kwargs: Any) -> Any:
+    """A ``dataclasses.field`` (with a ``default``) that enters the version only when set to another value."""
+    if "default" not in field_kwargs and "default_factory" not in field_kwargs:
+        raise ValueError("a field added later needs a default (its value in every step recorded before it)")
+    return dataclasses.field(metadata={RULE: ("added_later", ADDED_REASON)}, **field_kwargs)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
 def by_field(reason: str, **field_kwargs: Any) -> Any:
     """A ``dataclasses.field`` holding a nested config versioned field by field (see the module doc)."""
     return dataclasses.field(metadata={RULE: ("by_field", reason)}, **field_kwargs)
 
 
 def rule(f: dataclasses.Field) -> tuple[str, str]:
-    """``(kind, reason)`` of a field: kind is ``versioned``, ``live``, ``input`` or ``by_field``."""
+    """``(kind, reason)`` of a field: ``versioned``, ``live``, ``input``, ``added_later`` or ``by_field``."""
     return f.metadata.get(RULE, ("versioned", ""))
-
-
-def is_live(f: dataclasses.Field) -> bool:
-    return rule(f)[0] == "live"
 
 
 def _marked(value: Any) -> bool:
@@ -74,7 +87,8 @@ def _marked(value: Any) -> bool:
 
 
 def _nested(value: Any) -> Any:
-    """A value that holds marked parts: its dataclasses by their rule, its other plain parts versioned."""
+    """A value that holds marked parts: its dataclasses by their rule, its other plain parts versioned
+    (a None inside adds nothing, as an absent optional config)."""
     if isinstance(value, (VersionedValue, InputName, OutputName)) or value is None:
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -93,12 +107,17 @@ def versioned_config(config: Any) -> Any:
     Built without ``__init__`` (its checks need plain values); the executor rebuilds the config through
     ``__init__`` when it resolves the placeholders and unwraps the versioned values, so the step's
     function receives a normal config."""
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"versioned_config takes a config dataclass instance, got {type(config).__name__}; "
+                        "wrap a plain value in versioned(...) instead")
     out = object.__new__(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         kind, _ = rule(f)
         if kind == "live" or isinstance(value, (VersionedValue, InputName, OutputName)):
             new = value
+        elif kind == "added_later" and value == _default(f):
+            new = value  # as every step recorded before the field existed
         elif kind == "input":
             new = value if value is None or _marked(value) else versioned(value)
         elif kind == "by_field" or _marked(value):
@@ -119,7 +138,7 @@ def versioned_leaves(cls: type, prefix: str = "", nested: dict[str, type] | None
     for f in dataclasses.fields(cls):
         kind, _ = rule(f)
         path = f"{prefix}.{f.name}" if prefix else f.name
-        if kind in ("live", "input"):
+        if kind in ("live", "input", "added_later"):  # added_later: a leaf only when set
             continue
         sub = (nested or {}).get(f.name)
         out |= versioned_leaves(sub, path) if sub is not None else {path}
@@ -129,5 +148,6 @@ def versioned_leaves(cls: type, prefix: str = "", nested: dict[str, type] | None
 def rule_table(cls: type) -> list[tuple[str, str, str]]:
     """``(field, "versioned" | "live" | "input" | "by field", reason)`` for each field of ``cls``, in
     declaration order: the docs' "what is versioned" table is this, for every config."""
-    names = {"versioned": "versioned", "live": "live", "input": "input", "by_field": "versioned by field"}
+    names = {"versioned": "versioned", "live": "live", "input": "input", "by_field": "versioned by field",
+             "added_later": "versioned when set"}
     return [(f.name, names[rule(f)[0]], rule(f)[1]) for f in dataclasses.fields(cls)]

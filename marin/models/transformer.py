@@ -83,11 +83,13 @@ def rmsnorm(x, w, eps):
 
 
 def rope(x, positions, theta):
-    """Rotary embedding on the last axis (split-half convention). x [B, L, ..., hd], positions [L]."""
+    """Rotary embedding on the last axis (split-half convention). x [B, L, ..., hd], positions [L]
+    (shared by every row) or [B, L] (per row: decoding left-padded prompts of different lengths)."""
     hd = x.shape[-1]
     inv_freq = 1.0 / (theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
-    ang = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # [L, hd/2]
-    ang = ang.reshape((1, ang.shape[0]) + (1,) * (x.ndim - 3) + (hd // 2,))
+    ang = positions.astype(jnp.float32)[..., None] * inv_freq  # [L, hd/2] or [B, L, hd/2]
+    lead = (1, ang.shape[0]) if positions.ndim == 1 else ang.shape[:2]
+    ang = ang.reshape(lead + (1,) * (x.ndim - 3) + (hd // 2,))
     cos, sin = jnp.cos(ang), jnp.sin(ang)
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
@@ -120,9 +122,15 @@ def attention(x, p, window, segment_ids, cfg: MoEConfig):
 
 def dense_attention(q, k, v, window, segment_ids=None):
     """q [B, L, kv, g, hd], k, v [B, L, kv, hd] -> [B, L, kv, g, hd] through the full [L, L] scores."""
+    return masked_attention(q, k, v, attention_mask(q.shape[1], window, segment_ids))
+
+
+def masked_attention(q, k, v, mask):
+    """q [B, Lq, kv, g, hd], k, v [B, Lk, kv, hd], mask bool [B or 1, Lq, Lk] (key visible from
+    query) -> [B, Lq, kv, g, hd]. Shared by the training forward (Lq = Lk) and cached decoding
+    (Lq = the new tokens, Lk = the cache). A query that sees no key gets a uniform average, not NaN."""
     s = jnp.einsum("bqkgh,bskh->bkgqs", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
-    mask = attention_mask(q.shape[1], window, segment_ids)[:, None, None]  # [B, 1, 1, L, L]
-    s = jnp.where(mask, s, -1e30)
+    s = jnp.where(mask[:, None, None], s, -1e30)
     probs = jax.nn.softmax(s, axis=-1).astype(q.dtype)
     return jnp.einsum("bkgqs,bskh->bqkgh", probs, v)
 
@@ -184,13 +192,17 @@ def forward(params, router_bias, inputs, cfg: MoEConfig, *, mesh=None, transport
 
     layer = _remat(layer, cfg.remat_policy)
     x, stats = jax.lax.scan(layer, x, (params["blocks"], router_bias, layer_windows(cfg)))
-    h = rmsnorm(x, cast(params["final_norm"]), cfg.norm_eps)
+    return output_logits(x, params, cfg), stats
+
+
+def output_logits(x, params, cfg: MoEConfig):
+    """The last residual stream x [B, L, d] -> logits f32 [B, L, V] (final norm, then the head)."""
+    dt = jnp.dtype(cfg.dtype)
+    h = rmsnorm(x, params["final_norm"].astype(dt), cfg.norm_eps)
     if cfg.tie_embeddings:
-        logits = jnp.einsum("bld,vd->blv", h, cast(params["embed"]), preferred_element_type=jnp.float32)
-        logits = logits / math.sqrt(cfg.d_model)
-    else:
-        logits = jnp.einsum("bld,dv->blv", h, cast(params["lm_head"]), preferred_element_type=jnp.float32)
-    return logits, stats
+        logits = jnp.einsum("bld,vd->blv", h, params["embed"].astype(dt), preferred_element_type=jnp.float32)
+        return logits / math.sqrt(cfg.d_model)
+    return jnp.einsum("bld,dv->blv", h, params["lm_head"].astype(dt), preferred_element_type=jnp.float32)
 
 
 def loss_and_stats(params, router_bias, tokens, cfg: MoEConfig, *, mesh=None, transport: str | None = None,

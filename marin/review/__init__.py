@@ -35,9 +35,18 @@ from marin.execution.executor import experiment_record_path
 from marin.execution.jsonable import mask_leaves, to_jsonable
 from marin.execution.plan import plan_steps, resolve_config
 from marin.execution.prefix import resolve_prefix
-from marin.review.experiment_file import load_experiment
+from marin.review.experiment_file import load_experiment_card
 from marin.review.explain import explain
-from marin.review.steps import CATEGORIES, StepState, show, status_rows, step_dirs, step_state, train_horizon
+from marin.review.steps import (
+    CATEGORIES,
+    StepState,
+    check_prefix_is_a_directory,
+    show,
+    status_rows,
+    step_dirs,
+    step_state,
+    train_horizon,
+)
 
 __all__ = ["CATEGORIES", "Experiment", "Step", "StepState", "explain", "load", "load_file", "load_prefix", "show",
            "status_rows", "step_state"]
@@ -268,6 +277,8 @@ class Experiment:
     """Experiment records (``PREFIX/experiments/*.json``) this experiment was built from, newest last."""
     source: str | None = None
     """The experiment file, when loaded from one."""
+    card: dict[str, str] | None = None
+    """The experiment card (hypothesis, goal, risks, contingency) given to ``executor_main``."""
 
     def __iter__(self) -> Iterator[Step]:
         return iter(self.steps)
@@ -340,6 +351,7 @@ def load_prefix(prefix: str | None = None, experiment: str | None = None) -> Exp
     record file's stem, ``quickstart`` or ``quickstart-a0ea2d014f``). Steps found under the prefix
     without any record are included when no experiment is named."""
     prefix = resolve_prefix(prefix)
+    check_prefix_is_a_directory(prefix)
     records = read_records(prefix)
     if experiment:
         stem = experiment[:-3] if experiment.endswith(".py") else os.path.basename(experiment)
@@ -352,20 +364,21 @@ def load_prefix(prefix: str | None = None, experiment: str | None = None) -> Exp
         chosen = chosen[-1:]  # the latest run of that experiment
         steps = _record_steps([r for _, r in chosen])
         return Experiment(os.path.basename(chosen[-1][0])[:-5], prefix, steps, chosen[-1][1].get("description"),
-                          [r for _, r in chosen])
+                          [r for _, r in chosen], card=chosen[-1][1].get("card"))
     steps = _record_steps([r for _, r in records])
     known = {s.output_path for s in steps}
     steps += [Step(p) for p in step_dirs(prefix) if p not in known]
     steps = dependency_order(steps)
     name = os.path.basename(records[-1][0])[:-5] if len(records) == 1 else os.path.basename(prefix)
     desc = records[-1][1].get("description") if len(records) == 1 else None
-    return Experiment(name, prefix, steps, desc, [r for _, r in records])
+    card = records[-1][1].get("card") if len(records) == 1 else None
+    return Experiment(name, prefix, steps, desc, [r for _, r in records], card=card)
 
 
 def load_file(path: str, prefix: str | None = None) -> Experiment:
     """An experiment file's steps as planned under ``prefix`` (run or not), with its latest record."""
     prefix = resolve_prefix(prefix)
-    steps, description = load_experiment(path)
+    steps, description, card = load_experiment_card(path)
     plan = plan_steps(steps, prefix)
     script = os.path.basename(path)
     record_path = experiment_record_path(plan, script)
@@ -379,7 +392,8 @@ def load_file(path: str, prefix: str | None = None) -> Experiment:
                         dependencies=deps, version={**ps.version(), "config": mask_leaves(ps.config_leaves)},
                         planned_config=to_jsonable(resolve_config(ps, plan))))
     name = os.path.basename(record_path)[:-5]
-    return Experiment(name, prefix, out, description, [record] if record else [], source=os.path.abspath(path))
+    return Experiment(name, prefix, out, description, [record] if record else [], source=os.path.abspath(path),
+                      card=card)
 
 
 def load(source: str | None = None, *, prefix: str | None = None, experiment: str | None = None) -> Experiment:

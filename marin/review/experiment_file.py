@@ -1,4 +1,4 @@
-"""Loading an experiment file for review: its steps and description, without running anything."""
+"""Loading an experiment file for review: its steps, description and card, without running anything."""
 
 from __future__ import annotations
 
@@ -36,7 +36,13 @@ def check_experiment_file(path: str) -> str:
 
 
 def load_experiment(path: str) -> tuple[list[ExecutorStep], str | None]:
-    """The steps (and description) an experiment file passes to ``executor_main``, without running them.
+    """The steps (and description) an experiment file passes to ``executor_main``, without running them."""
+    steps, description, _ = load_experiment_card(path)
+    return steps, description
+
+
+def load_experiment_card(path: str) -> tuple[list[ExecutorStep], str | None, dict[str, str] | None]:
+    """The steps, description and experiment card an experiment file passes to ``executor_main``.
 
     The file runs as ``__main__`` with its folder first on ``sys.path``, exactly as ``python FILE`` and
     ``marin run FILE`` run it (so ``from common import ...`` of a sibling module works), and stops at
@@ -49,7 +55,7 @@ def load_experiment(path: str) -> tuple[list[ExecutorStep], str | None]:
         with _argv([path]), capturing():
             runpy.run_path(path, run_name="__main__")
     except ExperimentLoaded as loaded:
-        return loaded.steps, loaded.description
+        return loaded.steps, loaded.description, loaded.card
     finally:
         with contextlib.suppress(ValueError):
             sys.path.remove(folder)

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from marin.execution import status as st
+from marin.execution import storage
 from marin.execution.fingerprint import code_fingerprint, drift
 from marin.execution.hashing import key_text
 from marin.execution.jsonable import to_jsonable
@@ -49,8 +50,21 @@ def unversioned_changes(recorded: Any, current: Any, versioned: Iterable[str]) -
     old = {path.keys(): (str(path), v) for path, v in leaves(recorded)}
     new = {path.keys(): (spelled.get(path.keys(), str(path)), v) for path, v in recorded_leaves(current)}
     out = []
+    # a field whose shape changed (an element added to lr_replans, a tuple emptied) reads as one
+    # change of the whole field, old value -> new value, not as scattered leaves
+    current_json = to_jsonable(current)
+    reshaped = sorted({k[0] for k in set(old) ^ set(new) if k and not any(k[:len(v)] == v for v in versioned_keys)},
+                      key=str) if isinstance(recorded, dict) and isinstance(current_json, dict) else []
+    for field in reshaped:
+        name = spelled.get((field,), str(field))
+        if field not in recorded:
+            out.append(f"{name} added ({_short(current_json.get(field))})")
+        elif field not in current_json:
+            out.append(f"{name} removed (was {_short(recorded[field])})")
+        else:
+            out.append(f"{name}: {_short(recorded[field])} -> {_short(current_json[field])}")
     for keys in sorted(set(old) | set(new), key=lambda k: (new.get(k) or old[k])[0]):
-        if any(keys[:len(v)] == v for v in versioned_keys):
+        if any(keys[:len(v)] == v for v in versioned_keys) or (keys and keys[0] in reshaped):
             continue
         name, a = old.get(keys, (None, None))
         name, b = new.get(keys, (name, None))
@@ -128,7 +142,12 @@ def explain(experiment: str, prefix: str | None = None) -> list[dict[str, Any]]:
         info = st.read_info(ps.output_path, record) if record else None
         reasons: list[str] = []
         warnings: list[str] = []
-        if status == StepStatus.SUCCESS:
+        if status == StepStatus.UNREADABLE:
+            would_run = False
+            rebuilt, why = st.rebuild_plan(record)
+            reasons.append(f"{record['unreadable']}: a run refuses to reuse or recompute it; --repair_records true "
+                           f"rebuilds it as {rebuilt.value} ({why})")
+        elif status == StepStatus.SUCCESS:
             would_run = False
             reasons.append("already succeeded: output reused")
         else:
@@ -151,7 +170,14 @@ def explain(experiment: str, prefix: str | None = None) -> list[dict[str, Any]]:
             elif status is not None:  # a state this code does not name (INTERRUPTED, ...): it did not finish
                 reasons.append(f"{status.value} in an earlier run (not finished); resumes under a new lease")
             else:
-                reasons.append("no previous output at this hash")
+                left = [e.rstrip("/").rsplit("/", 1)[-1] for e in storage.list_dir(ps.output_path)]
+                left = [n for n in left if not n.startswith((".tmp-", ".write-probe-"))]
+                if left:  # a run that stopped before any record was written (or its records were removed)
+                    shown = ", ".join(sorted(left)[:5]) + (" ..." if len(left) > 5 else "")
+                    reasons.append(f"no status record at this hash, but its directory holds {len(left)} entries "
+                                   f"({shown}): the run resumes from what is there")
+                else:
+                    reasons.append("no previous output at this hash")
                 prev = _previous_run(prefix, ps)
                 if prev and prev.get("version"):
                     changes = version_changes(prev["version"], ps, plan)

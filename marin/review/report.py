@@ -20,9 +20,11 @@ import time
 from typing import Any
 
 from marin.execution import storage
+from marin.execution.main import CARD_FIELDS
 from marin.execution.versioning import input_field, live
 from marin.review import CATEGORIES, Experiment, Step, dependency_order
 from marin.review import dag as dagmod
+from marin.review.compare import comparison_html
 from marin.review.explain import config_leaves, is_versioned
 from marin.review.plots import line_plot
 from marin.textfmt import format_duration as _dur
@@ -61,6 +63,7 @@ section.step{border-left:4px solid #ddd;padding:2px 12px;margin:18px 0}
 section.step:target,section.step.hl{border-left-color:#2f7fd8;background:#f3f8ff}
 tr.v td:first-child::after{content:" \\2713";color:#2e9e44}
 .kv td:first-child{color:#555}
+.card{display:flex;gap:2em;flex-wrap:wrap}.card>div{flex:1;min-width:320px}
 .plot{margin:4px 8px 4px 0;border:1px solid #eee}.plot .pt{font:12px system-ui,sans-serif;font-weight:600}
 .plot .pf{fill:none;stroke:#ccc}.plot .yl{font:10px sans-serif;text-anchor:end;fill:#555}
 .plot .xl{font:10px sans-serif;text-anchor:middle;fill:#555}.plot .mk{stroke:#e59a1c;stroke-dasharray:3 3}
@@ -145,6 +148,63 @@ def _header(exp: Experiment) -> str:
     rows.append(("steps", f"{len(exp.steps)}: " + ", ".join(f"{k} {counts[k]}" for k in CATEGORIES if k in counts)))
     body = "".join(f"<tr><td>{_e(k)}<td>{_e(v)}" for k, v in rows)
     return f'<h1>{_e(exp.name)}</h1><table class="kv">{body}</table>'
+
+
+def outcome_rows(exp: Experiment) -> list[tuple[str, str]]:
+    """What happened, to set against the card: step counts, health verdicts, a ladder's validation
+    rung (predicted against actual), evaluation and harness results."""
+    rows = []
+    counts: dict[str, int] = {}
+    for s in exp.steps:
+        counts[s.state.category] = counts.get(s.state.category, 0) + 1
+    rows.append(("steps", ", ".join(f"{k} {counts[k]}" for k in CATEGORIES if k in counts) or "none"))
+    for s in exp.steps:
+        if s.state.category not in ("succeeded", "reused"):
+            continue
+        fit = s.read_json("fit.json") if storage.exists(f"{s.output_path}/fit.json") else None
+        if isinstance(fit, dict) and isinstance(fit.get("validation"), dict):
+            v = fit["validation"]
+            for m, r in (v.get("metrics") or {}).items():
+                rows.append((f"{s.name}: {m} at {v.get('name')}",
+                             f"predicted {_num(r.get('predicted'))}, actual {_num(r.get('actual'))} "
+                             f"({100 * (r.get('rel_error') or 0):+.2f}%)"))
+        elif isinstance(fit, dict) and isinstance(fit.get("target"), dict):
+            final = {k: d for k, d in fit["target"].items() if k.startswith("final_") and isinstance(d, dict)}
+            for k, d in final.items():
+                rows.append((f"{s.name}: predicted {k[6:]} of {fit['target'].get('name')}",
+                             f"{_num(d.get('value'))} [{_num(d.get('low'))}, {_num(d.get('high'))}]"))
+        health = s.read_json("health.json") if storage.exists(f"{s.output_path}/health.json") else None
+        if isinstance(health, dict) and "ok" in health:
+            bands = [c for c in health.get("checks") or [] if isinstance(c, dict) and "predicted" in c]
+            detail = "; ".join(f"{c.get('name')} {_num(c.get('actual'))} vs predicted {_num(c.get('predicted'))}"
+                               for c in bands[:4])
+            rows.append((f"{s.name}: health", ("clear" if health["ok"] else "needs a look")
+                         + (f" ({detail})" if detail else "")))
+        ev = s.read_json("eval.json") if storage.exists(f"{s.output_path}/eval.json") else None
+        if isinstance(ev, dict) and ev.get("macro_bpb") is not None:
+            rows.append((f"{s.name}: eval", f"macro bpb {_num(ev['macro_bpb'])} at step {ev.get('step')}"))
+        hr = s.read_json("harness.json") if storage.exists(f"{s.output_path}/harness.json") else None
+        if isinstance(hr, dict) and hr.get("summary"):
+            rows.append((f"{s.name}: harness", "; ".join(f"{t} " + ", ".join(f"{k} {_num(v)}" for k, v in m.items())
+                                                         for t, m in hr["summary"].items())))
+    return rows
+
+
+def _card(exp: Experiment) -> str:
+    """The experiment card (hypothesis, goal, risks, contingency) with the outcome next to it."""
+    card = exp.card or {}
+    if not card:
+        return ""
+    plan = "".join(f"<tr><td>{_e(k)}<td>{_e(card[k])}" for k in CARD_FIELDS if card.get(k))
+    outcome = "".join(f"<tr><td>{_e(k)}<td>{_e(v)}" for k, v in outcome_rows(exp))
+    return ('<h2 id="card">Experiment card</h2><div class="card"><div><h3>plan</h3><table class="kv">'
+            f'{plan}</table></div><div><h3>outcome</h3><table class="kv">{outcome}</table></div></div>')
+
+
+def _comparison(exp: Experiment) -> str:
+    """Training steps overlaid (a ladder's rungs): versioned fields that differ, curves."""
+    runs = [s for s in exp.steps if storage.exists(f"{s.output_path}/metrics.jsonl")]
+    return comparison_html(runs, title=f"Comparison of {len(runs)} training steps") if len(runs) >= 2 else ""
 
 
 def _dag(exp: Experiment) -> tuple[str, dict[str, str]]:
@@ -509,6 +569,13 @@ def _step_section(step: Step, exp: Experiment, dependents: dict[str, list[str]],
     return "".join(out)
 
 
+def _harness(rec: dict[str, Any]) -> str:
+    """lm-evaluation-harness results (``harness.json``): one row per task and metric."""
+    rows = "".join(f"<tr><td>{_e(task)}<td>{_e(metric)}<td class=num>{_num(v)}"
+                   for task, metrics in (rec.get("summary") or {}).items() for metric, v in metrics.items())
+    return f"<p>checkpoint step {_e(rec.get('step'))}</p><table><tr><th>task<th>metric<th>value{rows}</table>"
+
+
 def _results(exp: Experiment) -> str:
     """Health, evaluation and ladder results gathered at the top (each also in its step's section)."""
     out = []
@@ -517,7 +584,8 @@ def _results(exp: Experiment) -> str:
             continue
         for fname, title, render in (("health.json", "health checklist", _checklist),
                                      ("eval.json", "evaluation", _eval_table), ("fit.json", "ladder fit", _fit),
-                                     ("isoflop.json", "IsoFLOP fit", isoflop_section)):
+                                     ("isoflop.json", "IsoFLOP fit", isoflop_section),
+                                     ("harness.json", "lm-evaluation-harness", _harness)):
             data = s.read_json(fname) if storage.exists(f"{s.output_path}/{fname}") else None
             if isinstance(data, dict):
                 out.append(f'<h3>{title}: <a href="#{_anchor(s)}">{_e(s.name)}</a></h3>{render(data)}')
@@ -542,7 +610,7 @@ def render(exp: Experiment) -> str:
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; "
             "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">"
             f"<title>marin report: {_e(exp.name)}</title><style>{CSS}</style></head><body><main>"
-            f"{_header(exp)}{dag_html}{_step_table(exp)}{_results(exp)}"
+            f"{_header(exp)}{_card(exp)}{dag_html}{_step_table(exp)}{_results(exp)}{_comparison(exp)}"
             + (f"<h2>Groups</h2>{group_html}" if group_html else "")
             + f"<h2>Step details</h2>{sections}</main><script>{SCRIPT}</script></body></html>")
 

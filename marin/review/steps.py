@@ -17,6 +17,7 @@ from marin.execution import status as st
 from marin.execution import storage
 from marin.execution.plan import plan_steps
 from marin.execution.prefix import resolve_prefix
+from marin.execution.status import StepStatus
 from marin.monitoring.health import health
 from marin.review.experiment_file import load_experiment
 from marin.training.metrics import read_metrics
@@ -58,17 +59,26 @@ def step_state(step_dir: str, record: dict | None = None, outcome: str | None = 
         holder = lease.holder
         age = max(0.0, now - (lease.expiry - leases.DEFAULT_TTL_S))
     resume = "rerun the experiment (same command) to resume it under a new lease"
+    if status == "UNREADABLE":
+        rebuilt, why = st.rebuild_plan(record)
+        return StepState(status, "failed", "UNREADABLE", None, None,
+                         f"{record['unreadable']}; a run refuses this step until its record is repaired: "
+                         f"--repair_records true rebuilds it as {rebuilt.value} ({why})")
     if status == "SUCCESS":
         category = "reused" if outcome == "cached" else "succeeded"
         return StepState(status, category, status, None, None, None)
     if status in ("FAILED", "DEP_FAILED"):
-        advice = ("see the error with `marin show`, fix the cause, then rerun with --force_run_failed true"
+        advice = ("see the error with `marin show`, fix the cause, then rerun with --retry_failed STEP "
+                  "(or --force_run_failed true for every failed step)"
                   if status == "FAILED" else "fix the failed dependency, then rerun")
         return StepState(status, "failed", status, None, None, advice)
     if status == "NOT_RUN":
         return StepState(status, "not run", "NOT_RUN", None, None, None)
     if status == "RUNNING":
         if not stale:
+            waiting = unfinished_dependencies(record)
+            if waiting:  # submitted behind its upstreams: holds a lease, but its body has not started
+                return StepState(status, "running", f"QUEUED (waiting for {', '.join(waiting)})", holder, age, None)
             return StepState(status, "running", "RUNNING", holder, age, None)
         why = ("holder " + holder + " is gone") if holder else "no live holder"
         return StepState(status, "interrupted", f"INTERRUPTED ({why})", holder, age,
@@ -79,8 +89,33 @@ def step_state(step_dir: str, record: dict | None = None, outcome: str | None = 
                      resume if category == "interrupted" else None)
 
 
+class PrefixIsAFileError(FileNotFoundError):
+    """``--prefix`` names a regular file (a FileNotFoundError: the CLI prints it as one line)."""
+
+
+def check_prefix_is_a_directory(prefix: str) -> None:
+    """Refuse a local prefix that is a regular file, with what to pass instead."""
+    if storage.is_local(prefix) and os.path.isfile(prefix):
+        raise PrefixIsAFileError(
+            f"--prefix {prefix} is a file, not a directory of step outputs; pass the directory a run wrote to "
+            "(the --prefix it ran with; the default is $MARIN_PREFIX, else ./local_store)")
+
+
+def unfinished_dependencies(record: dict | None) -> list[str]:
+    """Names of the upstream steps a running attempt's info lists that have not succeeded yet (the
+    executor submits a step behind its running upstreams, so it holds its lease while it waits)."""
+    info = (record or {}).get("info") or {}
+    out = []
+    for dep in info.get("dependencies") or []:
+        if st.current_status(st.read_status(dep, attempts=False)) != StepStatus.SUCCESS:
+            base = dep.rstrip("/").rsplit("/", 1)[-1]
+            out.append(base.rpartition("-")[0] or base)
+    return out
+
+
 def step_dirs(prefix: str) -> list[str]:
     """Every step directory under ``prefix`` (see :data:`status.STEP_FILES`)."""
+    check_prefix_is_a_directory(prefix)
     if storage.is_local(prefix):
         out = []
         for root, dirs, files in os.walk(prefix):
@@ -113,13 +148,22 @@ def train_horizon(config: Any) -> int | None:
     return None
 
 
-def row_for(path: str, name: str | None = None, hash_: str | None = None) -> dict[str, Any]:
-    """One status-table row of a step directory; a RUNNING step without a live holder reads INTERRUPTED."""
+def row_for(path: str, name: str | None = None, hash_: str | None = None,
+            prefix: str | None = None) -> dict[str, Any]:
+    """One status-table row of a step directory; a RUNNING step without a live holder reads INTERRUPTED.
+
+    Without a readable info the name is the directory's path under ``prefix`` less its hash (step
+    names may hold ``/``)."""
     record = st.read_status(path)
-    base = path.rstrip("/").rsplit("/", 1)[-1]
+    base = path.rstrip("/")
+    base = base[len(prefix.rstrip("/")) + 1:] if prefix and base.startswith(prefix.rstrip("/") + "/") \
+        else base.rsplit("/", 1)[-1]
     if name is None or hash_ is None:
         guessed_name, _, guessed_hash = base.rpartition("-")
         info = st.read_info(path, record) or {}
+        if not info and st.current_status(record) == StepStatus.UNREADABLE:
+            lease = leases.read_lease(path)
+            info = (lease.info if lease else None) or {}
         name = name or info.get("name") or guessed_name
         hash_ = hash_ or info.get("hash") or guessed_hash
     state = step_state(path, record)
@@ -150,12 +194,13 @@ def status_rows(prefix: str | None = None, experiment: str | None = None) -> lis
         steps, _ = load_experiment(experiment)
         plan = plan_steps(steps, prefix)
         return [row_for(s.output_path, s.name, s.hash) for s in plan.steps]
-    return [row_for(p) for p in step_dirs(prefix)]
+    return [row_for(p, prefix=prefix) for p in step_dirs(prefix)]
 
 
 def describe_prefix(prefix: str | None = None) -> str:
     """Why a prefix shows no steps: whether it exists, and what it holds instead."""
     prefix = resolve_prefix(prefix)
+    check_prefix_is_a_directory(prefix)
     if not storage.exists(prefix):
         return (f"no steps: {prefix} does not exist (run an experiment with --prefix {prefix}, or pass the "
                 "--prefix it ran with; the default is $MARIN_PREFIX, else ./local_store)")

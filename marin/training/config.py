@@ -42,6 +42,28 @@ class SyntheticDataConfig:
     noise: float = 0.05
 
 
+@dataclasses.dataclass(frozen=True)
+class InitFrom:
+    """Start a run from a committed checkpoint of another training step instead of a fresh state.
+
+    ``run``: the source step's output directory (``output_path_of(source_step)`` in an experiment
+    file, so the source's version is part of this step's). ``step``: the checkpoint's step (it must
+    be committed; retention keeps it when it is a multiple of the source's ``keep_every_steps``).
+    ``optimizer``: also take the AdamW state (else fresh moments). ``data_position``: continue the
+    source's data stream and step counter (the batch at step N is the source's batch N, the LR
+    schedule is read at N): what a cooldown side branch or a longer horizon wants; without it the
+    run starts at its own step 0 with the source's weights.
+
+    Used only when the run has no checkpoint of its own: a branch that was interrupted resumes from
+    its own checkpoints, like any run.
+    """
+
+    run: str = input_field()
+    step: int
+    optimizer: bool = True
+    data_position: bool = True
+
+
 def resolve_model(
     preset: str,
     overrides: dict[str, Any] | None = None,
@@ -96,8 +118,8 @@ class TrainConfig:
     seq_len_phases: tuple[tuple[float, int], ...] = ((0.0, 64),)
     param_sharding: str = live(
         "where weights, gradients and AdamW moments live (replicated or fsdp): the same math, only where partial "
-        "sums are added changes (float reassociation, within 2e-5 on the loss in the tests); checkpoints hold "
-        "whole arrays, so a run resumes into either layout", default="replicated")
+        "sums are added changes (float reassociation, within 2e-5 on the loss in the tests); a checkpoint "
+        "restores onto any layout and mesh, so a run resumes into either", default="replicated")
     remat_by_seq_len: tuple[tuple[int, str], ...] = live(
         "the remat policy of some sequence-length phases, overriding the model's (((65536, 'full'),)): "
         "recomputation changes memory and speed, not what is computed (the same losses at rel 1e-5 in the tests)",
@@ -127,6 +149,11 @@ class TrainConfig:
     checkpoint_every_minutes: float | None = live("when state is saved, not what is computed", default=30.0)
     keep_last_checkpoints: int = live("which checkpoints are kept, not what is computed", default=2)
     keep_every_steps: int | None = live("which checkpoints are kept, not what is computed", default=None)
+    preemption_grace_s: float = live(
+        "seconds between the scheduler's SIGTERM and its SIGKILL (Kubernetes: terminationGracePeriodSeconds); "
+        "> 0: a SIGTERM ends training at the next step with a final checkpoint where the grace allows "
+        "(marin.training.preemption); 0 leaves SIGTERM alone (tiny runs). When state is saved, not what is "
+        "computed", default=0.0)
     # telemetry
     log_every: int = live("telemetry only", default=1)
     wandb_project: str | None = live("telemetry only", default="marin")
@@ -143,6 +170,9 @@ class TrainConfig:
     eval_stride: int | None = live(EVAL_IS_TELEMETRY, default=None)
     preset: str | None = None
     """The preset ``model`` was resolved from (readability: ``model``, versioned field by field, is what is trained)."""
+    init_from: InitFrom | None = by_field(
+        "a branch's source: the source run's output (a placeholder: versioned through its hash), the checkpoint "
+        "step and what is taken from it are versioned; None (a fresh start) adds nothing", default=None)
 
     def __post_init__(self) -> None:
         # one spelling of the schedules, whatever sequences the caller passed (the version encodes them)

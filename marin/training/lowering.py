@@ -30,17 +30,10 @@ def abstract_mesh(data: int, expert: int) -> AbstractMesh:
 
 def abstract_state(config: TrainConfig, cfg, mesh) -> tuple[Any, Any]:
     """(state as ShapeDtypeStructs carrying their shardings, the shardings tree): the shapes of
-    ``init_host_state`` without allocating them (the hero's 535B parameters included)."""
-    from marin.models.transformer import init_params, init_router_bias
-    from marin.training.trainer import make_optimizer, state_shardings
+    the sharded init (trainer.init_state) without allocating them (the hero's 535B parameters included)."""
+    from marin.training.trainer import state_shapes, state_shardings
 
-    def init(key):
-        init_key, train_key = jax.random.split(key)
-        params = init_params(cfg, init_key)
-        return {"params": params, "opt_state": make_optimizer(config).init(params),
-                "router_bias": init_router_bias(cfg), "rng": train_key}
-
-    shapes = jax.eval_shape(init, jax.random.PRNGKey(config.seed))
+    shapes = state_shapes(config, cfg)
     shardings = state_shardings(shapes, mesh, config.param_sharding)
     state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
     return state, shardings
@@ -59,12 +52,12 @@ def lower_train_step(config: TrainConfig, cfg, mesh_shape: tuple[int, int], tran
 
     ``mesh`` defaults to an abstract mesh of ``mesh_shape``; pass a concrete one to compile the
     result on this machine (the planner's validation)."""
-    from marin.training.trainer import _build_train_step
+    from marin.training.trainer import build_train_step
 
     mesh = abstract_mesh(*mesh_shape) if mesh is None else mesh
     with lowering_for(platform):
         state, shardings = abstract_state(config, cfg, mesh)
-        step = _build_train_step(config, cfg, mesh, transport, shardings, microbatches)
+        step = build_train_step(config, cfg, mesh, transport, shardings, microbatches)
         traced = step.trace(state, *abstract_batch(mesh, batch_size, seq_len))
         return traced.lower(lowering_platforms=(platform,))
 

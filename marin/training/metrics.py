@@ -8,17 +8,20 @@ that every report uses the same denominators.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
 import fsspec
 
+from marin.execution.retry import Outage, call_with_retry
 from marin.textfmt import format_duration
 
 logger = logging.getLogger(__name__)
@@ -87,7 +90,8 @@ class MetricsWriter:
     On resume, lines for steps after the restored checkpoint are dropped: the resumed run logs those
     steps again, and a reader must never see two different values for one step. Local files are
     appended and flushed per line; object stores have no append, so the whole (small) file is
-    rewritten at each ``flush``.
+    rewritten at each ``flush``; through a store outage shorter than the retry limit the lines stay
+    buffered and training goes on (:mod:`marin.execution.retry`).
     """
 
     def __init__(self, output_path: str, *, resume_step: int | None = None, is_writer: bool = True,
@@ -99,16 +103,34 @@ class MetricsWriter:
         self._lines: list[str] = []
         self._pending = 0
         self._local = _is_local(self.fs)
+        self._outage = Outage(f"write {self.url}")
+        self._next_try = 0.0
         if not is_writer:
             return
         previous = read_metrics(self.url, kind=None) if self.fs.exists(self.path) else []
         keep_until = -1 if resume_step is None else resume_step
         self._lines = [json.dumps(r, sort_keys=True) for r in previous if r.get("step", -1) <= keep_until]
         self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
-        self._rewrite()
+        call_with_retry(self._rewrite, what=f"write {self.url}")
 
     def _rewrite(self) -> None:
         self.fs.pipe_file(self.path, "".join(line + "\n" for line in self._lines).encode())
+
+    def _try_rewrite(self) -> bool:
+        """One attempt to write every buffered line; False while the store is out (within the limit).
+
+        The file is rewritten whole, so lines buffered through an outage land in order and once,
+        with the next successful write; an outage past the retry limit raises
+        :class:`StorageUnavailable` with the store's error (the step fails with the real cause)."""
+        if self._outage.active and time.monotonic() < self._next_try:
+            return False
+        try:
+            self._rewrite()
+        except Exception as e:  # noqa: BLE001 - classified by the retry policy; others re-raised
+            self._next_try = time.monotonic() + self._outage.failed(e)
+            return False
+        self._outage.succeeded()
+        return True
 
     def log(self, record: Mapping[str, Any]) -> None:
         if not self.is_writer:
@@ -124,12 +146,17 @@ class MetricsWriter:
                 self.flush()
 
     def flush(self) -> None:
-        if self.is_writer and not self._local and self._pending:
-            self._rewrite()
+        """Write what is buffered; during a store outage the lines stay buffered (see :meth:`_try_rewrite`)."""
+        if self.is_writer and not self._local and self._pending and self._try_rewrite():
             self._pending = 0
 
     def close(self) -> None:
-        self.flush()
+        """Flush, waiting out an outage for what is left of the retry limit."""
+        if not (self.is_writer and not self._local and self._pending):
+            return
+        while not self._try_rewrite():
+            time.sleep(max(0.0, min(self._next_try - time.monotonic(), self._outage.remaining_s())) + 0.01)
+        self._pending = 0
 
 
 def _jsonable(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -197,7 +224,11 @@ def phase_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 class WandbTracker:
     """W&B run with the same keys as metrics.jsonl; offline unless the user set ``WANDB_MODE``.
 
-    The run id derives from the output path, so a resumed step continues the same W&B run.
+    The run id derives from the output path, so a resumed step continues the same W&B run. Its files
+    live under the step directory (``{output_path}/wandb/``) on every backend: W&B writes through the
+    local filesystem only, so for an object-store step it writes to a staging directory of this host
+    named after the run, and :meth:`sync` copies what changed up to the step directory (the trainer
+    calls it at every checkpoint, and :meth:`finish` at the end), so the files outlive the node.
     """
 
     def __init__(self, *, project: str, name: str, config: Mapping[str, Any], output_path: str,
@@ -207,8 +238,11 @@ class WandbTracker:
         os.environ.setdefault("WANDB_MODE", "offline")
         os.environ.setdefault("WANDB_SILENT", "true")
         fs, path = fsspec.core.url_to_fs(output_path)
-        # W&B writes through the local filesystem; for object-store outputs it goes to a local dir.
-        directory = local_dir or (path if _is_local(fs) else os.path.join(os.getcwd(), "wandb-local"))
+        self._remote = None if _is_local(fs) else f"{output_path.rstrip('/')}/wandb"
+        self._fs = fs
+        self._synced: dict[str, tuple[float, int]] = {}
+        staging = os.path.join(tempfile.gettempdir(), "marin-wandb", run_id)
+        directory = local_dir or (path if self._remote is None else staging)
         os.makedirs(directory, exist_ok=True)
         self._run = wandb.init(
             project=project,
@@ -225,8 +259,32 @@ class WandbTracker:
         data = {k: v for k, v in _jsonable(record).items() if k != "step" and not isinstance(v, str)}
         self._run.log(data, step=int(record["step"]))
 
+    def sync(self) -> int:
+        """Copy the run's new or changed W&B files up to ``{output_path}/wandb/`` (object stores only;
+        on local disk they are written there directly). Returns how many files were copied."""
+        if self._remote is None:
+            return 0
+        root = os.path.join(self.dir, "wandb")
+        copied = 0
+        for folder, _, files in os.walk(root):
+            for name in files:
+                local = os.path.join(folder, name)
+                try:
+                    st = os.stat(local)
+                except FileNotFoundError:  # W&B replaced it meanwhile
+                    continue
+                stamp = (st.st_mtime, st.st_size)
+                if self._synced.get(local) == stamp:
+                    continue
+                remote = f"{self._remote}/{os.path.relpath(local, root)}"
+                call_with_retry(functools.partial(self._fs.put_file, local, remote), what=f"copy W&B file to {remote}")
+                self._synced[local] = stamp
+                copied += 1
+        return copied
+
     def finish(self, exit_code: int = 0) -> None:
         self._run.finish(exit_code=exit_code)
+        self.sync()
 
 
 class ProgressLine:

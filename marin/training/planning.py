@@ -27,6 +27,18 @@ full [L, L] score matrix per head (local layers mask it), so it is counted at L 
 blocked attention keeps only its output and a log-normaliser per query, and holds block x block score
 tiles while it runs (counted once per microbatch, at block^2 / L keys per query). The model is
 approximate: XLA's buffer reuse and fusion decide the real peak.
+
+Per host, in bytes (``host_plan``), against the pool's host memory:
+
+    resident_state       state held in host memory: on CPU pools the devices are host memory, so the
+                         host's devices' whole step; on GPU pools nothing (the state lives on the
+                         devices, created there by the sharded init and restored there shard by shard)
+    checkpoint_staging   the state shards this host writes, copied to host memory while the save is
+                         written in the background (one save in flight): exactly one replica of each
+                         shard is written, by the host whose device holds replica 0 of it
+    data_buffers         this host's rows of one batch (tokens and segment ids, int32), twice (the
+                         batch being placed and the next one)
+    runtime              a fixed allowance for the Python process, the XLA runtime and its pinned buffers
 tests/training/test_planning.py holds the model to within 15% of ``compiled.memory_analysis()`` of
 the same step on CPU; docs/training.md lists where it is known to be rough.
 """
@@ -67,6 +79,14 @@ DEFAULT_MFU = 0.21  # observed on the hero run after warm-up
 PARTS = ("params", "master_weights", "grads", "optimizer_state", "gathered", "activations", "all_to_all", "logits")
 
 
+# Of host memory the training process may plan on (the OS, agents and page cache keep the rest).
+HOST_USABLE_FRACTION = 0.90
+HOST_RUNTIME_BYTES = {"cpu": 2 * GiB}  # per host process: Python, XLA runtime, compiled programs
+HOST_RUNTIME_BYTES_GPU = 32 * GiB  # GPU hosts: also the CUDA context and pinned transfer buffers of 4 GPUs
+STORAGE_WRITE_BYTES_PER_S = 1.0e9  # per host, to an object store (a few parallel streams); --storage-gbps overrides
+HOST_PARTS = ("resident_state", "checkpoint_staging", "data_buffers", "runtime")
+
+
 class StepDoesNotFit(ValueError):
     """A training step needs more memory per device than its pool offers (the message has the table)."""
 
@@ -78,6 +98,13 @@ def cpu_device_memory_bytes(devices_per_host: int) -> int:
     except (ValueError, OSError, AttributeError):
         total = 16 * GiB
     return int(total // max(1, devices_per_host))
+
+
+def host_memory_bytes(pool: PoolSpec) -> int:
+    """Host memory of one host of ``pool``: its spec's, or this machine's for the local CPU pools."""
+    if pool.host_memory_bytes is not None:
+        return int(pool.host_memory_bytes)
+    return cpu_device_memory_bytes(1)
 
 
 def device_memory_bytes(pool: PoolSpec) -> int:
@@ -226,9 +253,11 @@ def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: i
 def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, microbatches: int | None = None,
          transport: str | None = None, train_steps: int | None = None, mfu: float = DEFAULT_MFU,
          device_memory: int | None = None, seq_len_phases=None, planned_tokens: float | None = None,
-         param_sharding: str = "replicated") -> dict[str, Any]:
+         param_sharding: str = "replicated", storage_bytes_per_s: float = STORAGE_WRITE_BYTES_PER_S,
+         host_memory: int | None = None) -> dict[str, Any]:
     """The whole plan: memory at ``microbatches`` (default: the smallest count that fits), whether it
-    fits, the smallest pool that would fit at one microbatch, and the run's compute cost."""
+    fits (on the devices and on the hosts), the smallest pool that would fit at one microbatch, the
+    checkpoint's size and save time, and the run's compute cost."""
     device_memory = device_memory if device_memory is not None else device_memory_bytes(pool)
     usable = int(device_memory * USABLE_FRACTION)
     sequences = tokens_per_step // seq_len
@@ -246,6 +275,7 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
         "model": None,
         "pool": pool.name,
         "devices": pool.num_devices,
+        "hosts": pool.hosts,
         "mesh": list(pool.mesh),
         "accelerator": pool.accelerator,
         "tokens_per_step": tokens_per_step,
@@ -257,13 +287,16 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
         "param_sharding": param_sharding,
         "microbatches": fitting,
         "planned_microbatches": chosen,
-        "fits": mem["total"] <= usable,
+        "device_fits": mem["total"] <= usable,
         "bytes_per_device": mem,
         "device_memory_bytes": device_memory,
         "usable_memory_bytes": usable,
         "smallest_fitting_pool": None if fitting is not None else smallest_fitting_pool(
             cfg, pool, tokens_per_step, seq_len, transport, param_sharding),
     }
+    out.update(host_plan(cfg, pool, mem["total"], tokens_per_step, seq_len, param_sharding, storage_bytes_per_s,
+                         host_memory))
+    out["fits"] = out["device_fits"] and out["host_fits"]
     out.update(compute_plan(cfg, pool, tokens_per_step=tokens_per_step, seq_len=seq_len,
                             train_steps=train_steps, mfu=mfu, seq_len_phases=seq_len_phases,
                             planned_tokens=planned_tokens))
@@ -291,6 +324,60 @@ def smallest_fitting_pool(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, 
                     <= mem * USABLE_FRACTION):
                 return other.name
     return None
+
+
+def checkpoint_bytes_per_host(cfg: MoEConfig, pool: PoolSpec, param_sharding: str = "replicated") -> list[int]:
+    """Bytes of state each host writes in a checkpoint (float32 master weights and both AdamW moments:
+    12 bytes per parameter; the router bias and step count are a rounding error), host by host.
+
+    Devices are ordered host by host and laid over the (data, expert) mesh row by row, as
+    marin.parallel.mesh.make_mesh does. Of each leaf, the devices at index 0 of every mesh axis the
+    leaf is not split over hold replica 0 of their shard and write it: a leaf split over the whole
+    mesh is written by every host, a leaf split over "expert" only by the hosts of the first data
+    row (rack), a replicated one by host 0."""
+    data, expert = pool.mesh
+    out = [0] * pool.hosts
+    for key, shape in param_shapes(cfg).items():
+        name = key.rsplit("/", 1)[-1]
+        part = leaf_partition(name, shape, (data, expert), param_sharding, key.startswith("blocks/"))
+        used = {a for axes in part if axes is not None for a in ((axes,) if isinstance(axes, str) else axes)}
+        shard = 12 * math.prod(shard_shape(shape, part, (data, expert)))
+        for d in range(pool.num_devices):
+            i, j = divmod(d, expert)
+            if ("data" in used or i == 0) and (EXPERT in used or j == 0):
+                out[d // pool.devices_per_host] += shard
+    return out
+
+
+def host_plan(cfg: MoEConfig, pool: PoolSpec, device_total: int, tokens_per_step: int, seq_len: int,
+              param_sharding: str = "replicated", storage_bytes_per_s: float = STORAGE_WRITE_BYTES_PER_S,
+              host_memory: int | None = None) -> dict[str, Any]:
+    """Per-host bytes of a run (module docstring), the checkpoint's size and its save time at
+    ``storage_bytes_per_s`` per host (hosts write in parallel; the busiest host sets the time)."""
+    per_host = checkpoint_bytes_per_host(cfg, pool, param_sharding)
+    staging = max(per_host)
+    rows = tokens_per_step // seq_len // pool.hosts
+    parts = {
+        "resident_state": device_total * pool.devices_per_host if pool.is_cpu else 0,
+        "checkpoint_staging": staging,
+        "data_buffers": 2 * rows * (seq_len + 1) * 4 * 2,
+        "runtime": HOST_RUNTIME_BYTES.get(pool.accelerator, HOST_RUNTIME_BYTES_GPU),
+    }
+    parts["total"] = sum(parts.values())
+    memory = host_memory if host_memory is not None else host_memory_bytes(pool)
+    usable = int(memory * HOST_USABLE_FRACTION)
+    return {
+        "host_bytes": parts,
+        "host_bytes_per_host": parts["total"],
+        "host_memory_bytes": memory,
+        "host_usable_memory_bytes": usable,
+        "host_fits": parts["total"] <= usable,
+        "checkpoint_bytes": sum(per_host),
+        "checkpoint_bytes_per_host": staging,
+        "checkpoint_writing_hosts": sum(1 for b in per_host if b),
+        "storage_bytes_per_s": storage_bytes_per_s,
+        "checkpoint_save_s": staging / storage_bytes_per_s,
+    }
 
 
 # ---- compute ---------------------------------------------------------------------------------
@@ -337,8 +424,21 @@ def format_plan(p: dict[str, Any]) -> str:
         lines.append(f"  {k:<16} {_gib(mem[k]):>16}")
     lines.append(f"  {'total':<16} {_gib(mem['total']):>16}   usable {_gib(p['usable_memory_bytes'])} "
                  f"of {_gib(p['device_memory_bytes'])}")
+    if "host_bytes" in p:
+        h = p["host_bytes"]
+        lines.append(f"  {'per host':<16} {'bytes':>16}")
+        for k in HOST_PARTS:
+            lines.append(f"  {k:<18} {_gib(h[k]):>14}")
+        lines.append(f"  {'total':<16} {_gib(h['total']):>16}   usable {_gib(p['host_usable_memory_bytes'])} "
+                     f"of {_gib(p['host_memory_bytes'])} host memory" + ("" if p["host_fits"] else "  DOES NOT FIT"))
+        lines.append(f"  checkpoint: {_gib(p['checkpoint_bytes'])} in all, at most "
+                     f"{_gib(p['checkpoint_bytes_per_host'])} written per host by {p['checkpoint_writing_hosts']} "
+                     f"of {p['hosts']} hosts in parallel; "
+                     f"~{p['checkpoint_save_s']:,.0f} s per save at {p['storage_bytes_per_s'] / 1e9:g} GB/s per host")
     if p["fits"]:
         lines.append(f"  fits with {p['planned_microbatches']} microbatch(es)")
+    elif p.get("device_fits", False):
+        lines.append("  DOES NOT FIT in host memory (the devices would hold it)")
     else:
         hint = (f"smallest microbatch count that fits: {p['microbatches']}" if p["microbatches"] else
                 "no microbatch count fits on this pool" + (

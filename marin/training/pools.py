@@ -27,6 +27,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from marin.execution.failures import InfrastructureFailure, is_infrastructure_failure
+
 logger = logging.getLogger(__name__)
 
 # Node label that groups the nodes of one NVL72 rack (set per worker group in infra/).
@@ -54,6 +56,8 @@ class PoolSpec:
     rack_label: str | None = None
     max_retries: int = 0
     ready_timeout_s: float = 300.0
+    host_memory_bytes: int | None = None
+    """Host (CPU) memory of one host, bytes; None: this machine's (the CPU pools run here)."""
 
     def __post_init__(self) -> None:
         data, expert = self.mesh
@@ -101,6 +105,10 @@ class PoolSpec:
 # GB200 NVL72: 18 compute trays x 4 GPUs; the hero uses 16 nodes x 4 GPUs per rack (EP 64).
 GB200_HOSTS_PER_RACK = 16
 GB200_GPUS_PER_HOST = 4
+# Host memory of one GB200 compute tray: two Grace CPUs with 480 GB LPDDR5X each (NVIDIA GB200 NVL72
+# specifications). The lent H200 machine has 128 GiB.
+GB200_HOST_MEMORY_BYTES = 960 * 10**9
+H200_LENT_HOST_MEMORY_BYTES = 128 * (1 << 30)
 
 POOLS: dict[str, PoolSpec] = {
     # One process, 8 fake CPU devices: EP 4 x data 2. The default for local runs and the quickstart.
@@ -115,7 +123,8 @@ POOLS: dict[str, PoolSpec] = {
         "local-2host", hosts=2, devices_per_host=4, accelerator="cpu", mesh=(1, 8), device_resource="fake_host"
     ),
     # One H200 (the lent device machine): the GPU benchmark.
-    "h200-1": PoolSpec("h200-1", hosts=1, devices_per_host=1, accelerator="H200", mesh=(1, 1), device_resource="GPU"),
+    "h200-1": PoolSpec("h200-1", hosts=1, devices_per_host=1, accelerator="H200", mesh=(1, 1), device_resource="GPU",
+                       host_memory_bytes=H200_LENT_HOST_MEMORY_BYTES),
     # One GB200 NVL72 rack: the d768 ladder rung (published: 1 rack, batch 1,024).
     "gb200-rack": PoolSpec(
         "gb200-rack",
@@ -128,6 +137,7 @@ POOLS: dict[str, PoolSpec] = {
         device_resource="GPU",
         rack_label=RACK_LABEL,
         max_retries=3,
+        host_memory_bytes=GB200_HOST_MEMORY_BYTES,
     ),
     # Eleven racks, ~704 GPUs: the d2048 rung and the hero (EP 64 x DP 11).
     "gb200-11racks": PoolSpec(
@@ -141,6 +151,7 @@ POOLS: dict[str, PoolSpec] = {
         device_resource="GPU",
         rack_label=RACK_LABEL,
         max_retries=3,
+        host_memory_bytes=GB200_HOST_MEMORY_BYTES,
     ),
 }
 
@@ -168,6 +179,11 @@ class NonRetryableError(RuntimeError):
 
 class PoolLaunchError(RuntimeError):
     """The pool failed on every allowed attempt."""
+
+
+class PoolLostError(PoolLaunchError, InfrastructureFailure):
+    """Every allowed attempt of the pool ended in an infrastructure failure (a host died, a peer went
+    away): the executor retries the step by itself, from its last checkpoint."""
 
 
 def host_env(pool: PoolSpec) -> dict[str, str]:
@@ -242,6 +258,23 @@ def _placement_groups(pool: PoolSpec) -> list[Any]:
     return groups
 
 
+def _a_host_was_lost(refs: list[Any], wait_s: float = 2.0) -> bool:
+    """Whether any host of a failed attempt died underneath (the first error seen may be a survivor's
+    collective failing because its peer went away, which reads like the step's own error)."""
+    import ray
+
+    if not refs:
+        return False
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+    for ref in done:
+        try:
+            ray.get(ref)
+        except Exception as e:  # noqa: BLE001 - classified below
+            if is_infrastructure_failure(e):
+                return True
+    return False
+
+
 def _unwrap(error: BaseException) -> BaseException:
     """The user exception inside a Ray task/actor error, if there is one."""
     cause = getattr(error, "cause", None)
@@ -276,6 +309,7 @@ def launch(
     for attempt in range(retries + 1):
         groups = _placement_groups(pool)
         actors: list[Any] = []
+        refs: list[Any] = []  # the hosts' results, once started
         try:
             try:
                 ray.get([g.ready() for g in groups], timeout=pool.ready_timeout_s)
@@ -314,6 +348,8 @@ def launch(
             inner = _unwrap(e)
             if isinstance(inner, NonRetryableError):
                 raise inner from None
+            if not (is_infrastructure_failure(e) or _a_host_was_lost(refs)):
+                raise inner from None  # a bug or a config error: the same on every attempt, so not retried
             errors.append(f"attempt {attempt + 1}: {type(inner).__name__}: {inner}")
             last_cause = _one_line(inner)
             logger.warning("pool %s failed (attempt %d/%d): %s", pool.name, attempt + 1, retries + 1, inner)
@@ -322,9 +358,9 @@ def launch(
                 ray.kill(a, no_restart=True)
             for g in groups:
                 remove_placement_group(g)
-        time.sleep(min(5.0, 0.5 * (attempt + 1)))
+        time.sleep(min(30.0, 1.0 * 2 ** attempt))  # backoff: a lost node may take a while to be replaced
     # The first line is what a step's recorded failure reason shows: it must carry the cause itself.
-    raise PoolLaunchError(f"pool {pool.name} failed after {retries + 1} attempt(s); last: {last_cause}\n"
+    raise PoolLostError(f"pool {pool.name} failed after {retries + 1} attempt(s); last: {last_cause}\n"
                           + "\n".join(errors))
 
 

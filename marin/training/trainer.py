@@ -8,6 +8,12 @@ State (everything a resume needs, all in one pytree so one checkpoint holds it):
 The data position is the step number itself: every batch is a pure function of (data config, seed,
 step, batch, seq_len), so resuming at step k replays exactly what an uninterrupted run would read.
 
+The state is never built on a host: a fresh one is created sharded on the devices by one jitted
+init (``init_state``), a resumed one is restored straight into the pool's shardings, and each
+process builds only its own rows of every batch (``place_batch``). A run reads top to bottom as
+``setup_run`` (data, model, mesh, checkpoints, state, outputs), ``run_step`` (one optimizer step)
+and ``after_step`` (logging, in-training eval, an async checkpoint), driven by ``train_loop``.
+
 A step: loss/grad through the model (cross entropy + z-loss, EP transport per the schedule), clip by
 global norm, AdamW update with the host-computed LR, then the router bias update from the step's
 statistics (outside the gradient path). Non-finite loss or grad norm stops the run before anything is
@@ -16,6 +22,7 @@ saved, so the last good checkpoint stays untouched.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -29,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from marin.training.checkpoint import CheckpointManager, CheckpointMismatchError
+from marin.training.checkpoint import CheckpointManager, CheckpointMismatchError, CheckpointPolicy
 from marin.training.config import SyntheticDataConfig, TrainConfig, model_at
 from marin.training.metrics import (
     MetricsWriter,
@@ -41,6 +48,7 @@ from marin.training.metrics import (
     read_metrics,
 )
 from marin.training.pools import HostContext, NonRetryableError, get_pool
+from marin.training.preemption import Preempted, PreemptionWatch
 from marin.training.schedule import lr_at, phase_index_at, seq_len_at, transport_at
 
 logger = logging.getLogger(__name__)
@@ -54,12 +62,16 @@ class IncompatibleCheckpoint(NonRetryableError):
     """The step's checkpoints were written by a different model structure; a retry cannot fix it."""
 
 
-BatchFn = Callable[[int, int, int], dict[str, np.ndarray]]
+BatchFn = Callable[..., dict[str, np.ndarray]]  # (step, batch_size, seq_len, rows=None) -> tokens, segment_ids
 
 
 # ---- data -----------------------------------------------------------------------------------------
-def synthetic_batch(cfg: SyntheticDataConfig, step: int, batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
-    """Deterministic learnable batch: a pure function of (cfg, step, batch_size, seq_len)."""
+def synthetic_batch(cfg: SyntheticDataConfig, step: int, batch_size: int, seq_len: int,
+                    rows: slice | None = None) -> dict[str, np.ndarray]:
+    """Deterministic learnable batch: a pure function of (cfg, step, batch_size, seq_len). ``rows``
+    selects rows of it (generated whole: synthetic tokens read nothing from storage)."""
+    if rows is not None:
+        return {k: v[rows] for k, v in synthetic_batch(cfg, step, batch_size, seq_len).items()}
     rng = np.random.default_rng([cfg.seed, step, batch_size, seq_len])
     v = cfg.vocab_size
     rules = np.random.default_rng([cfg.seed, 7919]).integers(1, v, size=(cfg.n_rules, 2))
@@ -78,11 +90,35 @@ def make_batch_fn(data: Any, total_steps: int | None = None) -> tuple[BatchFn, i
     """``(batch(step, B, L), vocab_size)`` for a data config: synthetic, or the mixture loader
     (``total_steps`` places mixture stages given as fractions of the run)."""
     if isinstance(data, SyntheticDataConfig):
-        return (lambda step, b, l: synthetic_batch(data, step, b, l)), data.vocab_size
+        return (lambda step, b, l, rows=None: synthetic_batch(data, step, b, l, rows)), data.vocab_size
     from marin.data.loader import MixtureLoader
 
     loader = MixtureLoader(data, total_steps=total_steps)
     return loader.batch, int(loader.vocab_size)
+
+
+def host_rows(sharding, batch_size: int, seq_len: int) -> slice:
+    """The rows of a [batch_size, seq_len + 1] global batch that this process's devices hold under
+    ``sharding`` (one contiguous span: devices are ordered host by host along the batch axis)."""
+    spans = [idx[0].indices(batch_size)[:2] for idx in
+             sharding.addressable_devices_indices_map((batch_size, seq_len + 1)).values()]
+    return slice(min(a for a, _ in spans), max(b for _, b in spans))
+
+
+def place_batch(batch_fn: BatchFn, sharding, step: int, batch_size: int, seq_len: int) -> tuple[Any, Any]:
+    """(tokens, segment_ids) of batch ``step`` as global arrays split over ``sharding``: this process
+    builds (and reads the documents of) only its own rows; the assembled global batch is the one
+    ``batch_fn(step, batch_size, seq_len)`` builds whole."""
+    rows = host_rows(sharding, batch_size, seq_len)
+    local = batch_fn(step, batch_size, seq_len, rows=rows)
+    shape = (batch_size, seq_len + 1)
+
+    def place(x: np.ndarray):
+        return jax.make_array_from_callback(
+            shape, sharding, lambda idx: x[slice(idx[0].indices(batch_size)[0] - rows.start,
+                                                 idx[0].indices(batch_size)[1] - rows.start), idx[1]])
+
+    return place(local["tokens"]), place(local["segment_ids"])
 
 
 # ---- model and optimizer --------------------------------------------------------------------------
@@ -114,8 +150,10 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     )
 
 
-def _place(tree: Any, shardings: Any) -> Any:
-    """Host numpy arrays -> global jax Arrays with the given shardings (works across processes)."""
+def place_host_arrays(tree: Any, shardings: Any) -> Any:
+    """Host numpy arrays -> global jax Arrays with the given shardings (works across processes: each
+    process hands over only the slices its devices hold). For small host-built values (batches in
+    tests, benchmarks); the training state itself never exists on the host (see :func:`init_state`)."""
 
     def one(x, s):
         x = np.asarray(x)
@@ -124,36 +162,65 @@ def _place(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(one, tree, shardings)
 
 
-def state_shardings(host_state: dict[str, Any], mesh, param_sharding: str = "replicated") -> dict[str, Any]:
+_place = place_host_arrays  # the older name, still used by benchmarks and tests
+
+
+def state_shardings(state: dict[str, Any], mesh, param_sharding: str = "replicated") -> dict[str, Any]:
     """Where each state leaf lives: expert weights (and their Adam moments) split over "expert", the
     rest replicated or, with ``param_sharding="fsdp"``, split over the mesh (marin.parallel.layout).
-    Fixed up front so the compiled step never re-lays-out its state; XLA gathers fsdp weights where
-    the step uses them and reduce-scatters their gradients."""
+    ``state`` may be arrays or ``jax.ShapeDtypeStruct``s (:func:`state_shapes`). Fixed up front so the
+    compiled step never re-lays-out its state; XLA gathers fsdp weights where the step uses them and
+    reduce-scatters their gradients."""
     from marin.parallel.mesh import param_shardings, replicated
 
     rep = replicated(mesh)
     return {
-        "params": param_shardings(host_state["params"], mesh, param_sharding),
+        "params": param_shardings(state["params"], mesh, param_sharding),
         # Adam moments mirror the params' tree, so the same leaf-name rule applies; counts replicate.
-        "opt_state": param_shardings(host_state["opt_state"], mesh, param_sharding),
+        "opt_state": param_shardings(state["opt_state"], mesh, param_sharding),
         "router_bias": rep,
         "rng": rep,
     }
 
 
-def init_host_state(config: TrainConfig, cfg) -> dict[str, Any]:
-    """Fresh state as host numpy arrays: params from the seed, zero router bias, zero AdamW moments.
-
-    Every process computes the same values from the same seed, so no broadcast is needed.
-    """
+def fresh_state(config: TrainConfig, cfg) -> dict[str, Any]:
+    """The fresh state as a pure function of the seed: params, zero AdamW moments, zero router bias,
+    the training PRNG key. Traced by :func:`init_state` (never run eagerly for a real model)."""
     from marin.models.transformer import init_params, init_router_bias
 
-    key = jax.random.PRNGKey(config.seed)
-    init_key, train_key = jax.random.split(key)
+    init_key, train_key = jax.random.split(jax.random.PRNGKey(config.seed))
     params = init_params(cfg, init_key)
-    opt_state = make_optimizer(config).init(params)
-    tree = {"params": params, "opt_state": opt_state, "router_bias": init_router_bias(cfg), "rng": train_key}
-    return jax.tree.map(np.asarray, tree)
+    return {"params": params, "opt_state": make_optimizer(config).init(params),
+            "router_bias": init_router_bias(cfg), "rng": train_key}
+
+
+def state_shapes(config: TrainConfig, cfg) -> dict[str, Any]:
+    """Shapes and dtypes of the state (``jax.ShapeDtypeStruct``s; nothing is allocated)."""
+    return jax.eval_shape(lambda: fresh_state(config, cfg))
+
+
+_INIT_CACHE: dict[tuple[Any, ...], Any] = {}
+
+
+def init_state(config: TrainConfig, cfg, mesh, shardings: dict[str, Any]) -> dict[str, Any]:
+    """The fresh state created directly in its final shardings: one jitted program whose
+    ``out_shardings`` are the state's, so each device computes only its own shards and no process
+    ever holds the whole state (the hero's is about 6.4 TB). The values do not depend on the mesh or
+    the process count: JAX's partitionable threefry (``jax_threefry_partitionable``, on by default)
+    makes every random bit a function of the key and the element's global index only."""
+    if not jax.config.jax_threefry_partitionable:
+        raise RuntimeError("sharded init needs jax_threefry_partitionable=True (JAX's default); it was turned off")
+    key = (config.seed, config.beta1, config.beta2, config.adam_eps, config.weight_decay, config.grad_clip, cfg,
+           mesh, jax.tree_util.tree_structure(shardings), tuple(jax.tree_util.tree_leaves(shardings)))
+    if key not in _INIT_CACHE:
+        _INIT_CACHE[key] = jax.jit(lambda: fresh_state(config, cfg), out_shardings=shardings)
+    return _INIT_CACHE[key]()
+
+
+def init_host_state(config: TrainConfig, cfg) -> dict[str, Any]:
+    """The fresh state as host numpy arrays, for tests and benchmarks of small models only (the
+    trainer creates it sharded with :func:`init_state`; these are the same values)."""
+    return jax.tree.map(np.asarray, jax.jit(lambda: fresh_state(config, cfg))())
 
 
 _STEP_CACHE: dict[tuple[Any, ...], Any] = {}
@@ -168,11 +235,13 @@ def make_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: d
     key = (config.beta1, config.beta2, config.adam_eps, config.weight_decay, config.grad_clip, cfg, mesh, transport,
            jax.tree_util.tree_structure(shardings), tuple(jax.tree_util.tree_leaves(shardings)), microbatches)
     if key not in _STEP_CACHE:
-        _STEP_CACHE[key] = _build_train_step(config, cfg, mesh, transport, shardings, microbatches)
+        _STEP_CACHE[key] = build_train_step(config, cfg, mesh, transport, shardings, microbatches)
     return _STEP_CACHE[key]
 
 
-def _build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: dict[str, Any], microbatches: int = 1):
+def build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: dict[str, Any], microbatches: int = 1):
+    """The jitted train step, built anew (:func:`make_train_step` memoises it); the CUDA lowering
+    check (marin.training.lowering) traces this same program without running it."""
     from marin.models.transformer import loss_and_stats, update_router_bias
     from marin.training.accumulate import accumulate
 
@@ -270,133 +339,265 @@ class _InTrainingEval:
         return metrics_record(step, tokens, suite_record(totals))
 
 
+def _stop_for_preemption(ctx: HostContext, config: TrainConfig, ckpts: CheckpointManager, step: int, state: Any,
+                         meta: dict[str, Any], save_s: float | None, preemption: PreemptionWatch) -> None:
+    """SIGTERM arrived: save a final checkpoint if the grace period allows (process 0 decides: the
+    save is collective), then stop with :class:`Preempted`, which the executor retries from it."""
+    ckpts.wait()  # a save of this step may still be in flight: it counts once committed
+    saved = ckpts.latest_step() == step
+    if not saved and _agree(preemption.worth_saving(save_s), ctx):
+        ckpts.save(step, state, meta, blocking=True)
+        saved = True
+    last = ckpts.latest_step()
+    where = (f"final checkpoint {ckpts.path_for(step)}" if saved else
+             f"no time for a final checkpoint ({preemption.time_left():.0f}s of {config.preemption_grace_s:.0f}s "
+             f"grace left, a save takes {save_s or 0:.0f}s); resumes from "
+             + (ckpts.path_for(last) if last is not None else "the start"))
+    raise Preempted(f"SIGTERM at step {step}: {where}")
+
+
+@dataclasses.dataclass
+class TrainRun:
+    """One process's view of a run: what :func:`setup_run` builds once, and the loop's live state."""
+
+    ctx: HostContext
+    config: TrainConfig
+    cfg: Any  # MoEConfig
+    mesh: Any
+    batch_fn: BatchFn
+    shardings: dict[str, Any]
+    state: dict[str, Any]
+    ckpts: CheckpointManager
+    metrics_out: MetricsWriter
+    step: int = 0
+    tokens_seen: int = 0
+    resumed_from: int | None = None
+    tracker: WandbTracker | None = None
+    progress: ProgressLine | None = None
+    evaluator: _InTrainingEval | None = None
+    compiled: dict[Any, Any] = dataclasses.field(default_factory=dict)  # per (transport, microbatches, remat)
+    micro: dict[tuple[int, str], int] = dataclasses.field(default_factory=dict)  # per (seq_len, transport)
+    last: dict[str, Any] = dataclasses.field(default_factory=dict)
+    t_prev: float = 0.0
+    preemption: PreemptionWatch | None = None  # SIGTERM watch, started by train_on_host
+
+    @property
+    def is_writer(self) -> bool:
+        return self.ctx.process_id == 0
+
+    @property
+    def total(self) -> int:
+        return self.config.lr_schedule().final_total_steps
+
+
+def restore_or_init(ctx: HostContext, config: TrainConfig, cfg, mesh, ckpts: CheckpointManager
+                    ) -> tuple[dict[str, Any], dict[str, Any], int | None, int]:
+    """``(state, shardings, resumed_from, tokens_seen)``: the newest valid checkpoint of this run,
+    restored straight into this pool's shardings (whatever pool wrote it), or else the fresh state
+    created sharded (:func:`init_state`). Neither path builds the state on the host."""
+    shapes = state_shapes(config, cfg)
+    shardings = state_shardings(shapes, mesh, config.param_sharding)
+    if ctx.process_id == 0:
+        ckpts.clear_uncommitted()  # a crashed save's leftovers; no save of this attempt races this
+    try:
+        restored = ckpts.restore_latest(template=shapes, shardings=shardings)
+    except CheckpointMismatchError as e:
+        raise IncompatibleCheckpoint(str(e)) from None
+    if ctx.num_processes > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("marin: checkpoints cleared and restored")
+    if restored is None and config.init_from is not None:
+        state, start, tokens = branch_state(config, cfg, mesh, shapes, shardings)
+        return state, shardings, start, tokens
+    if restored is None:
+        return init_state(config, cfg, mesh, shardings), shardings, None, 0
+    start, state, meta = restored
+    ckpts.mark_restored(start)
+    logger.info("resumed %s from step %d", config.output_path, start)
+    return state, shardings, start, int(meta["tokens"])
+
+
+def branch_state(config: TrainConfig, cfg, mesh, shapes: dict[str, Any], shardings: dict[str, Any]
+                 ) -> tuple[dict[str, Any], int | None, int]:
+    """``(state, start step, tokens)`` of a run that starts from another run's checkpoint
+    (``config.init_from``), resharded onto this run's mesh: weights and router bias always, the AdamW
+    state when asked (else fresh moments for the weights), the data position when asked (else step 0).
+    The training PRNG key is the source's with the data position, else this run's own."""
+    from marin.training.checkpoint import checkpoint_step, restore_checkpoint
+
+    src = config.init_from
+    step = checkpoint_step(src.run, int(src.step))
+    path = CheckpointManager(src.run, CheckpointPolicy()).path_for(step)
+    wanted = ["params", "router_bias"] + (["opt_state"] if src.optimizer else []) + (["rng"] if src.data_position
+                                                                                     else [])
+    try:
+        part, meta = restore_checkpoint(path, {k: shapes[k] for k in wanted}, {k: shardings[k] for k in wanted},
+                                        partial=True)
+    except CheckpointMismatchError as e:
+        raise IncompatibleCheckpoint(f"init_from: {e}") from None
+    state = dict(part)
+    if not src.optimizer:
+        tx = make_optimizer(config)
+        state["opt_state"] = jax.jit(tx.init, out_shardings=shardings["opt_state"])(state["params"])
+    if not src.data_position:
+        state["rng"] = jax.jit(lambda: jax.random.split(jax.random.PRNGKey(config.seed))[1],
+                               out_shardings=shardings["rng"])()
+    logger.info("%s starts from %s (optimizer state: %s, data position: %s)", config.output_path, path,
+                src.optimizer, src.data_position)
+    if src.data_position:
+        return state, step, int(meta["tokens"])
+    return state, None, 0
+
+
+def setup_run(ctx: HostContext, config: TrainConfig) -> TrainRun:
+    """Data, model, mesh, checkpoints, state and outputs of a run on this process."""
+    from marin.parallel.mesh import make_mesh
+
+    batch_fn, vocab = make_batch_fn(config.data, config.total_steps)
+    cfg = model_config(config, vocab)
+    mesh = make_mesh(*ctx.pool.mesh)
+    is_writer = ctx.process_id == 0
+    ckpts = CheckpointManager(config.output_path, config.checkpoint_policy(), is_writer=is_writer)
+    state, shardings, start, tokens_seen = restore_or_init(ctx, config, cfg, mesh, ckpts)
+    run = TrainRun(ctx=ctx, config=config, cfg=cfg, mesh=mesh, batch_fn=batch_fn, shardings=shardings, state=state,
+                   ckpts=ckpts, metrics_out=MetricsWriter(config.output_path, resume_step=start, is_writer=is_writer),
+                   step=start or 0, tokens_seen=tokens_seen, resumed_from=start)
+    if is_writer and config.wandb_project:
+        run_name = config.run_name or config.output_path.rstrip("/").rsplit("/", 1)[-1]
+        run.tracker = WandbTracker(project=config.wandb_project, name=run_name, config=_config_record(config),
+                                   output_path=config.output_path, run_id=_run_id(config.output_path))
+    if is_writer:
+        run.progress = ProgressLine(run.total, every_s=config.progress_every_s)
+    if config.eval_every_steps:
+        run.evaluator = _InTrainingEval(config, cfg, mesh)
+    return run
+
+
+def run_step(run: TrainRun) -> dict[str, Any]:
+    """One optimizer step at ``run.step``: the phase's compiled program on this step's batch. Returns
+    the step's metrics record; the state advances only when the loss and grad norm are finite."""
+    from marin.models.config import flops_per_token
+    from marin.parallel.mesh import batch_sharding
+
+    config, total = run.config, run.total
+    seq_sched = config.seq_len_schedule()
+    seq_len, batch_size = seq_len_at(run.step, total, seq_sched)
+    transport = transport_at(run.step, config.transport_schedule(run.cfg.transport))
+    phase_cfg = model_at(config, run.cfg, seq_len)  # the phase's remat policy, if the run sets one
+    if (seq_len, transport) not in run.micro:
+        run.micro[seq_len, transport] = microbatches_for(config, phase_cfg, run.ctx.pool, seq_len, transport)
+    n_micro = run.micro[seq_len, transport]
+    key = (transport, n_micro, phase_cfg.remat_policy)
+    if key not in run.compiled:
+        run.compiled[key] = make_train_step(config, phase_cfg, run.mesh, transport, run.shardings, n_micro)
+    tokens, segments = place_batch(run.batch_fn, batch_sharding(run.mesh), run.step, batch_size, seq_len)
+    lr = lr_at(run.step, config.lr_schedule())
+    new_state, m = run.compiled[key](run.state, tokens, segments, jnp.float32(lr))
+    m = {k: float(v) for k, v in m.items()}  # waits for the step
+    if not (math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])):
+        last_good = run.ckpts.latest_step()
+        raise TrainingDiverged(
+            f"non-finite training signal at step {run.step + 1}: loss={m['loss']} grad_norm={m['grad_norm']}; "
+            f"stopped without saving; last good checkpoint: "
+            f"{run.ckpts.path_for(last_good) if last_good is not None else 'none'}"
+        )
+    run.state = new_state
+    run.step += 1
+    run.tokens_seen += batch_size * seq_len
+    now = time.perf_counter()
+    tps = batch_size * seq_len / max(now - run.t_prev, 1e-9)
+    run.t_prev = now
+    pool = run.ctx.pool
+    return {
+        "step": run.step,
+        "tokens": run.tokens_seen,
+        "lr": lr,
+        **m,
+        "tokens_per_s": tps,
+        "mfu": mfu(tps, flops_per_token(run.cfg, seq_len), pool.num_devices, peak_flops_per_device(pool.accelerator)),
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "transport": transport,
+        "phase": phase_index_at(run.step - 1, total, seq_sched),
+    }
+
+
+def after_step(run: TrainRun, record: dict[str, Any]) -> None:
+    """Log the step, run the in-training eval and start a checkpoint when they are due."""
+    config, step, total = run.config, run.step, run.total
+    run.last = record
+    if step % config.log_every == 0 or step == total:
+        run.metrics_out.log(record)
+        if run.tracker:
+            run.tracker.log(record)
+        if run.progress:
+            run.progress.update(record, force=step == total)
+    if run.evaluator is not None and (step % config.eval_every_steps == 0 or step == total):
+        eval_record = run.evaluator.record(run.state, step, run.tokens_seen)
+        run.metrics_out.log(eval_record)
+        if run.tracker:
+            run.tracker.log(eval_record)
+        run.t_prev = time.perf_counter()  # evaluation time is not training throughput
+    run.ckpts.check()  # a background save that failed stops the run here, before more work is lost
+    due = run.ckpts.should_save(step)
+    if config.checkpoint_every_minutes is not None:  # wall time differs per host
+        due = _agree(due, run.ctx)
+    meta = {"tokens": run.tokens_seen, "data_step": step, "seq_len": record["seq_len"],
+            "transport": record["transport"], "config": _config_record(config)}
+    if step == total or due:
+        # async: blocks only while this process's shards are copied to host memory
+        run.ckpts.save(step, run.state, meta)
+        if run.tracker:
+            run.tracker.sync()  # W&B files of an object-store step go up with each checkpoint
+        run.t_prev = time.perf_counter()  # checkpoint time is not training throughput
+    watch = run.preemption
+    if watch is not None and watch.active and step < total and _agree(watch.requested, run.ctx):
+        # how long a whole save took (staging and writing): whether a final one fits the grace period
+        _stop_for_preemption(run.ctx, config, run.ckpts, step, run.state, meta, run.ckpts.last_save_s, watch)
+
+
+def train_loop(run: TrainRun) -> dict[str, Any]:
+    """Steps until the run's total; the final checkpoint is committed before this returns."""
+    run.t_prev = time.perf_counter()
+    while run.step < run.total:
+        after_step(run, run_step(run))
+    run.ckpts.wait()
+    return {
+        "final_step": run.step,
+        "tokens": run.tokens_seen,
+        "final_loss": run.last.get("loss"),
+        "checkpoint": run.ckpts.path_for(run.step),
+        "resumed_from": run.resumed_from,
+    }
+
+
 def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
     """Run (or resume) the training described by ``config`` as process ``ctx.process_id`` of the pool.
 
     Returns a summary dict (final step, loss, tokens, checkpoint path). Raises
-    :class:`TrainingDiverged` on NaN/Inf with the step number and the last good checkpoint.
+    :class:`TrainingDiverged` on NaN/Inf with the step number and the last good checkpoint, and
+    :class:`Preempted` after a SIGTERM (with a final checkpoint when the grace period allows).
     """
-    from marin.models.config import flops_per_token
-    from marin.parallel.mesh import batch_sharding, make_mesh
-
-    pool = ctx.pool
-    is_writer = ctx.process_id == 0
-    batch_fn, vocab = make_batch_fn(config.data, config.total_steps)
-    cfg = model_config(config, vocab)
-    mesh = make_mesh(*pool.mesh)
-    lr_sched = config.lr_schedule()
-    total = lr_sched.final_total_steps
-    seq_sched = config.seq_len_schedule()
-    transport_sched = config.transport_schedule(cfg.transport)
-
-    ckpts = CheckpointManager(config.output_path, config.checkpoint_policy(), is_writer=is_writer)
-    host_state = init_host_state(config, cfg)
-    shardings = state_shardings(host_state, mesh, config.param_sharding)
-    try:
-        restored = ckpts.restore_latest(template=host_state)
-    except CheckpointMismatchError as e:
-        raise IncompatibleCheckpoint(str(e)) from None
-    start = None if restored is None else restored[0]
-    tokens_seen = 0
-    if restored is not None:
-        start, host_state, meta = restored
-        tokens_seen = int(meta["tokens"])
-        ckpts.mark_restored(start)
-        logger.info("resumed %s from step %d", config.output_path, start)
-    step = start or 0
-
-    metrics_out = MetricsWriter(config.output_path, resume_step=start, is_writer=is_writer)
-    tracker = None
-    if is_writer and config.wandb_project:
-        run_name = config.run_name or config.output_path.rstrip("/").rsplit("/", 1)[-1]
-        tracker = WandbTracker(project=config.wandb_project, name=run_name, config=_config_record(config),
-                               output_path=config.output_path, run_id=_run_id(config.output_path))
-    progress = ProgressLine(total, every_s=config.progress_every_s) if is_writer else None
-    state = _place(host_state, shardings)
-    del host_state
-    evaluator = _InTrainingEval(config, cfg, mesh) if config.eval_every_steps else None
-    peak = peak_flops_per_device(pool.accelerator)
-    compiled: dict[Any, Any] = {}
-    micro: dict[tuple[int, str], int] = {}  # microbatch count per (seq_len, transport) phase
-    sharding = batch_sharding(mesh)
-    last: dict[str, Any] = {}
-    t_prev = time.perf_counter()
+    run = setup_run(ctx, config)
     exit_code = 1
+    run.preemption = PreemptionWatch(config.preemption_grace_s).start()  # SIGTERM: a flag, checked between steps
     try:
-        while step < total:
-            seq_len, batch_size = seq_len_at(step, total, seq_sched)
-            transport = transport_at(step, transport_sched)
-            phase_cfg = model_at(config, cfg, seq_len)  # the phase's remat policy, if the run sets one
-            if (seq_len, transport) not in micro:
-                micro[seq_len, transport] = microbatches_for(config, phase_cfg, pool, seq_len, transport)
-            n_micro = micro[seq_len, transport]
-            key = (transport, n_micro, phase_cfg.remat_policy)
-            if key not in compiled:
-                compiled[key] = make_train_step(config, phase_cfg, mesh, transport, shardings, n_micro)
-            batch = batch_fn(step, batch_size, seq_len)
-            tokens = _place(batch["tokens"], sharding)
-            segments = _place(batch["segment_ids"], sharding)
-            lr = lr_at(step, lr_sched)
-            new_state, m = compiled[key](state, tokens, segments, jnp.float32(lr))
-            m = {k: float(v) for k, v in m.items()}  # waits for the step
-            if not (math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])):
-                last_good = ckpts.latest_step()
-                raise TrainingDiverged(
-                    f"non-finite training signal at step {step + 1}: loss={m['loss']} grad_norm={m['grad_norm']}; "
-                    f"stopped without saving; last good checkpoint: "
-                    f"{ckpts.path_for(last_good) if last_good is not None else 'none'}"
-                )
-            state = new_state
-            step += 1
-            tokens_seen += batch_size * seq_len
-            now = time.perf_counter()
-            tps = batch_size * seq_len / max(now - t_prev, 1e-9)
-            t_prev = now
-            record = {
-                "step": step,
-                "tokens": tokens_seen,
-                "lr": lr,
-                **m,
-                "tokens_per_s": tps,
-                "mfu": mfu(tps, flops_per_token(cfg, seq_len), pool.num_devices, peak),
-                "seq_len": seq_len,
-                "batch_size": batch_size,
-                "transport": transport,
-                "phase": phase_index_at(step - 1, total, seq_sched),
-            }
-            last = record
-            if step % config.log_every == 0 or step == total:
-                metrics_out.log(record)
-                if tracker:
-                    tracker.log(record)
-                if progress:
-                    progress.update(record, force=step == total)
-            if evaluator is not None and (step % config.eval_every_steps == 0 or step == total):
-                eval_record = evaluator.record(state, step, tokens_seen)
-                metrics_out.log(eval_record)
-                if tracker:
-                    tracker.log(eval_record)
-                t_prev = time.perf_counter()  # evaluation time is not training throughput
-            due = ckpts.should_save(step)
-            if config.checkpoint_every_minutes is not None:  # wall time differs per host
-                due = _agree(due, ctx)
-            if step == total or due:
-                ckpts.save(step, state, {"tokens": tokens_seen, "data_step": step, "seq_len": seq_len,
-                                         "transport": transport, "config": _config_record(config)})
-                t_prev = time.perf_counter()  # checkpoint time is not training throughput
+        summary = train_loop(run)
         exit_code = 0
     finally:
-        metrics_out.close()
-        if tracker:
-            tracker.finish(exit_code)
-    summary = {
-        "final_step": step,
-        "tokens": tokens_seen,
-        "final_loss": last.get("loss"),
-        "checkpoint": ckpts.path_for(step),
-        "resumed_from": start,
-    }
-    if is_writer:
+        run.preemption.stop()
+        try:
+            run.ckpts.close()  # the save in flight is committed (or its error raised) before we return
+        except Exception:
+            if exit_code == 0:
+                raise
+            logger.exception("the checkpoint in flight failed too")  # the training error is the story
+        finally:
+            run.metrics_out.close()
+            if run.tracker:
+                run.tracker.finish(exit_code)
+    if run.is_writer:
         import fsspec
 
         summary["phases"] = phase_summary(read_metrics(config.output_path))

@@ -269,3 +269,20 @@ def test_stores_with_different_tokenizers_do_not_mix(marked_store, tmp_path):
         MixtureLoader(MixtureConfig(stores=marked_store))
     with pytest.raises(MixtureError, match="appears in both"):
         MixtureLoader(MixtureConfig(stores=(marked_store, str(copy))))
+
+
+def test_a_host_builds_only_its_rows_and_they_are_the_global_batchs(loader):
+    """Per-host batches: the rows a host builds are exactly its slice of the whole batch, and it reads
+    only their tokens (so the cluster reads a batch once, whatever the number of hosts)."""
+    full = loader.batch(3, 16, 24)
+    for hosts in (1, 2, 4, 8):
+        fresh = MixtureLoader(loader.config)
+        per = 16 // hosts
+        parts = [fresh.batch(3, 16, 24, rows=slice(h * per, (h + 1) * per)) for h in range(hosts)]
+        for k in ("tokens", "segment_ids"):
+            assembled = np.concatenate([p[k] for p in parts])
+            assert assembled.dtype == full[k].dtype and assembled.tobytes() == full[k].tobytes()
+        assert fresh.tokens_read == 16 * 25  # all hosts together: one batch
+        one_host = MixtureLoader(loader.config)
+        one_host.batch(3, 16, 24, rows=slice(0, per))
+        assert one_host.tokens_read == per * 25

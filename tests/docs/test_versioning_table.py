@@ -21,6 +21,8 @@ builder in `experiments/defaults.py` calls): a field is **versioned** unless it 
 keeps its output path and resumes) or **input** (an upstream step's output, versioned through that
 step's hash, or this step's own output). **versioned by field**: a nested config whose own fields
 are the version's leaves (`model.n_layers`), so `marin explain` names the one that changed.
+**versioned when set**: a field added after steps were recorded (`added_later(default=...)`), in the
+version only when it differs from its default, so adding it renames no recorded step.
 
 This page is generated from that metadata (`python tests/docs/test_versioning_table.py`); a test
 keeps it equal to the code.
@@ -35,6 +37,7 @@ def config_classes() -> list[type]:
     from marin.data.tokenizer import TrainTokenizerConfig
     from marin.evaluation.sets import EvalSet
     from marin.evaluation.step import EvalConfig
+    from marin.inference.harness import HarnessConfig
     from marin.models.config import MoEConfig
     from marin.monitoring.health import HealthReportConfig
     from marin.review.report import ReportConfig
@@ -42,8 +45,8 @@ def config_classes() -> list[type]:
     from marin.training.config import SyntheticDataConfig, TrainConfig
 
     return [TrainConfig, MoEConfig, SyntheticDataConfig, SyntheticK40Config, TrainTokenizerConfig, TokenizeConfig,
-            MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet, HealthReportConfig, LadderFitConfig, RungRun,
-            ReportConfig]
+            MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet, HarnessConfig, HealthReportConfig, LadderFitConfig,
+            RungRun, ReportConfig]
 
 
 def render() -> str:

@@ -56,9 +56,18 @@ def test_eval_cli_errors_are_one_line(capsys, trained_run, eval_corpus, tmp_path
 
     cases = []
     cases.append(((trained_run.output_path, "--data", f"x={tmp_path}/nope.jsonl"), "no such file"))
-    cases.append(((str(tmp_path / "not-a-run"), "--data", f"x={eval_corpus}"), "no committed checkpoint"))
+    cases.append(((str(tmp_path / "not-a-run"), "--data", f"x={eval_corpus}"),
+                  f"no training run at {tmp_path}/not-a-run: the path does not exist"))
     (tmp_path / "empty.jsonl").write_text("")
-    cases.append(((trained_run.output_path, "--data", f"x={tmp_path}/empty.jsonl"), "has no documents"))
+    cases.append(((trained_run.output_path, "--data", f"x={tmp_path}/empty.jsonl"),
+                  f"--data x: cannot score {tmp_path}/empty.jsonl: no documents to tokenize under "
+                  f"{tmp_path}/empty.jsonl (text field 'text')"))
+    import gzip
+
+    whole = gzip.compress(b"".join(b'{"text": "document %d"}\n' % i for i in range(2000)))
+    (tmp_path / "torn.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    cases.append(((trained_run.output_path, "--data", f"x={tmp_path}/torn.jsonl.gz"),
+                  f"--data x: cannot score {tmp_path}/torn.jsonl.gz: corrupt input file {tmp_path}/torn.jsonl.gz: "))
     cases.append(((trained_run.output_path, "--checkpoint", "7"), "no committed checkpoint at step 7"))
     other_tok = str(tmp_path / "tok")
     train_tokenizer(TrainTokenizerConfig(f"{eval_corpus}/infra/q5", other_tok, vocab_size=300))
@@ -69,3 +78,4 @@ def test_eval_cli_errors_are_one_line(capsys, trained_run, eval_corpus, tmp_path
         rc, _, err = _run(capsys, *argv)
         assert rc == 2 and needle in err, (argv, err)
         assert err.count("\n") == 1 and err.startswith("marin eval: error: "), err
+        assert "marin-eval-" not in err and not err.rstrip().endswith(":"), err  # never the temporary store

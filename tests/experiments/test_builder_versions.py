@@ -89,12 +89,14 @@ def test_every_field_that_can_change_the_output_is_a_leaf():
                                   | mixture_leaves | {"output_path"}) - {"mixture"}
     train_leaves = _leaves(_train())
     expected = versioned_leaves(TrainConfig, nested={"model": MoEConfig, "data": MixtureConfig})
-    assert train_leaves == expected | {"data.stores[0]", "output_path"}
+    # init_from (a branch's source) is None here, and None adds nothing (tests/training/test_branch.py)
+    assert train_leaves == expected - {"init_from"} | {"data.stores[0]", "output_path"}
 
 
 def test_synthetic_data_and_every_eval_and_fit_config_follow_their_metadata():
     synthetic = default_train("c/train", mixture=SyntheticDataConfig(), model="tiny")
-    assert _leaves(synthetic) == versioned_leaves(TrainConfig, nested={"model": MoEConfig}) | {"output_path"}
+    assert _leaves(synthetic) == versioned_leaves(TrainConfig, nested={"model": MoEConfig}) - {"init_from"} | {
+        "output_path"}
     train = _train()
     ev = default_eval("c/eval", train, eval_sets=[EvalSet("web", "/data/web-store")], held_out=True)
     set_leaves = {"sets[0]." + leaf for leaf in versioned_leaves(EvalSet) | {"store"}}
@@ -127,6 +129,36 @@ def test_a_new_config_field_is_versioned_unless_marked_live():
     assert _leaves(step) == versioned_leaves(Config) | {"output_path"} == {"old", "added_tomorrow", "output_path"}
     with pytest.raises(ValueError, match="needs a reason"):
         live(" ")
+
+
+def test_a_field_added_later_keeps_the_recorded_hashes_until_it_is_set():
+    """Adding a versioned field with a default would rename every recorded step; ``added_later`` keeps
+    the old hash for the default and versions any other value."""
+    from marin.execution import ExecutorStep, this_output_path
+    from marin.execution.versioning import added_later, input_field, versioned_config
+
+    @dataclasses.dataclass(frozen=True)
+    class Before:
+        output_path: str = input_field()
+        old: int = 1
+
+    @dataclasses.dataclass(frozen=True)
+    class After:
+        output_path: str = input_field()
+        old: int = 1
+        init_from: str | None = added_later(default=None)
+
+    def step(cfg):
+        return ExecutorStep("c/added", print, versioned_config(cfg))
+
+    before = _plan(step(Before(this_output_path())))[1]
+    assert _plan(step(After(this_output_path())))[1].hash == before.hash
+    moved = _plan(step(After(this_output_path(), init_from="/ckpt/step-100")))[1]
+    assert moved.hash != before.hash and moved.config_leaves["init_from"] == "/ckpt/step-100"
+    with pytest.raises(ValueError, match="needs a default"):
+        added_later()
+    with pytest.raises(TypeError, match=r"takes a config dataclass instance, got dict; wrap a plain value"):
+        versioned_config({"lr": 1e-3})
 
 
 CASES = {

@@ -1,11 +1,16 @@
-"""Checkpoint atomicity, retention and round trips (local disk and an S3-compatible server)."""
+"""Checkpoint atomicity, retention and round trips (local disk, an S3-compatible server, a GCS
+emulator), sharded restores onto other meshes, and the earlier single-blob format."""
 
 import json
+import shutil
+from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from marin.cli import main as cli_main
 from marin.training import checkpoint as ckpt
 from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, read_checkpoint, write_checkpoint
 
@@ -25,6 +30,12 @@ def _assert_same(a, b):
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
         assert np.asarray(x).dtype == np.asarray(y).dtype
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+
+
+def _chunk_files(ckpt_dir: Path) -> list[Path]:
+    """The data chunks of a checkpoint (largest first), not its metadata records."""
+    files = [p for p in (ckpt_dir / "arrays").rglob("*") if p.is_file() and p.name != "zarr.json"]
+    return sorted(files, key=lambda p: -p.stat().st_size)
 
 
 def test_roundtrip_bitwise(tmp_path):
@@ -57,19 +68,20 @@ def test_restore_latest_skips_a_truncated_checkpoint_and_moves_it_aside(tmp_path
     mgr = CheckpointManager(str(tmp_path), CheckpointPolicy(every_steps=1, keep_last=3))
     for step in (1, 2, 3):
         mgr.save(step, _state(step), {"data_step": step})
-    blob = tmp_path / "checkpoints" / "step-00000003" / "arrays.bin"
-    blob.write_bytes(blob.read_bytes()[:10])  # a kill -9 during a copy
+    mgr.wait()
+    chunk = _chunk_files(tmp_path / "checkpoints" / "step-00000003")[0]
+    chunk.write_bytes(chunk.read_bytes()[:10])  # a kill -9 during a copy
     with caplog.at_level("WARNING", logger="marin.training.checkpoint"):
         step, tree, meta = mgr.restore_latest(template=_state())
     assert step == 2 and meta == {"data_step": 2}
     _assert_same(tree, _state(2))
-    assert "checkpoint at step 3 does not verify" in caplog.text and "has 10 bytes" in caplog.text
+    assert "checkpoint at step 3 does not verify" in caplog.text and "does not read back" in caplog.text
     [aside] = [p.name for p in (tmp_path / "checkpoints").iterdir() if ".corrupt-" in p.name]
-    assert aside.startswith("step-00000003.corrupt-") and (tmp_path / "checkpoints" / aside / "arrays.bin").exists()
+    assert aside.startswith("step-00000003.corrupt-") and (tmp_path / "checkpoints" / aside / "COMMIT").exists()
     assert mgr.committed_steps() == [1, 2]
     # the one set aside is not retention's business, and a structural mismatch is not "corruption"
     mgr.save(4, _state(4), {"data_step": 4})
-    mgr.save(5, _state(5), {"data_step": 5})
+    mgr.save(5, _state(5), {"data_step": 5}, blocking=True)
     assert (tmp_path / "checkpoints" / aside).exists()
     bad = _state()
     bad["params"]["w"] = jnp.zeros((4, 4))
@@ -80,7 +92,7 @@ def test_restore_latest_skips_a_truncated_checkpoint_and_moves_it_aside(tmp_path
 
 def test_crash_mid_write_leaves_nothing_complete(tmp_path, monkeypatch):
     mgr = CheckpointManager(str(tmp_path), CheckpointPolicy(every_steps=1, keep_last=3))
-    mgr.save(1, _state(1), {"data_step": 1})
+    mgr.save(1, _state(1), {"data_step": 1}, blocking=True)
 
     real_commit = ckpt._commit
 
@@ -90,23 +102,24 @@ def test_crash_mid_write_leaves_nothing_complete(tmp_path, monkeypatch):
     monkeypatch.setattr(ckpt, "_commit", crash)
     with pytest.raises(KeyboardInterrupt):
         mgr.save(2, _state(2), {"data_step": 2})
+        mgr.wait()
     monkeypatch.setattr(ckpt, "_commit", real_commit)
 
     # The half-written step 2 exists on disk but does not look complete to anyone.
-    assert (tmp_path / "checkpoints" / "step-00000002" / "arrays.bin").exists()
+    assert _chunk_files(tmp_path / "checkpoints" / "step-00000002")
     assert mgr.committed_steps() == [1]
     assert CheckpointManager(str(tmp_path), mgr.policy).latest_step() == 1
     with pytest.raises(FileNotFoundError):
         read_checkpoint(mgr.path_for(2))
-    # A corrupted blob under a valid COMMIT is detected, not silently loaded.
-    blob = tmp_path / "checkpoints" / "step-00000001" / "arrays.bin"
-    data = bytearray(blob.read_bytes())
+    # A corrupted chunk under a valid COMMIT is detected, not silently loaded.
+    chunk = _chunk_files(tmp_path / "checkpoints" / "step-00000001")[0]
+    data = bytearray(chunk.read_bytes())
     data[0] ^= 0xFF
-    blob.write_bytes(bytes(data))
-    with pytest.raises(OSError, match="sha256"):
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(ckpt.CorruptCheckpointError, match="Digest mismatch"):
         read_checkpoint(mgr.path_for(1))
     # The next save replaces the leftover and garbage-collects it.
-    mgr.save(2, _state(2), {"data_step": 2})
+    mgr.save(2, _state(2), {"data_step": 2}, blocking=True)
     assert mgr.committed_steps() == [1, 2]
 
 
@@ -115,6 +128,7 @@ def test_retention_keep_last_and_permanent(tmp_path):
     tiny = {"x": jnp.zeros((1,))}
     for step in range(1, 11):
         mgr.save(step, tiny, {})
+    mgr.wait()
     assert mgr.committed_steps() == [4, 8, 9, 10]
 
 
@@ -131,11 +145,95 @@ def test_object_store_roundtrip_and_resume_discovery(store, request):
     out = f"{request.getfixturevalue(store)}/train-abc"
     mgr = CheckpointManager(out, CheckpointPolicy(every_steps=1, keep_last=1))
     mgr.save(1, _state(1), {"data_step": 1})
-    mgr.save(2, _state(2), {"data_step": 2})
+    mgr.save(2, _state(2), {"data_step": 2}, blocking=True)
     fresh = CheckpointManager(out, mgr.policy)
     assert fresh.committed_steps() == [2]
     restored, meta = fresh.restore(2, template=_state())
     _assert_same(restored, _state(2))
     assert meta["data_step"] == 2
     commit = json.loads(fresh.fs.cat_file(f"{fresh.root}/step-00000002/COMMIT"))
-    assert commit["step"] == 2
+    assert commit["step"] == 2 and commit["format"] == ckpt.FORMAT
+    # sharded onto a mesh straight from the store
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",))
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    placed, _ = fresh.restore(2, template=_state(), shardings=rep)
+    _assert_same(placed, _state(2))
+
+
+def test_restore_reshards_onto_another_mesh_bitwise(tmp_path):
+    """Saved sharded (2 x 4), restored onto (8 x 1), (1 x 1) and whole into this process: same values."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devices = np.array(jax.devices()[:8])
+    w = np.arange(8 * 12, dtype=np.float32).reshape(8, 12)
+    src_mesh = Mesh(devices.reshape(2, 4), ("data", "expert"))
+    tree = {"w": jax.device_put(w, NamedSharding(src_mesh, P("data", "expert"))),
+            "b": jax.device_put(np.arange(4, dtype=np.int32), NamedSharding(src_mesh, P()))}
+    write_checkpoint(str(tmp_path / "c"), tree, {"step": 1}, step=1)
+    # each shard written once: 8 chunks of w (one per device), one of the replicated b
+    assert len(_chunk_files(tmp_path / "c")) == 9
+    template = jax.eval_shape(lambda: tree)
+    for shape, spec in (((8, 1), P("data", None)), ((1, 1), P()), ((4, 2), P(None, "expert"))):
+        mesh = Mesh(devices[: shape[0] * shape[1]].reshape(shape), ("data", "expert"))
+        target = {"w": NamedSharding(mesh, spec), "b": NamedSharding(mesh, P())}
+        out, meta = ckpt.restore_checkpoint(str(tmp_path / "c"), template, target)
+        assert out["w"].sharding == target["w"]
+        assert out["w"].sharding.mesh.devices.shape == shape
+        np.testing.assert_array_equal(np.asarray(out["w"]), w)
+        np.testing.assert_array_equal(np.asarray(out["b"]), np.arange(4))
+    whole, _ = read_checkpoint(str(tmp_path / "c"))
+    np.testing.assert_array_equal(whole["['w']"], w)
+
+
+def test_a_missing_process_part_is_named_and_the_previous_checkpoint_restores(tmp_path, caplog):
+    mgr = CheckpointManager(str(tmp_path), CheckpointPolicy(every_steps=1, keep_last=3))
+    mgr.save(1, _state(1), {"data_step": 1})
+    mgr.save(2, _state(2), {"data_step": 2}, blocking=True)
+    (tmp_path / "checkpoints" / "step-00000002" / "parts" / "process-00000.json").unlink()
+    with pytest.raises(ckpt.CorruptCheckpointError,
+                       match=r"part parts/process-00000.json \(process 0 of 1\) is missing"):
+        read_checkpoint(mgr.path_for(2))
+    with caplog.at_level("WARNING", logger="marin.training.checkpoint"):
+        step, tree, _ = mgr.restore_latest(template=_state())
+    assert step == 1
+    _assert_same(tree, _state(1))
+
+
+def test_a_failed_save_is_one_line_and_leaves_the_previous_checkpoint(tmp_path):
+    """A store that refuses writes (a file where a directory must go stands in for a full disk)."""
+    mgr = CheckpointManager(str(tmp_path), CheckpointPolicy(every_steps=1, keep_last=3))
+    mgr.save(1, _state(1), {"data_step": 1}, blocking=True)
+    root = tmp_path / "checkpoints"
+    (root / "step-00000002").mkdir()
+    (root / "step-00000002" / "arrays").write_text("not a directory")  # every chunk write fails
+    mgr_path = mgr.path_for(2)
+    stage = ckpt.stage(mgr_path, _state(2), {"data_step": 2}, step=2)
+    with pytest.raises(ckpt.CheckpointWriteError) as err:
+        ckpt.write_staged(stage)
+    msg = str(err.value)
+    assert "\n" not in msg and "was not committed and the previous checkpoint is intact" in msg
+    assert mgr.committed_steps() == [1]
+    _assert_same(mgr.restore_latest(template=_state())[1], _state(1))
+
+
+LEGACY_RUN = Path(__file__).parent / "fixtures" / "legacy-blob-run"
+
+
+def test_a_checkpoint_of_the_earlier_blob_format_restores_and_converts(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(LEGACY_RUN, run)
+    path = str(run / "checkpoints" / "step-00000002")
+    assert ckpt.is_legacy(ckpt.read_commit(path))
+    before, meta = read_checkpoint(path)
+    assert meta["data_step"] == 2 and meta["tokens"] == 256
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "expert"))
+    placed, _ = ckpt.restore_checkpoint(path, None, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    assert set(placed) == set(before)
+    assert cli_main(["convert-checkpoints", str(run)]) == 0
+    assert not ckpt.is_legacy(ckpt.read_commit(path))
+    assert not (run / "checkpoints" / "step-00000002" / "arrays.bin").exists()
+    after, meta2 = read_checkpoint(path)
+    assert meta2 == meta and set(after) == set(before)
+    for k in before:
+        assert after[k].dtype == before[k].dtype and after[k].tobytes() == before[k].tobytes()

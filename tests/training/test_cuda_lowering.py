@@ -126,3 +126,28 @@ def test_blocked_attention_lowers_for_cuda(lower):
     assert f"{seq_len}x{seq_len}x" not in text  # no score matrix over the whole sequence
     assert f"{block}x{block}x" in text  # the tiles
     assert text.count("stablehlo.while") >= 3  # layer scan, query blocks, key blocks (x2 with the backward)
+
+
+def test_the_hero_state_is_created_sharded_on_the_gpus():
+    """The hero's sharded init lowers for CUDA on the (11, 64) mesh with every leaf's output sharded
+    as training places it (routed experts over expert x data, dense weights 64 ways): each GPU
+    computes only its shards of the 6.4 TB state; nothing is built on a host."""
+    from marin.training.lowering import abstract_mesh
+    from marin.training.trainer import fresh_state, model_config, state_shapes, state_shardings
+
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="hero", pool="gb200-11racks",
+                         tokens_per_step=11264 * 4096, seq_len_phases=((0.0, 4096),), param_sharding="fsdp",
+                         wandb_project=None)
+    cfg = model_config(config)
+    mesh = abstract_mesh(11, 64)
+    with lowering_for("cuda"):
+        shapes = state_shapes(config, cfg)
+        shardings = state_shardings(shapes, mesh, "fsdp")
+        text = jax.jit(lambda: fresh_state(config, cfg), out_shardings=shardings).trace().lower(
+            lowering_platforms=("cuda",)).as_text()
+    main = next(line for line in text.splitlines() if "func.func public @main" in line)
+    results = main.split("->", 1)[1]
+    assert results.count("jax.result_info") == len(jax.tree.leaves(shapes))
+    assert ('tensor<48x384x3072x3080xf32> {jax.result_info = "result[\'params\'][\'blocks\'][\'expert_gate\']", '
+            'sdy.sharding = #sdy.sharding<@mesh, [{}, {"expert"}, {}, {"data"}]>}') in results
+    assert "callback" not in text

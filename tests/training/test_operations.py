@@ -79,3 +79,25 @@ def test_operations_scripts_are_the_marin_commands(script, command):
     r = subprocess.run([sys.executable, os.path.join(REPO, "operations", f"{script}.py"), "--help"],
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith(f"usage: marin {command} "), r.stdout + r.stderr
+
+
+def test_replan_helper_messages_for_a_past_horizon_and_a_finished_run(tmp_path, capsys):
+    from marin.execution import lease as leases
+    from marin.execution import status as st
+
+    config = {"peak_lr": 1e-3, "warmup_steps": 10, "train_steps": 1000, "tokens_per_step": 4096, "lr_replans": []}
+    mgr = CheckpointManager(str(tmp_path), CheckpointPolicy(every_steps=1))
+    mgr.save(200, {"x": jnp.zeros(1)}, {"config": config, "tokens": 0})
+    assert marin(["replan-lr", str(tmp_path), "--new-total-steps", "150"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("marin replan-lr: error: --new-total-steps 150 is not after step 200, where the resumed "
+                           "run continues (the latest checkpoint); a new horizon must lie after it: pass "
+                           "--new-total-steps greater than 200")
+    # the step finished: a rerun would be skipped, and the helper says so instead of advising one
+    lease = leases.try_acquire(str(tmp_path), "test-holder")
+    st.write_status(str(tmp_path), st.StepStatus.RUNNING, lease=lease)
+    st.write_status(str(tmp_path), st.StepStatus.SUCCESS, lease=lease)
+    assert marin(["replan-lr", str(tmp_path), "--new-total-steps", "1500"]) == 0
+    out = capsys.readouterr().out
+    assert "note: this step already finished (SUCCESS): a rerun reuses it and trains nothing more." in out
+    assert "then rerun the experiment" not in out

@@ -190,3 +190,66 @@ def test_blocked_attention_removes_the_l_squared_term():
     assert per_token(dense, 65_536) > 8 * per_token(dense, 4096)
     assert per_token(blocked, 262_144) < per_token(blocked, 4096)
     assert per_token(blocked, 65_536) < per_token(dense, 65_536) / 10
+
+
+@pytest.mark.parametrize("param_sharding", ["replicated", "fsdp"])
+@pytest.mark.parametrize("mesh_shape", [(2, 4), (1, 8), (4, 2)])
+def test_checkpoint_bytes_per_host_are_the_replica_0_shards_each_host_writes(mesh_shape, param_sharding):
+    """Against the slow obvious count: the real state, created sharded on 8 devices taken as 2 hosts
+    x 4, and the bytes of the replica-0 shards of params and AdamW moments on each host's devices."""
+    import dataclasses
+
+    from marin.training.planning import checkpoint_bytes_per_host
+    from marin.training.trainer import init_state, state_shapes, state_shardings
+
+    config = _config(param_sharding=param_sharding)
+    cfg = model_config(config)
+    pool = dataclasses.replace(get_pool("local-2host"), mesh=mesh_shape)
+    mesh = make_mesh(*mesh_shape)
+    state = init_state(config, cfg, mesh, state_shardings(state_shapes(config, cfg), mesh, param_sharding))
+    moments = [x for x in jax.tree.leaves(state["opt_state"]) if x.ndim > 0]  # mu and nu; not the step count
+    per_host = [0, 0]
+    for leaf in jax.tree.leaves(state["params"]) + moments:
+        for s in leaf.addressable_shards:
+            if s.replica_id == 0:
+                per_host[s.device.id // 4] += s.data.nbytes
+    assert checkpoint_bytes_per_host(cfg, pool, param_sharding) == per_host
+
+
+def test_host_memory_in_the_plan_and_the_hero_fits_on_both():
+    out = []
+    rc = main_capture(["plan", "hero", "--pool", "gb200-11racks", "--json"], out)
+    p = json.loads(out[0])
+    for key in ("host_bytes_per_host", "host_memory_bytes", "host_fits", "checkpoint_bytes",
+                "checkpoint_bytes_per_host"):
+        assert key in p
+    assert p["host_memory_bytes"] == 960 * 10**9 and p["hosts"] == 176
+    # 535B parameters x 12 bytes (float32 master + two AdamW moments; routed experts stored padded)
+    c = count_params(get_preset("hero"))
+    assert p["checkpoint_bytes"] == 12 * c["stored_params"] and p["checkpoint_bytes"] > 6.4e12
+    # fsdp: the routed experts split over all 704 devices, written 1/176 by every host; the dense
+    # weights split 64 ways inside a rack and replicated across the 11 racks, so one replica (rack
+    # 0's 16 hosts) writes them; the norms (replicated) go to host 0, the busiest
+    dense = c["total_params"] - c["routed_experts_total"]
+    routed = c["stored_params"] - dense
+    assert p["checkpoint_bytes_per_host"] == pytest.approx(
+        12 * (routed / 176 + (dense - c["norms"]) / 16 + c["norms"]), rel=1e-9)
+    assert p["host_bytes"]["resident_state"] == 0 and p["host_bytes_per_host"] < 0.2 * p["host_memory_bytes"]
+    assert p["device_fits"] and p["host_fits"] and p["fits"] and rc == 0
+    assert p["checkpoint_save_s"] == pytest.approx(p["checkpoint_bytes_per_host"] / 1e9)
+    # the table a person reads
+    out = []
+    main_capture(["plan", "hero", "--pool", "gb200-11racks", "--storage-gbps", "4"], out)
+    assert "per host" in out[0] and "checkpoint_staging" in out[0] and "of 894.07 GiB host memory" in out[0]
+    assert "written per host by 176 of 176 hosts in parallel" in out[0] and "at 4 GB/s per host" in out[0]
+
+
+def test_a_run_whose_hosts_cannot_hold_the_checkpoint_staging_does_not_fit():
+    from marin.training.planning import plan
+
+    pool = get_pool("gb200-11racks")
+    cfg = get_preset("hero")
+    # replicated weights: the dense state's one replica is written by host 0 alone
+    p = plan(cfg, pool, tokens_per_step=46_137_344, seq_len=4096, param_sharding="replicated",
+             host_memory=64 * 2**30)
+    assert p["host_fits"] is False and p["fits"] is False

@@ -6,6 +6,7 @@ import sys
 import pytest
 import ray.cloudpickle
 
+from marin.execution.failures import InfrastructureFailure
 from marin.training.pools import (
     POOLS,
     NonRetryableError,
@@ -52,7 +53,13 @@ def _fail(ctx, marker_dir):
     # count attempts through the filesystem: each attempt is a fresh actor process
     n = len(os.listdir(marker_dir))
     open(os.path.join(marker_dir, f"attempt-{n}"), "w").close()
-    raise RuntimeError(f"host lost on attempt {n}")
+    raise InfrastructureFailure(f"host lost on attempt {n}")
+
+
+def _bug(ctx, marker_dir):
+    n = len(os.listdir(marker_dir))
+    open(os.path.join(marker_dir, f"attempt-{n}"), "w").close()
+    raise ValueError("bad config key 'lr_schedual'")
 
 
 def _diverge(ctx):
@@ -75,7 +82,18 @@ def test_launch_retries_then_fails(ray_local, tmp_path):
     from marin.execution.executor import describe_failure
 
     reason, _ = describe_failure(err.value)
-    assert reason == "PoolLaunchError: pool tiny failed after 2 attempt(s); last: RuntimeError: host lost on attempt 1"
+    assert reason == ("PoolLostError: pool tiny failed after 2 attempt(s); last: InfrastructureFailure: host lost "
+                      "on attempt 1")
+    from marin.execution.failures import is_infrastructure_failure
+
+    assert is_infrastructure_failure(err.value)  # the executor retries the step by itself
+
+
+def test_launch_does_not_retry_a_bug(ray_local, tmp_path):
+    pool = PoolSpec("tiny", hosts=1, devices_per_host=1, accelerator="cpu", mesh=(1, 1), max_retries=3)
+    with pytest.raises(ValueError, match="bad config key"):
+        launch(pool, _bug, (str(tmp_path),))
+    assert os.listdir(tmp_path) == ["attempt-0"]  # one attempt: a retry would fail the same way
 
 
 def test_launch_does_not_retry_divergence(ray_local):
@@ -92,7 +110,7 @@ def test_unsatisfiable_pool_fails_fast(ray_local):
 
 
 def _flaky_train(ctx, config, marker):
-    """First attempt: the host process dies hard right after the step-4 checkpoint."""
+    """First attempt: the host process dies hard right after the step-4 checkpoint is committed."""
     from marin.training import checkpoint as ckpt
     from marin.training.trainer import train_on_host
 
@@ -100,9 +118,10 @@ def _flaky_train(ctx, config, marker):
         open(marker, "w").close()
         real_save = ckpt.CheckpointManager.save
 
-        def save_then_die(self, step, tree, metadata):
-            path = real_save(self, step, tree, metadata)
+        def save_then_die(self, step, tree, metadata, **kw):
+            path = real_save(self, step, tree, metadata, **kw)
             if step == 4:
+                self.wait()  # saves are asynchronous: die once this one is committed
                 os._exit(1)
             return path
 

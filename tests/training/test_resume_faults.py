@@ -30,8 +30,10 @@ def finished_run(tmp_path_factory):
 def test_truncated_latest_checkpoint_falls_back_to_the_previous_one(finished_run, tmp_path, caplog):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
-    blob = run / "checkpoints" / "step-00000004" / "arrays.bin"
-    blob.write_bytes(blob.read_bytes()[:1000])  # kill -9 while the file was being copied
+    chunks = [p for p in (run / "checkpoints" / "step-00000004" / "arrays").rglob("*")
+              if p.is_file() and p.name != "zarr.json"]
+    big = max(chunks, key=lambda p: p.stat().st_size)
+    big.write_bytes(big.read_bytes()[:1000])  # kill -9 while the file was being copied
     (run / "train_summary.json").unlink()
 
     with caplog.at_level("WARNING"):
@@ -54,3 +56,51 @@ def test_resuming_a_different_model_names_the_mismatching_parameters(finished_ru
     msg = str(err.value)
     assert msg.startswith(f"checkpoint {run}/checkpoints/step-00000004 does not match the model being trained")
     assert "['params']['blocks']" in msg and "checkpoint float32[4, " in msg and "model wants float32[2, " in msg
+
+
+def test_a_run_checkpointed_in_the_earlier_blob_format_resumes_bitwise(tmp_path):
+    """A run whose step-2 checkpoint was written by the single-blob code resumes under the sharded
+    format and trains steps 3 and 4 to exactly the losses the uninterrupted run logged."""
+    import json
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "legacy-blob-run"
+    run = tmp_path / "run"
+    shutil.copytree(fixture, run, ignore=shutil.ignore_patterns("*.py", "expected.json"))
+    expected = json.loads((fixture / "expected.json").read_text())
+    cfg = _config(run, data=SyntheticDataConfig(vocab_size=64), model_overrides={"vocab_size": 64, "n_layers": 2})
+    summary = run_training(cfg, use_ray=False)
+    assert summary["resumed_from"] == 2 and summary["final_step"] == 4
+    assert [r["loss"] for r in read_metrics(str(run))] == expected["losses"]
+    assert [r["grad_norm"] for r in read_metrics(str(run))] == expected["grad_norms"]
+
+
+def test_a_save_that_fails_stops_training_and_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    """Storage refusing the step-4 save (ENOSPC when the part record is written, after the chunks):
+    the run stops with one line naming the checkpoint, step 2 stays the newest valid one, and the
+    half-written step 4 is never committed."""
+    import errno
+
+    from marin.training import checkpoint as ckpt
+
+    real_commit = ckpt._commit
+
+    def full_disk(fs, path, data):
+        if "/step-00000004/" in path:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_commit(fs, path, data)
+
+    monkeypatch.setattr(ckpt, "_commit", full_disk)
+    run = tmp_path / "run"
+    with pytest.raises(ckpt.CheckpointWriteError) as err:
+        run_training(_config(run, train_steps=6), use_ray=False)
+    msg = str(err.value)
+    assert "\n" not in msg and "step-00000004 failed on process 0: [Errno 28] No space left on device" in msg
+    assert "was not committed and the previous checkpoint is intact" in msg
+    mgr = CheckpointManager(str(run), _config(run).checkpoint_policy())
+    assert mgr.committed_steps() == [2] and not (run / "checkpoints" / "step-00000004" / "COMMIT").exists()
+    assert not (run / "train_summary.json").exists()
+    # a rerun (storage fixed) resumes from step 2 and finishes
+    monkeypatch.setattr(ckpt, "_commit", real_commit)
+    summary = run_training(_config(run, train_steps=6), use_ray=False)
+    assert summary["resumed_from"] == 2 and summary["final_step"] == 6

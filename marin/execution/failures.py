@@ -1,0 +1,58 @@
+"""Which step failures are the infrastructure's and which are the step's own.
+
+At the scale of a 176-host pool a lost host, a preempted node or a storage outage is a daily event;
+none of them says anything about the step, and the step resumes from its last checkpoint, so the
+executor retries them by itself (a bounded number of times, with backoff, each attempt recorded).
+A divergence, a config error or a bug fails the same way every time: those fail at once, for a
+person to look at. Anything not known to be the infrastructure's counts as the step's own.
+"""
+
+from __future__ import annotations
+
+from marin.execution.retry import StorageUnavailable
+
+
+class InfrastructureFailure(RuntimeError):
+    """The machinery under a step failed (a host, worker or node died, the step was preempted, a
+    store stayed down past its retry limit); raise it (or a subclass) for a failure a retry from the
+    last checkpoint can fix."""
+
+
+class Preempted(InfrastructureFailure):
+    """The step's process was told to stop (SIGTERM from a scheduler) and stopped cleanly, after
+    saving what it could (a training host writes a final checkpoint when its grace period allows)."""
+
+
+_RAY_INFRASTRUCTURE = frozenset({
+    "WorkerCrashedError", "NodeDiedError", "ActorDiedError", "ActorUnavailableError", "OwnerDiedError",
+    "ObjectLostError", "ObjectFetchTimedOutError", "ObjectReconstructionFailedError", "LocalRayletDiedError",
+    "RaySystemError", "OutOfDiskError",
+})
+"""Ray's errors for a process, node or object lost underneath a task (matched by name: this layer
+does not import Ray)."""
+
+_PEER_LOST_WORDS = ("unavailable:", "deadline_exceeded", "connection reset by peer", "connection refused",
+                    "socket closed", "gloo", "heartbeat timeout")
+"""What XLA's collectives say when another host of the pool went away mid-step."""
+
+
+def is_infrastructure_failure(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (a step's error as the driver sees it, Ray's wrapper included) is the
+    infrastructure's: one of the errors above anywhere in its chain or as a Ray task's cause."""
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (InfrastructureFailure, StorageUnavailable)):
+            return True
+        names = {c.__name__ for c in type(e).__mro__}
+        if names & _RAY_INFRASTRUCTURE:
+            return True
+        if "XlaRuntimeError" in names and any(w in str(e).lower() for w in _PEER_LOST_WORDS):
+            return True
+        cause = getattr(e, "cause", None)  # a Ray task error carries the step's exception here
+        stack += [cause if isinstance(cause, BaseException) else None, e.__cause__, e.__context__]
+    return False

@@ -1,0 +1,107 @@
+"""Loading a training run's model: the one place inference reads a checkpoint.
+
+Everything that uses a trained model (``marin sample``, ``marin export``, ``marin harness``) calls
+:func:`load_run`, so when checkpoints change format only this function changes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from marin.data.store import TokenStore
+from marin.data.tokenizer import load_tokenizer
+from marin.evaluation.step import train_config_from_record
+from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, load_model, read_metadata
+from marin.training.pools import get_pool, host_env
+
+
+class RunLoadError(FileNotFoundError):
+    """A run directory without the checkpoint asked for (none committed, or not at that step)."""
+
+
+@dataclass
+class LoadedRun:
+    """A run's model at one committed checkpoint, placed for ``mesh`` (None: one device)."""
+
+    run_dir: str
+    step: int
+    checkpoint: str
+    cfg: Any  # MoEConfig: the resolved model the run trained
+    params: Any
+    router_bias: Any
+    metadata: dict[str, Any]  # the checkpoint's metadata (config record, tokens, ...)
+    tokenizer: Any  # LoadedTokenizer, or None for a run on synthetic tokens
+    mesh: Any = None
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """The training config the run recorded (what ``marin show`` prints)."""
+        return self.metadata.get("config") or {}
+
+    def require_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError(f"{self.run_dir} was trained on synthetic tokens (no tokenizer): it cannot read or "
+                             "write text; pass token ids instead")
+        return self.tokenizer
+
+
+def _prepare_devices(pool) -> None:
+    """Fake CPU devices must be requested before JAX starts (a no-op once it has)."""
+    if "jax" in sys.modules:
+        return
+    for k, v in host_env(pool).items():
+        os.environ.setdefault(k, v)
+
+
+def load_run(run_dir: str, step: int | None = None, pool: str | None = None) -> LoadedRun:
+    """The model of ``run_dir`` (a training step's output directory, any fsspec path) at committed
+    checkpoint ``step`` (None: the latest), on ``pool`` (None: the run's own; it must be one host,
+    since this process holds the model).
+
+    The model is restored through the sharded checkpoint restore (``load_model``): on a multi-device
+    pool each device reads only its own slices; on one device the model is read whole.
+    Raises :class:`RunLoadError` for a run without that checkpoint."""
+    manager = CheckpointManager(run_dir, CheckpointPolicy())
+    steps = manager.committed_steps()
+    if not steps:
+        raise RunLoadError(f"{run_dir} has no committed checkpoint: give a training step's output directory "
+                           "whose run has saved at least once")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise RunLoadError(f"{run_dir} has no committed checkpoint at step {step}; committed steps: {steps}")
+    path = manager.path_for(step)
+    record = read_metadata(path).get("config") or {}
+    pool_spec = get_pool(pool or record.get("pool") or "local-cpu-1")
+    if pool_spec.hosts != 1:
+        raise ValueError(f"pool {pool_spec.name} has {pool_spec.hosts} hosts; sample on a single-host pool "
+                         "(pass --pool, e.g. local-cpu-1 or h200-1)")
+    _prepare_devices(pool_spec)
+    # JAX only now, after the pool's (fake) device count is set
+    import jax
+
+    from marin.parallel.mesh import make_mesh  # JAX (see above)
+
+    train_config = train_config_from_record(record)
+    mesh = make_mesh(*pool_spec.mesh)
+    if mesh.size == 1:
+        # one device: read the model whole (it has to fit that device anyway) and put it there
+        model = load_model(run_dir, None, step=step)
+        mesh = None
+        params, bias = jax.device_put(model.params), jax.device_put(model.router_bias)
+    else:
+        # each device gets only its slices, whatever pool wrote the checkpoint
+        model = load_model(run_dir, mesh, step=step)
+        params, bias = model.params, model.router_bias
+    return LoadedRun(run_dir, step, path, model.config, params, bias, model.metadata, _run_tokenizer(train_config),
+                     mesh)
+
+
+def _run_tokenizer(train_config):
+    stores = getattr(train_config.data, "stores", None)
+    if not stores:
+        return None
+    return load_tokenizer(TokenStore.open(stores[0]).manifest["tokenizer"]["path"])

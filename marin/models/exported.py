@@ -1,0 +1,166 @@
+"""The exported-weights format: tensor names and shapes, to and from the model's params pytree.
+
+An export directory (``marin export``) holds ``model-0000K-of-0000N.safetensors`` shards,
+``model.safetensors.index.json`` (the Hugging Face sharded layout: ``weight_map`` name -> shard),
+``config.json`` (``"model"``: every MoEConfig field), ``tokenizer.json``, a model card and
+``reference_forward.py`` (numpy only). Tensors are float32, one per layer and leaf::
+
+    embed                    [vocab, d]
+    final_norm               [d]
+    lm_head                  [d, vocab]              (absent with tie_embeddings)
+    layers.{i}.attn_norm     [d]
+    layers.{i}.wq            [d, n_heads * head_dim]
+    layers.{i}.wk, .wv       [d, n_kv_heads * head_dim]
+    layers.{i}.wo            [n_heads * head_dim, d]
+    layers.{i}.mlp_norm      [d]
+    layers.{i}.shared_gate, .shared_up   [d, n_shared * shared_width]
+    layers.{i}.shared_down   [n_shared * shared_width, d]
+    layers.{i}.latent_down   [d, latent]
+    layers.{i}.latent_up     [latent, d]
+    layers.{i}.router        [latent, n_experts]
+    layers.{i}.router_bias   [n_experts]             (training state: steers top-k, not the weights)
+    layers.{i}.expert_gate, .expert_up   [n_experts, latent, expert_width]
+    layers.{i}.expert_down   [n_experts, expert_width, latent]
+
+Matrices are applied as ``y = x @ W`` (input dimension first; PyTorch's ``nn.Linear`` stores the
+transpose). Routed experts are exported at their real ``expert_width``: the zero padding units a
+mesh may need (``stored_expert_width``) are dropped, and added back on load.
+
+This module needs numpy only, except :func:`load_exported` (JAX, imported there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from marin.models.config import MoEConfig
+
+FORMAT = "marin-moe-v1"
+INDEX_FILE = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
+LAYER_LEAVES = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "shared_gate", "shared_up", "shared_down",
+                "latent_down", "latent_up", "router", "router_bias", "expert_gate", "expert_up", "expert_down")
+
+
+class ExportFormatError(ValueError):
+    """A directory that is not a complete marin export (missing or inconsistent files)."""
+
+
+def exported_shapes(cfg: MoEConfig) -> dict[str, tuple[int, ...]]:
+    """Every exported tensor's name and shape, in file order."""
+    d, V, E = cfg.d_model, cfg.vocab_size, cfg.n_experts
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    lat, f, fs = cfg.latent_dim, cfg.expert_width, cfg.n_shared_experts * cfg.shared_width
+    layer = {"attn_norm": (d,), "wq": (d, q), "wk": (d, kv), "wv": (d, kv), "wo": (q, d), "mlp_norm": (d,),
+             "shared_gate": (d, fs), "shared_up": (d, fs), "shared_down": (fs, d), "latent_down": (d, lat),
+             "latent_up": (lat, d), "router": (lat, E), "router_bias": (E,), "expert_gate": (E, lat, f),
+             "expert_up": (E, lat, f), "expert_down": (E, f, lat)}
+    out: dict[str, tuple[int, ...]] = {"embed": (V, d)}
+    for i in range(cfg.n_layers):
+        out.update({f"layers.{i}.{k}": layer[k] for k in LAYER_LEAVES})
+    out["final_norm"] = (d,)
+    if not cfg.tie_embeddings:
+        out["lm_head"] = (d, V)
+    return out
+
+
+def exported_tensor(params, router_bias, cfg: MoEConfig, name: str) -> np.ndarray:
+    """One exported tensor (float32 numpy) cut from the params pytree: only that slice is copied to
+    the host, so an exporter holds one shard at a time, never the whole model."""
+    f = cfg.expert_width
+    if not name.startswith("layers."):
+        return np.asarray(params[name], np.float32)
+    _, i, leaf = name.split(".")
+    i = int(i)
+    if leaf == "router_bias":
+        return np.asarray(router_bias[i], np.float32)
+    a = params["blocks"][leaf][i]
+    if leaf in ("expert_gate", "expert_up"):
+        a = a[..., :f]
+    elif leaf == "expert_down":
+        a = a[:, :f, :]
+    return np.asarray(a, np.float32)
+
+
+def params_from_tensors(get: Callable[[str], np.ndarray], cfg: MoEConfig) -> tuple[dict, np.ndarray]:
+    """(params pytree of numpy arrays, router bias [n_layers, n_experts]) from exported tensors
+    (``get(name)``), stacked per layer and re-padded to ``stored_expert_width``."""
+    shapes = exported_shapes(cfg)
+    pad = cfg.stored_expert_width - cfg.expert_width
+
+    def take(name):
+        a = np.asarray(get(name), np.float32)
+        if tuple(a.shape) != shapes[name]:
+            raise ExportFormatError(f"tensor {name} has shape {list(a.shape)}, config.json implies "
+                                    f"{list(shapes[name])}")
+        return a
+
+    blocks = {}
+    for leaf in LAYER_LEAVES:
+        if leaf == "router_bias":
+            continue
+        stacked = np.stack([take(f"layers.{i}.{leaf}") for i in range(cfg.n_layers)])
+        if pad and leaf in ("expert_gate", "expert_up"):
+            stacked = np.pad(stacked, ((0, 0), (0, 0), (0, 0), (0, pad)))
+        elif pad and leaf == "expert_down":
+            stacked = np.pad(stacked, ((0, 0), (0, 0), (0, pad), (0, 0)))
+        blocks[leaf] = stacked
+    params = {"embed": take("embed"), "blocks": blocks, "final_norm": take("final_norm")}
+    if not cfg.tie_embeddings:
+        params["lm_head"] = take("lm_head")
+    bias = np.stack([take(f"layers.{i}.router_bias") for i in range(cfg.n_layers)])
+    return params, bias
+
+
+def config_record(cfg: MoEConfig, **extra) -> dict:
+    """The ``config.json`` object: format, every MoEConfig field, plus ``extra`` (version, lineage)."""
+    return {"format": FORMAT, "architecture": "marin MoE transformer (see reference_forward.py)",
+            "tensor_layout": "y = x @ W (input dimension first)", "torch_dtype": "float32",
+            "model": dataclasses.asdict(cfg), **extra}
+
+
+def config_from_record(record: dict) -> MoEConfig:
+    if record.get("format") != FORMAT or "model" not in record:
+        raise ExportFormatError(f"config.json is not a {FORMAT} export (format {record.get('format')!r})")
+    return MoEConfig(**record["model"])
+
+
+def read_export(directory: str) -> tuple[MoEConfig, dict, np.ndarray]:
+    """(config, numpy params, numpy router bias) of an export directory (local path)."""
+    from safetensors import safe_open
+
+    try:
+        with open(os.path.join(directory, CONFIG_FILE)) as f:
+            cfg = config_from_record(json.load(f))
+        with open(os.path.join(directory, INDEX_FILE)) as f:
+            weight_map = json.load(f)["weight_map"]
+    except FileNotFoundError as e:
+        missing = os.path.basename(e.filename)
+        raise ExportFormatError(f"{directory} is not a marin export: {missing} is missing") from None
+    missing = [n for n in exported_shapes(cfg) if n not in weight_map]
+    if missing:
+        raise ExportFormatError(f"{directory}: {INDEX_FILE} lacks {len(missing)} tensors, e.g. {missing[0]}")
+    handles = {}
+
+    def get(name):
+        shard = weight_map[name]
+        if shard not in handles:
+            handles[shard] = safe_open(os.path.join(directory, shard), framework="numpy")
+        return handles[shard].get_tensor(name)
+
+    params, bias = params_from_tensors(get, cfg)
+    return cfg, params, bias
+
+
+def load_exported(directory: str):
+    """``(cfg, params, router_bias)`` of an export directory as JAX arrays: the same logits as the run
+    it was exported from (``marin.models.transformer.forward(params, router_bias, tokens, cfg)``)."""
+    import jax  # kept out of the module: config, shapes and reading need numpy only
+
+    cfg, params, bias = read_export(directory)
+    return cfg, jax.device_put(params), jax.device_put(bias)

@@ -1,0 +1,223 @@
+"""Infrastructure failures are retried by the executor by itself; the step's own failures are not.
+
+The end-to-end test kills the training host of a real ``marin run`` with SIGKILL in the middle of
+training: the step finishes by itself, its status events record the retried attempt, and its final
+checkpoint is the same as that of a run that was never interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from marin.execution import ExecutorError
+from marin.execution.failures import InfrastructureFailure, Preempted, is_infrastructure_failure
+from marin.execution.retry import StorageUnavailable
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_executor import body, executions, run, step  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_what_counts_as_an_infrastructure_failure():
+    import ray.exceptions as rex
+
+    assert is_infrastructure_failure(rex.WorkerCrashedError())
+    assert is_infrastructure_failure(rex.NodeDiedError("node 3 died"))
+    assert is_infrastructure_failure(Preempted("SIGTERM at step 40; checkpoint saved"))
+    assert is_infrastructure_failure(StorageUnavailable("write s3://b/x: unreachable for 300s"))
+    wrapped = RuntimeError("pool failed")
+    wrapped.__cause__ = rex.ActorDiedError()
+    assert is_infrastructure_failure(wrapped)
+    for own in (ValueError("bad config"), ZeroDivisionError(), RuntimeError("loss is nan"), FileNotFoundError("x")):
+        assert not is_infrastructure_failure(own), own
+
+
+def flaky_infra(cfg) -> None:
+    """Fails with an infrastructure failure on its first two executions, then does its work."""
+    n = len(open(cfg.log).read().splitlines()) if os.path.exists(cfg.log) else 0
+    with open(cfg.log, "a") as f:
+        f.write(f"{cfg.out}\t{time.time()}\tstart\n")
+    if n < 2:
+        raise InfrastructureFailure(f"host lost (attempt {n + 1})")
+    os.remove(cfg.log)
+    body(cfg)
+
+
+def own_bug(cfg) -> None:
+    with open(cfg.log, "a") as f:
+        f.write(f"{cfg.out}\t{time.time()}\tstart\n")
+    raise ValueError("bad config key 'lr_schedual'")
+
+
+def test_infrastructure_failures_are_retried_and_recorded_bugs_fail_at_once(tmp_path, ray_local):
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    s = step("flaky", tmp_path / "log", fn=flaky_infra)
+    result = run([s], tmp_path / "out", infra_retries=2)
+    (path,) = result.outcome
+    assert result.outcome[path] == "succeeded"
+    events = json.loads(Path(path, ".executor_status").read_text())["events"]
+    retries = [e["message"] for e in events if e["status"] == "RUNNING" and e.get("message")]
+    assert len(retries) == 2
+    assert retries[0].startswith(
+        "infrastructure failure (InfrastructureFailure: host lost (attempt 1)); attempt 2 of 3")
+    assert [e["status"] for e in events][-1] == "SUCCESS"
+
+    bug = step("bug", tmp_path / "bug-log", fn=own_bug)
+    with pytest.raises(ExecutorError) as e:
+        run([bug], tmp_path / "out", infra_retries=2)
+    assert "ValueError: bad config key" in str(e.value)
+    assert len(executions(tmp_path / "bug-log")) == 1  # not retried: it would fail the same way
+    # --retry_failed reruns that one step (no --force_run_failed for every failed step)
+    with pytest.raises(ExecutorError) as again:
+        run([bug], tmp_path / "out")
+    assert "--retry_failed STEP (that step) or --force_run_failed true" in str(again.value)
+    with pytest.raises(ExecutorError):
+        run([bug], tmp_path / "out", retry_failed=["bug"])
+    assert len(executions(tmp_path / "bug-log")) == 2
+    with pytest.raises(ExecutorError) as none:
+        run([bug], tmp_path / "out", retry_failed=["nothing-like-it"])
+    assert str(none.value) == ("--retry_failed nothing-like-it names no failed step of this experiment "
+                               "(failed steps: bug)")
+
+
+def test_infrastructure_failures_past_the_limit_fail_with_the_count(tmp_path, ray_local):
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    s = step("flaky2", tmp_path / "log", fn=flaky_infra)
+    with pytest.raises(ExecutorError) as e:
+        run([s], tmp_path / "out", infra_retries=1)
+    assert "InfrastructureFailure: host lost (attempt 2) (after 1 retried infrastructure failure(s))" in str(e.value)
+
+
+TRAIN_EXPERIMENT = textwrap.dedent(
+    '''
+    from experiments.defaults import default_train
+    from marin.execution import executor_main
+    from marin.training.config import SyntheticDataConfig
+
+    train = default_train("probe/train", mixture=SyntheticDataConfig(vocab_size=512), model="tiny", pool="local-cpu-1",
+                          train_steps=120, tokens_per_step=128, seq_len_phases=((0.0, 16),), warmup_steps=1,
+                          checkpoint_every_steps=20, checkpoint_every_minutes=None, wandb_project=None)
+    if __name__ == "__main__":
+        executor_main(steps=[train])
+    '''
+)
+
+
+def _host_processes(marker: str) -> list[int]:
+    """Pids of the training host actors of the run whose environment holds ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marker.encode() not in f.read():
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if f.read().startswith(b"ray::_Host"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _final_state(run_dir: Path, config) -> tuple[int, dict]:
+    from marin.training.checkpoint import CheckpointManager
+    from marin.training.trainer import init_host_state, model_config
+
+    template = init_host_state(config, model_config(config, 512))
+    step_, tree, _ = CheckpointManager(str(run_dir), config.checkpoint_policy()).restore_latest(template=template)
+    import jax
+
+    return step_, {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+@pytest.mark.slow  # about 90 s: two launches of a training host, and an uninterrupted run to compare with
+def test_kill_9_of_the_training_host_is_retried_and_the_final_checkpoint_matches(tmp_path):
+    from marin.training.checkpoint import CheckpointManager
+    from marin.training.metrics import read_metrics
+
+    exp = tmp_path / "exp.py"
+    exp.write_text(TRAIN_EXPERIMENT)
+    store = tmp_path / "store"
+    marker = f"marin-test-{uuid.uuid4().hex}"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+           "MARIN_TEST_MARKER": marker}
+    proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(exp), "--prefix", str(store),
+                             "--progress", "false", "--infra_retries", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        killed = None
+        while time.time() < deadline and proc.poll() is None and killed is None:
+            runs = list(store.glob("probe/train-*"))
+            if runs and (runs[0] / "checkpoints").exists():
+                config_policy = None
+                steps = CheckpointManager(str(runs[0]), config_policy or _policy()).committed_steps()
+                if steps and steps[-1] >= 40:
+                    hosts = _host_processes(marker)
+                    if hosts:
+                        os.kill(hosts[0], signal.SIGKILL)
+                        killed = steps[-1]
+            time.sleep(0.1)
+        assert killed is not None and killed < 120, proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    assert "RETRY probe/train: infrastructure failure" in err
+    (run_dir,) = store.glob("probe/train-*")
+    record = json.loads((run_dir / ".executor_status").read_text())
+    assert [e["status"] for e in record["events"]] == ["RUNNING", "RUNNING", "SUCCESS"]
+    assert "attempt 2 of 3" in record["events"][1]["message"]
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    assert summary["final_step"] == 120 and summary["resumed_from"] is not None and summary["resumed_from"] >= 40
+    assert [r["step"] for r in read_metrics(str(run_dir))] == list(range(1, 121))
+
+    # the same training, never interrupted, in this process
+    from marin.training.trainer import run_training
+
+    config = _config(tmp_path / "uninterrupted")
+    run_training(config, use_ray=False)
+    step_a, a = _final_state(run_dir, config)
+    step_b, b = _final_state(tmp_path / "uninterrupted", config)
+    assert step_a == step_b == 120 and a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def _config(path):
+    from marin.training.config import SyntheticDataConfig, TrainConfig
+
+    return TrainConfig(output_path=str(path), data=SyntheticDataConfig(vocab_size=512), model="tiny",
+                       pool="local-cpu-1", train_steps=120, tokens_per_step=128, seq_len_phases=((0.0, 16),),
+                       warmup_steps=1, checkpoint_every_steps=20, checkpoint_every_minutes=None, wandb_project=None)
+
+
+def _policy():
+    return _config("/nonexistent").checkpoint_policy()
+
+
+def test_retry_failed_is_spelt_either_way_and_takes_several_steps():
+    from marin.execution.main import parse_executor_args
+
+    assert parse_executor_args(["--retry-failed", "probe/train", "eval.*", "--infra_retries", "0"]).retry_failed == [
+        "probe/train", "eval.*"]
+    config = parse_executor_args(["--retry_failed=probe/train", "--run_only", "x"])
+    assert config.retry_failed == ["probe/train"] and config.run_only == ["x"] and config.infra_retries == 2

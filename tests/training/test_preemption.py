@@ -1,0 +1,98 @@
+"""SIGTERM to a training process (what a scheduler sends before it kills a preempted node): with a grace
+period configured, training stops at the next step with a final checkpoint there, and a rerun resumes
+from it; without one (the default) SIGTERM is left alone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from marin.execution.failures import is_infrastructure_failure
+from marin.training.checkpoint import CheckpointManager
+from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.metrics import read_metrics
+from marin.training.preemption import Preempted, PreemptionWatch
+from marin.training.trainer import run_training
+
+REPO = Path(__file__).resolve().parents[2]
+
+TRAIN = textwrap.dedent(
+    """
+    import sys
+    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.preemption import Preempted
+    from marin.training.trainer import run_training
+
+    config = TrainConfig(output_path=sys.argv[1], data=SyntheticDataConfig(vocab_size=512), model="tiny",
+                         pool="local-cpu-1", train_steps=100000, tokens_per_step=128, seq_len_phases=((0.0, 16),),
+                         warmup_steps=1, checkpoint_every_steps=100000, checkpoint_every_minutes=None,
+                         wandb_project=None, progress_every_s=1e9, preemption_grace_s=float(sys.argv[2]))
+    try:
+        run_training(config, use_ray=False)
+    except Preempted as e:
+        print(f"preempted: {e}", flush=True)
+        raise SystemExit(143)
+    """
+)
+
+
+def _config(path, **kw) -> TrainConfig:
+    base = dict(output_path=str(path), data=SyntheticDataConfig(vocab_size=512), model="tiny", pool="local-cpu-1",
+                train_steps=100000, tokens_per_step=128, seq_len_phases=((0.0, 16),), warmup_steps=1,
+                checkpoint_every_steps=100000, checkpoint_every_minutes=None, wandb_project=None,
+                progress_every_s=1e9)
+    return TrainConfig(**{**base, **kw})
+
+
+def _train_then_sigterm(tmp_path: Path, grace: float) -> tuple[subprocess.CompletedProcess, Path]:
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", TRAIN, str(run_dir), str(grace)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), run_dir
+
+
+@pytest.mark.slow  # about 60 s on a loaded 2-core machine: a training process, then its resume
+def test_sigterm_with_a_grace_period_saves_a_final_checkpoint_and_the_rerun_resumes_there(tmp_path):
+    r, run_dir = _train_then_sigterm(tmp_path, grace=60)
+    assert r.returncode == 143, r.stderr
+    line = r.stdout.strip().splitlines()[-1]
+    assert line.startswith("preempted: SIGTERM at step "), r.stdout
+    step = int(line.split("at step ")[1].split(":")[0])
+    assert line.endswith(f": final checkpoint {run_dir}/checkpoints/step-{step:08d}")
+    manager = CheckpointManager(str(run_dir), _config(run_dir).checkpoint_policy())
+    assert manager.committed_steps() == [step]  # only the final one: the cadence never came due
+    assert [rec["step"] for rec in read_metrics(str(run_dir))] == list(range(1, step + 1))
+    # the rerun (what the executor's retry does) continues from that checkpoint
+    summary = run_training(_config(run_dir, train_steps=step + 3), use_ray=False)
+    assert summary["resumed_from"] == step and summary["final_step"] == step + 3
+    assert [rec["step"] for rec in read_metrics(str(run_dir))] == list(range(1, step + 4))
+
+
+def test_preempted_is_an_infrastructure_failure_and_the_watch_budgets_the_save():
+    assert is_infrastructure_failure(Preempted("SIGTERM at step 3"))
+    watch = PreemptionWatch(30.0)
+    assert not watch.requested and watch.time_left() == 0.0
+    before = signal.getsignal(signal.SIGTERM)
+    with watch:
+        os.kill(os.getpid(), signal.SIGTERM)  # a real signal to this process: only the flag is set
+        assert watch.requested and 29 < watch.time_left() <= 30
+        assert watch.worth_saving(10.0) and not watch.worth_saving(25.0) and watch.worth_saving(None)
+    assert signal.getsignal(signal.SIGTERM) is before  # given back
+    off = PreemptionWatch(0.0)  # the default: SIGTERM is not caught at all
+    with off:
+        assert not off.active and signal.getsignal(signal.SIGTERM) is before

@@ -35,18 +35,20 @@ def config_classes() -> list[type]:
     from marin.data.synthetic import SyntheticK40Config
     from marin.data.tokenize import TokenizeConfig
     from marin.data.tokenizer import TrainTokenizerConfig
+    from marin.evaluation.multiple_choice import DomainTaskConfig
     from marin.evaluation.sets import EvalSet
     from marin.evaluation.step import EvalConfig
     from marin.inference.harness import HarnessConfig
     from marin.models.config import MoEConfig
     from marin.monitoring.health import HealthReportConfig
     from marin.review.report import ReportConfig
+    from marin.scaling.isoflop import IsoFlopFitConfig
     from marin.scaling.ladder import LadderFitConfig, RungRun
     from marin.training.config import SyntheticDataConfig, TrainConfig
 
     return [TrainConfig, MoEConfig, SyntheticDataConfig, SyntheticK40Config, TrainTokenizerConfig, TokenizeConfig,
-            MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet, HarnessConfig, HealthReportConfig, LadderFitConfig,
-            RungRun, ReportConfig]
+            MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet, DomainTaskConfig, HarnessConfig, HealthReportConfig,
+            LadderFitConfig, RungRun, IsoFlopFitConfig, ReportConfig]
 
 
 def render() -> str:

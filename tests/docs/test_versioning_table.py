@@ -47,8 +47,8 @@ def config_classes() -> list[type]:
     from marin.training.config import SyntheticDataConfig, TrainConfig
 
     return [TrainConfig, MoEConfig, SyntheticDataConfig, SyntheticK40Config, TrainTokenizerConfig, TokenizeConfig,
-            MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet, DomainTaskConfig, HarnessConfig, HealthReportConfig,
-            LadderFitConfig, RungRun, IsoFlopFitConfig, ReportConfig]
+            MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet, DomainTaskConfig, HarnessConfig,
+            HealthReportConfig, LadderFitConfig, RungRun, IsoFlopFitConfig, ReportConfig]
 
 
 def render() -> str:

@@ -51,7 +51,7 @@ from marin.scaling.fit import (
 )
 from marin.scaling.ladder import clean_json, read_fit_inputs, window_mean
 from marin.scaling.recipe import Rung, RunShape, ladder_rungs, run_flops, rung_model
-from marin.scaling.tasks import fit_task_laws, predict_task
+from marin.scaling.tasks import fit_task_laws, predict_task, verify_task
 
 logger = logging.getLogger(__name__)
 
@@ -456,14 +456,7 @@ def check_validation(fits, tasks, val: dict[str, Any], metrics: Sequence[str]) -
         got = (val.get("tasks") or {}).get(name)
         if not got:
             continue
-        p = predict_task(entry, val["n"], val["d"], val["flops"])
-        row = {**p, "actual_task_loss": got.get("gold_bpb"), "actual_acc": got.get("acc")}
-        if "acc" in p and got.get("acc") is not None:
-            row["acc_error_points"] = 100 * (p["acc"] - got["acc"])
-            row["acc_inside"] = within_band(p["acc_low"], got["acc"], p["acc_high"])
-        if got.get("gold_bpb") is not None:
-            row["task_loss_inside"] = within_band(p["task_loss_low"], got["gold_bpb"], p["task_loss_high"])
-        out["tasks"][name] = row
+        out["tasks"][name] = verify_task(entry, val["n"], val["d"], val["flops"], got)
     return out
 
 

@@ -48,7 +48,7 @@ from marin.scaling.fit import (
     within_band,
 )
 from marin.scaling.recipe import run_flops
-from marin.scaling.tasks import fit_task_laws, predict_task
+from marin.scaling.tasks import fit_task_laws, predict_task, verify_task
 from marin.training.metrics import read_metrics
 
 logger = logging.getLogger(__name__)
@@ -336,12 +336,7 @@ def check_validation(doc: dict[str, Any], validation: dict[str, Any], validation
         got = (validation.get("tasks") or {}).get(name)
         if not got:
             continue
-        p = predict_task(entry, validation["n"], validation["d"], validation["flops"])
-        row = {**p, "actual_task_loss": got.get("gold_bpb"), "actual_acc": got.get("acc")}
-        if "acc" in p and got.get("acc") is not None:
-            row["acc_error_points"] = 100 * (p["acc"] - got["acc"])
-            row["acc_inside"] = within_band(p["acc_low"], got["acc"], p["acc_high"])
-        out["tasks"][name] = row
+        out["tasks"][name] = verify_task(entry, validation["n"], validation["d"], validation["flops"], got)
     m = doc["metric"] if doc["metric"] in out["metrics"] else "loss"
     out["rel_error"] = out["metrics"].get(m, {}).get("rel_error")
     out["metric"] = m

@@ -25,6 +25,7 @@ from marin.scaling.fit import (
     fit_accuracy_sigmoid,
     fit_loss_surface,
     fit_selected_law,
+    within_band,
 )
 
 
@@ -79,3 +80,17 @@ def predict_task(entry: dict[str, Any], n: float, d: float, flops: float) -> dic
         hi = acc + math.sqrt(hi_prop ** 2 + (q * sig.resid_std) ** 2)
         out.update({"acc": acc, "acc_low": max(0.0, lo), "acc_high": min(1.0, hi)})
     return out
+
+
+def verify_task(entry: dict[str, Any], n: float, d: float, flops: float, measured: dict[str, Any]) -> dict[str, Any]:
+    """A validation run's task prediction (:func:`predict_task`) next to what it measured
+    (``measured``: the task's eval record, ``acc`` and ``gold_bpb``): the error in accuracy points and
+    whether accuracy and task loss fell inside their bands."""
+    p = predict_task(entry, n, d, flops)
+    row = {**p, "actual_task_loss": measured.get("gold_bpb"), "actual_acc": measured.get("acc")}
+    if "acc" in p and measured.get("acc") is not None:
+        row["acc_error_points"] = 100 * (p["acc"] - measured["acc"])
+        row["acc_inside"] = within_band(p["acc_low"], measured["acc"], p["acc_high"])
+    if measured.get("gold_bpb") is not None:
+        row["task_loss_inside"] = within_band(p["task_loss_low"], measured["gold_bpb"], p["task_loss_high"])
+    return row

@@ -53,6 +53,8 @@ from typing import Any
 import fsspec
 import numpy as np
 
+from marin.execution.retry import call_with_retry
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
@@ -177,7 +179,8 @@ def _array_spec(url: str, shape: tuple[int, ...], dtype: np.dtype, chunk: tuple[
 
 
 def _commit(fs: Any, path: str, data: bytes) -> None:
-    """Single atomic write of a record: rename on local disk, one PUT on object stores."""
+    """Single atomic write of a record: rename on local disk, one PUT on object stores (retried
+    through a transient store outage by the executor's one retry policy; the PUT is idempotent)."""
     from fsspec.implementations.local import LocalFileSystem
 
     if isinstance(fs, LocalFileSystem):
@@ -186,7 +189,7 @@ def _commit(fs: Any, path: str, data: bytes) -> None:
         fs.pipe_file(tmp, data)
         fs.mv(tmp, path)
     else:
-        fs.pipe_file(path, data)
+        call_with_retry(lambda: fs.pipe_file(path, data), what=f"write {path}")
 
 
 def _part_name(process: int) -> str:
@@ -264,7 +267,8 @@ def write_staged(staged: _Staged, *, part_timeout_s: float = PART_TIMEOUT_S) -> 
             fs.makedirs(root, exist_ok=True)
             index = {"format": FORMAT, "step": staged.step, "leaves": staged.entries, "metadata": staged.metadata,
                      "processes": staged.num_processes}
-            fs.pipe_file(f"{root}/{_INDEX}", json.dumps(index, indent=1, sort_keys=True).encode())
+            raw = json.dumps(index, indent=1, sort_keys=True).encode()
+            call_with_retry(lambda: fs.pipe_file(f"{root}/{_INDEX}", raw), what=f"write {root}/{_INDEX}")
         opened: dict[int, Any] = {}
         futures = []
         for leaf, index_, data in staged.shards:

@@ -109,8 +109,10 @@ def test_fsdp_state_is_sharded_and_trains_like_replicated(tmp_path):
         for key in ("loss", "ce_loss", "z_loss", "grad_norm", "drop_frac_send", "drop_frac_recv"):
             np.testing.assert_allclose(b[key], a[key], rtol=2e-5, atol=1e-6, err_msg=key)
     assert fsdp[-1]["loss"] < fsdp[0]["loss"]
+    # AdamW divides each update by sqrt(nu): an element whose gradient is near zero turns ulp-level
+    # differences of the gradient into a visible fraction of one LR step (3e-3 here); allow 2% of it
     for x, y in zip(jax.tree.leaves(jax.device_get(rep_state)), jax.tree.leaves(jax.device_get(fsdp_state))):
-        np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(y, x, rtol=1e-4, atol=0.02 * 3e-3)
     # the step keeps the layout it was given (no silent re-gather of the state)
     assert fsdp_state["params"]["blocks"]["wq"].sharding == fsdp_sh["params"]["blocks"]["wq"]
 

@@ -59,7 +59,7 @@ def test_health_cli(tmp_path, capsys):
 def test_replan_helper(tmp_path, capsys):
     config = {"peak_lr": 1e-3, "warmup_steps": 10, "train_steps": 1000, "tokens_per_step": 4096, "lr_replans": []}
     mgr = CheckpointManager(str(tmp_path), CheckpointPolicy(every_steps=1))
-    mgr.save(200, {"x": jnp.zeros(1)}, {"config": config, "tokens": 0})
+    mgr.save(200, {"x": jnp.zeros(1)}, {"config": config, "tokens": 0}, blocking=True)
     assert marin(["replan-lr", str(tmp_path), "--new-total-steps", "600", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["lr_replans"] == [[200, 600]]
@@ -87,7 +87,7 @@ def test_replan_helper_messages_for_a_past_horizon_and_a_finished_run(tmp_path, 
 
     config = {"peak_lr": 1e-3, "warmup_steps": 10, "train_steps": 1000, "tokens_per_step": 4096, "lr_replans": []}
     mgr = CheckpointManager(str(tmp_path), CheckpointPolicy(every_steps=1))
-    mgr.save(200, {"x": jnp.zeros(1)}, {"config": config, "tokens": 0})
+    mgr.save(200, {"x": jnp.zeros(1)}, {"config": config, "tokens": 0}, blocking=True)
     assert marin(["replan-lr", str(tmp_path), "--new-total-steps", "150"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == ("marin replan-lr: error: --new-total-steps 150 is not after step 200, where the resumed "

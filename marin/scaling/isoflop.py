@@ -49,7 +49,7 @@ from marin.scaling.fit import (
     fit_power_law,
     within_band,
 )
-from marin.scaling.ladder import clean_json, read_fit_inputs, window_mean
+from marin.scaling.ladder import clean_json, read_fit_inputs, save_png, window_mean
 from marin.scaling.recipe import Rung, RunShape, ladder_rungs, run_flops, rung_model
 from marin.scaling.tasks import fit_task_laws, predict_task, verify_task
 
@@ -465,7 +465,6 @@ def check_validation(fits, tasks, val: dict[str, Any], metrics: Sequence[str]) -
 
 
 def write_plots(doc: dict[str, Any], output_path: str) -> list[str]:
-    import fsspec
     import matplotlib
 
     matplotlib.use("Agg")
@@ -477,10 +476,7 @@ def write_plots(doc: dict[str, Any], output_path: str) -> list[str]:
     names = []
 
     def save(fig, name):
-        with fsspec.open(f"{output_path.rstrip('/')}/{name}", "wb") as f:
-            fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        names.append(name)
+        names.append(save_png(fig, output_path, name))
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for i, p in enumerate(md["parabolas"]):

@@ -347,9 +347,20 @@ def check_validation(doc: dict[str, Any], validation: dict[str, Any], validation
 # plots
 
 
+def save_png(fig: Any, output_path: str, name: str) -> str:
+    """Write matplotlib figure ``fig`` as ``{output_path}/{name}`` (any fsspec path) and close it;
+    returns ``name``. The one PNG writer of the ladder's and the IsoFLOP's plots."""
+    import fsspec
+    import matplotlib.pyplot as plt
+
+    with fsspec.open(f"{output_path.rstrip('/')}/{name}", "wb") as f:
+        fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return name
+
+
 def write_plots(doc: dict[str, Any], curves: dict[str, dict[str, list[float]]], output_path: str) -> list[str]:
     """PNG plots next to fit.json; returns their file names. Agg backend: no display needed."""
-    import fsspec
     import matplotlib
 
     matplotlib.use("Agg")
@@ -358,10 +369,7 @@ def write_plots(doc: dict[str, Any], curves: dict[str, dict[str, list[float]]], 
     names = []
 
     def save(fig, name):
-        with fsspec.open(f"{output_path.rstrip('/')}/{name}", "wb") as f:
-            fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        names.append(name)
+        names.append(save_png(fig, output_path, name))
 
     m = doc["metric"]
     rungs = doc["rungs"]

@@ -296,6 +296,10 @@ def default_train(
         # The step's own task only waits on the pool's placement group; it must not hold a CPU the
         # pool's hosts need.
         resources={"num_cpus": 0},
+        # it resumes from its checkpoints: an infrastructure failure is retried where its pool says so,
+        # and a stop signal to the driver leaves it the grace period for a final checkpoint
+        infra_retries=get_pool(config.pool).infra_retries,
+        stop_grace_s=config.preemption_grace_s,
     )
 
 
@@ -576,6 +580,13 @@ def default_validation_sets(mixture: MixtureConfig, name: str = "val") -> tuple[
     return mixture_validation_sets(mixture, name)
 
 
+def _pool_infra_retries(pool: str | None, train_step: ExecutorStep) -> int | None:
+    """An evaluation's infrastructure retries: those of the pool it runs on (``pool``, else the
+    training step's); None when neither names one."""
+    name = pool or getattr(train_step.config, "pool", None)
+    return get_pool(name).infra_retries if isinstance(name, str) else None
+
+
 def default_eval(
     name: str,
     train_step: ExecutorStep,
@@ -629,6 +640,7 @@ def default_eval(
         description=f"evaluate {train_step.name} ({checkpoint} checkpoint)",
         # Like training, the step's own task only waits on the pool it launches.
         resources={"num_cpus": 0},
+        infra_retries=_pool_infra_retries(pool, train_step),
     )
 
 
@@ -675,4 +687,5 @@ def default_harness_eval(
             pool=pool,
         )),
         description=f"lm-evaluation-harness {', '.join(tasks)} on {train_step.name}",
+        infra_retries=_pool_infra_retries(pool, train_step),
     )

@@ -81,8 +81,9 @@ class RunOptions:
     script: str = "experiment"
     progress: bool = True
     repair_records: bool = False
-    infra_retries: int = 2
-    """Times a step is resubmitted after an infrastructure failure (see :mod:`failures`); 0: never."""
+    infra_retries: int | None = None
+    """Times every step is resubmitted after an infrastructure failure (see :mod:`failures`); 0: never;
+    None: each step's own ``ExecutorStep.infra_retries`` (none where unset)."""
     retry_failed: list[str] | None = None
     """Regexes of step names whose earlier FAILED attempt may be rerun (``--force_run_failed`` for a few)."""
 
@@ -503,7 +504,7 @@ class _Runner:
                 self._finish(s, "lost")
                 return
             error, tb = describe_failure(e)
-            if is_infrastructure_failure(e) and self.infra_failures[s] < self.opts.infra_retries:
+            if is_infrastructure_failure(e) and self.infra_failures[s] < self.infra_limit(s):
                 self._retry_later(s, error)
                 return
             if self.infra_failures[s]:
@@ -529,6 +530,13 @@ class _Runner:
             return
         self._finish(s, "succeeded")
 
+    def infra_limit(self, s: PlannedStep) -> int:
+        """How often ``s`` is resubmitted after infrastructure failures: ``--infra_retries`` for every
+        step when given, else the step's own (a device pool's steps retry, the rest do not)."""
+        if self.opts.infra_retries is not None:
+            return self.opts.infra_retries
+        return s.step.infra_retries or 0
+
     def _retry_later(self, s: PlannedStep, error: str) -> None:
         """Record an infrastructure failure as an attempt and resubmit the step after a backoff.
 
@@ -537,7 +545,7 @@ class _Runner:
         self.infra_failures[s] += 1
         n = self.infra_failures[s]
         delay = min(60.0, 2.0 * 2 ** (n - 1))
-        message = (f"infrastructure failure ({mask_text(error)}); attempt {n + 1} of {self.opts.infra_retries + 1} "
+        message = (f"infrastructure failure ({mask_text(error)}); attempt {n + 1} of {self.infra_limit(s) + 1} "
                    f"starts in {delay:.0f}s from what the step committed")
         with self.lock:
             lease = self.held.get(s)

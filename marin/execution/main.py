@@ -39,11 +39,13 @@ class ExecutorMainConfig:
     """Seconds a step lease lives without heartbeat; a dead executor's steps are taken over after it."""
     progress: bool = True
     """Show a progress bar on stderr."""
-    infra_retries: int = 2
-    """Times a step is retried by itself after an infrastructure failure (a host, worker or node died,
-    a preemption, a storage outage past its retry limit), each from what it committed (a training
-    step resumes from its last checkpoint), with backoff; 0 turns this off. Failures of the step
-    itself (divergence, a config error, a bug) are never retried."""
+    infra_retries: int | None = None
+    """Times every step is retried by itself after an infrastructure failure (a host, worker or node
+    died, a preemption, a storage outage past its retry limit), each from what it committed (a
+    training step resumes from its last checkpoint), with backoff; 0 turns this off. Default: each
+    step's own: training and evaluation on a GPU pool 2, on a local CPU pool 0, other steps
+    (tokenize, fits, reports) 0. Failures of the step itself (divergence, a config error, a bug) are
+    never retried."""
     retry_failed: list[str] | None = None
     """Steps (names or regexes, ``--retry_failed A B``) whose earlier FAILED attempt may run again,
     without --force_run_failed for every failed step."""

@@ -105,6 +105,14 @@ class ExecutorStep(Generic[ConfigT]):
     ``memory`` (bytes), ``accelerator_type``, ``resources`` (custom resources such as
     ``{"GB200": 4}``). ``override_output_path`` pins the output directory (relative paths are taken
     relative to the prefix; it must stay inside the prefix).
+
+    How the executor treats the step under faults (neither is part of its version):
+    ``infra_retries`` is how often it resubmits the step by itself after an infrastructure failure
+    (a host or node lost, a preemption; see :mod:`marin.execution.failures`). None: never, unless
+    ``--infra_retries`` says so; a step that resumes from its own checkpoints on a device pool
+    (training, evaluation) sets its pool's. ``stop_grace_s`` is how long the step may take, once the
+    driver got a stop signal, to save its work and stop (see :mod:`marin.execution.signals`); 0: it
+    is stopped at once.
     """
 
     name: str
@@ -113,6 +121,8 @@ class ExecutorStep(Generic[ConfigT]):
     description: str | None = None
     override_output_path: str | None = None
     resources: dict[str, Any] | None = None
+    infra_retries: int | None = None
+    stop_grace_s: float = 0.0
 
     def __post_init__(self) -> None:
         validate_step_name(self.name)
@@ -125,6 +135,12 @@ class ExecutorStep(Generic[ConfigT]):
                     f"step {self.name!r}: unknown resource keys {sorted(unknown)}; "
                     f"allowed: {sorted(RESOURCE_KEYS)}"
                 )
+        if self.infra_retries is not None and (isinstance(self.infra_retries, bool)
+                                               or not isinstance(self.infra_retries, int) or self.infra_retries < 0):
+            raise InvalidStepError(f"step {self.name!r}: infra_retries must be a count >= 0 or None, "
+                                   f"got {self.infra_retries!r}")
+        if not isinstance(self.stop_grace_s, (int, float)) or not self.stop_grace_s >= 0:
+            raise InvalidStepError(f"step {self.name!r}: stop_grace_s must be seconds >= 0, got {self.stop_grace_s!r}")
 
     def cd(self, subpath: str) -> str:
         """Shorthand for ``output_path_of(self, subpath)``."""

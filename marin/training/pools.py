@@ -55,6 +55,12 @@ class PoolSpec:
     device_resource: str | None = None
     rack_label: str | None = None
     max_retries: int = 0
+    """Times the launcher relaunches the pool inside one attempt of the step after a host failure."""
+    infra_retries: int = 0
+    """Times the executor reruns a step on this pool by itself after an infrastructure failure the
+    launcher did not absorb (its ``ExecutorStep.infra_retries``): GPU pools 2, since a lost host is a
+    daily event at scale; the local CPU pools 0, so a test's fault is seen, not retried
+    (``--infra_retries N`` overrides for every step)."""
     ready_timeout_s: float = 300.0
     host_memory_bytes: int | None = None
     """Host (CPU) memory of one host, bytes; None: this machine's (the CPU pools run here)."""
@@ -124,7 +130,7 @@ POOLS: dict[str, PoolSpec] = {
     ),
     # One H200 (the lent device machine): the GPU benchmark.
     "h200-1": PoolSpec("h200-1", hosts=1, devices_per_host=1, accelerator="H200", mesh=(1, 1), device_resource="GPU",
-                       host_memory_bytes=H200_LENT_HOST_MEMORY_BYTES),
+                       infra_retries=2, host_memory_bytes=H200_LENT_HOST_MEMORY_BYTES),
     # One GB200 NVL72 rack: the d768 ladder rung (published: 1 rack, batch 1,024).
     "gb200-rack": PoolSpec(
         "gb200-rack",
@@ -137,6 +143,7 @@ POOLS: dict[str, PoolSpec] = {
         device_resource="GPU",
         rack_label=RACK_LABEL,
         max_retries=3,
+        infra_retries=2,
         host_memory_bytes=GB200_HOST_MEMORY_BYTES,
     ),
     # Eleven racks, ~704 GPUs: the d2048 rung and the hero (EP 64 x DP 11).
@@ -151,6 +158,7 @@ POOLS: dict[str, PoolSpec] = {
         device_resource="GPU",
         rack_label=RACK_LABEL,
         max_retries=3,
+        infra_retries=2,
         host_memory_bytes=GB200_HOST_MEMORY_BYTES,
     ),
 }

@@ -93,6 +93,52 @@ def test_infrastructure_failures_are_retried_and_recorded_bugs_fail_at_once(tmp_
                                "(failed steps: bug)")
 
 
+def test_the_retry_limit_is_the_steps_own_unless_the_flag_sets_one_for_all(tmp_path, ray_local):
+    """A step that declares no retries (tokenize, fits, reports) fails at its first infrastructure
+    failure; one on a pool that retries is retried; ``--infra_retries N`` overrides both."""
+    import dataclasses
+
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    plain = step("plain", tmp_path / "plain-log", fn=flaky_infra)
+    assert plain.infra_retries is None
+    with pytest.raises(ExecutorError) as e:
+        run([plain], tmp_path / "out")
+    assert "InfrastructureFailure: host lost (attempt 1)" in str(e.value)
+    assert "retried" not in str(e.value) and len(executions(tmp_path / "plain-log")) == 1
+
+    pooled = dataclasses.replace(step("pooled", tmp_path / "pooled-log", fn=flaky_infra), infra_retries=2)
+    (path,) = run([pooled], tmp_path / "out").outcome.values()
+    assert path == "succeeded"
+
+    capped = dataclasses.replace(step("capped", tmp_path / "capped-log", fn=flaky_infra), infra_retries=2)
+    with pytest.raises(ExecutorError) as e:
+        run([capped], tmp_path / "out", infra_retries=0)
+    assert len(executions(tmp_path / "capped-log")) == 1 and "retried" not in str(e.value)
+
+
+def test_training_and_evaluation_take_their_pools_retries_other_steps_none():
+    from experiments.defaults import default_eval, default_train
+    from marin.execution import ExecutorStep, InvalidStepError
+    from marin.training.config import SyntheticDataConfig
+    from marin.training.pools import POOLS
+
+    assert {name: p.infra_retries for name, p in POOLS.items()} == {
+        "local-cpu": 0, "local-cpu-1": 0, "local-cpu-ep8": 0, "local-2host": 0,
+        "h200-1": 2, "gb200-rack": 2, "gb200-11racks": 2}
+    kw = dict(mixture=SyntheticDataConfig(vocab_size=512), model="tiny", train_steps=4, tokens_per_step=128,
+              seq_len_phases=((0.0, 16),), warmup_steps=1, wandb_project=None, memory_check="off")
+    local = default_train("probe/local", pool="local-cpu-1", **kw)
+    gpu = default_train("probe/gpu", pool="gb200-rack", preemption_grace_s=30.0, **kw)
+    assert (local.infra_retries, local.stop_grace_s) == (0, 0.0)
+    assert (gpu.infra_retries, gpu.stop_grace_s) == (2, 30.0)
+    assert default_eval("probe/eval", gpu, held_out=True).infra_retries == 2  # on the training step's pool
+    assert default_eval("probe/eval", gpu, held_out=True, pool="local-cpu").infra_retries == 0
+    with pytest.raises(InvalidStepError, match="infra_retries must be a count >= 0 or None, got -1"):
+        ExecutorStep("x", print, None, infra_retries=-1)
+
+
 def test_infrastructure_failures_past_the_limit_fail_with_the_count(tmp_path, ray_local):
     import ray.cloudpickle
 
@@ -220,4 +266,4 @@ def test_retry_failed_is_spelt_either_way_and_takes_several_steps():
     assert parse_executor_args(["--retry-failed", "probe/train", "eval.*", "--infra_retries", "0"]).retry_failed == [
         "probe/train", "eval.*"]
     config = parse_executor_args(["--retry_failed=probe/train", "--run_only", "x"])
-    assert config.retry_failed == ["probe/train"] and config.run_only == ["x"] and config.infra_retries == 2
+    assert config.retry_failed == ["probe/train"] and config.run_only == ["x"] and config.infra_retries is None

@@ -50,12 +50,20 @@ from marin.execution.errors import (
     PreviouslyFailedError,
     UnreadableRecordError,
 )
-from marin.execution.failures import is_infrastructure_failure
+from marin.execution.failures import StopRequested, is_infrastructure_failure
 from marin.execution.fingerprint import code_fingerprint, drift
 from marin.execution.hashing import canonical_json, sha256_hex
 from marin.execution.jsonable import mask_argv, mask_leaves, mask_text, to_jsonable
 from marin.execution.plan import Plan, PlannedStep, resolve_config
-from marin.execution.signals import STOP_SIGNALS, StopSignals, signal_of, stop_reason
+from marin.execution.signals import (
+    STOP_RESERVE_S,
+    STOP_SIGNALS,
+    StopSignals,
+    clear_stop_request,
+    request_stop,
+    signal_of,
+    stop_reason,
+)
 from marin.execution.status import StepStatus
 
 logger = logging.getLogger("marin.execution")
@@ -316,6 +324,8 @@ class _Runner:
         self.resubmit_at: dict[PlannedStep, float] = {}
         """Steps waiting out the backoff before their next attempt after an infrastructure failure."""
         self.retry_configs: dict[PlannedStep, Any] = {}
+        self.stop_notes: dict[str, str] = {}
+        """Output path -> what a step with a grace period did when the run was stopped."""
 
     # -- heartbeat -------------------------------------------------------------------------------
     def _heartbeat(self) -> None:
@@ -442,6 +452,8 @@ class _Runner:
                 if not (self.opts.address or os.environ.get("RAY_ADDRESS")):
                     raise RuntimeError(msg + "; the local cluster cannot grow: run on a cluster that has it")
                 self._print(f"warning: {msg}; waiting for the autoscaler")
+            if s.step.stop_grace_s > 0:  # a driver killed while it waited for this step left its request
+                clear_stop_request(s.output_path)
             upstream = [self.refs[d] for d in s.dependencies if d in self.refs]
             ref = remote_body(s.step.fn).options(**options).remote(config, s.output_path, *upstream)
         except Exception as e:  # bookkeeping or submission failed: the step failed
@@ -581,19 +593,83 @@ class _Runner:
     def interrupt(self, signum: int = signal.SIGINT) -> None:
         """A stop signal: stop every step this driver holds, mark it INTERRUPTED, release its lease.
 
-        Stop signals are ignored meanwhile so a second Ctrl-C (or the scheduler's repeated SIGTERM)
-        cannot leave a step RUNNING with a dead holder (the next run would then wait for the holder's
-        lease to expire)."""
+        A running step with a grace period (``ExecutorStep.stop_grace_s``, a training step's
+        ``preemption_grace_s``) is first asked to save and stop by itself (:meth:`_let_steps_stop`);
+        the others are cancelled at once. Stop signals are ignored meanwhile so a second signal (the
+        scheduler's repeated SIGTERM) cannot leave a step RUNNING with a dead holder (the next run
+        would then wait for the holder's lease to expire); only a second Ctrl-C cuts the grace short."""
         in_main = threading.current_thread() is threading.main_thread()
-        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS} if in_main else {}
+        insist = threading.Event()
+
+        def again(sig: int, frame: Any) -> None:
+            if sig == signal.SIGINT:
+                insist.set()
+
+        previous = {sig: signal.signal(sig, again) for sig in STOP_SIGNALS} if in_main else {}
         message = f"the run was stopped ({stop_reason(signum)})"
         try:
-            self._interrupt(message)
+            notes = self._let_steps_stop(signum, insist)
+            self._interrupt(message, notes)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _interrupt(self, message: str) -> None:
+    def _let_steps_stop(self, signum: int, insist: threading.Event) -> dict[PlannedStep, str]:
+        """Ask each running step with a grace period to save and stop (a stop request in its
+        directory), and wait for it until that grace period is up, less :data:`STOP_RESERVE_S` the
+        step leaves the driver; a step that finished meanwhile is committed as usual. Returns what
+        each of them did, for its INTERRUPTED record."""
+        import ray
+
+        # a step whose upstream task is still running has not started: nothing of it to save
+        graceful = {ref: s for ref, s in self.running.items()
+                    if s.step.stop_grace_s > 0 and not any(d in self.refs for d in s.dependencies)}
+        if not graceful:
+            return {}
+        began = time.monotonic()
+        for ref in self.running:
+            if ref not in graceful:  # nothing to save: stopped at once, as without a grace period
+                self._cancel(ref)
+        with retry.capped(INTERRUPT_RETRY_S):
+            for s in graceful.values():
+                try:
+                    request_stop(s.output_path, signum, s.step.stop_grace_s - STOP_RESERVE_S)
+                except Exception as e:  # noqa: BLE001 - the store is down: the step is cancelled at its deadline
+                    logger.error("step %s: could not ask it to stop: %s", s.name, e)
+        deadline = {ref: began + s.step.stop_grace_s for ref, s in graceful.items()}
+        longest = max(s.step.stop_grace_s for s in graceful.values())
+        self._print(f"stopping ({stop_reason(signum)}): {len(graceful)} step(s) may take up to {longest:.0f}s to "
+                    "save their work and stop" + ("; Ctrl-C again stops them at once" if signum == signal.SIGINT
+                                                  else ""))
+        notes: dict[PlannedStep, str] = {}
+        pending = list(graceful)
+        while pending and not insist.is_set():
+            now = time.monotonic()
+            for ref in [r for r in pending if deadline[r] <= now]:
+                pending.remove(ref)
+                s = graceful[ref]
+                notes[s] = f"it did not stop within its {s.step.stop_grace_s:.0f}s grace period and was cancelled"
+            if not pending:
+                break
+            timeout = min(0.5, min(deadline[r] for r in pending) - now)  # short: a second Ctrl-C is seen
+            done, _ = ray.wait(pending, num_returns=len(pending), timeout=max(0.0, timeout))
+            for ref in done:
+                pending.remove(ref)
+                s = graceful[ref]
+                try:
+                    ray.get(ref)
+                except Exception as e:  # noqa: BLE001 - the step stopped (or failed) in its grace period
+                    cause = getattr(e, "cause", None)
+                    notes[s] = (str(cause).splitlines()[0] if isinstance(cause, StopRequested)
+                                else f"it ended with {describe_failure(e)[0]}")
+                else:
+                    self._on_done(ref)  # it finished in its grace period: SUCCESS, as any other
+        for ref in pending:
+            notes[graceful[ref]] = "it was cancelled by a second Ctrl-C"
+        return notes
+
+    def _interrupt(self, message: str, notes: dict[PlannedStep, str] | None = None) -> None:
+        notes = notes or {}
         with retry.capped(INTERRUPT_RETRY_S):  # the person (or the scheduler's grace period) is waiting
             import ray
 
@@ -605,15 +681,20 @@ class _Runner:
             with self.lock:
                 held = list(self.held.items())
             for s, lease in held:
+                note = notes.get(s)
                 try:
                     record = st.read_status(s.output_path)
                     if st.current_status(record) == StepStatus.RUNNING:
                         st.write_status(s.output_path, StepStatus.INTERRUPTED, lease=lease,
-                                        message=message, previous=record)
+                                        message=f"{message}; {note}" if note else message, previous=record)
+                    if s.step.stop_grace_s > 0:
+                        clear_stop_request(s.output_path)
                 except Exception as e:  # pragma: no cover - store unreachable
                     logger.error("step %s: could not record the interruption: %s", s.name, e)
                 self._release(s)
                 self.outcome[s.output_path] = "interrupted"
+                if note:
+                    self.stop_notes[s.output_path] = note
 
     def _check_waiting(self) -> None:
         now = time.monotonic()
@@ -748,15 +829,20 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
             record = write_experiment_record(plan, opts, outcome)
             runner.loop()
         except KeyboardInterrupt as e:
-            with signals.deferred():
+            with signals.deferred("recording the stop"):
                 outcome.update(runner.outcome)
                 raise _interrupted(plan, opts, outcome, runner, signal_of(e, signals)) from None
         finally:
-            with signals.deferred():  # a cluster we started ends with the run, agents included, signal or not
+            # a cluster we started ends with the run, agents included, signal or not
+            with signals.deferred("stopping the Ray cluster"):
                 if started:
                     shutdown_local_ray()
-    outcome.update(runner.outcome)
-    record = write_experiment_record(plan, opts, outcome)
+        with signals.deferred("recording the run"):
+            outcome.update(runner.outcome)
+            record = write_experiment_record(plan, opts, outcome)
+        if signals.received is not None:  # every step had ended; the stop still ends the process as asked
+            raise _interrupted(plan, opts, outcome, runner, signals.received, during=signals.received_during,
+                               record=record)
     result = RunResult(plan, outcome, record, runner.errors)
     bad = [s for s in todo if outcome.get(s.output_path) in ("failed", "lost")]
     counts = collections.Counter(outcome.values())
@@ -812,23 +898,39 @@ def repair_records(plan: Plan, steps: list[PlannedStep], statuses: dict[PlannedS
 
 
 def _interrupted(plan: Plan, opts: RunOptions, outcome: dict[str, str], runner: "_Runner",
-                 signum: int = signal.SIGINT) -> ExecutorInterrupted:
-    """The message (and record) for a run stopped by a signal: what stopped, what is kept, how to resume."""
-    try:
-        record = write_experiment_record(plan, opts, outcome)
-    except Exception:  # the record is a convenience; the statuses are what the next run reads
-        record = None
+                 signum: int = signal.SIGINT, *, during: str | None = None,
+                 record: str | None = None) -> ExecutorInterrupted:
+    """The message (and record) for a run stopped by a signal: what stopped, what is kept, how to resume.
+
+    ``during``: the signal came after every step had ended, while the driver was ``during`` (stopping
+    the Ray cluster, writing the record), whose ``record`` is then written already."""
+    if record is None:
+        try:
+            record = write_experiment_record(plan, opts, outcome)
+        except Exception:  # the record is a convenience; the statuses are what the next run reads
+            record = None
     stopped = [s for s in plan.steps if outcome.get(s.output_path) == "interrupted"]
+    failed = [s for s in plan.steps if outcome.get(s.output_path) in ("failed", "lost")]
     done = sum(1 for v in outcome.values() if v in ("succeeded", "reused"))
-    lines = ["interrupted (Ctrl-C)." if signum == signal.SIGINT else f"stopped by {stop_reason(signum)}."]
+    head = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {stop_reason(signum)}"
+    lines = [f"{head} while {during}, after every step had ended." if during else f"{head}."]
     if stopped:
         lines.append(f"{len(stopped)} running step(s) stopped and marked INTERRUPTED, their leases released:")
-        lines += [f"  {s.name} ({s.output_path})" for s in stopped]
-    else:
+        for s in stopped:
+            note = runner.stop_notes.get(s.output_path)
+            lines.append(f"  {s.name} ({s.output_path})" + (f"\n      {note}" if note else ""))
+    elif not during:
         lines.append("No step was running.")
     lines.append(f"{done} step(s) finished in this run and are kept" + (f" (record: {record})." if record else "."))
+    if failed:
+        lines.append(f"{len(failed)} step(s) failed (see why with `marin show PATH`; rerun one with "
+                     "--retry_failed STEP):")
+        for s in failed:
+            error = (runner.errors.get(s.output_path) or "").split("\n", 1)[0]
+            lines.append(f"  {s.name} ({s.output_path}): {error}")
     command = shlex.join(mask_argv([os.path.basename(sys.executable), *sys.argv]))
-    lines.append(f"To resume, run the same command again: {command}")
+    if stopped or not during:
+        lines.append(f"To resume, run the same command again: {command}")
     err = ExecutorInterrupted("\n".join(lines))
     err.signum = signum
     err.result = RunResult(plan, outcome, record, runner.errors)  # type: ignore[attr-defined]

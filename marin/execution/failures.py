@@ -23,6 +23,12 @@ class Preempted(InfrastructureFailure):
     saving what it could (a training host writes a final checkpoint when its grace period allows)."""
 
 
+class StopRequested(Preempted):
+    """The step stopped because the driver asked it to (a stop signal reached ``marin run``; see
+    :func:`marin.execution.signals.request_stop`), after saving what it could. The run is ending, so
+    neither a pool's launcher nor the executor retries it; the next run resumes it."""
+
+
 _RAY_INFRASTRUCTURE = frozenset({
     "WorkerCrashedError", "NodeDiedError", "ActorDiedError", "ActorUnavailableError", "OwnerDiedError",
     "ObjectLostError", "ObjectFetchTimedOutError", "ObjectReconstructionFailedError", "LocalRayletDiedError",

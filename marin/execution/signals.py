@@ -1,13 +1,27 @@
 """The driver's stop signals: SIGINT (Ctrl-C), SIGTERM (what schedulers send on preemption) and SIGHUP
-(the terminal went away) all stop a run the same way (see :meth:`executor._Runner.interrupt`)."""
+(the terminal went away) all stop a run the same way (see :meth:`executor._Runner.interrupt`).
+
+A step that can save its work (training, with a grace period: ``ExecutorStep.stop_grace_s``) is not
+cancelled at once: the driver writes a stop request into its directory (``.executor_stop``), waits
+up to the grace period for the step to save and stop by itself, then records it. A file in the step
+directory, not a signal to the step's processes: the driver cannot signal processes on other nodes,
+every host of a pool can read the step directory (it holds their checkpoints), and one reader
+(process 0 of a pool, which decides for all of them) is enough. The driver keeps
+:data:`STOP_RESERVE_S` of the grace period for itself (ending the pool, recording the stop), so the
+stop is recorded before the scheduler's SIGKILL when the grace period is the scheduler's."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
+
+from marin.execution import storage
 
 
 class RunStopped(KeyboardInterrupt):
@@ -34,18 +48,21 @@ class StopSignals:
     :meth:`install` again after ``ray.init``, which replaces the SIGTERM handler with its own (it
     would stop the cluster and exit with status 1, leaving RUNNING steps behind). :meth:`deferred`
     holds signals off while a section must not be cut short (stopping the cluster, recording an
-    interruption); the first one that arrived meanwhile is kept in :attr:`received`."""
+    interruption); the first one that arrived meanwhile is kept in :attr:`received`, and what the
+    driver was doing then in :attr:`received_during`."""
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self.received_during: str | None = None
         self._previous: dict[int, Any] = {}
-        self._defer = 0
+        self._deferring: list[str] = []
         self.active = threading.current_thread() is threading.main_thread()
 
     def _handler(self, signum: int, frame: Any) -> None:
         if self.received is None:
             self.received = signum
-        if not self._defer:
+            self.received_during = self._deferring[-1] if self._deferring else None
+        if not self._deferring:
             raise RunStopped(signum)
 
     def install(self) -> None:
@@ -61,12 +78,13 @@ class StopSignals:
         self._previous.clear()
 
     @contextlib.contextmanager
-    def deferred(self) -> Iterator[None]:
-        self._defer += 1
+    def deferred(self, doing: str = "recording the stop") -> Iterator[None]:
+        """Hold stop signals off while ``doing`` (how a person reads it: "stopping the Ray cluster")."""
+        self._deferring.append(doing)
         try:
             yield
         finally:
-            self._defer -= 1
+            self._deferring.pop()
 
     def __enter__(self) -> "StopSignals":
         self.install()
@@ -82,3 +100,47 @@ def signal_of(exc: BaseException, signals: StopSignals | None) -> int:
     if signals is not None and signals.received is not None:
         return signals.received
     return getattr(exc, "signum", signal.SIGINT)
+
+
+STOP_REQUEST_FILE = ".executor_stop"
+
+STOP_RESERVE_S = 5.0
+"""Seconds of a step's grace period the driver keeps for itself after the step stopped: the pool's
+teardown, the INTERRUPTED record, the lease and a local cluster's shutdown."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StopRequest:
+    """The driver asks the step's running attempt to save its work and stop."""
+
+    signal: str
+    """The signal the driver received (``SIGTERM``)."""
+    budget_s: float
+    """Seconds the step has, from reading the request, to save and stop (its grace period less
+    :data:`STOP_RESERVE_S`): past them the driver cancels it."""
+    at: float
+    """When the driver asked (its wall clock)."""
+
+
+def stop_request_path(step_dir: str) -> str:
+    return f"{step_dir.rstrip('/')}/{STOP_REQUEST_FILE}"
+
+
+def request_stop(step_dir: str, signum: int, budget_s: float) -> None:
+    request = StopRequest(signal.Signals(signum).name, max(0.0, float(budget_s)), time.time())
+    storage.write_text(stop_request_path(step_dir), json.dumps(dataclasses.asdict(request)))
+
+
+def read_stop_request(step_dir: str) -> StopRequest | None:
+    """The pending stop request of the step at ``step_dir``, or None (also for a foreign, unreadable file)."""
+    fields = storage.read_json(stop_request_path(step_dir))
+    try:
+        return StopRequest(str(fields["signal"]), float(fields["budget_s"]), float(fields["at"]))
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def clear_stop_request(step_dir: str) -> None:
+    """Remove the step's stop request: once the stop is recorded, and before an attempt starts (a
+    driver killed while it waited for the step leaves its request behind)."""
+    storage.remove(stop_request_path(step_dir))

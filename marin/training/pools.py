@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from marin.execution.failures import InfrastructureFailure, is_infrastructure_failure
+from marin.execution.failures import InfrastructureFailure, StopRequested, is_infrastructure_failure
 
 logger = logging.getLogger(__name__)
 
@@ -354,7 +354,7 @@ def launch(
             return ray.get(refs)
         except Exception as e:  # noqa: BLE001 - every host failure is handled the same way
             inner = _unwrap(e)
-            if isinstance(inner, NonRetryableError):
+            if isinstance(inner, (NonRetryableError, StopRequested)):  # the latter: the run is ending
                 raise inner from None
             if not (is_infrastructure_failure(e) or _a_host_was_lost(refs)):
                 raise inner from None  # a bug or a config error: the same on every attempt, so not retried

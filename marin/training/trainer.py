@@ -48,7 +48,7 @@ from marin.training.metrics import (
     read_metrics,
 )
 from marin.training.pools import HostContext, NonRetryableError, get_pool
-from marin.training.preemption import Preempted, PreemptionWatch
+from marin.training.preemption import Preempted, PreemptionWatch, StopRequested
 from marin.training.schedule import lr_at, phase_index_at, seq_len_at, transport_at
 
 logger = logging.getLogger(__name__)
@@ -341,8 +341,9 @@ class _InTrainingEval:
 
 def _stop_for_preemption(ctx: HostContext, config: TrainConfig, ckpts: CheckpointManager, step: int, state: Any,
                          meta: dict[str, Any], save_s: float | None, preemption: PreemptionWatch) -> None:
-    """SIGTERM arrived: save a final checkpoint if the grace period allows (process 0 decides: the
-    save is collective), then stop with :class:`Preempted`, which the executor retries from it."""
+    """SIGTERM arrived, or the driver's stop request: save a final checkpoint if the grace period
+    allows (process 0 decides: the save is collective), then stop with :class:`Preempted`, which the
+    executor retries from it, or, for the driver's request, :class:`StopRequested` (the run is ending)."""
     ckpts.wait()  # a save of this step may still be in flight: it counts once committed
     saved = ckpts.latest_step() == step
     if not saved and _agree(preemption.worth_saving(save_s), ctx):
@@ -350,9 +351,11 @@ def _stop_for_preemption(ctx: HostContext, config: TrainConfig, ckpts: Checkpoin
         saved = True
     last = ckpts.latest_step()
     where = (f"final checkpoint {ckpts.path_for(step)}" if saved else
-             f"no time for a final checkpoint ({preemption.time_left():.0f}s of {config.preemption_grace_s:.0f}s "
+             f"no time for a final checkpoint ({preemption.time_left():.0f}s of {preemption.grace_s:.0f}s "
              f"grace left, a save takes {save_s or 0:.0f}s); resumes from "
              + (ckpts.path_for(last) if last is not None else "the start"))
+    if _agree(preemption.by_driver, ctx):  # every host raises the same (the launcher retries a Preempted)
+        raise StopRequested(f"training stopped at step {step}: {where}")
     raise Preempted(f"SIGTERM at step {step}: {where}")
 
 
@@ -577,11 +580,15 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
 
     Returns a summary dict (final step, loss, tokens, checkpoint path). Raises
     :class:`TrainingDiverged` on NaN/Inf with the step number and the last good checkpoint, and
-    :class:`Preempted` after a SIGTERM (with a final checkpoint when the grace period allows).
+    :class:`Preempted` after a SIGTERM, :class:`StopRequested` after the driver's stop request (both with a
+    final checkpoint when the grace period allows).
     """
     run = setup_run(ctx, config)
     exit_code = 1
-    run.preemption = PreemptionWatch(config.preemption_grace_s).start()  # SIGTERM: a flag, checked between steps
+    # SIGTERM, or the driver's stop request in the step directory (process 0 looks for all): a flag,
+    # checked between steps
+    run.preemption = PreemptionWatch(config.preemption_grace_s,
+                                     step_dir=config.output_path if ctx.process_id == 0 else None).start()
     try:
         summary = train_loop(run)
         exit_code = 0

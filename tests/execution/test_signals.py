@@ -128,3 +128,86 @@ def test_sigterm_while_ray_starts_is_a_clean_stop(tmp_path):
     while _processes_with_marker(marker) and time.time() < deadline:
         time.sleep(0.2)
     assert _processes_with_marker(marker) == []  # the half-started cluster is gone too
+
+
+GRACEFUL = '''
+import dataclasses, os, time
+from marin.execution import ExecutorStep, executor_main, this_output_path, versioned
+from marin.execution.failures import StopRequested
+from marin.execution.signals import read_stop_request
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    out: str
+    n: int
+    heed: bool = True
+
+def work(cfg):
+    """Counts units of work; one that heeds the driver's stop request saves its count and stops."""
+    open(os.path.join(cfg.out, "started"), "w").close()
+    n = 0
+    while not (os.environ.get("TEST_FINISH") and n >= 3):
+        n += 1
+        with open(os.path.join(cfg.out, "progress.txt"), "w") as f:
+            f.write(str(n))
+        if cfg.heed and read_stop_request(cfg.out) is not None:
+            with open(os.path.join(cfg.out, "saved.txt"), "w") as f:
+                f.write(str(n))
+            raise StopRequested(f"saved unit {n} and stopped")
+        time.sleep(0.1)
+
+free = {"num_cpus": 0}
+heeds = ExecutorStep("heeds", work, Cfg(this_output_path(), versioned(1)), resources=free, stop_grace_s=30)
+deaf = ExecutorStep("deaf", work, Cfg(this_output_path(), versioned(2), heed=False), resources=free, stop_grace_s=6)
+plain = ExecutorStep("plain", work, Cfg(this_output_path(), versioned(3), heed=False), resources=free)
+if __name__ == "__main__":
+    executor_main(steps=[heeds, deaf, plain])
+'''
+
+
+def test_sigterm_gives_steps_with_a_grace_period_time_to_save_and_stop(tmp_path):
+    """A step with a grace period gets the driver's stop request and stops by itself (its note in
+    the record); one that ignores it is cancelled when its grace period is up; one without a grace
+    period is cancelled at once, as before. A rerun clears a stop request a killed driver left."""
+    (tmp_path / "exp.py").write_text(GRACEFUL)
+    store = tmp_path / "store"
+    cmd = [sys.executable, "-m", "marin.cli", "run", str(tmp_path / "exp.py"), "--prefix", str(store),
+           "--progress", "false"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env=env_for(tmp_path), start_new_session=True)
+    deadline = time.time() + 120
+    while len(list(store.glob("*/started"))) < 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert len(list(store.glob("*/started"))) == 3, proc.communicate(timeout=30)
+    signalled = time.time()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=90)
+    took = time.time() - signalled
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "marin: stopped by SIGTERM." in err, err
+    assert "stopping (SIGTERM): 2 step(s) may take up to 30s to save their work and stop" in err, err
+    (heeds,), (deaf,), (plain,) = (list(store.glob(f"{n}-*")) for n in ("heeds", "deaf", "plain"))
+    saved = (heeds / "saved.txt").read_text()
+    messages = {d.name.split("-")[0]: json.loads((d / ".executor_status").read_text())["events"][-1]
+                for d in (heeds, deaf, plain)}
+    assert {n: m["status"] for n, m in messages.items()} == dict.fromkeys(("heeds", "deaf", "plain"), "INTERRUPTED")
+    assert messages["heeds"]["message"] == f"the run was stopped (SIGTERM); saved unit {saved} and stopped"
+    assert f"  heeds ({heeds})\n      saved unit {saved} and stopped" in err, err
+    assert messages["deaf"]["message"] == ("the run was stopped (SIGTERM); it did not stop within its 6s grace "
+                                           "period and was cancelled")
+    assert messages["plain"]["message"] == "the run was stopped (SIGTERM)"
+    assert 6 <= took < 40, took  # the deaf step's grace period, then the records
+    # the plain step was cancelled at once; the deaf one kept working through its grace period
+    assert (plain / "progress.txt").stat().st_mtime < signalled + 3
+    assert (deaf / "progress.txt").stat().st_mtime > signalled + 4
+    assert not (heeds / ".executor_stop").exists() and not (deaf / ".executor_stop").exists()
+
+    # a driver killed while it waited leaves its request behind: the next attempt must not read it as its own
+    from marin.execution.signals import request_stop
+
+    request_stop(str(heeds), signal.SIGTERM, 25.0)
+    r = run(cmd, tmp_path, TEST_FINISH="1")
+    assert r.returncode == 0, r.stderr
+    events = json.loads((heeds / ".executor_status").read_text())["events"]
+    assert [e["status"] for e in events] == ["RUNNING", "INTERRUPTED", "RUNNING", "SUCCESS"]
+    assert (heeds / "saved.txt").read_text() == saved  # the rerun did not stop on the stale request

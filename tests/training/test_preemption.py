@@ -96,3 +96,75 @@ def test_preempted_is_an_infrastructure_failure_and_the_watch_budgets_the_save()
     off = PreemptionWatch(0.0)  # the default: SIGTERM is not caught at all
     with off:
         assert not off.active and signal.getsignal(signal.SIGTERM) is before
+
+
+DRIVER_EXPERIMENT = textwrap.dedent(
+    '''
+    from experiments.defaults import default_train
+    from marin.execution import executor_main
+    from marin.training.config import SyntheticDataConfig
+
+    train = default_train("probe/train", mixture=SyntheticDataConfig(vocab_size=512), model="tiny", pool="local-cpu-1",
+                          train_steps=200, tokens_per_step=512, seq_len_phases=((0.0, 16),), warmup_steps=1,
+                          checkpoint_every_steps=40, checkpoint_every_minutes=None, wandb_project=None,
+                          preemption_grace_s=60.0)
+    if __name__ == "__main__":
+        executor_main(steps=[train])
+    '''
+)
+
+
+@pytest.mark.slow  # about 60 s: a `marin run` stopped mid-training, then the rerun that finishes it
+def test_sigterm_to_the_driver_gives_training_its_grace_period_and_the_rerun_resumes_there(tmp_path):
+    """The scheduler signals ``marin run``, not the training host: the driver forwards the stop, the
+    host saves a final checkpoint at the step it reached (past the last periodic one), the step is
+    INTERRUPTED naming it, and the rerun resumes from it."""
+    import json
+
+    exp, store = tmp_path / "exp.py", tmp_path / "store"
+    exp.write_text(DRIVER_EXPERIMENT)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "marin.cli", "run", str(exp), "--prefix", str(store), "--progress", "false"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
+                            start_new_session=True)
+    policy = _config("/nonexistent", checkpoint_every_steps=40).checkpoint_policy()
+    try:
+        deadline, periodic, reached = time.time() + 240, None, 0
+        while time.time() < deadline and proc.poll() is None:
+            runs = list(store.glob("probe/train-*"))
+            if runs and (runs[0] / "metrics.jsonl").exists():
+                committed = CheckpointManager(str(runs[0]), policy).committed_steps()
+                reached = len((runs[0] / "metrics.jsonl").read_text().splitlines())
+                # between two periodic checkpoints (a save commits in the background: it may lag)
+                if committed and committed[-1] + 2 <= reached <= committed[-1] + 12:
+                    periodic = committed[-1]
+                    proc.send_signal(signal.SIGTERM)
+                    break
+            time.sleep(0.05)
+        assert periodic is not None, proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "marin: stopped by SIGTERM." in err, err
+    (run_dir,) = store.glob("probe/train-*")
+    record = json.loads((run_dir / ".executor_status").read_text())
+    last = record["events"][-1]
+    assert last["status"] == "INTERRUPTED", record["events"]
+    prefix = "the run was stopped (SIGTERM); training stopped at step "
+    assert last["message"].startswith(prefix), last
+    final = int(last["message"][len(prefix):].split(":")[0])
+    assert last["message"] == f"{prefix}{final}: final checkpoint {run_dir}/checkpoints/step-{final:08d}"
+    assert f"      training stopped at step {final}: final checkpoint" in err, err
+    assert final >= reached > periodic and final < 200  # the step SIGTERM found, not the last periodic one
+    assert CheckpointManager(str(run_dir), policy).committed_steps()[-1] == final
+    assert not (run_dir / ".executor_stop").exists()
+
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    assert summary["resumed_from"] == final and summary["final_step"] == 200
+    assert [rec["step"] for rec in read_metrics(str(run_dir))] == list(range(1, 201))
+    events = [e["status"] for e in json.loads((run_dir / ".executor_status").read_text())["events"]]
+    assert events == ["RUNNING", "INTERRUPTED", "RUNNING", "SUCCESS"]

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from types import ModuleType
 
 from marin.execution.errors import ExecutorError
 from marin.execution.signals import RunStopped
@@ -27,8 +28,7 @@ def ensure_ray(address: str | None) -> bool:
     Returns True when this call started a local cluster, which the caller then owns and shuts down
     (:func:`shutdown_local_ray`)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    import ray
-
+    ray = import_ray_for_the_driver()
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
@@ -50,6 +50,32 @@ def ensure_ray(address: str | None) -> bool:
             shutdown_local_ray()
         raise
     return True
+
+
+NO_FAILURE_SIGNAL_HANDLER = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
+
+
+def import_ray_for_the_driver() -> ModuleType:
+    """``import ray``, without Ray's C++ failure signal handler in this process (the driver).
+
+    That handler takes SIGTERM over (it prints C++ stack lines), and ``ray.shutdown`` puts SIGTERM
+    back to the default action behind Python's back, so a SIGTERM while the cluster stops would end
+    the driver at once, without its message or its final record. The driver's stop signals are
+    Python's (:mod:`marin.execution.signals`). Ray reads the setting when it is imported, so it is set
+    only for the import: the processes the cluster starts keep Ray's handler. Where Ray was imported
+    earlier, :func:`run_plan` installs the driver's handlers again after the shutdown."""
+    if "ray" in sys.modules:
+        return sys.modules["ray"]
+    before = os.environ.get(NO_FAILURE_SIGNAL_HANDLER)
+    os.environ[NO_FAILURE_SIGNAL_HANDLER] = "1"
+    try:
+        import ray
+    finally:
+        if before is None:
+            del os.environ[NO_FAILURE_SIGNAL_HANDLER]
+        else:
+            os.environ[NO_FAILURE_SIGNAL_HANDLER] = before
+    return ray
 
 
 RAY_TOKEN_FILE = os.path.join("~", ".ray", "auth_token")

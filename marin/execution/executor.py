@@ -837,6 +837,7 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
             with signals.deferred("stopping the Ray cluster"):
                 if started:
                     shutdown_local_ray()
+                    signals.install()  # ray.shutdown may have put SIGTERM back to its default action
         with signals.deferred("recording the run"):
             outcome.update(runner.outcome)
             record = write_experiment_record(plan, opts, outcome)

@@ -13,6 +13,7 @@ from marin.execution.hashing import UnhashableConfigError
 from marin.execution.lease import DEFAULT_TTL_S
 from marin.execution.plan import PlanError, plan_steps
 from marin.execution.prefix import DEFAULT_PREFIX, resolve_prefix
+from marin.execution.signals import StopSignals, ignore_stop_signals, stop_reason
 from marin.execution.step import ExecutorStep, InvalidStepError
 
 __all__ = ["DEFAULT_PREFIX", "ExecutorMainConfig", "ExperimentLoaded", "executor_main", "parse_executor_args"]
@@ -206,11 +207,23 @@ def executor_main(
             infra_retries=config.infra_retries,
             retry_failed=config.retry_failed,
         )
-        result = run_plan(plan, opts)
+        if from_cli:
+            # between the run's own handlers and the exit a stop signal is noted, not fatal (it would
+            # cut the message or the exit short); the run's handlers take over inside run_plan
+            with StopSignals() as outer, outer.deferred("exiting"):
+                result = run_plan(plan, opts)
+            if outer.received is not None:
+                ignore_stop_signals()
+                print(f"marin: stopped by {stop_reason(outer.received)} as the run ended; every step's outcome is "
+                      "recorded", file=sys.stderr)
+                raise SystemExit(128 + outer.received)
+        else:
+            result = run_plan(plan, opts)
     except (PlanError, InvalidStepError, UnhashableConfigError, ExecutorError) as e:
         if not from_cli:
             raise
         if isinstance(e, ExecutorInterrupted):
+            ignore_stop_signals()  # it exits with this signal's status; a repeated one must not cut that short
             print(f"marin: {e}", file=sys.stderr)
             raise SystemExit(128 + e.signum) from None  # the shell's convention: 130 SIGINT, 143 SIGTERM, 129 SIGHUP
         print(f"marin: error: {e}", file=sys.stderr)

@@ -94,6 +94,14 @@ class StopSignals:
         self.restore()
 
 
+def ignore_stop_signals() -> None:
+    """For a process that is exiting because of a stop signal: a repeated one (schedulers may send
+    SIGTERM again) must not kill it halfway through its message or its exit handlers."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
+
 def signal_of(exc: BaseException, signals: StopSignals | None) -> int:
     """The signal behind a KeyboardInterrupt: Ray's waits re-raise a plain KeyboardInterrupt in place of
     :class:`RunStopped`, so the handlers' record is the authority."""

@@ -211,3 +211,73 @@ def test_sigterm_gives_steps_with_a_grace_period_time_to_save_and_stop(tmp_path)
     events = json.loads((heeds / ".executor_status").read_text())["events"]
     assert [e["status"] for e in events] == ["RUNNING", "INTERRUPTED", "RUNNING", "SUCCESS"]
     assert (heeds / "saved.txt").read_text() == saved  # the rerun did not stop on the stale request
+
+
+ENDING = '''
+import dataclasses, os
+from marin.execution import ExecutorStep, executor_main, this_output_path, versioned
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    out: str
+    n: int
+
+def work(cfg):
+    if os.environ.get("TEST_FAIL"):
+        raise ValueError("the step's own error")
+    with open(os.path.join(cfg.out, "out.txt"), "w") as f:
+        f.write(str(cfg.n))
+
+only = ExecutorStep("only", work, Cfg(this_output_path(), versioned(1)))
+if __name__ == "__main__":
+    executor_main(steps=[only])
+'''
+
+
+@pytest.mark.parametrize("outcome", ["SUCCESS", "FAILED"])
+def test_a_stop_signal_while_ray_stops_is_a_clean_stop_and_the_records_are_intact(tmp_path, outcome):
+    """SIGTERM sent again and again from the moment the step's record is final (the driver stops the
+    Ray cluster right after): no traceback, the record untouched, the signal's exit status, and no
+    process of the cluster left behind. After a failure too (the cleanup of a failed run)."""
+    from test_run_lifecycle import _processes_with_marker
+
+    (tmp_path / "exp.py").write_text(ENDING)
+    store, marker = tmp_path / "store", f"marin-test-{time.time_ns()}"
+    extra = {"MARIN_TEST_MARKER": marker, **({"TEST_FAIL": "1"} if outcome == "FAILED" else {})}
+    proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(tmp_path / "exp.py"), "--prefix",
+                             str(store), "--progress", "false"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, env=env_for(tmp_path, **extra), start_new_session=True)
+    deadline = time.time() + 120
+    status = None
+    while time.time() < deadline and proc.poll() is None:
+        found = list(store.glob("only-*/.executor_status"))
+        status = json.loads(found[0].read_text())["status"] if found else None
+        if status == outcome:
+            break
+        time.sleep(0.01)
+    assert status == outcome, proc.communicate(timeout=30)
+    sent = 0
+    while proc.poll() is None and sent < 2000:  # across the whole shutdown, until the driver exits
+        proc.send_signal(signal.SIGTERM)
+        sent += 1
+        time.sleep(0.005)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "marin: stopped by SIGTERM while stopping the Ray cluster, after every step had ended." in err, err
+    (step_dir,) = store.glob("only-*")
+    record = json.loads((step_dir / ".executor_status").read_text())
+    assert [e["status"] for e in record["events"]] == ["RUNNING", outcome]
+    (experiment,) = (store / "experiments").glob("exp-*.json")
+    expected = "succeeded" if outcome == "SUCCESS" else "failed"
+    assert [s["outcome"] for s in json.loads(experiment.read_text())["steps"]] == [expected]
+    if outcome == "SUCCESS":
+        assert (step_dir / "out.txt").read_text() == "1"
+        assert "1 step(s) finished in this run and are kept" in err and "To resume" not in err, err
+    else:
+        assert f"1 step(s) failed (see why with `marin show PATH`; rerun one with --retry_failed STEP):\n" \
+               f"  only ({step_dir}): ValueError: the step's own error" in err, err
+    deadline = time.time() + 10
+    while _processes_with_marker(marker) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _processes_with_marker(marker) == []

@@ -3,14 +3,22 @@ process in the middle of a step: handled like Ctrl-C, with the signal named and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from test_run_lifecycle import env_for, run, write_experiment
+
+from marin.execution import ExecutorMainConfig, ExecutorStep, executor_main, this_output_path, versioned
+from marin.execution.failures import StopRequested
+from marin.execution.plan import plan_steps
+from marin.execution.signals import read_stop_request, request_stop
 
 
 def _start_and_signal(tmp_path, sig: int) -> tuple[subprocess.Popen, str]:
@@ -146,7 +154,7 @@ def work(cfg):
     """Counts units of work; one that heeds the driver's stop request saves its count and stops."""
     open(os.path.join(cfg.out, "started"), "w").close()
     n = 0
-    while not (os.environ.get("TEST_FINISH") and n >= 3):
+    while True:
         n += 1
         with open(os.path.join(cfg.out, "progress.txt"), "w") as f:
             f.write(str(n))
@@ -168,7 +176,7 @@ if __name__ == "__main__":
 def test_sigterm_gives_steps_with_a_grace_period_time_to_save_and_stop(tmp_path):
     """A step with a grace period gets the driver's stop request and stops by itself (its note in
     the record); one that ignores it is cancelled when its grace period is up; one without a grace
-    period is cancelled at once, as before. A rerun clears a stop request a killed driver left."""
+    period is cancelled at once, as before."""
     (tmp_path / "exp.py").write_text(GRACEFUL)
     store = tmp_path / "store"
     cmd = [sys.executable, "-m", "marin.cli", "run", str(tmp_path / "exp.py"), "--prefix", str(store),
@@ -202,15 +210,30 @@ def test_sigterm_gives_steps_with_a_grace_period_time_to_save_and_stop(tmp_path)
     assert (deaf / "progress.txt").stat().st_mtime > signalled + 4
     assert not (heeds / ".executor_stop").exists() and not (deaf / ".executor_stop").exists()
 
-    # a driver killed while it waited leaves its request behind: the next attempt must not read it as its own
-    from marin.execution.signals import request_stop
 
-    request_stop(str(heeds), signal.SIGTERM, 25.0)
-    r = run(cmd, tmp_path, TEST_FINISH="1")
-    assert r.returncode == 0, r.stderr
-    events = json.loads((heeds / ".executor_status").read_text())["events"]
-    assert [e["status"] for e in events] == ["RUNNING", "INTERRUPTED", "RUNNING", "SUCCESS"]
-    assert (heeds / "saved.txt").read_text() == saved  # the rerun did not stop on the stale request
+@dataclasses.dataclass(frozen=True)
+class HeedCfg:
+    out: str
+    n: int
+
+
+def stops_when_asked(cfg: HeedCfg) -> None:
+    if read_stop_request(cfg.out) is not None:
+        raise StopRequested("stopped on the driver's request")
+    (Path(cfg.out) / "out.txt").write_text(str(cfg.n))
+
+
+def test_a_stop_request_a_killed_driver_left_is_cleared_before_the_step_starts(tmp_path, ray_local):
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    heeds = ExecutorStep("heeds", stops_when_asked, HeedCfg(this_output_path(), versioned(1)), stop_grace_s=30)
+    (path,) = (s.output_path for s in plan_steps([heeds], str(tmp_path / "store")).steps)
+    os.makedirs(path)
+    request_stop(path, signal.SIGTERM, 25.0)  # the driver that wrote it was SIGKILLed while it waited
+    result = executor_main(ExecutorMainConfig(prefix=str(tmp_path / "store"), progress=False), steps=[heeds])
+    assert result.outcome[path] == "succeeded"
+    assert (Path(path) / "out.txt").read_text() == "1" and not (Path(path) / ".executor_stop").exists()
 
 
 ENDING = '''

@@ -168,3 +168,37 @@ def test_sigterm_to_the_driver_gives_training_its_grace_period_and_the_rerun_res
     assert [rec["step"] for rec in read_metrics(str(run_dir))] == list(range(1, 201))
     events = [e["status"] for e in json.loads((run_dir / ".executor_status").read_text())["events"]]
     assert events == ["RUNNING", "INTERRUPTED", "RUNNING", "SUCCESS"]
+
+
+def test_the_watch_takes_the_drivers_stop_request_on_any_thread_and_its_budget(tmp_path):
+    """Process 0's watch sees the driver's stop request in the step directory (no signal reaches the
+    host): it counts as a stop from the driver, with the request's budget as what is left. In a Ray
+    actor the loop runs on the main thread; off it the watch still polls (only the handler needs it)."""
+    import threading
+
+    from marin.execution.signals import request_stop
+
+    seen: dict = {}
+
+    def watch_off_the_main_thread() -> None:
+        before = signal.getsignal(signal.SIGTERM)
+        with PreemptionWatch(60.0, step_dir=str(tmp_path), poll_s=0.02) as watch:
+            seen["active"] = watch.active
+            request_stop(str(tmp_path), signal.SIGTERM, 12.0)
+            deadline = time.monotonic() + 10
+            while not watch.requested and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen.update(requested=watch.requested, by_driver=watch.by_driver, reason=watch.reason,
+                        left=watch.time_left())
+        seen["handler_untouched"] = signal.getsignal(signal.SIGTERM) is before
+
+    thread = threading.Thread(target=watch_off_the_main_thread)
+    thread.start()
+    thread.join(30)
+    assert seen["active"] and seen["requested"] and seen["by_driver"] and seen["handler_untouched"], seen
+    assert seen["reason"] == "SIGTERM to the driver"
+    assert 10 < seen["left"] <= 12  # the request's budget, less the time it may have waited to be seen
+    idle = PreemptionWatch(60.0, step_dir=str(tmp_path / "elsewhere"), poll_s=0.02).start()
+    time.sleep(0.1)
+    assert not idle.requested  # no request in its own directory
+    idle.stop()

@@ -1,4 +1,4 @@
-"""How numbers and tables read on a terminal: one duration format and one table layout for every command.
+"""How numbers and tables read on a terminal: one duration, size and table format for every command.
 
 A top-level helper (no marin imports), so the trainer's progress line, ``marin status``, ``marin
 watch``, ``marin eval`` and the HTML report all print a duration and a table the same way.
@@ -16,6 +16,15 @@ def format_duration(seconds: float | None) -> str:
         return "-"
     s = max(0, int(seconds))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def format_bytes(n: float) -> str:
+    """``512 B``, ``3.5 KiB``, ``4.0 MiB``, ``1.2 GiB`` (binary units, one decimal)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]], *, right: Sequence[int] = (),

@@ -19,6 +19,7 @@ from marin.execution import storage
 from marin.execution.executor import experiment_record_path, read_experiment_record
 from marin.execution.plan import plan_steps
 
+
 @dataclasses.dataclass(frozen=True)
 class Cfg:
     out: str

@@ -346,15 +346,17 @@ def disk_full_message(err: OSError, s: PlannedStep) -> str:
     """What a person reads when step ``s`` (or its record) found the disk full: where, how much is
     left, and what to do (a rerun fails the same way until space is freed, so it is not retried)."""
     where = err.filename if isinstance(err.filename, str) else None
-    room = ""
-    if storage.is_local(s.output_path):
-        try:
-            usage = shutil.disk_usage(where if where and os.path.exists(where) else s.output_path)
-            room = f" ({format_bytes(usage.free)} free of {format_bytes(usage.total)} there)"
-        except OSError:
-            pass
-    return (f"disk full: {err.strerror or os.strerror(err.errno)} writing {where or 'under ' + s.output_path}"
-            f"{room}; free space, then rerun with --retry_failed {s.name}")
+    try:
+        usage = shutil.disk_usage(where if where and os.path.exists(where) else s.output_path)
+        room = f"{format_bytes(usage.free)} free of {format_bytes(usage.total)}"
+    except OSError:  # an object-store output (the step filled a local scratch disk) or a vanished path
+        room = None
+    what = err.strerror or os.strerror(err.errno)
+    if where:
+        said = f"disk full: {what} writing {where}" + (f" ({room} there)" if room else "")
+    else:
+        said = f"disk full: {what}" + (f" (the step's output directory {s.output_path} has {room})" if room else "")
+    return f"{said}; free space, then rerun with --retry_failed {s.name}"
 
 
 def describe_write_error(e: BaseException, s: PlannedStep) -> str:

@@ -95,8 +95,8 @@ def test_a_full_disk_records_the_cause_and_keeps_the_other_outputs(tmp_path):
     # the driver says what happened, where, and what to do
     hint = "free space, then rerun with --retry_failed fill"
     line = next(x for x in err.splitlines() if x.startswith("FAILED fill "))
-    assert f"disk full: No space left on device writing under {store}/fill-" in line, err
-    assert "free of 4.0 MiB there); " + hint + " (OSError: [Errno 28] No space left on device)" in line
+    assert f"disk full: No space left on device (the step's output directory {store}/fill-" in line, err
+    assert "free of 4.0 MiB); " + hint + " (OSError: [Errno 28] No space left on device)" in line
     assert "could not record" not in err and "Traceback (most recent call last)" not in err, err
     # ... and so does the record, for status, show and the report
     record = json.loads((out / "fill_status.json").read_text())
@@ -117,3 +117,61 @@ def test_a_full_disk_records_the_cause_and_keeps_the_other_outputs(tmp_path):
     assert (out / "run2.rc").read_text().strip() == "0", err2
     assert "Steps: 1 cached, 1 succeeded" in err2
     assert (out / "fill_result.bin").read_bytes() == b"fits now"
+
+
+RESERVE_SCRIPT = textwrap.dedent(
+    '''
+    import errno, json, os, sys
+    from marin.execution import storage
+
+    store = sys.argv[1]
+    out = {}
+
+    def fill():
+        with open(f"{store}/filler", "ab", buffering=0) as f:
+            try:
+                while True:
+                    f.write(bytes(4096))
+            except OSError as e:
+                assert e.errno == errno.ENOSPC
+
+    def write(name, text="x" * 20_000):
+        try:
+            storage.write_text(f"{store}/{name}", text)
+            return "written"
+        except OSError as e:
+            return errno.errorcode[e.errno]
+
+    with storage.space_reserved(store, 128 << 10):
+        out["reserve_files"] = [n for n in os.listdir(store) if n.startswith(".tmp-reserve-")]
+        fill()
+        with storage.sparing_reserve():
+            out["sparing"] = write("renewal")
+        out["record"] = write("record")  # spends one 64 KiB slice
+        out["second"] = write("second")  # fits in what the first slice left
+        fill()
+        out["third"] = write("third")  # the last slice
+        fill()
+        out["spent"] = write("fourth")
+    out["left_after"] = [n for n in os.listdir(store) if n.startswith(".tmp")]
+    print(json.dumps(out))
+    '''
+)
+
+
+def test_the_space_held_back_is_spent_by_records_a_slice_at_a_time_and_given_back(tmp_path):
+    problem = _namespace_problem()
+    if problem:
+        pytest.skip(problem)
+    store = tmp_path / "store"
+    store.mkdir()
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs "$1" && exec "$2" -c "$3" "$1"',
+                        "sh", str(store), sys.executable, RESERVE_SCRIPT], env={**os.environ, "PYTHONPATH": REPO},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert len(out["reserve_files"]) == 1
+    assert out["sparing"] == "ENOSPC"  # a lease renewal leaves the space to the records
+    assert (out["record"], out["second"], out["third"]) == ("written",) * 3
+    assert out["spent"] == "ENOSPC"  # held back space is bounded: once spent, writes fail as before
+    assert out["left_after"] == []

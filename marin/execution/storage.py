@@ -27,11 +27,13 @@ import hashlib
 import itertools
 import json
 import os
+import shutil
 import tempfile
 import threading
 from typing import Any, Iterator
 
 from marin.execution.retry import call_with_retry
+from marin.textfmt import format_bytes
 
 
 def is_local(path: str) -> bool:
@@ -304,13 +306,24 @@ def writable_problem(directory: str) -> str | None:
             return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
         return None
     d = _local(directory)
+    probe = None
     try:
         os.makedirs(d, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=d)
-        os.close(fd)
-        os.unlink(probe)
+        try:  # a block of data, not an empty file: a full disk still creates empty files
+            os.write(fd, bytes(4096))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except OSError as e:
+        if e.errno in _DISK_FULL:
+            usage = shutil.disk_usage(d)
+            return f"the disk is full: {format_bytes(usage.free)} free of {format_bytes(usage.total)} on {d}"
         return f"{e.strerror or type(e).__name__}: {e.filename or d}"
+    finally:
+        if probe is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(probe)
     return None
 
 

@@ -175,3 +175,24 @@ def test_the_space_held_back_is_spent_by_records_a_slice_at_a_time_and_given_bac
     assert (out["record"], out["second"], out["third"]) == ("written",) * 3
     assert out["spent"] == "ENOSPC"  # held back space is bounded: once spent, writes fail as before
     assert out["left_after"] == []
+
+
+def test_a_disk_already_full_is_refused_up_front_in_one_line(tmp_path):
+    """A full disk at the start is found by the prefix check, before Ray starts, not by a traceback
+    from the first record write (an empty probe file would still be created on a full disk)."""
+    problem = _namespace_problem()
+    if problem:
+        pytest.skip(problem)
+    exp = tmp_path / "exp.py"
+    exp.write_text(EXPERIMENT)
+    store = tmp_path / "store"
+    store.mkdir()
+    script = ('mount -t tmpfs -o size=1m tmpfs "$STORE" || exit 90; dd if=/dev/zero of="$STORE/filler" bs=64k '
+              '2>/dev/null; "$PY" -m marin.cli run "$EXP" --prefix "$STORE" --progress false')
+    env = {**os.environ, "PYTHONPATH": REPO, "RAY_USAGE_STATS_ENABLED": "0", "STORE": str(store), "EXP": str(exp),
+           "PY": sys.executable}
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert f"marin: error: cannot write under the prefix {store} (the disk is full: 0 B free of 1.0 MiB" in r.stderr

@@ -314,7 +314,7 @@ class ProgressLine:
             f"loss {record['loss']:.4f} lr {record['lr']:.3g} gnorm {record['grad_norm']:.3f} "
             f"drop {100 * record['drop_frac_send']:.2f}%/{100 * record['drop_frac_recv']:.2f}% "
             f"L={record['seq_len']} {record['transport']} {record['tokens_per_s']:.0f} tok/s "
-            f"mfu {100 * record['mfu']:.2f}% eta {format_duration(eta) if math.isfinite(eta) else '?'}"
+            f"mfu {100 * record['mfu']:.2f}% eta {format_duration(eta)}"
         )
         print(line, file=self.stream, flush=True)
         return line

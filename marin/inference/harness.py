@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import fsspec
+
 from marin.evaluation.step import eval_seq_len, train_config_from_record
 from marin.execution.versioning import input_field, live
 from marin.inference.run import load_run
@@ -71,8 +73,6 @@ class HarnessConfig:
 
 def harness_eval(config: HarnessConfig) -> dict[str, Any]:
     """Executor step: lm_eval results of the run's checkpoint, written as ``harness.json``."""
-    import fsspec
-
     from marin.evaluation.harness import summary  # lm_eval: an optional extra, loaded when a harness runs
 
     results = run_harness(config.run_path, list(config.tasks), step=config.checkpoint, pool=config.pool,

@@ -15,9 +15,10 @@ from typing import Any
 
 import fsspec
 
-from marin.evaluation.step import eval_seq_len, train_config_from_record
+from marin.evaluation.suite import eval_seq_len
 from marin.execution.versioning import input_field, live
 from marin.inference.run import load_run
+from marin.training.config import train_config_from_record
 
 RESULTS_FILE = "harness.json"  # in the harness step's directory; the report reads it
 

@@ -797,17 +797,41 @@ class LoadedModel:
     path: str  # the checkpoint directory
 
 
+def committed_steps(run_path: str) -> list[int]:
+    """Steps of the committed checkpoints of the training run at ``run_path``, ascending (half-written
+    ones are never listed)."""
+    return CheckpointManager(run_path, CheckpointPolicy()).committed_steps()
+
+
+def checkpoint_path(run_path: str, step: int) -> str:
+    """The directory of the run's checkpoint at ``step``."""
+    return CheckpointManager(run_path, CheckpointPolicy()).path_for(step)
+
+
+def select_steps(run_path: str, checkpoint: str | int | None = "latest") -> list[int]:
+    """The committed checkpoints of the run at ``run_path`` that ``checkpoint`` names, ascending:
+    "latest" (or None) the newest, "all" every retained one, or a step number; FileNotFoundError
+    saying what is there when the run has none, or none at that step."""
+    steps = committed_steps(run_path)
+    if not steps:
+        raise FileNotFoundError(f"{run_path} has no committed checkpoint (is it a training step's output directory?)")
+    if checkpoint is None or checkpoint == "latest":
+        return steps[-1:]
+    if checkpoint == "all":
+        return steps
+    try:
+        step = int(checkpoint)
+    except (TypeError, ValueError):
+        raise ValueError(f"checkpoint must be 'latest', 'all' or a step number, got {checkpoint!r}") from None
+    if step not in steps:
+        raise FileNotFoundError(f"{run_path} has no committed checkpoint at step {step}; committed: {steps}")
+    return [step]
+
+
 def checkpoint_step(run_path: str, step: int | None = None) -> int:
     """``step`` if the run at ``run_path`` has a committed checkpoint there, else (None) its newest;
     FileNotFoundError saying what is there otherwise."""
-    steps = CheckpointManager(run_path, CheckpointPolicy()).committed_steps()
-    if not steps:
-        raise FileNotFoundError(f"{run_path} has no committed checkpoint (is it a training step's output directory?)")
-    if step is None:
-        return steps[-1]
-    if step not in steps:
-        raise FileNotFoundError(f"{run_path} has no committed checkpoint at step {step}; committed: {steps}")
-    return step
+    return select_steps(run_path, step)[0]
 
 
 def model_config_of(metadata: Mapping[str, Any]) -> Any:
@@ -833,7 +857,7 @@ def load_model(run_path: str, mesh: Any = None, *, step: int | None = None,
     from marin.models.transformer import init_params, init_router_bias  # JAX only when a model is loaded
 
     step = checkpoint_step(run_path, step)
-    path = CheckpointManager(run_path, CheckpointPolicy()).path_for(step)
+    path = checkpoint_path(run_path, step)
     meta = read_metadata(path)
     cfg = model_config_of(meta)
     template = {"params": jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0))),
@@ -853,8 +877,7 @@ def read_full_state(run_path: str, *, step: int | None = None) -> tuple[dict[str
     one process: ``({key path: array}, metadata)``. For an export the user asks for explicitly; a
     hero checkpoint is about 6.4 TB, so anything that runs on a pool uses :func:`load_model` or
     :func:`restore_checkpoint` with shardings instead."""
-    step = checkpoint_step(run_path, step)
-    return read_checkpoint(CheckpointManager(run_path, CheckpointPolicy()).path_for(step))
+    return read_checkpoint(checkpoint_path(run_path, checkpoint_step(run_path, step)))
 
 
 # ---- conversion ----------------------------------------------------------------------------------------

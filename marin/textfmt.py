@@ -1,5 +1,5 @@
-"""How numbers and tables read on a terminal: one duration format, one timestamp format and one table
-layout for every command.
+"""How numbers and tables read on a terminal: one duration, timestamp, size and table format for every
+command.
 
 A top-level helper (no marin imports), so the trainer's progress line, ``marin status``, ``marin
 watch``, ``marin eval`` and the HTML report all print a duration and a table the same way.
@@ -23,6 +23,15 @@ def format_duration(seconds: float | None) -> str:
 def format_timestamp(t: float | None) -> str:
     """``2026-12-01 10:59:15`` in local time (a record's start, end or update); ``-`` when unknown."""
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def format_bytes(n: float) -> str:
+    """``512 B``, ``3.5 KiB``, ``4.0 MiB``, ``1.2 GiB`` (binary units, one decimal)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]], *, right: Sequence[int] = (),

@@ -69,3 +69,96 @@ def test_an_outage_past_the_limit_fails_with_the_stores_error(restartable_s3, mo
     restartable_s3.start()
     assert [json.loads(line)["step"] for line in fsspec.open("s3://outage/short/metrics.jsonl", "r").open()] == [1]
 
+
+
+def _sharded_state(seed: int):
+    """A state whose first leaf is sharded over 8 devices (8 chunk writes) plus a replicated leaf."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+    rng = np.random.default_rng(seed)
+    return {"w": jax.device_put(rng.normal(size=(16, 4)).astype(np.float32), NamedSharding(mesh, P("x"))),
+            "count": jax.device_put(np.asarray(seed, np.int32), NamedSharding(mesh, P()))}
+
+
+def _same(a, b) -> bool:
+    import jax
+    import numpy as np
+
+    return all(np.asarray(x).dtype == np.asarray(y).dtype and np.asarray(x).tobytes() == np.asarray(y).tobytes()
+               for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True))
+
+
+def _outage_during_chunk_writes(monkeypatch, s3, *, back_after_s: float | None) -> None:
+    """Stop the store as the save opens its second array (the index is written, the first leaf's chunk
+    writes are in flight); start it again ``back_after_s`` later (None: the test does)."""
+    import threading
+
+    from marin.training import checkpoint as ckpt
+
+    real, calls = ckpt._array_spec, []
+
+    def spec(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 2:
+            s3.stop()
+            if back_after_s is not None:
+                threading.Timer(back_after_s, s3.start).start()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "_array_spec", spec)
+
+
+def test_a_checkpoint_save_rides_out_a_store_outage_during_its_chunk_writes(restartable_s3, monkeypatch, caplog):
+    from marin.training.checkpoint import CheckpointManager, CheckpointPolicy
+
+    monkeypatch.setenv("MARIN_STORAGE_RETRY_S", "60")
+    policy = CheckpointPolicy(every_steps=1, keep_last=3)
+    mgr = CheckpointManager("s3://outage/ckpt", policy)
+    mgr.save(1, _sharded_state(1), {"data_step": 1}, blocking=True)
+    _outage_during_chunk_writes(monkeypatch, restartable_s3, back_after_s=4.0)
+    t0 = time.monotonic()
+    with caplog.at_level("WARNING", logger="marin.execution.retry"):
+        mgr.save(2, _sharded_state(2), {"data_step": 2}, blocking=True)
+    assert time.monotonic() - t0 >= 4.0  # it waited for the store, and did not give up
+    what = "write the chunks of s3://outage/ckpt/checkpoints/step-00000002 (process 0)"
+    failed = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{what} failed (ValueError: ")]
+    assert failed and "CURL error Could not connect to server" in failed[0], failed
+    assert "attempt 1, retrying in 0.5s (giving up 60s after the first failure)" in failed[0]
+    assert any(r.getMessage().startswith(f"{what} succeeded again after ") for r in caplog.records)
+    fresh = CheckpointManager("s3://outage/ckpt", policy)
+    assert fresh.committed_steps() == [1, 2]
+    restored, meta = fresh.restore(2, template=_sharded_state(0))
+    assert _same(restored, _sharded_state(2)) and meta["data_step"] == 2  # bit-identical
+
+
+def test_a_store_outage_past_the_limit_fails_the_save_with_its_cause_and_keeps_the_previous(
+        restartable_s3, monkeypatch):
+    from marin.execution.failures import is_infrastructure_failure
+    from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, CheckpointWriteError
+
+    monkeypatch.setenv("MARIN_STORAGE_RETRY_S", "3")
+    policy = CheckpointPolicy(every_steps=1, keep_last=3)
+    mgr = CheckpointManager("s3://outage/short-ckpt", policy)
+    mgr.save(1, _sharded_state(1), {"data_step": 1}, blocking=True)
+    _outage_during_chunk_writes(monkeypatch, restartable_s3, back_after_s=None)
+    t0 = time.monotonic()
+    with pytest.raises(CheckpointWriteError) as e:
+        mgr.save(2, _sharded_state(2), {"data_step": 2}, blocking=True)
+    assert time.monotonic() - t0 < 60
+    msg = str(e.value)
+    assert msg.startswith("saving checkpoint s3://outage/short-ckpt/checkpoints/step-00000002 failed on process 0: "
+                          "write the chunks of s3://outage/short-ckpt/checkpoints/step-00000002 (process 0): the "
+                          "store stayed unreachable for "), msg
+    assert "CURL error Could not connect to server" in msg and msg.endswith(
+        "; it was not committed and the previous checkpoint is intact"), msg
+    assert isinstance(e.value.__cause__, StorageUnavailable)
+    assert is_infrastructure_failure(e.value)  # the executor retries the step from its last checkpoint
+    restartable_s3.start()
+    fresh = CheckpointManager("s3://outage/short-ckpt", policy)
+    assert fresh.committed_steps() == [1]
+    step, tree, _ = fresh.restore_latest(template=_sharded_state(0))
+    assert step == 1 and _same(tree, _sharded_state(1))

@@ -41,7 +41,8 @@ def main() -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from marin.evaluation.evaluator import default_batch_rows, sequence_nll
+    from marin.evaluation.evaluator import sequence_nll
+    from marin.evaluation.suite import default_batch_rows
     from marin.evaluation.windows import pack_windows
     from marin.training.trainer import _place, make_train_step, synthetic_batch
 

@@ -26,10 +26,10 @@ from marin.data.tokenize import TokenizeConfig, tokenize
 from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
 from marin.evaluation.multiple_choice import DomainTaskConfig, write_domain_task
 from marin.evaluation.sets import EvalSet, mixture_validation_sets
-from marin.evaluation.step import EvalConfig, evaluate
 from marin.execution import ExecutorStep, output_path_of, this_output_path, versioned
 from marin.execution.step import VersionedValue
 from marin.execution.versioning import versioned_config
+from marin.inference.evaluate import EvalConfig, evaluate
 from marin.inference.harness import HarnessConfig, harness_eval, task_files_fingerprint
 from marin.monitoring.health import HealthReportConfig, health_report_step
 from marin.review.report import ReportConfig, report_step

@@ -70,6 +70,16 @@ def test_explain_shows_an_added_lr_replan_whole():
     assert unversioned_changes(to_jsonable(after), again, []) == ["lr_replans[0][1]: 100 -> 90"]
 
 
+def test_explain_words_a_field_added_removed_or_changed():
+    recorded = {"lr": 1e-3, "data": {"seed": 1}}
+    assert unversioned_changes(recorded, {"lr": 1e-3, "data": {"seed": 1}, "tag": "x"}, []) == ["tag added ('x')"]
+    assert unversioned_changes(recorded, {"data": {"seed": 1}}, []) == ["lr removed (was 0.001)"]
+    # a field whose shape changed reads whole; one whose shape stayed names the leaf
+    assert unversioned_changes(recorded, {"lr": 1e-3, "data": {"seed": 1, "shuffle": True}}, []) == \
+        ["data: {'seed': 1} -> {'seed': 1, 'shuffle': True}"]
+    assert unversioned_changes(recorded, {"lr": 1e-3, "data": {"seed": 2}}, []) == ['data["seed"]: 1 -> 2']
+
+
 def test_the_record_keeps_the_run_that_produced_an_output():
     previous = {"a": "succeeded", "b": "failed", "c": "succeeded", "d": "succeeded"}
     new = {"a": "cached", "b": "succeeded", "c": "reused", "d": "not_selected", "e": "dry_run"}
@@ -88,9 +98,9 @@ def test_a_cached_rerun_reports_the_run_that_produced_the_outputs(tmp_path, ray_
     first = run([b], tmp_path / "out")
     again = run([b], tmp_path / "out")
     assert set(again.outcome.values()) == {"cached"}
-    record = json.loads(Path(again.record_path).read_text())
+    record = json.loads(Path(again.record_path).read_text())  # the rerun's own record
     assert [s["outcome"] for s in record["steps"]] == ["succeeded", "succeeded"]
-    assert first.record_path == again.record_path
+    assert os.path.dirname(first.record_path) == os.path.dirname(again.record_path)  # one experiment, two runs
     exp = mr.load_prefix(str(tmp_path / "out"))
     assert {s.state.category for s in exp.steps} == {"succeeded"}
 

@@ -26,9 +26,10 @@ import fsspec
 from marin.data.store import MANIFEST, TokenStore
 from marin.data.tokenize import TokenizeConfig, TokenizeError, tokenize
 from marin.evaluation.sets import EvalSet
-from marin.evaluation.step import EvalConfig, checkpoint_path, run_eval, select_steps, train_config_from_record
+from marin.inference.evaluate import EvalConfig, run_eval
 from marin.textfmt import format_table
-from marin.training.checkpoint import read_metadata
+from marin.training.checkpoint import checkpoint_path, read_metadata, select_steps
+from marin.training.config import train_config_from_record
 from marin.training.pools import get_pool, host_env
 
 
@@ -89,7 +90,6 @@ def _tokenize_reason(message: str, workdir: str) -> str:
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     checkpoint: str | int = args.checkpoint if args.checkpoint == "latest" else _step(args.checkpoint)
-    import fsspec
 
     fs, run_path = fsspec.core.url_to_fs(args.run)
     if not fs.exists(run_path):

@@ -9,7 +9,6 @@ tokens get dropped would depend on what else is in the batch, and a document's s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -17,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from marin.evaluation.metrics import SetTotals
-from marin.evaluation.sets import Documents
-from marin.evaluation.windows import PackedRows, pack_windows
+from marin.evaluation.suite import PreparedSuite
+from marin.evaluation.windows import PackedRows
 from marin.models.transformer import forward
 from marin.parallel.mesh import batch_sharding, param_shardings, replicated
 
@@ -56,47 +55,6 @@ def nll_fn(cfg, mesh, with_greedy: bool = False):
         fn = jax.jit(f, in_shardings=(None, replicated(mesh), rows, rows, rows), out_shardings=replicated(mesh))
     _EVAL_CACHE[key] = fn
     return fn
-
-
-@dataclass(frozen=True)
-class PreparedSuite:
-    """Every set of a suite, windowed and packed once; evaluate it with :func:`evaluate_prepared`."""
-
-    rows: PackedRows
-    set_names: list[str]
-    sequence_set: np.ndarray  # int64 [n_sequences]: index into set_names
-    sequence_tokens: np.ndarray  # int64 [n_sequences]: scored targets
-    set_documents: np.ndarray
-    set_bytes: np.ndarray
-    seq_len: int
-    batch_rows: int
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.sequence_tokens.sum())
-
-
-def prepare_suite(
-    sets: dict[str, Documents], seq_len: int, batch_rows: int, stride: int | None = None
-) -> PreparedSuite:
-    """Window and pack every document of every set (documents never share a window)."""
-    names = sorted(sets)
-    seqs: list[np.ndarray] = []
-    owner: list[int] = []
-    for k, name in enumerate(names):
-        d = sets[name]
-        eos = np.array([d.eos_id], np.int32)
-        for t in d.tokens:
-            seqs.append(np.concatenate([eos, t.astype(np.int32)]))
-            owner.append(k)
-    rows = pack_windows(seqs, seq_len, stride).padded_to(batch_rows)
-    return PreparedSuite(
-        rows=rows, set_names=names, sequence_set=np.array(owner, np.int64),
-        sequence_tokens=np.array([len(s) - 1 for s in seqs], np.int64),
-        set_documents=np.array([len(sets[n].tokens) for n in names], np.int64),
-        set_bytes=np.array([int(sets[n].bytes.sum()) for n in names], np.int64),
-        seq_len=seq_len, batch_rows=batch_rows,
-    )
 
 
 def sequence_nll(params, router_bias, rows: PackedRows, n_sequences: int, cfg, mesh, batch_rows: int,
@@ -147,20 +105,13 @@ def sequence_nll(params, router_bias, rows: PackedRows, n_sequences: int, cfg, m
 
 
 def evaluate_prepared(params, router_bias, suite: PreparedSuite, cfg, mesh) -> dict[str, SetTotals]:
-    """Per-set totals of a prepared suite under ``params``."""
+    """Per-set totals of a prepared suite (:func:`marin.evaluation.suite.prepare_suite`) under ``params``."""
     nll = sequence_nll(params, router_bias, suite.rows, suite.sequence_set.size, cfg, mesh, suite.batch_rows)
     k = len(suite.set_names)
     set_nll = np.bincount(suite.sequence_set, weights=nll, minlength=k)
     set_tokens = np.bincount(suite.sequence_set, weights=suite.sequence_tokens, minlength=k)
     return {n: SetTotals(int(suite.set_documents[i]), int(set_tokens[i]), int(suite.set_bytes[i]), float(set_nll[i]))
             for i, n in enumerate(suite.set_names)}
-
-
-def default_batch_rows(tokens_per_batch: int, seq_len: int, mesh) -> int:
-    """Rows per eval batch: about ``tokens_per_batch`` tokens, a multiple of the mesh's devices."""
-    n = 1 if mesh is None else mesh.size
-    rows = max(1, tokens_per_batch // seq_len)
-    return max(n, rows // n * n)
 
 
 def _place(x, sharding):

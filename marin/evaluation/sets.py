@@ -22,7 +22,7 @@ import numpy as np
 from marin.data.k40 import split_source_name
 from marin.data.mixture import validation_documents
 from marin.data.store import StoreError, TokenizerMismatchError, TokenStore
-from marin.data.tokenizer import load_tokenizer
+from marin.data.tokenizer import LoadedTokenizer, load_tokenizer
 from marin.execution.versioning import input_field
 
 
@@ -146,3 +146,12 @@ def run_tokenizer(data) -> str | None:
         return None
 
     return TokenStore.open(stores[0]).tokenizer_identity
+
+
+def load_run_tokenizer(data) -> LoadedTokenizer | None:
+    """The tokenizer a training run's data config was tokenized with, loaded
+    (:func:`marin.data.tokenizer.load_tokenizer`), or None for synthetic data."""
+    stores = getattr(data, "stores", None) if not isinstance(data, Mapping) else data.get("stores")
+    if not stores:
+        return None
+    return load_tokenizer(TokenStore.open(stores[0]).manifest["tokenizer"]["path"])

@@ -31,12 +31,14 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import sys
 import threading
 import time
 import traceback
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -50,7 +52,7 @@ from marin.execution.errors import (
     PreviouslyFailedError,
     UnreadableRecordError,
 )
-from marin.execution.failures import StopRequested, is_infrastructure_failure
+from marin.execution.failures import StopRequested, disk_full_error, is_infrastructure_failure
 from marin.execution.fingerprint import code_fingerprint, drift
 from marin.execution.hashing import canonical_json, sha256_hex
 from marin.execution.jsonable import mask_argv, mask_leaves, mask_text, to_jsonable
@@ -65,6 +67,7 @@ from marin.execution.signals import (
     stop_reason,
 )
 from marin.execution.status import StepStatus
+from marin.textfmt import format_bytes
 
 logger = logging.getLogger("marin.execution")
 
@@ -94,6 +97,8 @@ class RunOptions:
     None: each step's own ``ExecutorStep.infra_retries`` (none where unset)."""
     retry_failed: list[str] | None = None
     """Regexes of step names whose earlier FAILED attempt may be rerun (``--force_run_failed`` for a few)."""
+    run_id: str = dataclasses.field(default_factory=lambda: new_run_id())
+    """This run's name among its experiment's records (see :func:`experiment_runs_dir`)."""
 
 
 @dataclasses.dataclass
@@ -147,9 +152,28 @@ def select_steps(
 
 
 def experiment_record_path(plan: Plan, script: str) -> str:
+    """The experiment's record: ``{prefix}/experiments/{script}-{digest}.json`` names it (one name per
+    script and set of steps). Each run writes its own file under :func:`experiment_runs_dir`; a
+    file at this path itself is the single record older executors rewrote, still read."""
     digest = sha256_hex(canonical_json(sorted(s.digest for s in plan.steps)))[:10]
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.splitext(os.path.basename(script))[0]) or "experiment"
     return f"{plan.prefix}/experiments/{stem}-{digest}.json"
+
+
+def experiment_runs_dir(record_path: str) -> str:
+    """Where each run of the experiment named by ``record_path`` writes its own record.
+
+    One file per run, written only by that run: two drivers running one experiment at once never
+    rewrite each other's file, so neither can lose the other's update. That holds on every backend
+    with plain whole-file writes; a conditional rewrite of one shared file would need a
+    generation match, which gcsfs does not offer for replacing an object."""
+    return record_path[: -len(".json")]
+
+
+def new_run_id() -> str:
+    """A run's name among its experiment's records: UTC start time (sorts by time), host, pid, random."""
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:40]
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 def merged_outcomes(previous: dict[str, str | None], outcome: dict[str, str]) -> dict[str, str | None]:
@@ -170,16 +194,55 @@ def merged_outcomes(previous: dict[str, str | None], outcome: dict[str, str]) ->
     return out
 
 
+def read_experiment_record(record_path: str) -> dict[str, Any] | None:
+    """The experiment's record as every run so far left it (None when no run wrote one).
+
+    The runs' files (and an older executor's single file at ``record_path``) are applied oldest
+    first with :func:`merged_outcomes`; the newest run's fields (script, card, argv, steps) are kept.
+    A file that does not parse is skipped (it is one run's; the others still count)."""
+    paths = [record_path, *storage.glob(f"{experiment_runs_dir(record_path)}/*.json")]
+    records = []
+    for path in paths:
+        try:
+            rec = json.loads(storage.read_text(path) or "null")
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("steps"), list):
+            records.append(rec)
+    if not records:
+        return None
+    records.sort(key=lambda r: r.get("updated") or 0)  # stable: the older single record first on a tie
+    outcomes: dict[str, str | None] = {}
+    for rec in records:
+        this = {s["output_path"]: s.get("outcome") for s in rec["steps"] if isinstance(s, dict) and "output_path" in s}
+        outcomes = merged_outcomes(outcomes, {k: v for k, v in this.items() if v})
+    newest = records[-1]
+    steps = [{**s, "outcome": outcomes.get(s.get("output_path"))} for s in newest["steps"] if isinstance(s, dict)]
+    return {**newest, "steps": steps, "runs": len(records)}
+
+
+def experiment_record_paths(prefix: str) -> list[str]:
+    """The record path (see :func:`experiment_record_path`) of every experiment with a record under
+    ``prefix``: a run directory, an older executor's single file, or both."""
+    found = {p for p in storage.glob(f"{prefix}/experiments/*.json")}
+    found |= {os.path.dirname(p) + ".json" for p in storage.glob(f"{prefix}/experiments/*/*.json")}
+    return sorted(found)
+
+
 def write_experiment_record(plan: Plan, opts: RunOptions, outcome: dict[str, str]) -> str:
-    path = experiment_record_path(plan, opts.script)
-    try:  # another run of this experiment (earlier, or at the same time) may have written it
-        before = json.loads(storage.read_text(path) or "{}")
-        previous = {s["output_path"]: s.get("outcome") for s in before.get("steps", [])}
-    except (ValueError, KeyError, TypeError, AttributeError):  # unreadable: this run's record replaces it
-        previous = {}
+    """Write this run's record (its own file, see :func:`experiment_runs_dir`); returns its path.
+
+    Its outcomes are merged with what earlier runs recorded (:func:`merged_outcomes`), so the newest
+    run's file alone reads as the whole experiment; a run writing at the same time is merged in by
+    :func:`read_experiment_record`."""
+    record_path = experiment_record_path(plan, opts.script)
+    path = f"{experiment_runs_dir(record_path)}/{opts.run_id}.json"
+    before = read_experiment_record(record_path) or {}
+    previous = {s["output_path"]: s.get("outcome") for s in before.get("steps", [])}
     outcome = merged_outcomes(previous, outcome)
     record = {
         "script": opts.script,
+        "run": opts.run_id,
         "description": mask_text(opts.description or "") or None,
         "card": {k: mask_text(v) for k, v in opts.card.items()} if opts.card else None,
         "prefix": plan.prefix,
@@ -288,6 +351,29 @@ def describe_failure(exc: BaseException) -> tuple[str, str]:
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:500], "".join(traceback.format_exception(exc))
 
 
+def disk_full_message(err: OSError, s: PlannedStep) -> str:
+    """What a person reads when step ``s`` (or its record) found the disk full: where, how much is
+    left, and what to do (a rerun fails the same way until space is freed, so it is not retried)."""
+    where = err.filename if isinstance(err.filename, str) else None
+    try:
+        usage = shutil.disk_usage(where if where and os.path.exists(where) else s.output_path)
+        room = f"{format_bytes(usage.free)} free of {format_bytes(usage.total)}"
+    except OSError:  # an object-store output (the step filled a local scratch disk) or a vanished path
+        room = None
+    what = err.strerror or os.strerror(err.errno)
+    if where:
+        said = f"disk full: {what} writing {where}" + (f" ({room} there)" if room else "")
+    else:
+        said = f"disk full: {what}" + (f" (the step's output directory {s.output_path} has {room})" if room else "")
+    return f"{said}; free space, then rerun with --retry_failed {s.name}"
+
+
+def describe_write_error(e: BaseException, s: PlannedStep) -> str:
+    """One line for a failed bookkeeping write of step ``s``: the disk-full message, or the error."""
+    full = disk_full_error(e)
+    return disk_full_message(full, s) if full is not None else f"{type(e).__name__}: {e}".splitlines()[0][:500]
+
+
 # ----------------------------------------------------------------------------------------------- #
 # the run loop                                                                                     #
 # ----------------------------------------------------------------------------------------------- #
@@ -335,7 +421,8 @@ class _Runner:
                 held = list(self.held.items())
             for s, lease in held:
                 try:
-                    new = leases.renew(s.output_path, lease, self.opts.lease_ttl)
+                    with storage.sparing_reserve():  # a full disk's space is for the failure's record
+                        new = leases.renew(s.output_path, lease, self.opts.lease_ttl)
                 except leases.LeaseReleased:  # we finished or stopped the step meanwhile
                     with self.lock:
                         if self.held.get(s) == lease:
@@ -495,9 +582,14 @@ class _Runner:
         try:
             if lease is not None:  # else the lease was taken over: the step is no longer ours to write
                 st.write_status(s.output_path, StepStatus.FAILED, lease=lease, message=error, info=info)
-        except Exception as e:  # pragma: no cover - store unreachable
-            logger.error("step %s: could not record failure: %s", s.name, e)
-        self._release(s)
+        except Exception as e:  # noqa: BLE001 - the cause is printed below all the same
+            # said on the driver, not only logged: the record was the one place that would have told
+            self._print(f"step {s.name}: could not record the failure in {s.output_path}: "
+                        f"{describe_write_error(e, s)}")
+        try:
+            self._release(s)
+        except Exception as e:  # noqa: BLE001 - the lease expires by itself; the cause matters more
+            logger.error("step %s: could not release its lease: %s", s.name, describe_write_error(e, s))
         self.errors[s.output_path] = f"{error}\n{tb}"
         self._print(f"FAILED {s.name} ({s.output_path}): {error}")
         self._finish(s, "failed")
@@ -521,6 +613,8 @@ class _Runner:
                 return
             if self.infra_failures[s]:
                 error += f" (after {self.infra_failures[s]} retried infrastructure failure(s))"
+            if (full := disk_full_error(e)) is not None:
+                error = f"{disk_full_message(full, s)} ({error})"
             self._record_failure(s, error, tb)
             return
         with self.lock:  # from here on the heartbeat leaves this lease alone
@@ -538,7 +632,7 @@ class _Runner:
         except Exception as e:  # store unreachable while committing: the step is not finished
             with self.lock:
                 self.held[s] = lease
-            self._record_failure(s, f"could not record success: {type(e).__name__}: {e}", traceback.format_exc())
+            self._record_failure(s, f"could not record success: {describe_write_error(e, s)}", traceback.format_exc())
             return
         self._finish(s, "succeeded")
 
@@ -821,7 +915,8 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
     storage.makedirs(plan.prefix)
     runner = _Runner(plan, todo, statuses, opts)
     started = False
-    with StopSignals() as signals:
+    # space held back on a local prefix, so a step that fills the disk still gets its failure recorded
+    with storage.space_reserved(plan.prefix), StopSignals() as signals:
         runner.signals = signals
         try:
             started = ensure_ray(opts.address)
@@ -840,7 +935,14 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
                     signals.install()  # ray.shutdown may have put SIGTERM back to its default action
         with signals.deferred("recording the run"):
             outcome.update(runner.outcome)
-            record = write_experiment_record(plan, opts, outcome)
+            try:
+                record = write_experiment_record(plan, opts, outcome)
+            except OSError as e:
+                if disk_full_error(e) is None:
+                    raise
+                record = None  # the steps' own records are what the next run reads
+                print(f"(the experiment record was not updated: disk full: {e.strerror} under {plan.prefix}; "
+                      "free space and rerun)", file=sys.stderr)
         if signals.received is not None:  # every step had ended; the stop still ends the process as asked
             raise _interrupted(plan, opts, outcome, runner, signals.received, during=signals.received_during,
                                record=record)

@@ -9,6 +9,8 @@ person to look at. Anything not known to be the infrastructure's counts as the s
 
 from __future__ import annotations
 
+import errno
+
 from marin.execution.retry import StorageUnavailable
 
 
@@ -62,3 +64,23 @@ def is_infrastructure_failure(exc: BaseException | None) -> bool:
         cause = getattr(e, "cause", None)  # a Ray task error carries the step's exception here
         stack += [cause if isinstance(cause, BaseException) else None, e.__cause__, e.__context__]
     return False
+
+
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full_error(exc: BaseException | None) -> OSError | None:
+    """The "no space left" (or "quota exceeded") error in ``exc``'s chain, Ray's wrapper included, or
+    None. Not an infrastructure failure: a retry fails the same way until someone frees space."""
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _DISK_FULL_ERRNOS:
+            return e
+        cause = getattr(e, "cause", None)
+        stack += [cause if isinstance(cause, BaseException) else None, e.__cause__, e.__context__]
+    return None

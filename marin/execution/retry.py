@@ -21,6 +21,7 @@ import dataclasses
 import errno
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -103,6 +104,21 @@ _TRANSIENT_ERRNOS = frozenset({
 })
 _TRANSIENT_WORDS = ("503", "service unavailable", "slowdown", "slow down", "internalerror",
                     "requesttimeout", "500 internal", "502 bad gateway", "504 gateway")
+_CURL_CODE = re.compile(r"curl_code='?(\d+)")
+_TRANSIENT_CURL_CODES = frozenset({
+    7,   # could not connect
+    16, 92,  # HTTP/2 framing or stream error
+    18,  # transfer closed with data outstanding
+    28,  # timed out
+    52,  # empty reply from server
+    55, 56,  # send / receive failed (connection reset)
+})
+"""libcurl's codes for "the connection failed", as tensorstore reports them: it raises ValueError for
+every storage error, with the store's status and curl's code in the message
+(``ABORTED: Error writing "k": All 3 retry attempts failed: CURL error Could not connect to server:
+... [curl_code='7']``)."""
+_TENSORSTORE_TRANSIENT = ("unavailable: ", "deadline_exceeded: ")
+"""tensorstore status codes (the message's first word) for a store that did not answer in time."""
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -122,14 +138,24 @@ def is_transient(exc: BaseException) -> bool:
         if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
             return True
         text = str(exc).lower()
-        if any(w in text for w in _TRANSIENT_WORDS):
+        if any(w in text for w in _TRANSIENT_WORDS) or text.startswith(_TENSORSTORE_TRANSIENT):
+            return True
+        if (code := _CURL_CODE.search(text)) and int(code.group(1)) in _TRANSIENT_CURL_CODES:
             return True
         exc = exc.__cause__ or exc.__context__
     return False
 
 
+_TENSORSTORE_SPEC = re.compile(r"\s*\[tensorstore_spec='[^']*'\]")
+"""The spec tensorstore appends to an error (kilobytes of JSON): not the cause, left out of messages."""
+
+
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    """One line of at most about 300 characters; a longer one keeps its start (what failed) and its
+    end, where libraries that nest their errors (tensorstore, curl) put the cause."""
+    text = _TENSORSTORE_SPEC.sub("", str(exc)).strip()
+    line = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    return line if len(line) <= 300 else f"{line[:140]} ... {line[-155:]}"
 
 
 class Outage:

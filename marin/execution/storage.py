@@ -19,6 +19,7 @@ instead of failing the step.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import glob as glob_module
@@ -26,11 +27,13 @@ import hashlib
 import itertools
 import json
 import os
+import shutil
 import tempfile
 import threading
 from typing import Any, Iterator
 
 from marin.execution.retry import call_with_retry
+from marin.textfmt import format_bytes
 
 
 def is_local(path: str) -> bool:
@@ -112,38 +115,148 @@ def write_text(path: str, text: str, *, consume: str | None = None) -> None:
     SUCCESS this is). On local disk its inode becomes the new file: it is renamed away (removed, for
     every reader), rewritten under its temporary name and renamed onto ``path``, so the write creates
     no file; creating one is the dominant cost of a bookkeeping write on some filesystems (see
-    docs/performance.md). A crash midway leaves ``path`` as it was and ``consume`` gone."""
+    docs/performance.md). A crash midway leaves ``path`` as it was and ``consume`` gone.
+
+    A local write that finds the disk full spends the space a :func:`space_reserved` block holds on
+    that filesystem, a slice at a time, and tries again: the record of why a step failed must not be
+    lost to the very disk that made it fail."""
     if is_local(path):
-        p = _local(path)
-        d = os.path.dirname(p) or "."
-        fd = None
-        if consume is not None:
-            tmp = _temp_name(d)
+        while True:
             try:
-                os.rename(_local(consume), tmp)
-                fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
-            except FileNotFoundError:
-                fd = None
-        if fd is None:
-            try:  # the directory exists nearly always: create it only when needed (saves a syscall per write)
-                fd, tmp = _create_temp(d)
-            except FileNotFoundError:
-                os.makedirs(d, exist_ok=True)
-                fd, tmp = _create_temp(d)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(text.encode("utf-8"))
-            os.replace(tmp, p)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        return
+                _write_local(_local(path), text, consume)
+                return
+            except OSError as e:
+                if e.errno not in _DISK_FULL or not _spend_reserve(os.path.dirname(_local(path)) or "."):
+                    raise
+                if consume is not None and not os.path.exists(_local(consume)):
+                    consume = None  # renamed away by the failed try: its inode is gone with the temp file
     fs = filesystem(path)
     call_with_retry(lambda: fs.pipe_file(path, text.encode("utf-8")), what=f"write {path}")  # one PUT: atomic
     fs.invalidate_cache(path)
     if consume is not None:
         remove(consume)
+
+
+def _write_local(p: str, text: str, consume: str | None) -> None:
+    d = os.path.dirname(p) or "."
+    fd = None
+    if consume is not None:
+        tmp = _temp_name(d)
+        try:
+            os.rename(_local(consume), tmp)
+            fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = None
+    if fd is None:
+        try:  # the directory exists nearly always: create it only when needed (saves a syscall per write)
+            fd, tmp = _create_temp(d)
+        except FileNotFoundError:
+            os.makedirs(d, exist_ok=True)
+            fd, tmp = _create_temp(d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8"))
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+# --------------------------------------------------------------------------------------------- #
+# space held back for the records of a full disk                                                 #
+# --------------------------------------------------------------------------------------------- #
+
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+RESERVE_BYTES = 1 << 20
+"""Space a run holds back on its local prefix's filesystem (see :func:`space_reserved`): a status
+record with its config and traceback is a few KiB, so this covers every record of a run's end
+(failures, lease releases, the experiment record) with room to spare."""
+_RESERVE_SLICE = 64 << 10
+
+
+class _Reserve:
+    def __init__(self, path: str, size: int, device: int) -> None:
+        self.path, self.size, self.device = path, size, device
+
+
+_reserves: list[_Reserve] = []
+_reserves_lock = threading.Lock()
+_sparing = threading.local()
+
+
+@contextlib.contextmanager
+def sparing_reserve() -> Iterator[None]:
+    """Writes in this block (this thread) do not spend the reserve: for writes that may fail for a
+    while without harm (a lease renewal: the lease outlives a few missed beats), so the space is
+    left for the records that say why the step failed."""
+    previous = getattr(_sparing, "on", False)
+    _sparing.on = True
+    try:
+        yield
+    finally:
+        _sparing.on = previous
+
+
+def _spend_reserve(directory: str) -> bool:
+    """Free one slice of a reserve on ``directory``'s filesystem; False when none is left there (or
+    inside :func:`sparing_reserve`)."""
+    if getattr(_sparing, "on", False):
+        return False
+    try:
+        device = os.stat(directory).st_dev
+    except OSError:
+        return False
+    with _reserves_lock:
+        for r in _reserves:
+            if r.device == device and r.size > 0:
+                r.size = max(0, r.size - _RESERVE_SLICE)
+                with contextlib.suppress(OSError):
+                    os.truncate(r.path, r.size)  # shrinking a file frees its blocks at once
+                return True
+    return False
+
+
+@contextlib.contextmanager
+def space_reserved(directory: str, nbytes: int = RESERVE_BYTES) -> Iterator[None]:
+    """Hold ``nbytes`` of real disk blocks on ``directory``'s filesystem while the block runs (local
+    disk only; object stores do not fill). :func:`write_text` spends them when the disk is full, so
+    a run that fills its disk can still write why. The reserve is a hidden ``.tmp-reserve-*`` file,
+    removed at the end (a crash leaves it, ignored by every reader like any ``.tmp-`` file)."""
+    if not is_local(directory):
+        yield
+        return
+    d = _local(directory)
+    path = f"{d}/.tmp-reserve-{os.getpid()}-{next(_tmp_names)}"
+    reserve = None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            except OSError as e:
+                if e.errno in _DISK_FULL:
+                    raise
+                os.write(fd, bytes(nbytes))  # a filesystem without fallocate: real blocks all the same
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        reserve = _Reserve(path, nbytes, os.stat(d).st_dev)
+    except OSError:  # already full (or not writable): nothing to hold back; writes fail as they would
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    if reserve is not None:
+        with _reserves_lock:
+            _reserves.append(reserve)
+    try:
+        yield
+    finally:
+        if reserve is not None:
+            with _reserves_lock:
+                _reserves.remove(reserve)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def remove(path: str) -> None:
@@ -193,13 +306,24 @@ def writable_problem(directory: str) -> str | None:
             return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
         return None
     d = _local(directory)
+    probe = None
     try:
         os.makedirs(d, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=d)
-        os.close(fd)
-        os.unlink(probe)
+        try:  # a block of data, not an empty file: a full disk still creates empty files
+            os.write(fd, bytes(4096))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except OSError as e:
+        if e.errno in _DISK_FULL:
+            usage = shutil.disk_usage(d)
+            return f"the disk is full: {format_bytes(usage.free)} free of {format_bytes(usage.total)} on {d}"
         return f"{e.strerror or type(e).__name__}: {e.filename or d}"
+    finally:
+        if probe is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(probe)
     return None
 
 

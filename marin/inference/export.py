@@ -18,7 +18,7 @@ from typing import Any
 import fsspec
 
 from marin.data.tokenizer import tokenizer_json_path
-from marin.execution import storage
+from marin.execution.executor import experiment_record_paths, read_experiment_record
 from marin.execution.status import read_info
 from marin.models import numpy_forward
 from marin.models.config import count_params
@@ -73,7 +73,7 @@ def export_model(params, router_bias, cfg, out_dir: str, *, tokenizer_path: str 
                  lineage: dict[str, Any] | None = None, overwrite: bool = False,
                  max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> dict[str, Any]:
     """Write an export directory; returns ``{"dir", "shards", "tensors", "total_size"}``."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save_file  # safetensors: the train extra, only when writing
 
     check_output_dir(out_dir, overwrite)
     os.makedirs(out_dir, exist_ok=True)
@@ -129,15 +129,15 @@ def run_lineage(run) -> dict[str, Any]:
 
 
 def _experiment_of(run_dir: str, info: dict[str, Any]) -> str | None:
-    """``script: description`` of the newest experiment record (``{prefix}/experiments/*.json``) that
+    """``script: description`` of the newest experiment record under ``{prefix}/experiments`` that
     lists this step, or None for a run started outside the executor."""
     suffix = f"/{info.get('name')}-{run_dir.rpartition('-')[2]}"  # output path = {prefix}/{name}-{hash}
     if not info.get("name") or not run_dir.endswith(suffix):
         return None
     prefix = run_dir[: -len(suffix)]
     found = []
-    for path in storage.glob(f"{prefix}/experiments/*.json"):
-        rec = storage.read_json(path)
+    for path in experiment_record_paths(prefix):
+        rec = read_experiment_record(path)
         if isinstance(rec, dict) and any(s.get("output_path", "").rstrip("/") == run_dir for s in rec.get("steps", [])):
             found.append(rec)
     if not found:

@@ -1,7 +1,9 @@
-"""Loading a training run's model: the one place inference reads a checkpoint.
+"""Loading a training run's model on one host.
 
-Everything that uses a trained model (``marin sample``, ``marin export``, ``marin harness``) calls
-:func:`load_run`, so when checkpoints change format only this function changes.
+Everything that uses a trained model in this process (``marin sample``, ``marin export``,
+``marin harness``) calls :func:`load_run`; it and the eval step (:mod:`marin.inference.evaluate`,
+every process of a pool) restore through :func:`marin.training.checkpoint.load_model`, so when
+checkpoints change format only that function changes.
 """
 
 from __future__ import annotations
@@ -11,10 +13,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from marin.data.store import TokenStore
-from marin.data.tokenizer import load_tokenizer
-from marin.evaluation.step import train_config_from_record
-from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, load_model, read_metadata
+from marin.evaluation.sets import load_run_tokenizer
+from marin.training.checkpoint import checkpoint_path, checkpoint_step, load_model, read_metadata
+from marin.training.config import train_config_from_record
 from marin.training.pools import get_pool, host_env
 
 
@@ -64,16 +65,11 @@ def load_run(run_dir: str, step: int | None = None, pool: str | None = None) -> 
     The model is restored through the sharded checkpoint restore (``load_model``): on a multi-device
     pool each device reads only its own slices; on one device the model is read whole.
     Raises :class:`RunLoadError` for a run without that checkpoint."""
-    manager = CheckpointManager(run_dir, CheckpointPolicy())
-    steps = manager.committed_steps()
-    if not steps:
-        raise RunLoadError(f"{run_dir} has no committed checkpoint: give a training step's output directory "
-                           "whose run has saved at least once")
-    if step is None:
-        step = steps[-1]
-    elif step not in steps:
-        raise RunLoadError(f"{run_dir} has no committed checkpoint at step {step}; committed steps: {steps}")
-    path = manager.path_for(step)
+    try:
+        step = checkpoint_step(run_dir, step)
+    except FileNotFoundError as e:
+        raise RunLoadError(str(e)) from None
+    path = checkpoint_path(run_dir, step)
     record = read_metadata(path).get("config") or {}
     pool_spec = get_pool(pool or record.get("pool") or "local-cpu-1")
     if pool_spec.hosts != 1:
@@ -96,12 +92,6 @@ def load_run(run_dir: str, step: int | None = None, pool: str | None = None) -> 
         # each device gets only its slices, whatever pool wrote the checkpoint
         model = load_model(run_dir, mesh, step=step)
         params, bias = model.params, model.router_bias
-    return LoadedRun(run_dir, step, path, model.config, params, bias, model.metadata, _run_tokenizer(train_config),
-                     mesh)
+    return LoadedRun(run_dir, step, path, model.config, params, bias, model.metadata,
+                     load_run_tokenizer(train_config.data), mesh)
 
-
-def _run_tokenizer(train_config):
-    stores = getattr(train_config.data, "stores", None)
-    if not stores:
-        return None
-    return load_tokenizer(TokenStore.open(stores[0]).manifest["tokenizer"]["path"])

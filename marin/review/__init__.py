@@ -31,7 +31,7 @@ from typing import Any
 
 from marin.execution import status as st
 from marin.execution import storage
-from marin.execution.executor import experiment_record_path
+from marin.execution.executor import experiment_record_path, experiment_record_paths, read_experiment_record
 from marin.execution.jsonable import mask_leaves, to_jsonable
 from marin.execution.plan import plan_steps, resolve_config
 from marin.execution.prefix import resolve_prefix
@@ -201,7 +201,7 @@ class Step:
         None keeps all. Needs pyarrow (``pip install 'marin[data]'``).
         """
         try:
-            import pyarrow as pa
+            import pyarrow as pa  # pyarrow: the data extra, only for a table of metrics
         except ImportError:
             raise ImportError("Step.metrics() needs pyarrow: pip install 'marin[data]'") from None
         rows = self.metric_records()
@@ -274,7 +274,8 @@ class Experiment:
     steps: list[Step]
     description: str | None = None
     records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    """Experiment records (``PREFIX/experiments/*.json``) this experiment was built from, newest last."""
+    """Experiment records (under ``PREFIX/experiments``, each with its runs merged) this experiment was built
+    from, newest last."""
     source: str | None = None
     """The experiment file, when loaded from one."""
     card: dict[str, str] | None = None
@@ -335,14 +336,13 @@ def _record_steps(records: list[dict[str, Any]]) -> list[Step]:
 
 
 def read_records(prefix: str) -> list[tuple[str, dict[str, Any]]]:
-    """``(path, record)`` of every experiment record under ``prefix``, oldest first."""
+    """``(record path, record)`` of every experiment recorded under ``prefix`` (its runs merged, see
+    :func:`read_experiment_record`), oldest first."""
     out = []
-    for path in storage.glob(f"{prefix}/experiments/*.json"):
-        text = storage.read_text(path)
-        try:
-            out.append((path, json.loads(text or "")))
-        except json.JSONDecodeError:
-            continue
+    for path in experiment_record_paths(prefix):
+        record = read_experiment_record(path)
+        if record is not None:
+            out.append((path, record))
     return sorted(out, key=lambda pr: pr[1].get("updated") or 0)
 
 
@@ -382,8 +382,7 @@ def load_file(path: str, prefix: str | None = None) -> Experiment:
     plan = plan_steps(steps, prefix)
     script = os.path.basename(path)
     record_path = experiment_record_path(plan, script)
-    text = storage.read_text(record_path)
-    record = json.loads(text) if text else None
+    record = read_experiment_record(record_path)
     outcomes = {s["output_path"]: s.get("outcome") for s in (record or {}).get("steps", [])}
     out = []
     for ps in plan.steps:

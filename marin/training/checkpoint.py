@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -53,7 +54,7 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from marin.execution.retry import call_with_retry
+from marin.execution.retry import StorageUnavailable, call_with_retry
 
 logger = logging.getLogger(__name__)
 
@@ -256,6 +257,62 @@ def stage_leaves(path: str, keys: list[str], leaves: list[Any], metadata: Mappin
     return _Staged(path, step, entries, shards, dict(metadata), process, count)
 
 
+_WRITE_REQUEST_RETRIES = {"max_retries": 3, "initial_delay": "0.2s", "max_delay": "1s"}
+"""tensorstore's own retries of one chunk request: a brief blip only. By default it keeps retrying for
+many minutes, outside the one retry policy (its limit, its log lines); a longer outage reaches
+:func:`call_with_retry` instead, which re-issues the writes (see :class:`_ShardWriter`)."""
+
+
+@functools.cache
+def _write_context() -> Any:
+    """One tensorstore context for every save of this process (its connection pools are reused)."""
+    import tensorstore as ts
+
+    return ts.Context({"s3_request_retries": _WRITE_REQUEST_RETRIES, "gcs_request_retries": _WRITE_REQUEST_RETRIES})
+
+
+class _ShardWriter:
+    """One try of writing this process's staged shards; each call re-issues only the shards that
+    have not landed yet, so a retry after an outage writes what is missing, not everything again."""
+
+    def __init__(self, staged: _Staged, ts: Any) -> None:
+        self.staged, self.ts = staged, ts
+        self.opened: dict[int, Any] = {}
+        self.done: set[int] = set()
+        self.context = _write_context()
+
+    def _array(self, leaf: int) -> Any:
+        if leaf not in self.opened:
+            e = self.staged.entries[leaf]
+            spec = _array_spec(f"{self.staged.path}/{e['array']}", tuple(e["shape"]), _dtype(e["dtype"]),
+                               tuple(e["chunk"]))
+            # process 0 writes the array's metadata; the others write their chunks beside it
+            self.opened[leaf] = (
+                self.ts.open(spec, create=True, open=True, context=self.context).result()
+                if self.staged.process == 0 else
+                self.ts.open(spec, open=True, assume_metadata=True, context=self.context).result())
+        return self.opened[leaf]
+
+    def __call__(self) -> None:
+        futures, first_error = [], None
+        for n, (leaf, index_, data) in enumerate(self.staged.shards):
+            if n in self.done:
+                continue
+            try:
+                futures.append((n, self._array(leaf)[index_].write(data)))
+            except Exception as e:  # noqa: BLE001 - classified by the caller's retry policy
+                first_error = e
+                break  # the writes already issued are still awaited below
+        for n, f in futures:
+            try:
+                f.commit.result()
+                self.done.add(n)
+            except Exception as e:  # noqa: BLE001 - classified by the caller's retry policy
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+
+
 def write_staged(staged: _Staged, *, part_timeout_s: float = PART_TIMEOUT_S) -> None:
     """Write one process's staged shards and its part record; process 0 then waits for every part
     and writes COMMIT. Any failure leaves the checkpoint uncommitted (raised as CheckpointWriteError)."""
@@ -269,19 +326,9 @@ def write_staged(staged: _Staged, *, part_timeout_s: float = PART_TIMEOUT_S) -> 
                      "processes": staged.num_processes}
             raw = json.dumps(index, indent=1, sort_keys=True).encode()
             call_with_retry(lambda: fs.pipe_file(f"{root}/{_INDEX}", raw), what=f"write {root}/{_INDEX}")
-        opened: dict[int, Any] = {}
-        futures = []
-        for leaf, index_, data in staged.shards:
-            if leaf not in opened:
-                e = staged.entries[leaf]
-                spec = _array_spec(f"{staged.path}/{e['array']}", tuple(e["shape"]), _dtype(e["dtype"]),
-                                   tuple(e["chunk"]))
-                # process 0 writes the array's metadata; the others write their chunks beside it
-                opened[leaf] = ts.open(spec, create=True, open=True).result() if staged.process == 0 else \
-                    ts.open(spec, open=True, assume_metadata=True).result()
-            futures.append(opened[leaf][index_].write(data))
-        for f in futures:
-            f.commit.result()
+        # the chunk writes are repeatable (same bytes under the same keys): an outage of the store is
+        # ridden out by the one retry policy, which re-issues only the writes that did not land
+        call_with_retry(_ShardWriter(staged, ts), what=f"write the chunks of {staged.path} (process {staged.process})")
         part = {"step": staged.step, "process": staged.process, "chunks": len(staged.shards),
                 "bytes": staged.nbytes, "time": time.time()}
         _commit(fs, f"{root}/{_PARTS_DIR}/{_part_name(staged.process)}", json.dumps(part).encode())
@@ -295,8 +342,9 @@ def write_staged(staged: _Staged, *, part_timeout_s: float = PART_TIMEOUT_S) -> 
     except CheckpointWriteError:
         raise
     except Exception as e:  # noqa: BLE001 - storage errors come from several libraries; all mean "not saved"
+        cause = str(e) if isinstance(e, StorageUnavailable) else _one_line(e)  # the former: one line, cause last
         raise CheckpointWriteError(
-            f"saving checkpoint {staged.path} failed on process {staged.process}: {_one_line(e)}; it was not "
+            f"saving checkpoint {staged.path} failed on process {staged.process}: {cause}; it was not "
             "committed and the previous checkpoint is intact"
         ) from e
 
@@ -312,7 +360,7 @@ def _wait_for_file(fs: Any, path: str, timeout_s: float, what: str) -> None:
     while True:
         if hasattr(fs, "invalidate_cache"):
             fs.invalidate_cache(path.rsplit("/", 1)[0])
-        if fs.exists(path):
+        if call_with_retry(lambda: fs.exists(path), what=f"look up {path}"):
             return
         if time.monotonic() > deadline:
             raise CheckpointWriteError(f"{path.rsplit('/', 1)[0]}: {what} did not appear within {timeout_s:.0f} s")
@@ -327,7 +375,8 @@ def _wait_for_parts(fs: Any, root: str, count: int, timeout_s: float) -> None:
     while True:
         if hasattr(fs, "invalidate_cache"):
             fs.invalidate_cache(f"{root}/{_PARTS_DIR}")
-        pending = {p for p in pending if not fs.exists(f"{root}/{_PARTS_DIR}/{_part_name(p)}")}
+        pending = {p for p in pending if not call_with_retry(
+            lambda p=p: fs.exists(f"{root}/{_PARTS_DIR}/{_part_name(p)}"), what=f"look up the parts of {root}")}
         if not pending:
             return
         if time.monotonic() > deadline:
@@ -797,17 +846,41 @@ class LoadedModel:
     path: str  # the checkpoint directory
 
 
+def committed_steps(run_path: str) -> list[int]:
+    """Steps of the committed checkpoints of the training run at ``run_path``, ascending (half-written
+    ones are never listed)."""
+    return CheckpointManager(run_path, CheckpointPolicy()).committed_steps()
+
+
+def checkpoint_path(run_path: str, step: int) -> str:
+    """The directory of the run's checkpoint at ``step``."""
+    return CheckpointManager(run_path, CheckpointPolicy()).path_for(step)
+
+
+def select_steps(run_path: str, checkpoint: str | int | None = "latest") -> list[int]:
+    """The committed checkpoints of the run at ``run_path`` that ``checkpoint`` names, ascending:
+    "latest" (or None) the newest, "all" every retained one, or a step number; FileNotFoundError
+    saying what is there when the run has none, or none at that step."""
+    steps = committed_steps(run_path)
+    if not steps:
+        raise FileNotFoundError(f"{run_path} has no committed checkpoint (is it a training step's output directory?)")
+    if checkpoint is None or checkpoint == "latest":
+        return steps[-1:]
+    if checkpoint == "all":
+        return steps
+    try:
+        step = int(checkpoint)
+    except (TypeError, ValueError):
+        raise ValueError(f"checkpoint must be 'latest', 'all' or a step number, got {checkpoint!r}") from None
+    if step not in steps:
+        raise FileNotFoundError(f"{run_path} has no committed checkpoint at step {step}; committed: {steps}")
+    return [step]
+
+
 def checkpoint_step(run_path: str, step: int | None = None) -> int:
     """``step`` if the run at ``run_path`` has a committed checkpoint there, else (None) its newest;
     FileNotFoundError saying what is there otherwise."""
-    steps = CheckpointManager(run_path, CheckpointPolicy()).committed_steps()
-    if not steps:
-        raise FileNotFoundError(f"{run_path} has no committed checkpoint (is it a training step's output directory?)")
-    if step is None:
-        return steps[-1]
-    if step not in steps:
-        raise FileNotFoundError(f"{run_path} has no committed checkpoint at step {step}; committed: {steps}")
-    return step
+    return select_steps(run_path, step)[0]
 
 
 def model_config_of(metadata: Mapping[str, Any]) -> Any:
@@ -833,7 +906,7 @@ def load_model(run_path: str, mesh: Any = None, *, step: int | None = None,
     from marin.models.transformer import init_params, init_router_bias  # JAX only when a model is loaded
 
     step = checkpoint_step(run_path, step)
-    path = CheckpointManager(run_path, CheckpointPolicy()).path_for(step)
+    path = checkpoint_path(run_path, step)
     meta = read_metadata(path)
     cfg = model_config_of(meta)
     template = {"params": jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0))),
@@ -853,8 +926,7 @@ def read_full_state(run_path: str, *, step: int | None = None) -> tuple[dict[str
     one process: ``({key path: array}, metadata)``. For an export the user asks for explicitly; a
     hero checkpoint is about 6.4 TB, so anything that runs on a pool uses :func:`load_model` or
     :func:`restore_checkpoint` with shardings instead."""
-    step = checkpoint_step(run_path, step)
-    return read_checkpoint(CheckpointManager(run_path, CheckpointPolicy()).path_for(step))
+    return read_checkpoint(checkpoint_path(run_path, checkpoint_step(run_path, step)))
 
 
 # ---- conversion ----------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from marin.data.mixture import MixtureConfig
 from marin.execution.versioning import by_field, input_field, live
 from marin.models.config import REMAT_POLICIES, MoEConfig, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
@@ -242,3 +243,24 @@ def model_at(config: TrainConfig, cfg: MoEConfig, seq_len: int) -> MoEConfig:
     sets one (``remat_by_seq_len``); the trainer and the memory planner both ask here."""
     policy = dict((int(n), p) for n, p in config.remat_by_seq_len).get(int(seq_len))
     return dataclasses.replace(cfg, remat_policy=policy) if policy and policy != cfg.remat_policy else cfg
+
+
+def train_config_from_record(record: dict[str, Any]) -> TrainConfig:
+    """A :class:`TrainConfig` with the model, schedule and data of a checkpoint's config record (what
+    evaluating, sampling or exporting a run needs of it; telemetry and cadence keep their defaults)."""
+    model = record["model"]
+    if isinstance(model, dict):  # the resolved model the run trained (older records hold a preset name)
+        model = MoEConfig(**model)
+    data = record.get("data") or {}
+    if "stores" in data:
+        data = MixtureConfig(stores=tuple(data["stores"]), validation_fraction=data["validation_fraction"],
+                             validation_min_documents=data["validation_min_documents"],
+                             validation_max_documents=data["validation_max_documents"])
+    elif data:
+        data = SyntheticDataConfig(**data)
+    return TrainConfig(
+        output_path=record["output_path"], data=data, model=model, preset=record.get("preset"),
+        model_overrides=dict(record.get("model_overrides") or {}), pool=record["pool"],
+        tokens_per_step=int(record["tokens_per_step"]), compute_dtype=record.get("compute_dtype"),
+        seq_len_phases=tuple((float(f), int(n)) for f, n in record["seq_len_phases"]),
+    )

@@ -18,9 +18,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh, AxisType
 
+from marin.evaluation.evaluator import nll_fn
 from marin.jaxcompat import lowering_for
 from marin.parallel.mesh import DATA, EXPERT, batch_sharding, replicated
 from marin.training.config import TrainConfig
+from marin.training.trainer import build_train_step, state_shapes, state_shardings
 
 
 def abstract_mesh(data: int, expert: int) -> AbstractMesh:
@@ -31,8 +33,6 @@ def abstract_mesh(data: int, expert: int) -> AbstractMesh:
 def abstract_state(config: TrainConfig, cfg, mesh) -> tuple[Any, Any]:
     """(state as ShapeDtypeStructs carrying their shardings, the shardings tree): the shapes of
     the sharded init (trainer.init_state) without allocating them (the hero's 535B parameters included)."""
-    from marin.training.trainer import state_shapes, state_shardings
-
     shapes = state_shapes(config, cfg)
     shardings = state_shardings(shapes, mesh, config.param_sharding)
     state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
@@ -52,8 +52,6 @@ def lower_train_step(config: TrainConfig, cfg, mesh_shape: tuple[int, int], tran
 
     ``mesh`` defaults to an abstract mesh of ``mesh_shape``; pass a concrete one to compile the
     result on this machine (the planner's validation)."""
-    from marin.training.trainer import build_train_step
-
     mesh = abstract_mesh(*mesh_shape) if mesh is None else mesh
     with lowering_for(platform):
         state, shardings = abstract_state(config, cfg, mesh)
@@ -66,8 +64,6 @@ def lower_eval_forward(config: TrainConfig, cfg, mesh_shape: tuple[int, int], *,
                        platform: str = "cuda"):
     """The evaluator's jitted forward (per-token NLL, ``marin.evaluation.evaluator.nll_fn``) traced for
     ``platform`` on an abstract mesh of ``mesh_shape`` and lowered (not compiled)."""
-    from marin.evaluation.evaluator import nll_fn
-
     mesh = abstract_mesh(*mesh_shape)
     with lowering_for(platform):
         state, _ = abstract_state(config, cfg, mesh)

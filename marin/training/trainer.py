@@ -31,12 +31,29 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import fsspec
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
-from marin.training.checkpoint import CheckpointManager, CheckpointMismatchError, CheckpointPolicy
+from marin.data.loader import MixtureLoader
+from marin.evaluation.evaluator import evaluate_prepared
+from marin.evaluation.metrics import suite_metrics
+from marin.evaluation.suite import metrics_record, prepare_run_suite, run_eval_sets
+from marin.execution.jsonable import to_jsonable
+from marin.models.config import flops_per_token
+from marin.models.transformer import init_params, init_router_bias, loss_and_stats, update_router_bias
+from marin.parallel.mesh import batch_sharding, make_mesh, param_shardings, replicated
+from marin.training.accumulate import accumulate
+from marin.training.checkpoint import (
+    CheckpointManager,
+    CheckpointMismatchError,
+    checkpoint_path,
+    checkpoint_step,
+    restore_checkpoint,
+)
 from marin.training.config import SyntheticDataConfig, TrainConfig, model_at
 from marin.training.metrics import (
     MetricsWriter,
@@ -47,7 +64,8 @@ from marin.training.metrics import (
     phase_summary,
     read_metrics,
 )
-from marin.training.pools import HostContext, NonRetryableError, get_pool
+from marin.training.planning import plan
+from marin.training.pools import HostContext, NonRetryableError, get_pool, launch, run_local
 from marin.training.preemption import Preempted, PreemptionWatch, StopRequested
 from marin.training.schedule import lr_at, phase_index_at, seq_len_at, transport_at
 
@@ -91,8 +109,6 @@ def make_batch_fn(data: Any, total_steps: int | None = None) -> tuple[BatchFn, i
     (``total_steps`` places mixture stages given as fractions of the run)."""
     if isinstance(data, SyntheticDataConfig):
         return (lambda step, b, l, rows=None: synthetic_batch(data, step, b, l, rows)), data.vocab_size
-    from marin.data.loader import MixtureLoader
-
     loader = MixtureLoader(data, total_steps=total_steps)
     return loader.batch, int(loader.vocab_size)
 
@@ -171,8 +187,6 @@ def state_shardings(state: dict[str, Any], mesh, param_sharding: str = "replicat
     ``state`` may be arrays or ``jax.ShapeDtypeStruct``s (:func:`state_shapes`). Fixed up front so the
     compiled step never re-lays-out its state; XLA gathers fsdp weights where the step uses them and
     reduce-scatters their gradients."""
-    from marin.parallel.mesh import param_shardings, replicated
-
     rep = replicated(mesh)
     return {
         "params": param_shardings(state["params"], mesh, param_sharding),
@@ -186,8 +200,6 @@ def state_shardings(state: dict[str, Any], mesh, param_sharding: str = "replicat
 def fresh_state(config: TrainConfig, cfg) -> dict[str, Any]:
     """The fresh state as a pure function of the seed: params, zero AdamW moments, zero router bias,
     the training PRNG key. Traced by :func:`init_state` (never run eagerly for a real model)."""
-    from marin.models.transformer import init_params, init_router_bias
-
     init_key, train_key = jax.random.split(jax.random.PRNGKey(config.seed))
     params = init_params(cfg, init_key)
     return {"params": params, "opt_state": make_optimizer(config).init(params),
@@ -242,9 +254,6 @@ def make_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: d
 def build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: dict[str, Any], microbatches: int = 1):
     """The jitted train step, built anew (:func:`make_train_step` memoises it); the CUDA lowering
     check (marin.training.lowering) traces this same program without running it."""
-    from marin.models.transformer import loss_and_stats, update_router_bias
-    from marin.training.accumulate import accumulate
-
     tx = make_optimizer(config)
     step_cfg = cfg.replace(transport=transport)
 
@@ -277,8 +286,6 @@ def build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: 
         }
         return {"params": params, "opt_state": opt_state, "router_bias": bias, "rng": rng}, metrics
 
-    from marin.parallel.mesh import batch_sharding, replicated
-
     rep, batch = replicated(mesh), batch_sharding(mesh)
     return jax.jit(
         step, donate_argnums=(0,), in_shardings=(shardings, batch, batch, rep), out_shardings=(shardings, rep)
@@ -290,8 +297,6 @@ def microbatches_for(config: TrainConfig, cfg, pool, seq_len: int, transport: st
     none does: the step then fails with the device's own out-of-memory error)."""
     if config.microbatches is not None:
         return int(config.microbatches)
-    from marin.training.planning import plan
-
     p = plan(cfg, pool, tokens_per_step=config.tokens_per_step, seq_len=seq_len, transport=transport,
              param_sharding=config.param_sharding)
     return p["microbatches"] or 1
@@ -305,8 +310,6 @@ def _run_id(output_path: str) -> str:
 def _config_record(config: TrainConfig) -> dict[str, Any]:
     """The run's config as JSON for W&B and checkpoint metadata, through the executor's one
     rendering, so secret-looking fields are masked exactly as in the step's records."""
-    from marin.execution.jsonable import to_jsonable
-
     return to_jsonable(config)
 
 
@@ -315,28 +318,21 @@ def _agree(decision: bool, ctx: HostContext) -> bool:
     and not another, and a save is collective (sharded leaves are gathered), so all must agree."""
     if ctx.num_processes == 1:
         return decision
-    from jax.experimental import multihost_utils
-
     return bool(multihost_utils.broadcast_one_to_all(np.asarray(decision, dtype=np.int32)))
 
 
 class _InTrainingEval:
     """The run's eval suite, loaded and packed once; :meth:`record` scores the live state with the
-    same program the standalone eval step runs (marin.evaluation.step)."""
+    same suite and program the standalone eval step runs (marin.inference.evaluate)."""
 
     def __init__(self, config: TrainConfig, cfg, mesh):
-        from marin.evaluation.step import prepare_run_suite, run_eval_sets
-
         self.cfg, self.mesh = cfg, mesh
         self.suite = prepare_run_suite(config, run_eval_sets(config, config.eval_sets, config.eval_held_out), mesh,
                                        config.eval_stride)
 
     def record(self, state: dict[str, Any], step: int, tokens: int) -> dict[str, Any]:
-        from marin.evaluation.evaluator import evaluate_prepared
-        from marin.evaluation.step import metrics_record, suite_record
-
         totals = evaluate_prepared(state["params"], state["router_bias"], self.suite, self.cfg, self.mesh)
-        return metrics_record(step, tokens, suite_record(totals))
+        return metrics_record(step, tokens, suite_metrics(totals))
 
 
 def _stop_for_preemption(ctx: HostContext, config: TrainConfig, ckpts: CheckpointManager, step: int, state: Any,
@@ -407,8 +403,6 @@ def restore_or_init(ctx: HostContext, config: TrainConfig, cfg, mesh, ckpts: Che
     except CheckpointMismatchError as e:
         raise IncompatibleCheckpoint(str(e)) from None
     if ctx.num_processes > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices("marin: checkpoints cleared and restored")
     if restored is None and config.init_from is not None:
         state, start, tokens = branch_state(config, cfg, mesh, shapes, shardings)
@@ -427,11 +421,9 @@ def branch_state(config: TrainConfig, cfg, mesh, shapes: dict[str, Any], shardin
     (``config.init_from``), resharded onto this run's mesh: weights and router bias always, the AdamW
     state when asked (else fresh moments for the weights), the data position when asked (else step 0).
     The training PRNG key is the source's with the data position, else this run's own."""
-    from marin.training.checkpoint import checkpoint_step, restore_checkpoint
-
     src = config.init_from
     step = checkpoint_step(src.run, int(src.step))
-    path = CheckpointManager(src.run, CheckpointPolicy()).path_for(step)
+    path = checkpoint_path(src.run, step)
     wanted = ["params", "router_bias"] + (["opt_state"] if src.optimizer else []) + (["rng"] if src.data_position
                                                                                      else [])
     try:
@@ -455,8 +447,6 @@ def branch_state(config: TrainConfig, cfg, mesh, shapes: dict[str, Any], shardin
 
 def setup_run(ctx: HostContext, config: TrainConfig) -> TrainRun:
     """Data, model, mesh, checkpoints, state and outputs of a run on this process."""
-    from marin.parallel.mesh import make_mesh
-
     batch_fn, vocab = make_batch_fn(config.data, config.total_steps)
     cfg = model_config(config, vocab)
     mesh = make_mesh(*ctx.pool.mesh)
@@ -480,9 +470,6 @@ def setup_run(ctx: HostContext, config: TrainConfig) -> TrainRun:
 def run_step(run: TrainRun) -> dict[str, Any]:
     """One optimizer step at ``run.step``: the phase's compiled program on this step's batch. Returns
     the step's metrics record; the state advances only when the loss and grad norm are finite."""
-    from marin.models.config import flops_per_token
-    from marin.parallel.mesh import batch_sharding
-
     config, total = run.config, run.total
     seq_sched = config.seq_len_schedule()
     seq_len, batch_size = seq_len_at(run.step, total, seq_sched)
@@ -605,8 +592,6 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
             if run.tracker:
                 run.tracker.finish(exit_code)
     if run.is_writer:
-        import fsspec
-
         summary["phases"] = phase_summary(read_metrics(config.output_path))
         with fsspec.open(f"{config.output_path.rstrip('/')}/train_summary.json", "w") as f:
             json.dump(summary, f, indent=1)
@@ -616,9 +601,8 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
 def run_training(config: TrainConfig, *, use_ray: bool | None = None) -> dict[str, Any]:
     """Train on the configured pool: through the Ray launcher (default when Ray is initialised) or,
     for a single-host pool, in this process (needs the pool's device count visible here)."""
-    import ray
+    import ray  # Ray: only to launch on a pool; importing the trainer (lowering, benchmarks) must not start it
 
-    from marin.training.pools import launch, run_local
 
     pool = get_pool(config.pool)
     if use_ray if use_ray is not None else ray.is_initialized():

@@ -37,7 +37,7 @@ def config_classes() -> list[type]:
     from marin.data.tokenizer import TrainTokenizerConfig
     from marin.evaluation.multiple_choice import DomainTaskConfig
     from marin.evaluation.sets import EvalSet
-    from marin.evaluation.step import EvalConfig
+    from marin.inference.evaluate import EvalConfig
     from marin.inference.harness import HarnessConfig
     from marin.models.config import MoEConfig
     from marin.monitoring.health import HealthReportConfig

@@ -14,7 +14,7 @@ from marin.evaluation.sets import (
     load_eval_set,
     mixture_validation_sets,
 )
-from marin.evaluation.step import EvalConfig, run_eval
+from marin.inference.evaluate import EvalConfig, run_eval
 from marin.training.metrics import phase_summary, read_metrics
 
 
@@ -67,8 +67,7 @@ def test_bad_sets_fail_in_one_line(eval_store, tmp_path, eval_tokenizer):
 def test_only_committed_checkpoints_are_evaluated(tmp_path):
     import numpy as np
 
-    from marin.evaluation.step import select_steps
-    from marin.training.checkpoint import write_checkpoint
+    from marin.training.checkpoint import select_steps, write_checkpoint
 
     run = str(tmp_path)
     write_checkpoint(f"{run}/checkpoints/step-00000010", {"x": np.zeros(2)}, {}, step=10)

@@ -8,9 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from marin.evaluation.evaluator import evaluate_prepared, prepare_suite
+from marin.evaluation.evaluator import evaluate_prepared
 from marin.evaluation.metrics import SetTotals, set_metrics, suite_metrics
 from marin.evaluation.sets import Documents
+from marin.evaluation.suite import prepare_suite
 from marin.evaluation.windows import pack_windows, sequence_windows
 from marin.models.config import get_preset
 from marin.models.transformer import forward, init_params, init_router_bias

@@ -100,12 +100,12 @@ def _train_config(out: str, store: str | None = None, steps: int = 200):
 @pytest.mark.slow
 def test_trained_model_beats_chance_clearly(eval_store, eval_tokenizer, task, tmp_path):
     """~2 minutes on a 2-core VM: 200 steps x 2,048 tokens of the tiny MoE."""
-    from marin.evaluation.step import checkpoint_path, load_model_state
+    from marin.training.checkpoint import load_model
     from marin.training.trainer import run_training
 
     cfg = _train_config(str(tmp_path / "run"), eval_store)
     run_training(cfg, use_ray=False)
-    mc = model_config(cfg)
-    params, bias, _ = load_model_state(checkpoint_path(cfg.output_path, cfg.train_steps), mc)
-    res = score_task(task, load_tokenizer(eval_tokenizer), params, bias, mc, make_mesh(1, 1), 64, 16)
+    model = load_model(cfg.output_path, step=cfg.train_steps)
+    res = score_task(task, load_tokenizer(eval_tokenizer), model.params, model.router_bias, model.config,
+                     make_mesh(1, 1), 64, 16)
     assert res["acc"] >= 0.5 and res["acc_norm"] >= 0.5, res  # chance is 0.25

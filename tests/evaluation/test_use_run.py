@@ -130,7 +130,7 @@ def test_sample_cli_seeded_sampling_is_reproducible_and_a_smaller_pool_decodes_t
     (["--prompt", ""], "prompt 0 is empty"),
     (["--prompt", "x " * 200], "exceeds the model's context"),
     (["--prompt", "hi", "--temperature", "0"], "temperature must be > 0 when sampling"),
-    (["--prompt", "hi", "--step", "7"], "no committed checkpoint at step 7; committed steps: [15, 30, 40]"),
+    (["--prompt", "hi", "--step", "7"], "no committed checkpoint at step 7; committed: [15, 30, 40]"),
 ])
 def test_sample_bad_input_is_one_line(capsys, trained_run, extra, message):
     rc, out, err = _run(capsys, "sample", trained_run.output_path, *extra)

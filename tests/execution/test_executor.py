@@ -108,7 +108,7 @@ def test_diamond_runs_once_then_rerun_is_a_noop(tmp_path, ray_local):
     assert info["code_fingerprint"]["fn"].endswith("body") and info["host"]
     record = json.load(open(result.record_path))
     assert {s["name"] for s in record["steps"]} == {"a", "b", "c", "d"}
-    assert os.path.basename(result.record_path).startswith(os.path.basename(sys.argv[0]).split(".")[0])
+    assert os.path.basename(os.path.dirname(result.record_path)).startswith(os.path.basename(sys.argv[0]).split(".")[0])
 
     again = run([d], tmp_path / "out")
     assert set(again.outcome.values()) == {"cached"}

@@ -124,3 +124,37 @@ def test_capped_shortens_the_limit_inside_a_block_only(monkeypatch):
         with capped(30):  # an inner cap never lengthens an outer one
             assert default_policy().limit_s == 10
     assert default_policy().limit_s == 300
+
+
+def test_tensorstore_errors_are_classified_by_what_they_say(tmp_path, monkeypatch):
+    """Real tensorstore errors (it raises ValueError for every storage error): a refused connection to
+    an S3 endpoint is transient, a missing array on local disk is not; the one-line form of the first
+    keeps curl's words and leaves out the kilobytes of spec tensorstore appends."""
+    import socket
+
+    import tensorstore as ts
+
+    from marin.training.checkpoint import kvstore_spec
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    quick = ts.Context({"s3_request_retries": {"max_retries": 1, "initial_delay": "0.01s", "max_delay": "0.01s"}})
+    spec = {"driver": "zarr3", "kvstore": kvstore_spec("s3://nowhere/arr"),
+            "metadata": {"shape": [4], "data_type": "float32"}}
+    with pytest.raises(ValueError) as refused:
+        ts.open(spec, create=True, open=True, context=quick).result()
+    assert "curl_code='7'" in str(refused.value) and "tensorstore_spec" in str(refused.value)
+    assert is_transient(refused.value)
+    with pytest.raises(StorageUnavailable) as gave_up:
+        call_with_retry(lambda: ts.open(spec, create=True, open=True, context=quick).result(), what="open arr",
+                        policy=RetryPolicy(first_delay_s=0.01, limit_s=0.05), sleep=lambda s: None)
+    last = str(gave_up.value).split("; last error: ")[1]
+    assert last.startswith("ValueError: ABORTED: Error opening") and "Could not connect to server" in last
+    assert "tensorstore_spec" not in last and len(last) < 320, last
+    with pytest.raises(ValueError) as missing:
+        ts.open({**spec, "kvstore": kvstore_spec(str(tmp_path / "none"))}, open=True).result()
+    assert str(missing.value).startswith("NOT_FOUND") and not is_transient(missing.value)

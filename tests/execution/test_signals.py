@@ -291,9 +291,11 @@ def test_a_stop_signal_while_ray_stops_is_a_clean_stop_and_the_records_are_intac
     (step_dir,) = store.glob("only-*")
     record = json.loads((step_dir / ".executor_status").read_text())
     assert [e["status"] for e in record["events"]] == ["RUNNING", outcome]
-    (experiment,) = (store / "experiments").glob("exp-*.json")
+    from marin.execution.executor import experiment_record_paths, read_experiment_record
+
+    (experiment,) = experiment_record_paths(str(store))
     expected = "succeeded" if outcome == "SUCCESS" else "failed"
-    assert [s["outcome"] for s in json.loads(experiment.read_text())["steps"]] == [expected]
+    assert [s["outcome"] for s in read_experiment_record(experiment)["steps"]] == [expected]
     if outcome == "SUCCESS":
         assert (step_dir / "out.txt").read_text() == "1"
         assert "1 step(s) finished in this run and are kept" in err and "To resume" not in err, err

@@ -30,9 +30,9 @@ from marin.data.synthetic import SyntheticK40Config
 from marin.data.tokenize import TokenizeConfig
 from marin.data.tokenizer import TrainTokenizerConfig
 from marin.evaluation.sets import EvalSet
-from marin.evaluation.step import EvalConfig
 from marin.execution import plan_steps
 from marin.execution.versioning import rule, versioned_leaves
+from marin.inference.evaluate import EvalConfig
 from marin.models.config import MoEConfig
 from marin.monitoring.health import HealthReportConfig
 from marin.review.report import ReportConfig

@@ -1,0 +1,124 @@
+"""The eval step: committed checkpoints of a training step scored on eval sets and tasks (``eval.json``).
+
+It restores the run's checkpoints (:func:`marin.training.checkpoint.load_model`) and runs on the
+run's pool (or another) through :mod:`marin.training.pools`, so it sits above training, like the
+harness step (:mod:`marin.inference.harness`). The suite is the one the in-training eval scores
+(:mod:`marin.evaluation.suite`), so an in-training record at step N and this step's record of
+checkpoint N on the same pool are the same computation.
+
+``eval.json`` (one record, or with ``checkpoint="all"`` the latest record plus ``checkpoints``)::
+
+    {"step": 600, "checkpoint": ".../checkpoints/step-00000600", "train_tokens": 2457600,
+     "sets": {"val/council": {"documents", "tokens", "bytes", "loss", "perplexity", "bpb"}, ...},
+     "macro_bpb": 2.31, "micro_bpb": 2.29, "checkpoints": [record, ...]}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+
+from marin.data.tokenizer import LoadedTokenizer
+from marin.evaluation.metrics import suite_metrics
+from marin.evaluation.multiple_choice import Question, read_task, score_task
+from marin.evaluation.sets import EvalSet, load_run_tokenizer
+from marin.evaluation.suite import eval_seq_len, prepare_run_suite, run_batch_rows, run_eval_sets
+from marin.execution.versioning import by_field, input_field, live
+from marin.training.checkpoint import checkpoint_path, load_model, read_metadata, select_steps
+from marin.training.config import TrainConfig, train_config_from_record
+from marin.training.pools import HostContext, get_pool, launch, run_local
+
+logger = logging.getLogger(__name__)
+
+EVAL_FILE = "eval.json"
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Evaluate committed checkpoints of the training step at ``run_path``; writes ``eval.json``.
+
+    ``checkpoint``: "latest", a step number, or "all" (every retained checkpoint, in step order).
+    ``pool``: None runs on the training run's pool. ``held_out``: add the run's mixture held-out split.
+    ``seq_len``: None = the run's longest training sequence; ``stride``: None = disjoint windows.
+    """
+
+    run_path: str = input_field()
+    output_path: str = input_field()
+    sets: tuple[EvalSet, ...] = by_field("each eval set's fields are versioned leaves (sets[0].name)", default=())
+    checkpoint: str | int = "latest"
+    held_out: bool = False
+    pool: str | None = live("where the evaluation runs; the scores do not depend on it", default=None)
+    seq_len: int | None = None
+    stride: int | None = None
+    tasks: dict[str, str] = field(default_factory=dict)
+    """Multiple-choice tasks, name -> jsonl path (marin.evaluation.multiple_choice); results under "tasks"."""
+
+
+def evaluate_checkpoints_on_host(ctx: HostContext, config: EvalConfig, steps: list[int]) -> dict[str, Any]:
+    """Host function (every process of the pool runs it): evaluate each of ``steps``."""
+    # JAX only on the pool's hosts: experiment files import this module to plan the step without it
+    from marin.evaluation.evaluator import evaluate_prepared
+    from marin.parallel.mesh import make_mesh  # JAX (see above)
+
+    train_config = train_config_from_record(read_metadata(checkpoint_path(config.run_path, steps[-1]))["config"])
+    mesh = make_mesh(*ctx.pool.mesh)
+    sets = run_eval_sets(train_config, config.sets, config.held_out)
+    suite = prepare_run_suite(train_config, sets, mesh, config.stride, config.seq_len) if sets else None
+    if suite is None and not config.tasks:
+        raise ValueError("nothing to evaluate: no eval sets, no held-out split and no tasks")
+    tasks = _load_tasks(train_config, config.tasks)
+    records = []
+    for step in steps:
+        model = load_model(config.run_path, mesh, step=step)  # exactly the model the run trained (its record)
+        rec = {"step": step, "checkpoint": model.path, "train_tokens": int(model.metadata.get("tokens", 0))}
+        if suite is not None:
+            rec.update(suite_metrics(evaluate_prepared(model.params, model.router_bias, suite, model.config, mesh)))
+            logger.info("eval of %s: macro bpb %.4f, micro bpb %.4f", model.path, rec["macro_bpb"], rec["micro_bpb"])
+        if tasks:
+            tok, questions = tasks
+            seq_len = config.seq_len or eval_seq_len(train_config)
+            rows = run_batch_rows(train_config, seq_len, mesh)
+            rec["tasks"] = {name: score_task(qs, tok, model.params, model.router_bias, model.config, mesh, seq_len,
+                                             rows) for name, qs in questions.items()}
+        records.append(rec)
+    out = dict(records[-1])
+    if config.checkpoint == "all":
+        out["checkpoints"] = records
+    if suite is not None:
+        out["eval_tokens"] = suite.num_tokens
+        out["seq_len"] = suite.seq_len
+    return out
+
+
+def _load_tasks(train_config: TrainConfig, tasks: dict[str, str]
+                ) -> tuple[LoadedTokenizer, dict[str, list[Question]]] | None:
+    """(the run's tokenizer, {name: questions}) of the task files, or None without tasks."""
+    if not tasks:
+        return None
+    tok = load_run_tokenizer(train_config.data)
+    if tok is None:
+        raise ValueError("the run was trained on synthetic tokens (no tokenizer); it cannot score text tasks")
+    return tok, {name: read_task(path) for name, path in sorted(tasks.items())}
+
+
+def run_eval(config: EvalConfig, *, use_ray: bool | None = None) -> dict[str, Any]:
+    """Evaluate on the configured (or the run's) pool; returns the eval.json object (not written)."""
+    import ray  # Ray: only to launch on a pool; declaring an eval step must not import it
+
+    steps = select_steps(config.run_path, config.checkpoint)
+    pool = get_pool(config.pool or read_metadata(checkpoint_path(config.run_path, steps[-1]))["config"]["pool"])
+    if use_ray if use_ray is not None else ray.is_initialized():
+        return launch(pool, evaluate_checkpoints_on_host, (config, steps))[0]
+    return run_local(pool, evaluate_checkpoints_on_host, (config, steps))
+
+
+def evaluate(config: EvalConfig) -> dict[str, Any]:
+    """Executor step: evaluate and write ``eval.json`` in the step's output directory."""
+    result = run_eval(config)
+    with fsspec.open(f"{config.output_path.rstrip('/')}/{EVAL_FILE}", "w") as f:
+        json.dump(result, f, indent=1)
+    return {k: result[k] for k in ("step", "macro_bpb", "micro_bpb", "tasks") if k in result}

@@ -753,6 +753,8 @@ class _Runner:
                 try:
                     ray.get(ref)
                 except Exception as e:  # noqa: BLE001 - the step stopped (or failed) in its grace period
+                    # ended: never cancelled (Ray aborts when a force-cancel races the task's reply)
+                    self.running.pop(ref, None)
                     cause = getattr(e, "cause", None)
                     notes[s] = (str(cause).splitlines()[0] if isinstance(cause, StopRequested)
                                 else f"it ended with {describe_failure(e)[0]}")

@@ -173,20 +173,25 @@ if __name__ == "__main__":
 '''
 
 
-def test_sigterm_gives_steps_with_a_grace_period_time_to_save_and_stop(tmp_path):
-    """A step with a grace period gets the driver's stop request and stops by itself (its note in
-    the record); one that ignores it is cancelled when its grace period is up; one without a grace
-    period is cancelled at once, as before."""
+def _start_graceful(tmp_path) -> subprocess.Popen:
+    """``marin run`` of :data:`GRACEFUL`, once its three steps are working."""
     (tmp_path / "exp.py").write_text(GRACEFUL)
     store = tmp_path / "store"
-    cmd = [sys.executable, "-m", "marin.cli", "run", str(tmp_path / "exp.py"), "--prefix", str(store),
-           "--progress", "false"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env=env_for(tmp_path), start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(tmp_path / "exp.py"), "--prefix",
+                             str(store), "--progress", "false"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, env=env_for(tmp_path), start_new_session=True)
     deadline = time.time() + 120
     while len(list(store.glob("*/started"))) < 3 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.1)
     assert len(list(store.glob("*/started"))) == 3, proc.communicate(timeout=30)
+    return proc
+
+
+def test_sigterm_gives_steps_with_a_grace_period_time_to_save_and_stop(tmp_path):
+    """A step with a grace period gets the driver's stop request and stops by itself (its note in
+    the record); one that ignores it is cancelled when its grace period is up; one without a grace
+    period is cancelled at once, as before."""
+    proc, store = _start_graceful(tmp_path), tmp_path / "store"
     signalled = time.time()
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=90)
@@ -209,6 +214,21 @@ def test_sigterm_gives_steps_with_a_grace_period_time_to_save_and_stop(tmp_path)
     assert (plain / "progress.txt").stat().st_mtime < signalled + 3
     assert (deaf / "progress.txt").stat().st_mtime > signalled + 4
     assert not (heeds / ".executor_stop").exists() and not (deaf / ".executor_stop").exists()
+
+
+def test_a_second_ctrl_c_cuts_the_grace_period_short(tmp_path):
+    proc, store = _start_graceful(tmp_path), tmp_path / "store"
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    again = time.time()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert "; Ctrl-C again stops them at once" in err and "marin: interrupted (Ctrl-C)." in err, err
+    (deaf,) = store.glob("deaf-*")
+    last = json.loads((deaf / ".executor_status").read_text())["events"][-1]
+    assert last["message"] == "the run was stopped (Ctrl-C); it was cancelled by a second Ctrl-C"
+    assert (deaf / "progress.txt").stat().st_mtime < again + 3  # not left to work through its 6 s grace
 
 
 @dataclasses.dataclass(frozen=True)

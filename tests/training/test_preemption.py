@@ -203,3 +203,74 @@ def test_the_watch_takes_the_drivers_stop_request_on_any_thread_and_its_budget(t
     time.sleep(0.1)
     assert not idle.requested  # no request in its own directory
     idle.stop()
+
+
+_TWO_HOSTS = textwrap.dedent(
+    """
+    import dataclasses, json, sys, threading, time
+    import ray
+    from ray.cluster_utils import Cluster
+    from marin.execution.signals import request_stop
+    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.metrics import read_metrics
+    from marin.training.pools import get_pool, launch
+    from marin.training.preemption import StopRequested
+    from marin.training.trainer import train_on_host
+
+    out = sys.argv[1]
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    for _ in range(2):
+        cluster.add_node(num_cpus=1, resources={"fake_host": 4})
+    ray.init(address=cluster.address, log_to_driver=False)
+    cluster.wait_for_nodes()
+    config = TrainConfig(output_path=out, pool="local-2host", data=SyntheticDataConfig(vocab_size=512), model="tiny-ep",
+                         train_steps=100000, tokens_per_step=512, seq_len_phases=((0.0, 32),), warmup_steps=1,
+                         checkpoint_every_steps=100000, checkpoint_every_minutes=None, wandb_project=None,
+                         progress_every_s=1e9, preemption_grace_s=60.0)
+
+    def steps_done():
+        try:
+            return len(read_metrics(out))
+        except FileNotFoundError:  # not started yet
+            return 0
+
+    def driver():  # what marin run does on SIGTERM: a stop request in the step directory
+        while steps_done() < 3:
+            time.sleep(0.05)
+        request_stop(out, 15, 55.0)
+
+    threading.Thread(target=driver, daemon=True).start()
+    pool = dataclasses.replace(get_pool("local-2host"), max_retries=2)  # a retry would train on and on
+    try:
+        launch(pool, train_on_host, (config,))
+        print("RESULT " + json.dumps({"error": None}))
+    except StopRequested as e:
+        print("RESULT " + json.dumps({"error": str(e), "steps": [r["step"] for r in read_metrics(out)]}))
+    ray.shutdown()
+    cluster.shutdown()
+    """
+)
+
+
+@pytest.mark.slow  # about 60 s: a simulated 2-node cluster and a 2-process JAX pool
+def test_both_hosts_of_a_pool_stop_on_the_drivers_request_with_one_final_checkpoint(tmp_path):
+    """Only process 0 reads the stop request; the hosts agree, save one checkpoint together (each
+    its own shards) and all raise StopRequested, which the launcher does not retry."""
+    script = tmp_path / "two_hosts.py"
+    script.write_text(_TWO_HOSTS)
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    env.pop("RAY_ADDRESS", None)
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(script), str(run_dir)], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=400)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
+    import json
+
+    res = json.loads(lines[-1][len("RESULT "):])
+    step = res["steps"][-1]
+    assert res["error"] == f"training stopped at step {step}: final checkpoint {run_dir}/checkpoints/step-{step:08d}"
+    assert res["steps"] == list(range(1, step + 1))  # one attempt: the launcher did not start it again
+    manager = CheckpointManager(str(run_dir), _config(run_dir).checkpoint_policy())
+    assert manager.committed_steps() == [step]

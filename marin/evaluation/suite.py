@@ -1,8 +1,10 @@
-"""A training run's eval suite: which sets, windowed and packed how, and the record it makes (no JAX).
+"""A training run's eval suite: which sets and tasks, windowed and packed how, and the record it makes (no JAX).
 
 The in-training eval (``marin.training.trainer``) and the standalone eval step
 (``marin.inference.evaluate``) both build the suite with :func:`prepare_run_suite` and score it with
-:func:`marin.evaluation.evaluator.evaluate_prepared`, with the same sequence length (the run's
+:func:`marin.evaluation.evaluator.evaluate_prepared`, and both prepare multiple-choice tasks with
+:func:`prepare_run_tasks` and score them with
+:func:`marin.evaluation.multiple_choice.score_prepared_task`, with the same sequence length (the run's
 longest training sequence), the same rows per batch (the run's tokens per step, rounded to the mesh)
 and the same packing, so an in-training record at step N and the standalone evaluation of
 checkpoint N on the same pool are the same computation.
@@ -13,12 +15,21 @@ What is read of the run is only its config's data, sequence-length phases and to
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from marin.evaluation.sets import Documents, EvalSet, load_eval_sets, mixture_validation_sets, run_tokenizer
+from marin.evaluation.multiple_choice import PreparedTask, prepare_task, read_task
+from marin.evaluation.sets import (
+    Documents,
+    EvalSet,
+    load_eval_sets,
+    load_run_tokenizer,
+    mixture_validation_sets,
+    run_tokenizer,
+)
 from marin.evaluation.windows import PackedRows, pack_windows
 
 
@@ -113,12 +124,41 @@ def prepare_run_suite(run: RunShape, sets: tuple[EvalSet, ...], mesh, stride: in
     return prepare_suite(docs, seq_len, run_batch_rows(run, seq_len, mesh), stride)
 
 
-def metrics_record(step: int, tokens: int, suite: dict[str, Any]) -> dict[str, Any]:
+def prepare_run_tasks(run: RunShape, tasks: Mapping[str, str], mesh, seq_len: int | None = None
+                      ) -> dict[str, PreparedTask]:
+    """Multiple-choice tasks (name -> jsonl path) read, tokenized with the run's tokenizer and packed
+    once, for the run's window length (or ``seq_len``) and eval batch; ``{}`` without tasks."""
+    if not tasks:
+        return {}
+    tok = load_run_tokenizer(run.data)
+    if tok is None:
+        raise ValueError("the run was trained on synthetic tokens (no tokenizer); it cannot score text tasks")
+    seq_len = seq_len or eval_seq_len(run)
+    rows = run_batch_rows(run, seq_len, mesh)
+    return {name: prepare_task(read_task(path), tok, seq_len, rows) for name, path in sorted(tasks.items())}
+
+
+TASK_KEY = "eval/task/{name}/{metric}"
+"""Where an in-training eval record carries a multiple-choice task's result (metric: one of :data:`TASK_METRICS`)."""
+
+TASK_METRICS = ("acc", "acc_norm", "gold_bpb")
+"""The task results an in-training eval record carries (questions and chance do not change during a run)."""
+
+
+def metrics_record(step: int, tokens: int, suite: dict[str, Any] | None = None,
+                   tasks: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The ``metrics.jsonl`` record of an in-training eval (``kind: "eval"``, flat keys for W&B) of a
-    suite's metrics (:func:`marin.evaluation.metrics.suite_metrics`)."""
-    rec: dict[str, Any] = {"step": int(step), "tokens": int(tokens), "kind": "eval",
-                           "eval/macro_bpb": suite["macro_bpb"], "eval/micro_bpb": suite["micro_bpb"]}
-    for name, m in suite["sets"].items():
-        rec[f"eval/{name}/bpb"] = m["bpb"]
-        rec[f"eval/{name}/loss"] = m["loss"]
+    suite's metrics (:func:`marin.evaluation.metrics.suite_metrics`; None when the run scores tasks
+    only) and of each task's result (:func:`marin.evaluation.multiple_choice.score_prepared_task`)
+    under :data:`TASK_KEY`."""
+    rec: dict[str, Any] = {"step": int(step), "tokens": int(tokens), "kind": "eval"}
+    if suite is not None:
+        rec["eval/macro_bpb"] = suite["macro_bpb"]
+        rec["eval/micro_bpb"] = suite["micro_bpb"]
+        for name, m in suite["sets"].items():
+            rec[f"eval/{name}/bpb"] = m["bpb"]
+            rec[f"eval/{name}/loss"] = m["loss"]
+    for name, result in sorted((tasks or {}).items()):
+        for metric in TASK_METRICS:
+            rec[TASK_KEY.format(name=name, metric=metric)] = result[metric]
     return rec

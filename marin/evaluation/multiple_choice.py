@@ -19,6 +19,10 @@ Ladders"): the correct choice's negative log-likelihood in bits per UTF-8 byte o
 over questions. It moves smoothly with scale where accuracy jumps, so a ladder fits it against compute
 and accuracy against it.
 
+A task scored against many weights is tokenized and packed once: :func:`prepare_run_tasks` (a
+run's tasks, with its tokenizer, window length and eval batch) or :func:`prepare_task`, then
+:func:`score_prepared_task` per checkpoint (the eval step) or per in-training eval (the trainer).
+
 :func:`write_domain_task` builds a task from the K40 miniature's domain languages (continue a
 passage in its own domain's language), so a tiny ladder has a task that its models can learn.
 """
@@ -27,12 +31,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from marin.data.synthetic import generate_documents
+from marin.evaluation.sets import load_run_tokenizer
+from marin.evaluation.suite import RunShape, eval_seq_len, run_batch_rows
 from marin.evaluation.windows import PackedRows, pack_windows
 from marin.execution.versioning import input_field
 
@@ -194,6 +201,20 @@ def score_task(questions: list[Question], tok, params, router_bias, cfg, mesh, s
                batch_rows: int) -> dict[str, Any]:
     """:func:`score_prepared_task` of ``questions`` prepared for this one scoring."""
     return score_prepared_task(prepare_task(questions, tok, seq_len, batch_rows), params, router_bias, cfg, mesh)
+
+
+def prepare_run_tasks(run: RunShape, tasks: Mapping[str, str], mesh, seq_len: int | None = None
+                      ) -> dict[str, PreparedTask]:
+    """Multiple-choice tasks (name -> jsonl path) read, tokenized with the run's tokenizer and packed
+    once, for the run's window length (or ``seq_len``) and eval batch; ``{}`` without tasks."""
+    if not tasks:
+        return {}
+    tok = load_run_tokenizer(run.data)
+    if tok is None:
+        raise ValueError("the run was trained on synthetic tokens (no tokenizer); it cannot score text tasks")
+    seq_len = seq_len or eval_seq_len(run)
+    rows = run_batch_rows(run, seq_len, mesh)
+    return {name: prepare_task(read_task(path), tok, seq_len, rows) for name, path in sorted(tasks.items())}
 
 
 @dataclass(frozen=True)

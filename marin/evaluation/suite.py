@@ -3,7 +3,7 @@
 The in-training eval (``marin.training.trainer``) and the standalone eval step
 (``marin.inference.evaluate``) both build the suite with :func:`prepare_run_suite` and score it with
 :func:`marin.evaluation.evaluator.evaluate_prepared`, and both prepare multiple-choice tasks with
-:func:`prepare_run_tasks` and score them with
+:func:`marin.evaluation.multiple_choice.prepare_run_tasks` and score them with
 :func:`marin.evaluation.multiple_choice.score_prepared_task`, with the same sequence length (the run's
 longest training sequence), the same rows per batch (the run's tokens per step, rounded to the mesh)
 and the same packing, so an in-training record at step N and the standalone evaluation of
@@ -21,15 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from marin.evaluation.multiple_choice import PreparedTask, prepare_task, read_task
-from marin.evaluation.sets import (
-    Documents,
-    EvalSet,
-    load_eval_sets,
-    load_run_tokenizer,
-    mixture_validation_sets,
-    run_tokenizer,
-)
+from marin.evaluation.sets import Documents, EvalSet, load_eval_sets, mixture_validation_sets, run_tokenizer
 from marin.evaluation.windows import PackedRows, pack_windows
 
 
@@ -122,20 +114,6 @@ def prepare_run_suite(run: RunShape, sets: tuple[EvalSet, ...], mesh, stride: in
     docs = load_eval_sets(sets, tokenizer=run_tokenizer(run.data))
     seq_len = seq_len or eval_seq_len(run)
     return prepare_suite(docs, seq_len, run_batch_rows(run, seq_len, mesh), stride)
-
-
-def prepare_run_tasks(run: RunShape, tasks: Mapping[str, str], mesh, seq_len: int | None = None
-                      ) -> dict[str, PreparedTask]:
-    """Multiple-choice tasks (name -> jsonl path) read, tokenized with the run's tokenizer and packed
-    once, for the run's window length (or ``seq_len``) and eval batch; ``{}`` without tasks."""
-    if not tasks:
-        return {}
-    tok = load_run_tokenizer(run.data)
-    if tok is None:
-        raise ValueError("the run was trained on synthetic tokens (no tokenizer); it cannot score text tasks")
-    seq_len = seq_len or eval_seq_len(run)
-    rows = run_batch_rows(run, seq_len, mesh)
-    return {name: prepare_task(read_task(path), tok, seq_len, rows) for name, path in sorted(tasks.items())}
 
 
 TASK_KEY = "eval/task/{name}/{metric}"

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marin.evaluation.metrics import suite_metrics
-from marin.evaluation.multiple_choice import score_prepared_task
+from marin.evaluation.multiple_choice import prepare_run_tasks, score_prepared_task
 from marin.evaluation.sets import EvalSet
-from marin.evaluation.suite import prepare_run_suite, prepare_run_tasks, run_eval_sets
+from marin.evaluation.suite import prepare_run_suite, run_eval_sets
 from marin.execution.versioning import by_field, input_field, live
 from marin.training.checkpoint import checkpoint_path, load_model, read_metadata, select_steps
 from marin.training.config import train_config_from_record

@@ -39,8 +39,8 @@ import optax
 from marin.data.loader import MixtureLoader
 from marin.evaluation.evaluator import evaluate_prepared
 from marin.evaluation.metrics import suite_metrics
-from marin.evaluation.multiple_choice import score_prepared_task
-from marin.evaluation.suite import metrics_record, prepare_run_suite, prepare_run_tasks, run_eval_sets
+from marin.evaluation.multiple_choice import prepare_run_tasks, score_prepared_task
+from marin.evaluation.suite import metrics_record, prepare_run_suite, run_eval_sets
 from marin.execution.jsonable import to_jsonable
 from marin.models.config import flops_per_token
 from marin.models.transformer import init_params, init_router_bias, loss_and_stats, update_router_bias

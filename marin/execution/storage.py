@@ -46,7 +46,7 @@ def _local(path: str) -> str:
 
 @functools.lru_cache(maxsize=32)
 def _fs_for(protocol_and_options: str) -> Any:
-    import fsspec
+    import fsspec  # a run on local disk never loads fsspec and its object-store plugins
 
     return fsspec.filesystem(protocol_and_options)
 

@@ -166,21 +166,6 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     )
 
 
-def place_host_arrays(tree: Any, shardings: Any) -> Any:
-    """Host numpy arrays -> global jax Arrays with the given shardings (works across processes: each
-    process hands over only the slices its devices hold). For small host-built values (batches in
-    tests, benchmarks); the training state itself never exists on the host (see :func:`init_state`)."""
-
-    def one(x, s):
-        x = np.asarray(x)
-        return jax.make_array_from_callback(x.shape, s, lambda idx: x[idx])
-
-    return jax.tree.map(one, tree, shardings)
-
-
-_place = place_host_arrays  # the older name, still used by benchmarks and tests
-
-
 def state_shardings(state: dict[str, Any], mesh, param_sharding: str = "replicated") -> dict[str, Any]:
     """Where each state leaf lives: expert weights (and their Adam moments) split over "expert", the
     rest replicated or, with ``param_sharding="fsdp"``, split over the mesh (marin.parallel.layout).

@@ -1,4 +1,5 @@
-"""How numbers and tables read on a terminal: one duration, size and table format for every command.
+"""How numbers and tables read on a terminal: one duration, timestamp, size and table format for every
+command.
 
 A top-level helper (no marin imports), so the trainer's progress line, ``marin status``, ``marin
 watch``, ``marin eval`` and the HTML report all print a duration and a table the same way.
@@ -7,6 +8,7 @@ watch``, ``marin eval`` and the HTML report all print a duration and a table the
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 
 
@@ -16,6 +18,11 @@ def format_duration(seconds: float | None) -> str:
         return "-"
     s = max(0, int(seconds))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def format_timestamp(t: float | None) -> str:
+    """``2026-12-01 10:59:15`` in local time (a record's start, end or update); ``-`` when unknown."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
 
 def format_bytes(n: float) -> str:
@@ -28,16 +35,21 @@ def format_bytes(n: float) -> str:
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]], *, right: Sequence[int] = (),
-                 rule: bool = True) -> str:
+                 rule: bool = True, indent: str = "") -> str:
     """Columns padded to their widest cell, two spaces apart; ``right`` lists the columns aligned
-    right (numbers); ``rule`` puts a line of dashes under the header. A None cell reads ``-``."""
-    cells = [[str(h) for h in header]] + [["-" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    right (numbers); ``rule`` puts a line of dashes under the header; ``indent`` starts every line
+    (a table inside a report). An empty ``header`` gives a table without one (label, value pairs).
+    A None cell reads ``-``."""
+    ncols = len(header) or max((len(r) for r in rows), default=0)
+    cells = ([[str(h) for h in header]] if header else []) + \
+        [["-" if c is None else str(c) for c in r] + [""] * (ncols - len(r)) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(ncols)]
 
     def line(c: list[str]) -> str:
-        return "  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(c, widths))).rstrip()
+        return (indent + "  ".join(v.rjust(w) if i in right else v.ljust(w)
+                                   for i, (v, w) in enumerate(zip(c, widths)))).rstrip()
 
     out = [line(c) for c in cells]
-    if rule:
-        out.insert(1, "  ".join("-" * w for w in widths))
+    if header and rule:
+        out.insert(1, indent + "  ".join("-" * w for w in widths))
     return "\n".join(out)

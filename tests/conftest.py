@@ -120,6 +120,69 @@ def gcs_bucket(gcs_endpoint):
     yield f"gs://marin-test/{uuid.uuid4().hex[:10]}"
 
 
+class RestartableS3:
+    """A moto server on a port of its own that can be stopped and started again on that port (its
+    buckets live in this process, so they survive the restart, as a real store's data does). It holds
+    one bucket, ``outage``."""
+
+    def __init__(self, monkeypatch) -> None:
+        import boto3
+        import fsspec
+
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.url,
+                     "AWS_ENDPOINT_URL_S3": self.url}.items():
+            monkeypatch.setenv(k, v)
+        self.server = None
+        self.start()
+        boto3.client("s3", endpoint_url=self.url).create_bucket(Bucket="outage")
+        fsspec.filesystem("s3").clear_instance_cache()
+        fsspec.filesystem("s3", skip_instance_cache=True)
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.server = None
+
+
+@pytest.fixture()
+def restartable_s3(monkeypatch):
+    """An S3 server of this test's own (:class:`RestartableS3`) that the test stops and starts to make
+    an outage; ``s3://`` reaches it until the test ends, then the session's server again."""
+    import fsspec
+    import s3fs
+
+    from marin.execution import storage
+
+    fsspec.config.conf.pop("s3", None)
+    store = RestartableS3(monkeypatch)
+    storage._fs_for.cache_clear()  # s3fs caches one filesystem per set of options: reach this server
+    yield store
+    if store.server is not None:
+        store.stop()
+    # forget every filesystem bound to this server: later tests reach the session's S3 server again
+    s3fs.S3FileSystem.clear_instance_cache()
+    storage._fs_for.cache_clear()
+
+
+OFFLINE_K40_ROOT = "s3://no-such-bucket-anywhere/k40"
+
+
+@pytest.fixture()
+def offline_k40(monkeypatch):
+    """Experiment files read the Harrier K40 root at import: point it at a bucket that does not exist,
+    so planning them needs no network and any read of the data fails at once."""
+    monkeypatch.setenv("HARRIER_K40_ROOT", OFFLINE_K40_ROOT)
+    return OFFLINE_K40_ROOT
+
+
 class K40Data:
     """Builders of a small K40-shaped corpus, its byte-level BPE tokenizer and its token store (all
     in this process, no Ray): the data and evaluation tests' session fixtures are made with these."""

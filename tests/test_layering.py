@@ -128,27 +128,69 @@ def test_no_private_names_across_modules():
 HEAVY = {"jax", "jaxlib", "ray", "optax", "orbax", "tensorstore", "tokenizers", "pyarrow", "draccus", "wandb",
          "lm_eval", "datasets", "scipy", "matplotlib", "tqdm", "safetensors", "zstandard", "numpy", "fsspec",
          "ml_dtypes", "scipy_openblas32", "ctypes", "playwright"}
-"""Optional or heavy dependencies: importing them inside a function keeps them off light paths."""
+"""Optional or heavy dependencies: importing them inside a function can keep them off light paths."""
+KNOWN_LOCAL_IMPORTS = {
+    "marin/execution/cluster.py",
+    "marin/execution/executor.py",
+    "marin/execution/main.py",
+}
+"""Files whose imports inside functions (Ray, draccus, fsspec, JAX, tensorstore) do not yet say why on the
+line; the executor's and the checkpoint's changes in flight write the reasons (or move the imports up)."""
+
+
+def _module_level_imports(tree: ast.Module) -> set[str]:
+    """Every module a file imports at module level (``fsspec``, ``jax.numpy``, ``marin.data.store``)."""
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+    return out
 
 
 def test_an_import_inside_a_function_keeps_a_heavy_dependency_off_a_light_path():
-    """Inside a function, import only a heavy dependency, or say on the line (or the one above) why."""
+    """Inside a function, import only a heavy or optional dependency (or a marin module that brings
+    one), never a module the file imports at module level anyway, and say why on the line or the one
+    above (a slow submodule of a package imported at the top can be a reason)."""
     bad = []
     for path in sorted((REPO / "marin").rglob("*.py")):
         rel = str(path.relative_to(REPO))
+        if rel in KNOWN_LOCAL_IMPORTS:
+            continue
         lines = path.read_text().splitlines()
         tree = ast.parse("\n".join(lines))
+        at_top = _module_level_imports(tree)
         for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
             for node in ast.walk(fn):
                 if not isinstance(node, (ast.Import, ast.ImportFrom)):
                     continue
-                top = (node.module if isinstance(node, ast.ImportFrom) else node.names[0].name) or ""
+                module = (node.module if isinstance(node, ast.ImportFrom) else node.names[0].name) or ""
+                top = module.split(".")[0]
                 line, above = lines[node.lineno - 1], lines[node.lineno - 2].strip()
-                if top.split(".")[0] in HEAVY or "#" in line or above.startswith("#"):
-                    continue
-                bad.append(f"{rel}:{node.lineno}: {line.strip()}")
-    assert not bad, "imports inside functions without a reason (move them to the top, or say why):\n  " + \
-        "\n  ".join(sorted(set(bad)))
+                where = f"{rel}:{node.lineno}: {line.strip()}"
+                if module in at_top:
+                    bad.append(f"{where}  ({module} is imported at module level already)")
+                elif top not in HEAVY and top != "marin":
+                    bad.append(f"{where}  ({top} is neither heavy nor optional)")
+                elif "#" not in line and not above.startswith("#"):
+                    bad.append(f"{where}  (no reason given)")
+    assert not bad, "imports inside functions (move them to the top, or say why):\n  " + "\n  ".join(sorted(set(bad)))
+
+
+def test_imports_inside_functions_stay_few():
+    """About a tenth of marin's imports sit inside functions (each for an optional or heavy
+    dependency); the known files above hold most of the rest."""
+    inside = total = 0
+    for path in sorted((REPO / "marin").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        local = {id(n) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, "module", None) != "__future__":
+                total += 1
+                inside += id(node) in local
+    assert inside / total < 0.12, f"{inside} of {total} imports are inside functions"
 
 
 def test_the_layering_is_stated_in_the_architecture_doc():

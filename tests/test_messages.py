@@ -70,6 +70,16 @@ def test_explain_shows_an_added_lr_replan_whole():
     assert unversioned_changes(to_jsonable(after), again, []) == ["lr_replans[0][1]: 100 -> 90"]
 
 
+def test_explain_words_a_field_added_removed_or_changed():
+    recorded = {"lr": 1e-3, "data": {"seed": 1}}
+    assert unversioned_changes(recorded, {"lr": 1e-3, "data": {"seed": 1}, "tag": "x"}, []) == ["tag added ('x')"]
+    assert unversioned_changes(recorded, {"data": {"seed": 1}}, []) == ["lr removed (was 0.001)"]
+    # a field whose shape changed reads whole; one whose shape stayed names the leaf
+    assert unversioned_changes(recorded, {"lr": 1e-3, "data": {"seed": 1, "shuffle": True}}, []) == \
+        ["data: {'seed': 1} -> {'seed': 1, 'shuffle': True}"]
+    assert unversioned_changes(recorded, {"lr": 1e-3, "data": {"seed": 2}}, []) == ['data["seed"]: 1 -> 2']
+
+
 def test_the_record_keeps_the_run_that_produced_an_output():
     previous = {"a": "succeeded", "b": "failed", "c": "succeeded", "d": "succeeded"}
     new = {"a": "cached", "b": "succeeded", "c": "reused", "d": "not_selected", "e": "dry_run"}

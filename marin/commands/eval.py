@@ -90,7 +90,6 @@ def _tokenize_reason(message: str, workdir: str) -> str:
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     checkpoint: str | int = args.checkpoint if args.checkpoint == "latest" else _step(args.checkpoint)
-    import fsspec
 
     fs, run_path = fsspec.core.url_to_fs(args.run)
     if not fs.exists(run_path):

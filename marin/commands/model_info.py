@@ -11,6 +11,7 @@ import argparse
 import json
 
 from marin.models.config import PRESETS, PUBLISHED, get_preset, summary
+from marin.textfmt import format_table
 
 
 def _human(n: float) -> str:
@@ -52,8 +53,6 @@ def run(args: argparse.Namespace) -> int:
         rows.append(("published total / active",
                      f"{_human(tot)} / {_human(act)} (ours {100 * (info['total_params'] / tot - 1):+.2f}% / "
                      f"{100 * (info['active_params'] / act - 1):+.2f}%)"))
-    width = max(len(r[0]) for r in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
+    print(format_table((), rows))
     return 0
 

@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from marin.execution import status as st
+from marin.textfmt import format_table
 from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, read_metadata
 from marin.training.schedule import replan_horizon, schedule_from_config
 
@@ -58,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"latest checkpoint: step {latest}; horizon {out['old_total_steps']} -> {out['new_total_steps']} steps "
           f"({out['tokens_saved_or_added']:+,} tokens)")
-    for row in out["curve"]:
-        print(f"  step {row['step']:>8}: lr {row['old_lr']:.4g} -> {row['new_lr']:.4g}")
+    print(format_table(("step", "lr before", "lr after"),
+                       [(row["step"], f"{row['old_lr']:.4g}", f"{row['new_lr']:.4g}") for row in out["curve"]],
+                       right=(0, 1, 2), rule=False, indent="  "))
     print(f"\nadd to default_train(...): lr_replans={tuple(tuple(r) for r in out['lr_replans'])}")
     if finished:
         print(f"note: this step already finished ({finished}): a rerun reuses it and trains nothing more. To train "

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from typing import Any
 
 from marin.commands import options
 from marin.monitoring.health import format_report
 from marin.review.steps import show
-from marin.textfmt import format_duration
+from marin.textfmt import format_duration, format_table, format_timestamp
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,8 +27,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(d, indent=1, default=repr))
         return 0
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["start_time"])) if d.get("start_time") else "-"
-    print(f"step      {d['name']}-{d['hash']}\nstatus    {d['label']}  (started {when}, "
+    print(f"step      {d['name']}-{d['hash']}\n"
+          f"status    {d['label']}  (started {format_timestamp(d.get('start_time'))}, "
           f"duration {format_duration(d['duration_s'])}, host {d.get('host')})\npath      {d['output_path']}\n"
           f"fn        {d.get('fn')}")
     if d.get("description"):
@@ -71,8 +70,8 @@ def _print_content(content: dict[str, Any]) -> None:
     for stage in content.get("mixture_shares") or []:
         shares = sorted((stage.get("domain_shares") or {}).items(), key=lambda kv: -kv[1])
         print(f"\neffective domain shares from step {stage['start_step']} (mixture_report.json):")
-        for name, share in shares:
-            print(f"  {name:<24} {100 * share:6.2f}%")
+        print(format_table(("domain", "share"), [(n, f"{100 * share:.2f}%") for n, share in shares], right=(1,),
+                           rule=False, indent="  "))
     store = content.get("token_store")
     if store:
         t = store["totals"]
@@ -85,5 +84,5 @@ def _print_content(content: dict[str, Any]) -> None:
     if ev:
         print(f"\nevaluation (eval.json) at step {ev.get('step')}: macro bpb {ev.get('macro_bpb')}, "
               f"micro bpb {ev.get('micro_bpb')}")
-        for name, v in (ev.get("sets") or {}).items():
-            print(f"  {name:<24} bpb {v.get('bpb')}  loss {v.get('loss')}  tokens {v.get('tokens')}")
+        rows = [(name, v.get("bpb"), v.get("loss"), v.get("tokens")) for name, v in (ev.get("sets") or {}).items()]
+        print(format_table(("set", "bpb", "loss", "tokens"), rows, right=(1, 2, 3), rule=False, indent="  "))

@@ -20,6 +20,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import fsspec
+
 K40_TOTAL_TOKENS = 23_110_000_000_000
 """Tokens after filtering (published figure); the raw crawl had 25.6T."""
 
@@ -138,7 +140,5 @@ def make_k40_manifest(
 
 def read_k40_manifest(root: str) -> dict:
     """Read ``{root}/k40_manifest.json`` through fsspec."""
-    import fsspec
-
     with fsspec.open(f"{root.rstrip('/')}/{MANIFEST_NAME}", "r") as f:
         return json.load(f)

@@ -116,13 +116,13 @@ def list_document_files(root: str) -> list[str]:
 def _corruption_errors() -> tuple[type[BaseException], ...]:
     errs: list[type[BaseException]] = [EOFError, zlib.error, gzip.BadGzipFile, OSError]
     try:
-        import zstandard
+        import zstandard  # zstandard: the data extra, only for .zst files
 
         errs.append(zstandard.ZstdError)
     except ImportError:  # pragma: no cover
         pass
     try:
-        import pyarrow
+        import pyarrow  # pyarrow: the data extra (slow to import), only for parquet
 
         errs.append(pyarrow.ArrowException)
     except ImportError:  # pragma: no cover
@@ -180,7 +180,7 @@ def _iter_jsonl(f, text_field: str, max_doc_bytes: int | None) -> Iterator[Recor
 
 
 def _iter_parquet(f, text_field: str, max_doc_bytes: int | None) -> Iterator[Record]:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # pyarrow: the data extra (slow to import), only for parquet
 
     pf = pq.ParquetFile(f)
     if text_field not in pf.schema_arrow.names:
@@ -208,7 +208,7 @@ class _CheckedZstdReader:
     drop everything after the cut; a truncated download must be a corrupt file instead."""
 
     def __init__(self, raw) -> None:
-        import zstandard
+        import zstandard  # zstandard: the data extra, only for .zst files
 
         self._raw = raw
         self._dctx = zstandard.ZstdDecompressor()
@@ -217,7 +217,7 @@ class _CheckedZstdReader:
         self._buf = b""
 
     def read(self, n: int = -1) -> bytes:
-        import zstandard
+        import zstandard  # zstandard: the data extra, only for .zst files
 
         while n < 0 or len(self._buf) < n:
             chunk = self._raw.read(1 << 20)

@@ -142,8 +142,8 @@ _AVG_DOC_BYTES = 330  # measured on the generator's output; used only to size do
 
 def _encode_file(fmt: str, docs: list[dict]) -> bytes:
     if fmt == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow as pa  # pyarrow: the data extra (slow to import), only for parquet
+        import pyarrow.parquet as pq  # (the same)
 
         buf = io.BytesIO()
         pq.write_table(pa.Table.from_pylist(docs), buf, compression="snappy")
@@ -154,7 +154,7 @@ def _encode_file(fmt: str, docs: list[dict]) -> bytes:
     if fmt == "jsonl.gz":
         return gzip.compress(raw, mtime=0)  # mtime=0 keeps the bytes deterministic
     if fmt == "jsonl.zst":
-        import zstandard
+        import zstandard  # zstandard: the data extra, only for .zst files
 
         return zstandard.ZstdCompressor(level=3).compress(raw)
     raise ValueError(f"unknown format {fmt!r}; choose from jsonl, jsonl.gz, jsonl.zst, parquet")

@@ -31,6 +31,7 @@ from typing import Any
 
 import fsspec
 import numpy as np
+from tqdm.auto import tqdm
 
 from marin.data.readers import (
     DAMAGED_SKIPS,
@@ -342,8 +343,6 @@ def build_manifest(config: TokenizeConfig, results: list[dict], tok) -> dict:
 
 def _run_tasks(tasks: list[FileTask], config: TokenizeConfig) -> list[dict]:
     """Run file tasks as Ray tasks when Ray is up (the executor's case), otherwise in this process."""
-    from tqdm.auto import tqdm
-
     total_files = len(tasks)
     bar = tqdm(total=total_files, unit="file", desc="tokenize", disable=not config.show_progress, mininterval=2.0)
     t0 = time.monotonic()
@@ -359,7 +358,7 @@ def _run_tasks(tasks: list[FileTask], config: TokenizeConfig) -> list[dict]:
                         failed=sum(1 for x in results if x["error"]), refresh=False)
 
     try:
-        import ray
+        import ray  # Ray: only when the executor runs this step; declaring it must not start Ray
     except ImportError:  # pragma: no cover
         ray = None
     if config.use_ray and ray is not None and ray.is_initialized():

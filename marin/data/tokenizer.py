@@ -71,7 +71,7 @@ class LoadedTokenizer:
 
 def load_tokenizer_from_json(json_text: str, path: str = "<memory>", eos_token: str = DEFAULT_EOS) -> LoadedTokenizer:
     """Build a :class:`LoadedTokenizer` from JSON text (checks the end-of-document token exists)."""
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # tokenizers: the data extra, only when a tokenizer is read
 
     try:
         tok = Tokenizer.from_str(json_text)
@@ -184,6 +184,7 @@ def _sample_texts(config: TrainTokenizerConfig, report: dict) -> Iterator[str]:
 
 def train_bpe_tokenizer(texts, vocab_size: int, min_frequency: int = 2, eos_token: str = DEFAULT_EOS):
     """A byte-level BPE (GPT-2 style: lossless on any UTF-8 text) with ``eos_token`` as id 0."""
+    # tokenizers: the data extra, only when one is trained
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())

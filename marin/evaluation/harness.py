@@ -23,10 +23,12 @@ import json
 import os
 from typing import Any
 
+import lm_eval
 import numpy as np
 import yaml
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
+from lm_eval.utils import make_table
 
 from marin.data.tokenizer import load_tokenizer
 from marin.evaluation.multiple_choice import pair_logliks
@@ -117,7 +119,7 @@ class MarinLM(LM):
 def check_tasks(tasks: list[str], include_path: str | None):
     """A TaskManager that knows every task of ``tasks``, after checking the local task files: the
     directory exists, every YAML parses, and every local data file a task names exists."""
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager  # lm_eval's task registry: slow to import, only when tasks run
 
     if not tasks:
         raise HarnessTaskError("no tasks given: pass --tasks NAME[,NAME...]")
@@ -159,13 +161,11 @@ def evaluate_tasks(lm: MarinLM, tasks: list[str], *, include_path: str | None = 
                    output_path: str | None = None) -> dict[str, Any]:
     """lm_eval's ``simple_evaluate`` of ``tasks`` on ``lm``; with ``output_path`` its results JSON is
     written there by lm_eval's own EvaluationTracker (``<output_path>/marin/results_<time>.json``)."""
-    import lm_eval
-
     manager = check_tasks(tasks, include_path)
     results = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
                                       log_samples=False, bootstrap_iters=0)
     if output_path:
-        from lm_eval.loggers import EvaluationTracker
+        from lm_eval.loggers import EvaluationTracker  # slow to import, only when results are written
 
         tracker = EvaluationTracker(output_path=output_path)
         tracker.general_config_tracker.model_name = "marin"
@@ -184,6 +184,4 @@ def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def format_results(results: dict[str, Any]) -> str:
-    from lm_eval.utils import make_table
-
     return make_table(results)

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import fsspec
 import numpy as np
 
 from marin.data.synthetic import generate_documents
@@ -57,8 +58,6 @@ class Question:
 
 def read_task(path: str) -> list[Question]:
     """Questions of a task file; a malformed line raises :class:`TaskError` naming it."""
-    import fsspec
-
     out = []
     try:
         with fsspec.open(path, "rb", compression="infer") as f:
@@ -265,8 +264,6 @@ def domain_task_questions(config: DomainTaskConfig) -> list[dict[str, Any]]:
 
 def write_domain_task(config: DomainTaskConfig) -> dict[str, Any]:
     """Executor step: write ``task.jsonl`` (see :class:`DomainTaskConfig`)."""
-    import fsspec
-
     qs = domain_task_questions(config)
     with fsspec.open(f"{config.output_path.rstrip('/')}/task.jsonl", "w") as f:
         f.write("".join(json.dumps(q) + "\n" for q in qs))

@@ -20,6 +20,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import fsspec
+
 from marin.evaluation.metrics import suite_metrics
 from marin.evaluation.multiple_choice import prepare_run_tasks, score_prepared_task
 from marin.evaluation.sets import EvalSet
@@ -90,7 +92,7 @@ def evaluate_checkpoints_on_host(ctx: HostContext, config: EvalConfig, steps: li
 
 def run_eval(config: EvalConfig, *, use_ray: bool | None = None) -> dict[str, Any]:
     """Evaluate on the configured (or the run's) pool; returns the eval.json object (not written)."""
-    import ray
+    import ray  # Ray: only to launch on a pool; declaring an eval step must not import it
 
     steps = select_steps(config.run_path, config.checkpoint)
     pool = get_pool(config.pool or read_metadata(checkpoint_path(config.run_path, steps[-1]))["config"]["pool"])
@@ -101,8 +103,6 @@ def run_eval(config: EvalConfig, *, use_ray: bool | None = None) -> dict[str, An
 
 def evaluate(config: EvalConfig) -> dict[str, Any]:
     """Executor step: evaluate and write ``eval.json`` in the step's output directory."""
-    import fsspec
-
     result = run_eval(config)
     with fsspec.open(f"{config.output_path.rstrip('/')}/{EVAL_FILE}", "w") as f:
         json.dump(result, f, indent=1)

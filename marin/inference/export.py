@@ -73,7 +73,7 @@ def export_model(params, router_bias, cfg, out_dir: str, *, tokenizer_path: str 
                  lineage: dict[str, Any] | None = None, overwrite: bool = False,
                  max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> dict[str, Any]:
     """Write an export directory; returns ``{"dir", "shards", "tensors", "total_size"}``."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save_file  # safetensors: the train extra, only when writing
 
     check_output_dir(out_dir, overwrite)
     os.makedirs(out_dir, exist_ok=True)

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import fsspec
+
 from marin.evaluation.suite import eval_seq_len
 from marin.execution.versioning import input_field, live
 from marin.inference.run import load_run
@@ -72,8 +74,6 @@ class HarnessConfig:
 
 def harness_eval(config: HarnessConfig) -> dict[str, Any]:
     """Executor step: lm_eval results of the run's checkpoint, written as ``harness.json``."""
-    import fsspec
-
     from marin.evaluation.harness import summary  # lm_eval: an optional extra, loaded when a harness runs
 
     results = run_harness(config.run_path, list(config.tasks), step=config.checkpoint, pool=config.pool,

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -51,8 +52,6 @@ def _cpu_identity() -> str:
 def _build_inputs() -> tuple[list[str], list[str], list[str], str]:
     """Compile flags, link flags, libraries (`build` puts the object file between the last two) and a
     key naming everything the binary depends on."""
-    import jaxlib
-
     try:
         import scipy_openblas32 as openblas  # the train extra's BLAS wheel: needed only to build the kernel
     except ImportError as e:

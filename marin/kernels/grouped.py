@@ -16,6 +16,10 @@ the device that holds their experts and call these on what arrives.
 
 Which implementation runs follows `marin.jaxcompat.compute_platform()`, so a CPU-only machine traces
 the GPU program when lowering for CUDA.
+
+This lives in `marin.kernels`, not next to the model in `marin.models`, because the transports
+(`marin.parallel`, a floor below `marin.models`) call it on what arrives, and a package imports only
+from its own floor or below.
 """
 
 from __future__ import annotations

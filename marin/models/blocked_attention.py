@@ -65,16 +65,17 @@ def _forward(q, k, v, seg, window, block):
 
     def query_block(_, i):
         q_start = i * block
-        qi, seg_q = _tile(q, q_start, block), _tile(seg, q_start, block)
+        qi, seg_q = _tile(q, q_start, block), _tile(seg, q_start, block)  # [B, bq, kv, g, hd], [B, bq]
 
         def key_block(j, carry):
             m, l, acc = carry
             k_start = j * block
             mask = _tile_mask(q_start, k_start, block, window, seg_q, _tile(seg, k_start, block))
-            s = jnp.where(mask, _scores(qi, _tile(k, k_start, block), hd), NEG)
-            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-            p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
-            corr = jnp.exp(m - m_new)
+            s = jnp.where(mask, _scores(qi, _tile(k, k_start, block), hd), NEG)  # [B, kv, g, bq, bk] f32
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))  # [B, kv, g, bq]
+            p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)  # [B, kv, g, bq, bk]
+            corr = jnp.exp(m - m_new)  # [B, kv, g, bq]
+            # pv [B, kv, g, bq, hd] f32
             pv = jnp.einsum("bkgqs,bskh->bkgqh", p.astype(v.dtype), _tile(v, k_start, block),
                             preferred_element_type=jnp.float32)
             return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
@@ -95,38 +96,42 @@ def _forward(q, k, v, seg, window, block):
 def _backward(q, k, v, seg, window, block, o, lse, do):
     b, length, kv, g, hd = q.shape
     n = length // block
-    delta = jnp.einsum("bqkgh,bqkgh->bkgq", do.astype(jnp.float32), o.astype(jnp.float32))  # rowsum(dO * O)
+    # delta [B, kv, g, L]: rowsum(dO * O)
+    delta = jnp.einsum("bqkgh,bqkgh->bkgq", do.astype(jnp.float32), o.astype(jnp.float32))
 
     def query_block(carry, i):
         dk, dv = carry
         q_start = i * block
+        # qi, doi [B, bq, kv, g, hd], seg_q [B, bq]
         qi, doi, seg_q = _tile(q, q_start, block), _tile(do, q_start, block), _tile(seg, q_start, block)
-        lse_i = jax.lax.dynamic_slice_in_dim(lse, q_start, block, axis=3)
+        lse_i = jax.lax.dynamic_slice_in_dim(lse, q_start, block, axis=3)  # [B, kv, g, bq]
         delta_i = jax.lax.dynamic_slice_in_dim(delta, q_start, block, axis=3)
 
         def key_block(j, carry):
             dq_i, dk, dv = carry
             k_start = j * block
-            kj, vj = _tile(k, k_start, block), _tile(v, k_start, block)
+            kj, vj = _tile(k, k_start, block), _tile(v, k_start, block)  # [B, bk, kv, hd]
             mask = _tile_mask(q_start, k_start, block, window, seg_q, _tile(seg, k_start, block))
-            p = jnp.where(mask, jnp.exp(_scores(qi, kj, hd) - lse_i[..., None]), 0.0)
+            p = jnp.where(mask, jnp.exp(_scores(qi, kj, hd) - lse_i[..., None]), 0.0)  # [B, kv, g, bq, bk]
+            # dv_j [B, bk, kv, hd]
             dv_j = jnp.einsum("bkgqs,bqkgh->bskh", p.astype(do.dtype), doi, preferred_element_type=jnp.float32)
-            dp = jnp.einsum("bqkgh,bskh->bkgqs", doi, vj, preferred_element_type=jnp.float32)
-            ds = p * (dp - delta_i[..., None]) / math.sqrt(hd)
+            dp = jnp.einsum("bqkgh,bskh->bkgqs", doi, vj, preferred_element_type=jnp.float32)  # [B, kv, g, bq, bk]
+            ds = p * (dp - delta_i[..., None]) / math.sqrt(hd)  # [B, kv, g, bq, bk]
             dq_i = dq_i + jnp.einsum("bkgqs,bskh->bqkgh", ds.astype(k.dtype), kj, preferred_element_type=jnp.float32)
+            # dk_j [B, bk, kv, hd]
             dk_j = jnp.einsum("bkgqs,bqkgh->bskh", ds.astype(q.dtype), qi, preferred_element_type=jnp.float32)
             dk = jax.lax.dynamic_update_slice_in_dim(dk, _tile(dk, k_start, block) + dk_j, k_start, axis=1)
             dv = jax.lax.dynamic_update_slice_in_dim(dv, _tile(dv, k_start, block) + dv_j, k_start, axis=1)
             return dq_i, dk, dv
 
         first, last = visible_key_blocks(i, block, window)
-        dq_i = jnp.zeros((b, block, kv, g, hd), jnp.float32)
+        dq_i = jnp.zeros((b, block, kv, g, hd), jnp.float32)  # [B, bq, kv, g, hd]
         dq_i, dk, dv = jax.lax.fori_loop(first, last + 1, key_block, (dq_i, dk, dv))
         return (dk, dv), dq_i.astype(q.dtype)
 
-    zeros_kv = jnp.zeros((b, length, kv, hd), jnp.float32)
+    zeros_kv = jnp.zeros((b, length, kv, hd), jnp.float32)  # [B, L, kv, hd]: dk, dv accumulate here
     (dk, dv), dq = jax.lax.scan(query_block, (zeros_kv, zeros_kv), jnp.arange(n))
-    dq = dq.transpose(1, 0, 2, 3, 4, 5).reshape(b, length, kv, g, hd)
+    dq = dq.transpose(1, 0, 2, 3, 4, 5).reshape(b, length, kv, g, hd)  # [n, B, bq, kv, g, hd] -> [B, L, kv, g, hd]
     return dq, dk.astype(k.dtype), dv.astype(v.dtype)
 
 

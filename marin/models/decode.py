@@ -93,30 +93,31 @@ def decode_step(params, router_bias, cache: dict, tokens, positions, cfg: MoECon
     new_k = {"global": [], "local": []}
     new_v = {"global": [], "local": []}
 
-    x = params["embed"].astype(dt)[tokens]
+    x = params["embed"].astype(dt)[tokens]  # [B, T, d]
     for i in range(cfg.n_layers):
         p = jax.tree.map(lambda a, i=i: a[i].astype(dt), params["blocks"])
-        y = rmsnorm(x, p["attn_norm"], cfg.norm_eps)
-        q = rope((y @ p["wq"]).reshape(b, t, kvh, h // kvh, hd), rope_pos, cfg.rope_theta)
-        k = rope((y @ p["wk"]).reshape(b, t, kvh, hd), rope_pos, cfg.rope_theta)
-        v = (y @ p["wv"]).reshape(b, t, kvh, hd)
+        y = rmsnorm(x, p["attn_norm"], cfg.norm_eps)  # [B, T, d]
+        q = rope((y @ p["wq"]).reshape(b, t, kvh, h // kvh, hd), rope_pos, cfg.rope_theta)  # [B, T, kv, g, hd]
+        k = rope((y @ p["wk"]).reshape(b, t, kvh, hd), rope_pos, cfg.rope_theta)  # [B, T, kv, hd]
+        v = (y @ p["wv"]).reshape(b, t, kvh, hd)  # [B, T, kv, hd]
         if i in glob:
             j = glob.index(i)
-            ks = jax.lax.dynamic_update_slice(cache["global_k"][j], k, (0, start, 0, 0))
+            ks = jax.lax.dynamic_update_slice(cache["global_k"][j], k, (0, start, 0, 0))  # [B, S, kv, hd]
             vs = jax.lax.dynamic_update_slice(cache["global_v"][j], v, (0, start, 0, 0))
+            # o [B, T, kv, g, hd]
             o = masked_attention(q, ks, vs, _visible(positions, global_pos, jnp.iinfo(jnp.int32).max))
             new_k["global"].append(ks)
             new_v["global"].append(vs)
         else:
             j = loc.index(i)
             # the ring before this chunk plus the chunk itself: every cached token appears once
-            ks = jnp.concatenate([cache["local_k"][j], k], axis=1)
+            ks = jnp.concatenate([cache["local_k"][j], k], axis=1)  # [B, W + T, kv, hd]
             vs = jnp.concatenate([cache["local_v"][j], v], axis=1)
-            key_pos = jnp.concatenate([local_pos_before, positions], axis=1)
-            o = masked_attention(q, ks, vs, _visible(positions, key_pos, cfg.sliding_window))
+            key_pos = jnp.concatenate([local_pos_before, positions], axis=1)  # [B, W + T]
+            o = masked_attention(q, ks, vs, _visible(positions, key_pos, cfg.sliding_window))  # [B, T, kv, g, hd]
             new_k["local"].append(cache["local_k"][j].at[:, slots].set(k[:, t - keep:]))
             new_v["local"].append(cache["local_v"][j].at[:, slots].set(v[:, t - keep:]))
-        x = x + o.reshape(b, t, h * hd) @ p["wo"]
+        x = x + o.reshape(b, t, h * hd) @ p["wo"]  # [B, T, d]
         out, _ = moe_block(rmsnorm(x, p["mlp_norm"], cfg.norm_eps), p, router_bias[i], cfg, mesh, transport)
         x = x + out
     for kind in ("global", "local"):
@@ -136,12 +137,12 @@ def next_tokens(logits, key, sampling: Sampling):
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     logits = logits / sampling.temperature
     if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
-        kth = jax.lax.top_k(logits, sampling.top_k)[0][:, -1:]
+        kth = jax.lax.top_k(logits, sampling.top_k)[0][:, -1:]  # [B, 1]
         logits = jnp.where(logits < kth, -jnp.inf, logits)
     if sampling.top_p is not None and sampling.top_p < 1:
-        order = jnp.argsort(-logits, axis=-1)
+        order = jnp.argsort(-logits, axis=-1)  # [B, V], most likely first
         sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
-        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        probs = jax.nn.softmax(sorted_logits, axis=-1)  # [B, V]
         # keep a token if the probability of the more likely ones is still below top_p (the first always)
         before = jnp.cumsum(probs, axis=-1) - probs
         drop_sorted = before >= sampling.top_p

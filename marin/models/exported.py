@@ -132,7 +132,7 @@ def config_from_record(record: dict) -> MoEConfig:
 
 def read_export(directory: str) -> tuple[MoEConfig, dict, np.ndarray]:
     """(config, numpy params, numpy router bias) of an export directory (local path)."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # safetensors: the train extra; config and shapes need numpy only
 
     try:
         with open(os.path.join(directory, CONFIG_FILE)) as f:

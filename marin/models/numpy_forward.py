@@ -34,7 +34,7 @@ import numpy as np
 
 def load(directory: str) -> tuple[dict, dict[str, np.ndarray]]:
     """(the ``model`` section of config.json, {tensor name: float32 array}) of an export directory."""
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load_file  # safetensors: the train extra, only when an export is read
 
     with open(os.path.join(directory, "config.json")) as f:
         config = json.load(f)["model"]

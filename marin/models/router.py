@@ -14,11 +14,11 @@ import jax.numpy as jnp
 
 def route(z, w_router, bias, top_k: int, normalize: bool = True):
     """z [T, D] -> (expert_ids int32 [T, k], combine weights f32 [T, k], scores f32 [T, E])."""
-    logits = jnp.dot(z, w_router.astype(z.dtype), preferred_element_type=jnp.float32)
-    scores = jax.nn.sigmoid(logits)
-    biased = jax.lax.stop_gradient(scores + jax.lax.stop_gradient(bias)[None, :])
-    _, expert_ids = jax.lax.top_k(biased, top_k)
-    weights = jnp.take_along_axis(scores, expert_ids, axis=-1)
+    logits = jnp.dot(z, w_router.astype(z.dtype), preferred_element_type=jnp.float32)  # [T, E] f32
+    scores = jax.nn.sigmoid(logits)  # [T, E] in (0, 1)
+    biased = jax.lax.stop_gradient(scores + jax.lax.stop_gradient(bias)[None, :])  # [T, E]
+    _, expert_ids = jax.lax.top_k(biased, top_k)  # [T, k]
+    weights = jnp.take_along_axis(scores, expert_ids, axis=-1)  # [T, k], from the unbiased scores
     if normalize:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return expert_ids.astype(jnp.int32), weights, scores
@@ -35,14 +35,14 @@ def selection_margins(scores, bias, top_k: int):
     Token t selects e iff scores[t, e] + bias[e] > thr[t, e], where thr is the k-th largest biased
     score among the OTHER experts: the (k+1)-th overall if e is currently selected, else the k-th.
     So with bias b_e, expert e gets #{t : u[t, e] > -b_e} tokens (other biases held fixed)."""
-    biased = scores + bias[None, :]
+    biased = scores + bias[None, :]  # [T, E]
     n_experts = scores.shape[-1]
     kk = min(top_k + 1, n_experts)
-    top_vals, _ = jax.lax.top_k(biased, kk)
-    kth = top_vals[:, top_k - 1 : top_k]
+    top_vals, _ = jax.lax.top_k(biased, kk)  # [T, k + 1] (or [T, E] when k = E)
+    kth = top_vals[:, top_k - 1 : top_k]  # [T, 1]
     kth1 = top_vals[:, kk - 1 : kk] if kk > top_k else jnp.full_like(kth, -jnp.inf)
-    selected = biased >= kth
-    thr = jnp.where(selected, kth1, kth)
+    selected = biased >= kth  # [T, E]
+    thr = jnp.where(selected, kth1, kth)  # [T, E]
     return scores - thr
 
 
@@ -68,11 +68,11 @@ def margin_histogram(scores, bias, top_k: int, n_bins: int = 1024):
     scores = jax.lax.stop_gradient(scores).astype(jnp.float32)
     bias = jax.lax.stop_gradient(bias).astype(jnp.float32)
     n_experts = scores.shape[1]
-    u = selection_margins(scores, bias, top_k)
+    u = selection_margins(scores, bias, top_k)  # [T, E]
     lo, hi = _margin_range(bias)
     width = (hi - lo) / n_bins
-    bins = jnp.clip(jnp.floor((u - lo) / width).astype(jnp.int32), 0, n_bins - 1)
-    flat = bins + jnp.arange(n_experts, dtype=jnp.int32)[None, :] * n_bins
+    bins = jnp.clip(jnp.floor((u - lo) / width).astype(jnp.int32), 0, n_bins - 1)  # [T, E]
+    flat = bins + jnp.arange(n_experts, dtype=jnp.int32)[None, :] * n_bins  # [T, E] into [E * n_bins]
     hist = jnp.zeros((n_experts * n_bins,), jnp.float32).at[flat.reshape(-1)].add(1.0)
     return hist.reshape(n_experts, n_bins)
 
@@ -83,23 +83,23 @@ def bias_target_from_histogram(hist, bias, n_tokens, top_k: int):
     lo, hi = _margin_range(bias)
     width = (hi - lo) / n_bins
     # above[e, j] = number of margins in bins >= j  (i.e. u >= lo + j*width)
-    above = jnp.cumsum(hist[:, ::-1], axis=1)[:, ::-1]
+    above = jnp.cumsum(hist[:, ::-1], axis=1)[:, ::-1]  # [E, n_bins]
     target = n_tokens * top_k / n_experts
     # j* = the last bin whose lower edge still has >= target margins above it
     j = jnp.sum(above >= target, axis=1) - 1
-    j = jnp.clip(j, 0, n_bins - 1)
+    j = jnp.clip(j, 0, n_bins - 1)  # [E]
     above_j = jnp.take_along_axis(above, j[:, None], axis=1)[:, 0]
     in_bin = jnp.take_along_axis(hist, j[:, None], axis=1)[:, 0]
     above_next = above_j - in_bin
     frac = jnp.where(in_bin > 0, (target - above_next) / jnp.maximum(in_bin, 1.0), 0.0)
-    q = lo + (j + 1).astype(jnp.float32) * width - frac * width
+    q = lo + (j + 1).astype(jnp.float32) * width - frac * width  # [E]
     b = -q
     return b - jnp.mean(b)
 
 
 def quantile_bias_target_exact(scores, bias, top_k: int):
     """Slow obvious reference (sorts every expert's margins; not shardable)."""
-    u = selection_margins(scores, bias, top_k)
+    u = selection_margins(scores, bias, top_k)  # [T, E]
     n_tokens, n_experts = scores.shape
     target = n_tokens * top_k / n_experts
     s = -jnp.sort(-u, axis=0)  # descending per expert

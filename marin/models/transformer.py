@@ -78,7 +78,7 @@ def layer_windows(cfg: MoEConfig) -> jax.Array:
 # ---- layers ---------------------------------------------------------------------------------
 def rmsnorm(x, w, eps):
     x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)  # [..., d] f32, unit RMS per row
     return (y * w).astype(x.dtype)
 
 
@@ -108,16 +108,16 @@ def attention_mask(seq_len: int, window, segment_ids=None):
 def attention(x, p, window, segment_ids, cfg: MoEConfig):
     b, l, _ = x.shape
     h, kv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    q = (x @ p["wq"]).reshape(b, l, kv, h // kv, hd)
-    k = (x @ p["wk"]).reshape(b, l, kv, hd)
-    v = (x @ p["wv"]).reshape(b, l, kv, hd)
+    q = (x @ p["wq"]).reshape(b, l, kv, h // kv, hd)  # [B, L, kv, g, hd]: g = h / kv query heads per kv head
+    k = (x @ p["wk"]).reshape(b, l, kv, hd)  # [B, L, kv, hd]
+    v = (x @ p["wv"]).reshape(b, l, kv, hd)  # [B, L, kv, hd]
     pos = jnp.arange(l)
     q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
     if cfg.attention_impl == "blocked":
-        o = blocked_attention(q, k, v, window, segment_ids, block=cfg.attention_block)
+        o = blocked_attention(q, k, v, window, segment_ids, block=cfg.attention_block)  # [B, L, kv, g, hd]
     else:
-        o = dense_attention(q, k, v, window, segment_ids)
-    return o.reshape(b, l, h * hd) @ p["wo"]
+        o = dense_attention(q, k, v, window, segment_ids)  # [B, L, kv, g, hd]
+    return o.reshape(b, l, h * hd) @ p["wo"]  # [B, L, d]
 
 
 def dense_attention(q, k, v, window, segment_ids=None):
@@ -130,26 +130,27 @@ def masked_attention(q, k, v, mask):
     query) -> [B, Lq, kv, g, hd]. Shared by the training forward (Lq = Lk) and cached decoding
     (Lq = the new tokens, Lk = the cache). A query that sees no key gets a uniform average, not NaN."""
     s = jnp.einsum("bqkgh,bskh->bkgqs", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
-    s = jnp.where(mask[:, None, None], s, -1e30)
-    probs = jax.nn.softmax(s, axis=-1).astype(q.dtype)
-    return jnp.einsum("bkgqs,bskh->bqkgh", probs, v)
+    s = jnp.where(mask[:, None, None], s, -1e30)  # [B, kv, g, Lq, Lk] f32 scores
+    probs = jax.nn.softmax(s, axis=-1).astype(q.dtype)  # [B, kv, g, Lq, Lk]
+    return jnp.einsum("bkgqs,bskh->bqkgh", probs, v)  # [B, Lq, kv, g, hd]
 
 
 def swiglu(x, w_gate, w_up, w_down):
-    return (jax.nn.silu(x @ w_gate) * (x @ w_up)) @ w_down
+    return (jax.nn.silu(x @ w_gate) * (x @ w_up)) @ w_down  # [T, d_in] -> [T, f] -> [T, d_out]
 
 
 def moe_block(x, p, bias, cfg: MoEConfig, mesh, transport: str):
     """x [B, L, d] (already normed) -> (out [B, L, d], per-layer stats)."""
     b, l, d = x.shape
-    xf = x.reshape(b * l, d)
-    shared = swiglu(xf, p["shared_gate"], p["shared_up"], p["shared_down"])
-    z = xf @ p["latent_down"]
+    xf = x.reshape(b * l, d)  # [T, d], T = B * L tokens
+    shared = swiglu(xf, p["shared_gate"], p["shared_up"], p["shared_down"])  # [T, d]
+    z = xf @ p["latent_down"]  # [T, latent]
+    # expert_ids, weights [T, k]; scores [T, E]
     expert_ids, weights, scores = rt.route(z, p["router"], bias, cfg.top_k, cfg.normalize_combine)
     experts = {"gate": p["expert_gate"], "up": p["expert_up"], "down": p["expert_down"]}
     y, drops = moe_experts(z, expert_ids, weights.astype(z.dtype), experts, n_experts=cfg.n_experts,
                            transport=transport, mesh=mesh, capacity_factor=cfg.capacity_factor)
-    out = shared + y @ p["latent_up"]
+    out = shared + y @ p["latent_up"]  # y [T, latent] -> out [T, d]
     stats = {
         "expert_load": rt.expert_load(expert_ids, cfg.n_experts),
         "send_drops": drops["send_drops"],
@@ -181,16 +182,17 @@ def forward(params, router_bias, inputs, cfg: MoEConfig, *, mesh=None, transport
     transport = transport or cfg.transport
     dt = jnp.dtype(cfg.dtype)
     cast = lambda a: a.astype(dt)  # noqa: E731
-    x = cast(params["embed"])[inputs]
+    x = cast(params["embed"])[inputs]  # [B, L, d]
 
     def layer(x, xs):
         p, bias, window = xs
         p = jax.tree.map(cast, p)
-        x = x + attention(rmsnorm(x, p["attn_norm"], cfg.norm_eps), p, window, segment_ids, cfg)
-        y, stats = moe_block(rmsnorm(x, p["mlp_norm"], cfg.norm_eps), p, bias, cfg, mesh, transport)
+        x = x + attention(rmsnorm(x, p["attn_norm"], cfg.norm_eps), p, window, segment_ids, cfg)  # [B, L, d]
+        y, stats = moe_block(rmsnorm(x, p["mlp_norm"], cfg.norm_eps), p, bias, cfg, mesh, transport)  # y [B, L, d]
         return x + y, stats
 
     layer = _remat(layer, cfg.remat_policy)
+    # x [B, L, d]; stats stacked [n_layers, ...]
     x, stats = jax.lax.scan(layer, x, (params["blocks"], router_bias, layer_windows(cfg)))
     return output_logits(x, params, cfg), stats
 
@@ -198,10 +200,12 @@ def forward(params, router_bias, inputs, cfg: MoEConfig, *, mesh=None, transport
 def output_logits(x, params, cfg: MoEConfig):
     """The last residual stream x [B, L, d] -> logits f32 [B, L, V] (final norm, then the head)."""
     dt = jnp.dtype(cfg.dtype)
-    h = rmsnorm(x, params["final_norm"].astype(dt), cfg.norm_eps)
+    h = rmsnorm(x, params["final_norm"].astype(dt), cfg.norm_eps)  # [B, L, d]
     if cfg.tie_embeddings:
+        # logits [B, L, V] f32
         logits = jnp.einsum("bld,vd->blv", h, params["embed"].astype(dt), preferred_element_type=jnp.float32)
         return logits / math.sqrt(cfg.d_model)
+    # logits [B, L, V] f32
     return jnp.einsum("bld,dv->blv", h, params["lm_head"].astype(dt), preferred_element_type=jnp.float32)
 
 
@@ -210,16 +214,16 @@ def loss_and_stats(params, router_bias, tokens, cfg: MoEConfig, *, mesh=None, tr
     """tokens int32 [B, L+1] -> (mean CE + z_loss_weight * z_loss, stats). Differentiable w.r.t. params;
     router_bias is stop-gradient'ed. segment_ids [B, L+1] or [B, L] (document ids) masks attention
     across documents."""
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # [B, L] each
     seq = inputs.shape[1]
     if segment_ids is not None:
         segment_ids = segment_ids[:, :seq]
     router_bias = jax.lax.stop_gradient(router_bias)
     logits, layer_stats = forward(params, router_bias, inputs, cfg, mesh=mesh, transport=transport,
                                   segment_ids=segment_ids)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    ce = jnp.mean(lse - target_logit)
+    lse = jax.nn.logsumexp(logits, axis=-1)  # [B, L]
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [B, L]
+    ce = jnp.mean(lse - target_logit)  # scalar
     zl = jnp.mean(lse**2)
     loss = ce + cfg.z_loss_weight * zl
     assignments = layer_stats["assignments"]

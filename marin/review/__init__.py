@@ -201,7 +201,7 @@ class Step:
         None keeps all. Needs pyarrow (``pip install 'marin[data]'``).
         """
         try:
-            import pyarrow as pa
+            import pyarrow as pa  # pyarrow: the data extra, only for a table of metrics
         except ImportError:
             raise ImportError("Step.metrics() needs pyarrow: pip install 'marin[data]'") from None
         rows = self.metric_records()

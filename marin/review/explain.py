@@ -56,13 +56,8 @@ def unversioned_changes(recorded: Any, current: Any, versioned: Iterable[str]) -
     reshaped = sorted({k[0] for k in set(old) ^ set(new) if k and not any(k[:len(v)] == v for v in versioned_keys)},
                       key=str) if isinstance(recorded, dict) and isinstance(current_json, dict) else []
     for field in reshaped:
-        name = spelled.get((field,), str(field))
-        if field not in recorded:
-            out.append(f"{name} added ({_short(current_json.get(field))})")
-        elif field not in current_json:
-            out.append(f"{name} removed (was {_short(recorded[field])})")
-        else:
-            out.append(f"{name}: {_short(recorded[field])} -> {_short(current_json[field])}")
+        out.append(_change(spelled.get((field,), str(field)), recorded.get(field), current_json.get(field),
+                           was=field in recorded, now=field in current_json))
     for keys in sorted(set(old) | set(new), key=lambda k: (new.get(k) or old[k])[0]):
         if any(keys[:len(v)] == v for v in versioned_keys) or (keys and keys[0] in reshaped):
             continue
@@ -70,12 +65,7 @@ def unversioned_changes(recorded: Any, current: Any, versioned: Iterable[str]) -
         name, b = new.get(keys, (name, None))
         if keys in old and keys in new and a == b:
             continue
-        if keys not in old:
-            out.append(f"{name} added ({_short(b)})")
-        elif keys not in new:
-            out.append(f"{name} removed (was {_short(a)})")
-        else:
-            out.append(f"{name}: {_short(a)} -> {_short(b)}")
+        out.append(_change(name, a, b, was=keys in old, now=keys in new))
     return out
 
 
@@ -123,6 +113,15 @@ def version_changes(old: dict[str, Any], ps: PlannedStep, plan: Plan) -> list[st
         else:
             reasons.append(f"versioned field {path} changed: {_short(a)} -> {_short(b)}")
     return reasons
+
+
+def _change(name: str, before: Any, after: Any, *, was: bool, now: bool) -> str:
+    """One field's change as ``marin explain`` words it: added, removed, or old -> new."""
+    if not was:
+        return f"{name} added ({_short(after)})"
+    if not now:
+        return f"{name} removed (was {_short(before)})"
+    return f"{name}: {_short(before)} -> {_short(after)}"
 
 
 def _short(v: Any) -> str:

@@ -8,6 +8,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 
 
@@ -46,8 +48,6 @@ def downsample_minmax(xs: Sequence[float], ys: Sequence[float], buckets: int) ->
 
 def _downsample_numpy(xs: Sequence[float], ys: Sequence[float], buckets: int) -> tuple[list[float], list[float]]:
     """:func:`downsample_minmax` for long series (same buckets, same points; numpy per bucket)."""
-    import numpy as np
-
     def floats(vs: Sequence[float]) -> Any:
         try:
             return np.asarray(vs, dtype=np.float64)  # the common case: every value a number

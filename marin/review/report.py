@@ -29,6 +29,7 @@ from marin.review.compare import comparison_html
 from marin.review.explain import config_leaves, is_versioned
 from marin.review.plots import line_plot
 from marin.textfmt import format_duration as _dur
+from marin.textfmt import format_timestamp as _when
 
 TASK_PREFIX = TASK_KEY.partition("{name}")[0]  # "eval/task/": the in-training eval's task results
 
@@ -97,10 +98,6 @@ def _e(v: Any) -> str:
 def _anchor(step: Step) -> str:
     raw = f"{step.name}-{step.hash}"
     return "step-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in raw)
-
-
-def _when(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
 
 def _size(n: int | None) -> str:

@@ -77,7 +77,7 @@ class PowerLawFit:
     def band(self, c: float, level: float = 0.95) -> tuple[float, float]:
         """``(low, high)``: the ``level`` prediction interval for a new point at compute ``c`` (see
         the module docstring). The pure law's interval is computed in log space (where it was fitted)."""
-        from scipy.stats import t as student_t
+        from scipy.stats import t as student_t  # scipy: the train extra, only when fitting
 
         mid = float(self.predict(c))
         k = 3 if self.form == "saturating" else 2
@@ -131,7 +131,7 @@ def _pure_log_resid_std(f: PowerLawFit) -> float:
 def _fit_saturating(x: np.ndarray, y: np.ndarray, start: np.ndarray | None = None) -> tuple[np.ndarray, float, bool]:
     """Best bounded (E, a, alpha) from a few starts (or from ``start`` alone, for bootstrap refits
     near a known optimum); returns (params, SS_res, E on a bound)."""
-    from scipy.optimize import least_squares
+    from scipy.optimize import least_squares  # scipy: the train extra, only when fitting
 
     e_hi = float(np.min(y)) * (1 - 1e-6)
     starts = []
@@ -299,7 +299,7 @@ def _lse_terms(theta: np.ndarray, log_n: np.ndarray, log_d: np.ndarray) -> np.nd
 
 
 def _surface_log_pred(theta: np.ndarray, log_n: np.ndarray, log_d: np.ndarray) -> np.ndarray:
-    from scipy.special import logsumexp
+    from scipy.special import logsumexp  # scipy: the train extra, only when fitting
 
     return logsumexp(_lse_terms(theta, log_n, log_d), axis=-1)
 
@@ -311,7 +311,7 @@ def _huber(r: np.ndarray, delta: float) -> np.ndarray:
 
 def _surface_objective(theta, log_n, log_d, log_l, delta):
     """Huber loss of the log-sum-exp prediction against log L, and its gradient."""
-    from scipy.special import softmax
+    from scipy.special import softmax  # scipy: the train extra, only when fitting
 
     t = _lse_terms(theta, log_n, log_d)
     w = softmax(t, axis=-1)
@@ -323,7 +323,7 @@ def _surface_objective(theta, log_n, log_d, log_l, delta):
 
 
 def _surface_minimise(log_n, log_d, log_l, delta, starts) -> np.ndarray:
-    from scipy.optimize import minimize
+    from scipy.optimize import minimize  # scipy: the train extra, only when fitting
 
     bounds = list(SURFACE_BOUNDS)
     bounds[2] = (SURFACE_BOUNDS[2][0], float(np.min(log_l)) - 1e-9)
@@ -392,7 +392,7 @@ class LossSurfaceFit:
     def band(self, n: float, d: float, level: float = 0.95) -> tuple[float, float]:
         """The ``level`` prediction interval of a new run at (n, d): linearised, in log L, with
         Student's t on n - 5 degrees of freedom (as :meth:`PowerLawFit.band`)."""
-        from scipy.stats import t as student_t
+        from scipy.stats import t as student_t  # scipy: the train extra, only when fitting
 
         mid = self.predict(n, d)
         dof = self.n - 5
@@ -419,7 +419,7 @@ class LossSurfaceFit:
             g = (self.alpha * self.A / (self.beta * self.B)) ** (1.0 / (self.alpha + self.beta))
             n_opt = g * (flops / 6.0) ** (self.beta / (self.alpha + self.beta))
             return float(n_opt), float(flops / (6.0 * n_opt))
-        from scipy.optimize import minimize_scalar
+        from scipy.optimize import minimize_scalar  # scipy: the train extra, only when fitting
 
         def loss_at(log_n: float) -> float:
             n = math.exp(log_n)
@@ -450,7 +450,7 @@ class LossSurfaceFit:
 
 def _surface_jacobian(theta: np.ndarray, log_n: np.ndarray, log_d: np.ndarray) -> np.ndarray:
     """d log L / d(a, b, e, alpha, beta), shape [len(log_n), 5]."""
-    from scipy.special import softmax
+    from scipy.special import softmax  # scipy: the train extra, only when fitting
 
     w = softmax(_lse_terms(theta, log_n, log_d), axis=-1)
     return np.stack([w[:, 0], w[:, 1], w[:, 2], -w[:, 0] * log_n, -w[:, 1] * log_d], axis=1)
@@ -638,7 +638,7 @@ class SigmoidFit:
 
 def fit_accuracy_sigmoid(task_loss: Sequence[float], acc: Sequence[float], chance: float) -> SigmoidFit:
     """Least-squares fit of :class:`SigmoidFit` to (task loss, accuracy) points."""
-    from scipy.optimize import least_squares
+    from scipy.optimize import least_squares  # scipy: the train extra, only when fitting
 
     x, y = np.asarray(task_loss, dtype=float), np.asarray(acc, dtype=float)
     if x.shape != y.shape or x.ndim != 1:

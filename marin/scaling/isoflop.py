@@ -37,6 +37,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import fsspec
 import numpy as np
 
 from marin.execution.versioning import by_field, input_field, live
@@ -465,10 +466,10 @@ def check_validation(fits, tasks, val: dict[str, Any], metrics: Sequence[str]) -
 
 
 def write_plots(doc: dict[str, Any], output_path: str) -> list[str]:
-    import matplotlib
+    import matplotlib  # matplotlib: the plots extra (slow to import), only when drawing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # (after choosing the Agg backend)
 
     m = doc["metric"]
     md = doc["metrics"][m]
@@ -582,8 +583,6 @@ def _run_values(run: IsoFlopRun) -> dict[str, Any]:
 
 def isoflop_fit_step(config: IsoFlopFitConfig) -> dict[str, Any]:
     """Executor step: ``isoflop.json`` and ``isoflop.png`` / ``surface.png`` (see the module docstring)."""
-    import fsspec
-
     runs = [_run_values(r) for r in config.runs]
     val = _run_values(config.validation) if config.validation is not None else None
     doc = isoflop_document(runs, recipe=config.recipe, next_budget=config.next_budget, validation=val,
@@ -602,8 +601,6 @@ def isoflop_fit_step(config: IsoFlopFitConfig) -> dict[str, Any]:
 
 def read_isoflop(path: str) -> dict[str, Any]:
     """An ``isoflop.json`` (its path, or the step's directory)."""
-    import fsspec
-
     if not path.rstrip("/").endswith(".json"):
         path = f"{path.rstrip('/')}/isoflop.json"
     with fsspec.open(path, "r") as f:

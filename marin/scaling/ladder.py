@@ -34,6 +34,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import fsspec
 import numpy as np
 
 from marin.execution.versioning import by_field, input_field, live
@@ -350,8 +351,7 @@ def check_validation(doc: dict[str, Any], validation: dict[str, Any], validation
 def save_png(fig: Any, output_path: str, name: str) -> str:
     """Write matplotlib figure ``fig`` as ``{output_path}/{name}`` (any fsspec path) and close it;
     returns ``name``. The one PNG writer of the ladder's and the IsoFLOP's plots."""
-    import fsspec
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib: the plots extra (slow to import), only when drawing
 
     with fsspec.open(f"{output_path.rstrip('/')}/{name}", "wb") as f:
         fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
@@ -361,10 +361,10 @@ def save_png(fig: Any, output_path: str, name: str) -> str:
 
 def write_plots(doc: dict[str, Any], curves: dict[str, dict[str, list[float]]], output_path: str) -> list[str]:
     """PNG plots next to fit.json; returns their file names. Agg backend: no display needed."""
-    import matplotlib
+    import matplotlib  # matplotlib: the plots extra (slow to import), only when drawing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # (after choosing the Agg backend)
 
     names = []
 
@@ -446,8 +446,6 @@ def write_plots(doc: dict[str, Any], curves: dict[str, dict[str, list[float]]], 
 
 
 def _read_json(path: str) -> dict[str, Any]:
-    import fsspec
-
     with fsspec.open(path, "r") as f:
         return json.load(f)
 
@@ -469,8 +467,6 @@ def _load(run: RungRun, fractions: Sequence[float]) -> dict[str, Any]:
 
 def ladder_fit_step(config: LadderFitConfig) -> dict[str, Any]:
     """Executor step: write ``fit.json`` and the plots (see the module docstring)."""
-    import fsspec
-
     fractions = tuple(sorted(set(config.fractions) | {1.0}))
     rungs = [_load(r, fractions) for r in config.rungs]
     doc = fit_ladder(rungs, config.target, fractions, config.n_boot)

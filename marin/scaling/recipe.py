@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 
 from marin.models.config import MoEConfig, count_params, mean_flops_per_token
 from marin.runsteps import phase_steps  # noqa: F401  (re-exported: the recipe's phase placement)
+from marin.textfmt import format_table
 
 
 class RecipeError(ValueError):
@@ -193,16 +194,15 @@ def ladder_rungs(
 
 def format_ladder(rungs: Sequence[Rung], target_flops: float, target_name: str = "hero") -> str:
     """A table of the rungs and their share of the target's compute (and the ladder's total share)."""
-    header = (f"{'rung':>8} {'layers':>6} {'active':>9} {'total':>9} {'batch':>7} {'steps':>9} {'tokens':>9} "
-              f"{'tok/param':>9} {'FLOPs':>9} {'% ' + target_name:>8}")
-    lines = [header]
     any_published = any(r.budget_published for r in rungs)
-    for r in rungs:
-        note = "" if r.budget_published or not any_published else "  (budget assumed)"
-        lines.append(f"{r.name:>8} {r.model.n_layers:>6} {r.active_params / 1e9:>8.3g}B {r.total_params / 1e9:>8.3g}B "
-                     f"{r.batch_sequences:>7,} {r.train_steps:>9,} {r.tokens:>9.3g} {r.tokens / r.active_params:>9.0f} "
-                     f"{r.flops:>9.3g} {100 * r.flops / target_flops:>7.3f}%{note}")
+    rows = [(r.name, r.model.n_layers, f"{r.active_params / 1e9:.3g}B", f"{r.total_params / 1e9:.3g}B",
+             f"{r.batch_sequences:,}", f"{r.train_steps:,}", f"{r.tokens:.3g}", f"{r.tokens / r.active_params:.0f}",
+             f"{r.flops:.3g}", f"{100 * r.flops / target_flops:.3f}%",
+             "" if r.budget_published or not any_published else "(budget assumed)")
+            for r in rungs]
+    header = ("rung", "layers", "active", "total", "batch", "steps", "tokens", "tok/param", "FLOPs",
+              f"% {target_name}", "")
     total = sum(r.flops for r in rungs)
-    lines.append(f"ladder total {total:.3g} FLOPs = {100 * total / target_flops:.2f}% of the {target_name}'s "
-                 f"{target_flops:.3g}")
-    return "\n".join(lines)
+    return (format_table(header, rows, right=range(1, 10), rule=False) +
+            f"\nladder total {total:.3g} FLOPs = {100 * total / target_flops:.2f}% of the {target_name}'s "
+            f"{target_flops:.3g}")

@@ -63,7 +63,7 @@ def fit_task_laws(runs: list[dict[str, Any]], *, n_boot: int = 100) -> dict[str,
 def predict_task(entry: dict[str, Any], n: float, d: float, flops: float) -> dict[str, Any]:
     """Chain the two steps: predicted task loss (and band) at the run, then accuracy (and band: the
     task-loss band's ends through the sigmoid, widened by the sigmoid's residual scatter)."""
-    from scipy.stats import t as student_t
+    from scipy.stats import t as student_t  # scipy: the train extra, only when fitting
 
     f = entry["_loss"]
     if isinstance(f, LossSurfaceFit):

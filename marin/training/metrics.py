@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from marin.execution.retry import Outage, call_with_retry
 from marin.textfmt import format_duration
@@ -79,8 +80,6 @@ def mfu(tokens_per_s: float, train_flops_per_token: float, num_devices: int, pea
 
 
 def _is_local(fs: Any) -> bool:
-    from fsspec.implementations.local import LocalFileSystem
-
     return isinstance(fs, LocalFileSystem)
 
 
@@ -233,7 +232,7 @@ class WandbTracker:
 
     def __init__(self, *, project: str, name: str, config: Mapping[str, Any], output_path: str,
                  run_id: str, local_dir: str | None = None) -> None:
-        import wandb
+        import wandb  # wandb: slow to import, only when a run logs to W&B
 
         os.environ.setdefault("WANDB_MODE", "offline")
         os.environ.setdefault("WANDB_SILENT", "true")
@@ -314,7 +313,7 @@ class ProgressLine:
             f"loss {record['loss']:.4f} lr {record['lr']:.3g} gnorm {record['grad_norm']:.3f} "
             f"drop {100 * record['drop_frac_send']:.2f}%/{100 * record['drop_frac_recv']:.2f}% "
             f"L={record['seq_len']} {record['transport']} {record['tokens_per_s']:.0f} tok/s "
-            f"mfu {100 * record['mfu']:.2f}% eta {format_duration(eta) if math.isfinite(eta) else '?'}"
+            f"mfu {100 * record['mfu']:.2f}% eta {format_duration(eta)}"
         )
         print(line, file=self.stream, flush=True)
         return line

@@ -58,6 +58,7 @@ from marin.parallel.layout import (
     leaf_partition,
     shard_shape,
 )
+from marin.textfmt import format_table
 from marin.training.config import model_at
 from marin.training.metrics import peak_flops_per_device
 from marin.training.pools import POOLS, PoolSpec, get_pool
@@ -418,19 +419,19 @@ def format_plan(p: dict[str, Any]) -> str:
              f"{p['mesh'][0]} x {p['mesh'][1]}), {p['tokens_per_step']:,} tokens/step at seq_len {p['seq_len']}, "
              f"transport {p['transport']}, remat {p['remat_policy']}, {p['attention_impl']} attention, {p['dtype']}, "
              f"params {p.get('param_sharding', 'replicated')}, "
-             f"{p['planned_microbatches']} microbatch(es)",
-             f"  {'per device':<16} {'bytes':>16}"]
-    for k in PARTS:
-        lines.append(f"  {k:<16} {_gib(mem[k]):>16}")
-    lines.append(f"  {'total':<16} {_gib(mem['total']):>16}   usable {_gib(p['usable_memory_bytes'])} "
-                 f"of {_gib(p['device_memory_bytes'])}")
-    if "host_bytes" in p:
+             f"{p['planned_microbatches']} microbatch(es)"]
+    rows: list[tuple[str, str, str]] = [(k, _gib(mem[k]), "") for k in PARTS]
+    rows.append(("total", _gib(mem["total"]),
+                 f"usable {_gib(p['usable_memory_bytes'])} of {_gib(p['device_memory_bytes'])}"))
+    header = ("per device", "bytes", "")
+    if "host_bytes" in p:  # one table, so the host's parts line up under the device's
         h = p["host_bytes"]
-        lines.append(f"  {'per host':<16} {'bytes':>16}")
-        for k in HOST_PARTS:
-            lines.append(f"  {k:<18} {_gib(h[k]):>14}")
-        lines.append(f"  {'total':<16} {_gib(h['total']):>16}   usable {_gib(p['host_usable_memory_bytes'])} "
-                     f"of {_gib(p['host_memory_bytes'])} host memory" + ("" if p["host_fits"] else "  DOES NOT FIT"))
+        rows.append(("per host", "bytes", ""))
+        rows += [(k, _gib(h[k]), "") for k in HOST_PARTS]
+        rows.append(("total", _gib(h["total"]), f"usable {_gib(p['host_usable_memory_bytes'])} of "
+                     f"{_gib(p['host_memory_bytes'])} host memory" + ("" if p["host_fits"] else "  DOES NOT FIT")))
+    lines.append(format_table(header, rows, right=(1,), rule=False, indent="  "))
+    if "host_bytes" in p:
         lines.append(f"  checkpoint: {_gib(p['checkpoint_bytes'])} in all, at most "
                      f"{_gib(p['checkpoint_bytes_per_host'])} written per host by {p['checkpoint_writing_hosts']} "
                      f"of {p['hosts']} hosts in parallel; "

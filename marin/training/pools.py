@@ -197,7 +197,7 @@ def host_env(pool: PoolSpec) -> dict[str, str]:
 
 def initialize_jax(ctx: HostContext) -> None:
     """Join the pool's JAX processes into one runtime (no-op for one host) and check the device count."""
-    import jax
+    import jax  # JAX: on the pool's hosts only; planning reads pool specs without it
 
     if ctx.num_processes > 1:
         if ctx.pool.is_cpu:
@@ -226,7 +226,7 @@ class _Host:
     """One pool host: a dedicated Ray worker process (Ray actor) that runs the JAX program."""
 
     def coordinator_address(self) -> str:
-        import ray
+        import ray  # Ray: only when a pool is launched; planning reads pool specs without it
 
         return f"{ray.util.get_node_ip_address()}:{_free_port()}"
 
@@ -239,6 +239,7 @@ class _Host:
 
 
 def _placement_groups(pool: PoolSpec) -> list[Any]:
+    # Ray: only when a pool is launched; planning reads pool specs without it
     from ray.util.placement_group import placement_group
 
     groups = []
@@ -261,7 +262,7 @@ def _placement_groups(pool: PoolSpec) -> list[Any]:
 def _a_host_was_lost(refs: list[Any], wait_s: float = 2.0) -> bool:
     """Whether any host of a failed attempt died underneath (the first error seen may be a survivor's
     collective failing because its peer went away, which reads like the step's own error)."""
-    import ray
+    import ray  # Ray: only when a pool is launched; planning reads pool specs without it
 
     if not refs:
         return False
@@ -298,9 +299,9 @@ def launch(
     Needs an initialised Ray (the executor's step task has one). Raises the host's exception for
     ``NonRetryableError``, else ``PoolLaunchError`` after ``max_retries`` (default: the pool's) retries.
     """
-    import ray
-    from ray.util.placement_group import remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    import ray  # Ray: only when a pool is launched; planning reads pool specs without it
+    from ray.util.placement_group import remove_placement_group  # (the same)
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # (the same)
 
     retries = pool.max_retries if max_retries is None else max_retries
     host_cls = ray.remote(_Host)

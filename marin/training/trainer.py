@@ -31,10 +31,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import fsspec
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
 from marin.data.loader import MixtureLoader
 from marin.evaluation.evaluator import evaluate_prepared
@@ -163,21 +165,6 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
         optax.scale_by_adam(b1=config.beta1, b2=config.beta2, eps=config.adam_eps),
         optax.add_decayed_weights(config.weight_decay, mask=_decay_mask),
     )
-
-
-def place_host_arrays(tree: Any, shardings: Any) -> Any:
-    """Host numpy arrays -> global jax Arrays with the given shardings (works across processes: each
-    process hands over only the slices its devices hold). For small host-built values (batches in
-    tests, benchmarks); the training state itself never exists on the host (see :func:`init_state`)."""
-
-    def one(x, s):
-        x = np.asarray(x)
-        return jax.make_array_from_callback(x.shape, s, lambda idx: x[idx])
-
-    return jax.tree.map(one, tree, shardings)
-
-
-_place = place_host_arrays  # the older name, still used by benchmarks and tests
 
 
 def state_shardings(state: dict[str, Any], mesh, param_sharding: str = "replicated") -> dict[str, Any]:
@@ -317,8 +304,6 @@ def _agree(decision: bool, ctx: HostContext) -> bool:
     and not another, and a save is collective (sharded leaves are gathered), so all must agree."""
     if ctx.num_processes == 1:
         return decision
-    from jax.experimental import multihost_utils
-
     return bool(multihost_utils.broadcast_one_to_all(np.asarray(decision, dtype=np.int32)))
 
 
@@ -409,8 +394,6 @@ def restore_or_init(ctx: HostContext, config: TrainConfig, cfg, mesh, ckpts: Che
     except CheckpointMismatchError as e:
         raise IncompatibleCheckpoint(str(e)) from None
     if ctx.num_processes > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices("marin: checkpoints cleared and restored")
     if restored is None and config.init_from is not None:
         state, start, tokens = branch_state(config, cfg, mesh, shapes, shardings)
@@ -596,8 +579,6 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
             if run.tracker:
                 run.tracker.finish(exit_code)
     if run.is_writer:
-        import fsspec
-
         summary["phases"] = phase_summary(read_metrics(config.output_path))
         with fsspec.open(f"{config.output_path.rstrip('/')}/train_summary.json", "w") as f:
             json.dump(summary, f, indent=1)
@@ -607,7 +588,7 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
 def run_training(config: TrainConfig, *, use_ray: bool | None = None) -> dict[str, Any]:
     """Train on the configured pool: through the Ray launcher (default when Ray is initialised) or,
     for a single-host pool, in this process (needs the pool's device count visible here)."""
-    import ray
+    import ray  # Ray: only to launch on a pool; importing the trainer (lowering, benchmarks) must not start it
 
 
     pool = get_pool(config.pool)

@@ -47,8 +47,7 @@ def test_pipeline_through_executor_main(tmp_path):
     assert sorted(res2.outcome.values()) == ["cached"] * 3 + ["succeeded"]
 
 
-def test_harrier_k40_dry_run_needs_no_network(tmp_path, monkeypatch):
-    monkeypatch.setenv("HARRIER_K40_ROOT", "s3://no-such-bucket-anywhere/k40")
+def test_harrier_k40_dry_run_needs_no_network(tmp_path, offline_k40):
     import importlib
 
     import experiments.harrier_k40 as hk

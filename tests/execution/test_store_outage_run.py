@@ -5,7 +5,6 @@ recorded and nothing is marked failed."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -13,10 +12,7 @@ import time
 
 import fsspec
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "training"))
-from test_run_lifecycle import env_for  # noqa: E402
-from test_storage_outage import s3  # noqa: E402, F401  (the restartable S3 server fixture)
+from test_run_lifecycle import env_for
 
 EXPERIMENT = textwrap.dedent(
     '''
@@ -40,7 +36,7 @@ EXPERIMENT = textwrap.dedent(
 
 
 @pytest.mark.slow  # about 60 s: a 15 s outage, then s3fs reconnecting
-def test_marin_run_on_s3_rides_out_a_store_outage(s3, tmp_path):  # noqa: F811
+def test_marin_run_on_s3_rides_out_a_store_outage(restartable_s3, tmp_path):
     exp = tmp_path / "exp.py"
     exp.write_text(EXPERIMENT)
     started, go = tmp_path / "started", tmp_path / "go"
@@ -52,9 +48,9 @@ def test_marin_run_on_s3_rides_out_a_store_outage(s3, tmp_path):  # noqa: F811
     while not started.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.1)
     assert started.exists(), proc.communicate(timeout=30)
-    s3.stop()
+    restartable_s3.stop()
     time.sleep(15)  # past s3fs's own few seconds of retries: the lease renewals fail and are retried
-    s3.start()
+    restartable_s3.start()
     go.touch()
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err

@@ -21,6 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 PINNED = Path(__file__).with_name("pinned_step_hashes.json")
 EXPERIMENTS = ("tutorial", "quickstart", "tiny_ladder", "tiny_isoflop", "ladder", "hero", "harrier_k40")
 
+pytestmark = pytest.mark.usefixtures("offline_k40")  # the experiment files, planned without their data
+
 
 def planned_hashes(name: str) -> dict[str, str]:
     """Step name -> hash of one experiment file, planned under a fixed prefix (hashes do not depend on it)."""
@@ -31,11 +33,6 @@ def planned_hashes(name: str) -> dict[str, str]:
         warnings.simplefilter("ignore")  # the hero's does-not-fit-without-remat planning warning
         steps, _ = load_experiment(str(REPO / "experiments" / f"{name}.py"))
     return {s.name: s.hash for s in plan_steps(steps, "/pinned-prefix").steps}
-
-
-@pytest.fixture(autouse=True)
-def offline_k40(monkeypatch):
-    monkeypatch.setenv("HARRIER_K40_ROOT", "s3://no-such-bucket-anywhere/k40")
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

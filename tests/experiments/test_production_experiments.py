@@ -11,10 +11,7 @@ from marin.review.experiment_file import load_experiment
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture(autouse=True)
-def offline_k40(monkeypatch):
-    monkeypatch.setenv("HARRIER_K40_ROOT", "s3://no-such-bucket-anywhere/k40")
+pytestmark = pytest.mark.usefixtures("offline_k40")  # the experiment files, planned without their data
 
 
 def _train_configs(name: str, prefix: str):

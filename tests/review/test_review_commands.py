@@ -123,7 +123,11 @@ def test_status_and_show_on_running_interrupted_health_and_token_steps(small_exp
     out = capsys.readouterr().out
     assert "skipped documents: invalid_utf8 2, empty 1" in out and "web/q1: skipped" in out
     assert marin(["show", "small/eval", "--prefix", prefix]) == 0
-    assert "macro bpb 1.315" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "macro bpb 1.315" in out
+    sets = [line.split() for line in out.splitlines() if line.startswith("  ")]
+    assert sets[-3:] == [["set", "bpb", "loss", "tokens"], ["web", "1.41", "2.1", "900"],
+                         ["code", "1.22", "1.8", "400"]]
 
 
 def test_watch_shows_training_progress_and_stale_leases(small_experiment, capsys):

@@ -112,12 +112,11 @@ def test_the_branch_version_names_its_source_and_step():
 
 
 @pytest.fixture()
-def fresh_experiment_modules(monkeypatch):
+def fresh_experiment_modules(offline_k40):
     """Import experiment files offline and forget them afterwards (module-level data roots are read
     at import time; other tests import them under their own settings)."""
     import sys
 
-    monkeypatch.setenv("HARRIER_K40_ROOT", "s3://no-such-bucket-anywhere/k40")
     before = {k for k in sys.modules if k.startswith("experiments.")}
     yield
     for k in [k for k in sys.modules if k.startswith("experiments.") and k not in before]:

@@ -68,7 +68,11 @@ def test_replan_helper(tmp_path, capsys):
     assert curve[600]["new_lr"] == pytest.approx(0.05 * 1e-3)  # still ends at 5% of peak
     assert out["tokens_saved_or_added"] == -400 * 4096
     assert marin(["replan-lr", str(tmp_path), "--new-total-steps", "600"]) == 0
-    assert "lr_replans=((200, 600),)" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "lr_replans=((200, 600),)" in text
+    table = [line.split() for line in text.splitlines() if line.startswith("  ")]
+    assert table[0] == ["step", "lr", "before", "lr", "after"]
+    assert ["600", f"{curve[600]['old_lr']:.4g}", f"{curve[600]['new_lr']:.4g}"] in table  # one row per curve step
 
 
 @pytest.mark.parametrize("script, command", [("health_report", "health"), ("replan_lr", "replan-lr")])

@@ -1,68 +1,20 @@
-"""Training on an object store through a real outage: a local S3 server stopped mid-run and started
-again on the same port (its buckets live in the process, so they survive the restart, as a real
-store's data does). The run keeps training while the store is down, its metrics land in order and
-once, and an outage longer than the retry limit fails with the store's own error."""
+"""Training on an object store through a real outage: a local S3 server (``restartable_s3``, from
+tests/conftest.py) stopped mid-run and started again on the same port. The run keeps training while
+the store is down, its metrics land in order and once, and an outage longer than the retry limit
+fails with the store's own error."""
 
 from __future__ import annotations
 
 import json
-import socket
 import time
 
-import boto3
 import fsspec
 import pytest
-from moto.server import ThreadedMotoServer
 
 from marin.execution.retry import StorageUnavailable
 from marin.training.config import SyntheticDataConfig, TrainConfig
 from marin.training.metrics import MetricsWriter, read_metrics
 from marin.training.trainer import run_training
-
-
-class RestartableS3:
-    """A moto server on a fixed port that can be stopped and started again."""
-
-    def __init__(self, monkeypatch) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.url,
-                     "AWS_ENDPOINT_URL_S3": self.url}.items():
-            monkeypatch.setenv(k, v)
-        self.server = None
-        self.start()
-        boto3.client("s3", endpoint_url=self.url).create_bucket(Bucket="outage")
-        fsspec.filesystem("s3").clear_instance_cache()
-        fsspec.filesystem("s3", skip_instance_cache=True)
-
-    def start(self) -> None:
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop()
-        self.server = None
-
-
-@pytest.fixture()
-def s3(monkeypatch):
-    fsspec.config.conf.pop("s3", None)
-    store = RestartableS3(monkeypatch)
-    # s3fs caches one filesystem per set of options: make the next one reach this server
-    from marin.execution import storage
-
-    storage._fs_for.cache_clear()
-    yield store
-    if store.server is not None:
-        store.stop()
-    # forget every filesystem bound to this server: later tests reach the session's S3 server again
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()
-    storage._fs_for.cache_clear()
 
 
 def _config(path, **kw) -> TrainConfig:
@@ -74,7 +26,7 @@ def _config(path, **kw) -> TrainConfig:
 
 
 @pytest.mark.slow  # about 40 s: s3fs spends ~7 s of its own retries on each write attempt while the store is down
-def test_training_rides_out_a_store_outage_and_logs_every_step_once_in_order(s3, monkeypatch):
+def test_training_rides_out_a_store_outage_and_logs_every_step_once_in_order(restartable_s3, monkeypatch):
     monkeypatch.setenv("MARIN_STORAGE_RETRY_S", "120")
     logged_while_down: list[int] = []
     real_log = MetricsWriter.log
@@ -83,12 +35,12 @@ def test_training_rides_out_a_store_outage_and_logs_every_step_once_in_order(s3,
         real_log(self, record)
         if record.get("kind", "train") != "train":
             return
-        if s3.server is None:
+        if restartable_s3.server is None:
             logged_while_down.append(record["step"])
         if record["step"] == 4:
-            s3.stop()
+            restartable_s3.stop()
         elif record["step"] == 10:
-            s3.start()
+            restartable_s3.start()
 
     monkeypatch.setattr(MetricsWriter, "log", log)
     summary = run_training(_config("s3://outage/run"), use_ray=False)
@@ -100,11 +52,11 @@ def test_training_rides_out_a_store_outage_and_logs_every_step_once_in_order(s3,
     assert fsspec.filesystem("s3").exists("s3://outage/run/train_summary.json")
 
 
-def test_an_outage_past_the_limit_fails_with_the_stores_error(s3, monkeypatch):
+def test_an_outage_past_the_limit_fails_with_the_stores_error(restartable_s3, monkeypatch):
     monkeypatch.setenv("MARIN_STORAGE_RETRY_S", "3")
     writer = MetricsWriter("s3://outage/short")
     writer.log({"step": 1, "loss": 1.0})
-    s3.stop()
+    restartable_s3.stop()
     t0 = time.monotonic()
     with pytest.raises(StorageUnavailable) as e:
         for step in range(2, 10_000):
@@ -114,7 +66,7 @@ def test_an_outage_past_the_limit_fails_with_the_stores_error(s3, monkeypatch):
     msg = str(e.value)
     assert msg.startswith("write s3://outage/short/metrics.jsonl: the store stayed unreachable for ")
     assert "last error: EndpointConnectionError: Could not connect to the endpoint URL" in msg
-    s3.start()
+    restartable_s3.start()
     assert [json.loads(line)["step"] for line in fsspec.open("s3://outage/short/metrics.jsonl", "r").open()] == [1]
 
 
@@ -160,14 +112,14 @@ def _outage_during_chunk_writes(monkeypatch, s3, *, back_after_s: float | None) 
     monkeypatch.setattr(ckpt, "_array_spec", spec)
 
 
-def test_a_checkpoint_save_rides_out_a_store_outage_during_its_chunk_writes(s3, monkeypatch, caplog):
+def test_a_checkpoint_save_rides_out_a_store_outage_during_its_chunk_writes(restartable_s3, monkeypatch, caplog):
     from marin.training.checkpoint import CheckpointManager, CheckpointPolicy
 
     monkeypatch.setenv("MARIN_STORAGE_RETRY_S", "60")
     policy = CheckpointPolicy(every_steps=1, keep_last=3)
     mgr = CheckpointManager("s3://outage/ckpt", policy)
     mgr.save(1, _sharded_state(1), {"data_step": 1}, blocking=True)
-    _outage_during_chunk_writes(monkeypatch, s3, back_after_s=4.0)
+    _outage_during_chunk_writes(monkeypatch, restartable_s3, back_after_s=4.0)
     t0 = time.monotonic()
     with caplog.at_level("WARNING", logger="marin.execution.retry"):
         mgr.save(2, _sharded_state(2), {"data_step": 2}, blocking=True)
@@ -183,7 +135,8 @@ def test_a_checkpoint_save_rides_out_a_store_outage_during_its_chunk_writes(s3, 
     assert _same(restored, _sharded_state(2)) and meta["data_step"] == 2  # bit-identical
 
 
-def test_a_store_outage_past_the_limit_fails_the_save_with_its_cause_and_keeps_the_previous(s3, monkeypatch):
+def test_a_store_outage_past_the_limit_fails_the_save_with_its_cause_and_keeps_the_previous(
+        restartable_s3, monkeypatch):
     from marin.execution.failures import is_infrastructure_failure
     from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, CheckpointWriteError
 
@@ -191,7 +144,7 @@ def test_a_store_outage_past_the_limit_fails_the_save_with_its_cause_and_keeps_t
     policy = CheckpointPolicy(every_steps=1, keep_last=3)
     mgr = CheckpointManager("s3://outage/short-ckpt", policy)
     mgr.save(1, _sharded_state(1), {"data_step": 1}, blocking=True)
-    _outage_during_chunk_writes(monkeypatch, s3, back_after_s=None)
+    _outage_during_chunk_writes(monkeypatch, restartable_s3, back_after_s=None)
     t0 = time.monotonic()
     with pytest.raises(CheckpointWriteError) as e:
         mgr.save(2, _sharded_state(2), {"data_step": 2}, blocking=True)
@@ -204,7 +157,7 @@ def test_a_store_outage_past_the_limit_fails_the_save_with_its_cause_and_keeps_t
         "; it was not committed and the previous checkpoint is intact"), msg
     assert isinstance(e.value.__cause__, StorageUnavailable)
     assert is_infrastructure_failure(e.value)  # the executor retries the step from its last checkpoint
-    s3.start()
+    restartable_s3.start()
     fresh = CheckpointManager("s3://outage/short-ckpt", policy)
     assert fresh.committed_steps() == [1]
     step, tree, _ = fresh.restore_latest(template=_sharded_state(0))

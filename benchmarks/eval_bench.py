@@ -44,7 +44,8 @@ def main() -> None:
     from marin.evaluation.evaluator import sequence_nll
     from marin.evaluation.suite import default_batch_rows
     from marin.evaluation.windows import pack_windows
-    from marin.training.trainer import _place, make_train_step, synthetic_batch
+    from marin.parallel.mesh import place_host_arrays
+    from marin.training.trainer import make_train_step, synthetic_batch
 
     config, cfg, data = setup["config"], setup["cfg"], setup["data"]
     mesh, host_state, shardings = setup["mesh"], setup["host_state"], setup["shardings"]
@@ -52,11 +53,11 @@ def main() -> None:
     batch_size = args.tokens_per_step // args.seq_len
 
     # --- training ---
-    state = _place(host_state, shardings)
+    state = place_host_arrays(host_state, shardings)
     step = make_train_step(config, cfg, mesh, cfg.transport, shardings)
     lr = jnp.float32(1e-3)
     batches = [synthetic_batch(data, i, batch_size, args.seq_len) for i in range(args.steps + 2)]
-    placed = [(_place(b["tokens"], sharding), _place(b["segment_ids"], sharding)) for b in batches]
+    placed = [place_host_arrays((b["tokens"], b["segment_ids"]), sharding) for b in batches]
     for tokens, segs in placed[:2]:  # compile + one warm step
         state, m = step(state, tokens, segs, lr)
     jax.block_until_ready(m)

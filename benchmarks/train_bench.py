@@ -39,8 +39,9 @@ def main() -> None:
     import jax.numpy as jnp
 
     from marin.models.config import flops_per_token
+    from marin.parallel.mesh import place_host_arrays
     from marin.training.metrics import mfu, peak_flops_per_device
-    from marin.training.trainer import _place, make_train_step, synthetic_batch
+    from marin.training.trainer import make_train_step, synthetic_batch
 
     pool, config, cfg, data = setup["pool"], setup["config"], setup["cfg"], setup["data"]
     mesh, host_state, shardings = setup["mesh"], setup["host_state"], setup["shardings"]
@@ -51,16 +52,16 @@ def main() -> None:
     peak = peak_flops_per_device(pool.accelerator)
     results = {}
     for transport in [t for t in args.transports.split(",") if t]:
-        state = _place(host_state, shardings)
+        state = place_host_arrays(host_state, shardings)
         step = make_train_step(config, cfg, mesh, transport, shardings)
         lr = jnp.float32(1e-3)
         t0 = time.perf_counter()
         for i in range(args.warmup + 1):  # the first call compiles
             b = batches[i]
-            state, m = step(state, _place(b["tokens"], sharding), _place(b["segment_ids"], sharding), lr)
+            state, m = step(state, *place_host_arrays((b["tokens"], b["segment_ids"]), sharding), lr)
         jax.block_until_ready(m)
         compile_s = time.perf_counter() - t0
-        placed = [(_place(b["tokens"], sharding), _place(b["segment_ids"], sharding))
+        placed = [place_host_arrays((b["tokens"], b["segment_ids"]), sharding)
                   for b in batches[args.warmup + 1:]]
         t0 = time.perf_counter()
         for tokens, segs in placed:

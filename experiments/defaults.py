@@ -273,6 +273,9 @@ def default_train(
             an unknown name is refused with the list of fields. ``init_from=branch_from(step, N)``
             starts from another training step's committed checkpoint instead of a fresh state (the
             source's version and the checkpoint step become part of this step's version).
+            In-training evaluation: ``eval_every_steps=``, ``eval_sets=`` (see :func:`default_eval_suite`)
+            and ``eval_tasks={name: a default_domain_task step or a jsonl path}``, multiple-choice
+            tasks scored at each eval as :func:`default_eval` scores them (a step is a dependency).
     """
     settable = [f.name for f in dataclasses.fields(TrainConfig)
                 if f.name not in ("output_path", "data", "model", "model_overrides", "compute_dtype", "preset")]
@@ -282,6 +285,8 @@ def default_train(
                         f"the fields are: {', '.join(settable)}")
     if overrides.get("final_lr_fraction", 0.0) is None:
         del overrides["final_lr_fraction"]
+    if "eval_tasks" in overrides:
+        overrides["eval_tasks"] = _task_paths(overrides["eval_tasks"])
     phases = TrainConfig(output_path="", data=None, **overrides).seq_len_phases
     config = TrainConfig(output_path=this_output_path(), data=mixture, preset=model,
                          model=resolve_model(model, dict(model_overrides or {}), compute_dtype, phases), **overrides)
@@ -542,8 +547,9 @@ def default_domain_task(name: str, domains: Sequence[str], questions_per_domain:
 
 
 def _task_paths(tasks: Mapping[str, StepOrPath] | None) -> dict[str, Any]:
-    """Task paths for an eval config: a step becomes its ``task.jsonl`` (a dependency, versioned by
-    its hash); a plain path stays a path (versioned as a value, as before steps were accepted)."""
+    """Task paths for an eval or training config: a step becomes its ``task.jsonl`` (a dependency,
+    versioned by its hash); a plain path stays a path (an eval config versions it as a value, as
+    before steps were accepted; a training config's ``eval_tasks`` are telemetry, not versioned)."""
     return {k: output_path_of(t, "task.jsonl") if isinstance(t, ExecutorStep) else str(t)
             for k, t in (tasks or {}).items()}
 

@@ -133,8 +133,6 @@ KNOWN_LOCAL_IMPORTS = {
     "marin/execution/cluster.py",
     "marin/execution/executor.py",
     "marin/execution/main.py",
-    "marin/execution/storage.py",
-    "marin/training/checkpoint.py",
 }
 """Files whose imports inside functions (Ray, draccus, fsspec, JAX, tensorstore) do not yet say why on the
 line; the executor's and the checkpoint's changes in flight write the reasons (or move the imports up)."""

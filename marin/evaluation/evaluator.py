@@ -19,7 +19,7 @@ from marin.evaluation.metrics import SetTotals
 from marin.evaluation.suite import PreparedSuite
 from marin.evaluation.windows import PackedRows
 from marin.models.transformer import forward
-from marin.parallel.mesh import batch_sharding, param_shardings, replicated
+from marin.parallel.mesh import batch_sharding, param_shardings, place_host_arrays, replicated
 
 _EVAL_CACHE: dict[tuple[Any, ...], Any] = {}
 _MAX_IN_FLIGHT = 2  # batches dispatched ahead of the one whose result is read
@@ -68,8 +68,8 @@ def sequence_nll(params, router_bias, rows: PackedRows, n_sequences: int, cfg, m
     fn = nll_fn(cfg, mesh, greedy)
     if mesh is not None:
 
-        params = _place(params, param_shardings(params, mesh))
-        router_bias = _place(router_bias, replicated(mesh))
+        params = place_host_arrays(params, param_shardings(params, mesh))
+        router_bias = place_host_arrays(router_bias, replicated(mesh))
         sharding = batch_sharding(mesh)
     out = np.zeros(n_sequences, np.float64)
     missed = np.zeros(n_sequences, np.float64)  # scored targets that are not the argmax
@@ -94,7 +94,7 @@ def sequence_nll(params, router_bias, rows: PackedRows, n_sequences: int, cfg, m
             continue
         batch = [rows.inputs[sl], rows.targets[sl], rows.segment_ids[sl]]
         if mesh is not None:
-            batch = [_place(x, sharding) for x in batch]
+            batch = [place_host_arrays(x, sharding) for x in batch]
         # dispatch is asynchronous: the next batch is placed while this one computes
         in_flight.append((seq, fn(params, router_bias, *batch)))
         if len(in_flight) > _MAX_IN_FLIGHT:
@@ -112,19 +112,3 @@ def evaluate_prepared(params, router_bias, suite: PreparedSuite, cfg, mesh) -> d
     set_tokens = np.bincount(suite.sequence_set, weights=suite.sequence_tokens, minlength=k)
     return {n: SetTotals(int(suite.set_documents[i]), int(set_tokens[i]), int(suite.set_bytes[i]), float(set_nll[i]))
             for i, n in enumerate(suite.set_names)}
-
-
-def _place(x, sharding):
-    """Host arrays -> global arrays with ``sharding`` (a pytree of them, or one for all); arrays that
-    already have it, or any layout on the same mesh (the trainer's state, fsdp-sharded or not), are
-    passed through untouched: the jitted forward takes the params' layout as it comes."""
-
-    def one(a, s):
-        if isinstance(a, jax.Array) and (a.sharding == s or getattr(a.sharding, "mesh", None) == s.mesh):
-            return a
-        a = np.asarray(a)
-        return jax.make_array_from_callback(a.shape, s, lambda idx: a[idx])
-
-    if isinstance(sharding, jax.sharding.Sharding):
-        return jax.tree.map(lambda a: one(a, sharding), x)
-    return jax.tree.map(one, x, sharding)

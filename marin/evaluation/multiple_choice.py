@@ -19,6 +19,10 @@ Ladders"): the correct choice's negative log-likelihood in bits per UTF-8 byte o
 over questions. It moves smoothly with scale where accuracy jumps, so a ladder fits it against compute
 and accuracy against it.
 
+A task scored against many weights is tokenized and packed once: :func:`prepare_run_tasks` (a
+run's tasks, with its tokenizer, window length and eval batch) or :func:`prepare_task`, then
+:func:`score_prepared_task` per checkpoint (the eval step) or per in-training eval (the trainer).
+
 :func:`write_domain_task` builds a task from the K40 miniature's domain languages (continue a
 passage in its own domain's language), so a tiny ladder has a task that its models can learn.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +39,9 @@ import fsspec
 import numpy as np
 
 from marin.data.synthetic import generate_documents
-from marin.evaluation.windows import pack_windows
+from marin.evaluation.sets import load_run_tokenizer
+from marin.evaluation.suite import RunShape, eval_seq_len, run_batch_rows
+from marin.evaluation.windows import PackedRows, pack_windows
 from marin.execution.versioning import input_field
 
 
@@ -87,8 +94,11 @@ def encode_pair(tok, context: str, choice: str) -> tuple[list[int], list[int]]:
 def choice_logliks(questions: list[Question], tok, params, router_bias, cfg, mesh, seq_len: int,
                    batch_rows: int) -> list[np.ndarray]:
     """Per question, the log-likelihood (nats) of each choice given its context."""
-    pairs = [(q.context, choice) for q in questions for choice in q.choices]
-    loglik = pair_logliks(pairs, tok, params, router_bias, cfg, mesh, seq_len, batch_rows)
+    task = prepare_task(questions, tok, seq_len, batch_rows)
+    return _per_question(questions, packed_logliks(task.pairs, params, router_bias, cfg, mesh))
+
+
+def _per_question(questions: list[Question], loglik: np.ndarray) -> list[np.ndarray]:
     out, k = [], 0
     for q in questions:
         out.append(loglik[k:k + len(q.choices)])
@@ -96,14 +106,20 @@ def choice_logliks(questions: list[Question], tok, params, router_bias, cfg, mes
     return out
 
 
-def pair_logliks(pairs: list[tuple[str, str]], tok, params, router_bias, cfg, mesh, seq_len: int, batch_rows: int,
-                 greedy: bool = False):
-    """log P(continuation | [EOS] + context) (nats) of each ``(context, continuation)`` pair, packed
-    several to a window row; with ``greedy`` also whether each continuation is the model's argmax at
-    every one of its tokens, as a pair of arrays. The one scorer behind multiple-choice tasks and the
-    lm-evaluation-harness adapter."""
-    from marin.evaluation.evaluator import sequence_nll  # JAX: reading and packing tasks must not import it
+@dataclass(frozen=True)
+class PackedPairs:
+    """``(context, continuation)`` requests tokenized and packed into window rows once, so the same
+    requests score against many weights (every in-training eval, every checkpoint) without
+    re-tokenizing."""
 
+    rows: PackedRows
+    count: int
+    batch_rows: int
+
+
+def pack_pairs(pairs: list[tuple[str, str]], tok, seq_len: int, batch_rows: int) -> PackedPairs:
+    """Tokenize each pair as the harness splits it (:func:`encode_pair`) and pack the
+    ``[EOS] + context + continuation`` sequences several to a window row, only the continuation scored."""
     seqs, score_from = [], []
     for n, (context, continuation) in enumerate(pairs):
         ctx, cont = encode_pair(tok, context, continuation)
@@ -116,8 +132,25 @@ def pair_logliks(pairs: list[tuple[str, str]], tok, params, router_bias, cfg, me
         seqs.append(s[-keep:])
         score_from.append(keep - len(cont))
     rows = pack_windows(seqs, seq_len, score_from=score_from).padded_to(batch_rows)
-    res = sequence_nll(params, router_bias, rows, len(seqs), cfg, mesh, batch_rows, greedy=greedy)
+    return PackedPairs(rows, len(seqs), batch_rows)
+
+
+def packed_logliks(packed: PackedPairs, params, router_bias, cfg, mesh, greedy: bool = False):
+    """log P(continuation | [EOS] + context) (nats) of each packed pair; with ``greedy`` also whether
+    each continuation is the model's argmax at every one of its tokens, as a pair of arrays."""
+    from marin.evaluation.evaluator import sequence_nll  # JAX: reading and packing tasks must not import it
+
+    res = sequence_nll(params, router_bias, packed.rows, packed.count, cfg, mesh, packed.batch_rows, greedy=greedy)
     return (-res[0], res[1]) if greedy else -res
+
+
+def pair_logliks(pairs: list[tuple[str, str]], tok, params, router_bias, cfg, mesh, seq_len: int, batch_rows: int,
+                 greedy: bool = False):
+    """log P(continuation | [EOS] + context) (nats) of each ``(context, continuation)`` pair, packed
+    several to a window row; with ``greedy`` also whether each continuation is the model's argmax at
+    every one of its tokens, as a pair of arrays. The one scorer behind multiple-choice tasks and the
+    lm-evaluation-harness adapter."""
+    return packed_logliks(pack_pairs(pairs, tok, seq_len, batch_rows), params, router_bias, cfg, mesh, greedy)
 
 
 def accuracy(questions: list[Question], logliks: list[np.ndarray]) -> dict[str, Any]:
@@ -140,11 +173,47 @@ def gold_bpb(questions: list[Question], logliks: list[np.ndarray]) -> float:
     return float(np.mean(vals))
 
 
+@dataclass(frozen=True)
+class PreparedTask:
+    """A task's questions with every ``(context, choice)`` pair tokenized and packed for one window
+    length and eval batch (:func:`prepare_task`); :func:`score_prepared_task` scores it."""
+
+    questions: list[Question]
+    pairs: PackedPairs
+
+
+def prepare_task(questions: list[Question], tok, seq_len: int, batch_rows: int) -> PreparedTask:
+    """Tokenize and pack a task once (no JAX)."""
+    return PreparedTask(questions, pack_pairs([(q.context, c) for q in questions for c in q.choices], tok, seq_len,
+                                              batch_rows))
+
+
+def score_prepared_task(task: PreparedTask, params, router_bias, cfg, mesh) -> dict[str, Any]:
+    """accuracy, byte-normalised accuracy, chance and the task loss (``gold_bpb``) of a prepared task
+    under ``params``: what the eval step records per checkpoint and the trainer per in-training eval.
+    Every process of a mesh that spans processes calls it alike (each places its own shards)."""
+    logliks = _per_question(task.questions, packed_logliks(task.pairs, params, router_bias, cfg, mesh))
+    return {**accuracy(task.questions, logliks), "gold_bpb": gold_bpb(task.questions, logliks)}
+
+
 def score_task(questions: list[Question], tok, params, router_bias, cfg, mesh, seq_len: int,
                batch_rows: int) -> dict[str, Any]:
-    """accuracy, byte-normalised accuracy, chance and the task loss (``gold_bpb``) of ``questions``."""
-    logliks = choice_logliks(questions, tok, params, router_bias, cfg, mesh, seq_len, batch_rows)
-    return {**accuracy(questions, logliks), "gold_bpb": gold_bpb(questions, logliks)}
+    """:func:`score_prepared_task` of ``questions`` prepared for this one scoring."""
+    return score_prepared_task(prepare_task(questions, tok, seq_len, batch_rows), params, router_bias, cfg, mesh)
+
+
+def prepare_run_tasks(run: RunShape, tasks: Mapping[str, str], mesh, seq_len: int | None = None
+                      ) -> dict[str, PreparedTask]:
+    """Multiple-choice tasks (name -> jsonl path) read, tokenized with the run's tokenizer and packed
+    once, for the run's window length (or ``seq_len``) and eval batch; ``{}`` without tasks."""
+    if not tasks:
+        return {}
+    tok = load_run_tokenizer(run.data)
+    if tok is None:
+        raise ValueError("the run was trained on synthetic tokens (no tokenizer); it cannot score text tasks")
+    seq_len = seq_len or eval_seq_len(run)
+    rows = run_batch_rows(run, seq_len, mesh)
+    return {name: prepare_task(read_task(path), tok, seq_len, rows) for name, path in sorted(tasks.items())}
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
-"""A training run's eval suite: which sets, windowed and packed how, and the record it makes (no JAX).
+"""A training run's eval suite: which sets and tasks, windowed and packed how, and the record it makes (no JAX).
 
 The in-training eval (``marin.training.trainer``) and the standalone eval step
 (``marin.inference.evaluate``) both build the suite with :func:`prepare_run_suite` and score it with
-:func:`marin.evaluation.evaluator.evaluate_prepared`, with the same sequence length (the run's
+:func:`marin.evaluation.evaluator.evaluate_prepared`, and both prepare multiple-choice tasks with
+:func:`marin.evaluation.multiple_choice.prepare_run_tasks` and score them with
+:func:`marin.evaluation.multiple_choice.score_prepared_task`, with the same sequence length (the run's
 longest training sequence), the same rows per batch (the run's tokens per step, rounded to the mesh)
 and the same packing, so an in-training record at step N and the standalone evaluation of
 checkpoint N on the same pool are the same computation.
@@ -13,6 +15,7 @@ What is read of the run is only its config's data, sequence-length phases and to
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -113,12 +116,27 @@ def prepare_run_suite(run: RunShape, sets: tuple[EvalSet, ...], mesh, stride: in
     return prepare_suite(docs, seq_len, run_batch_rows(run, seq_len, mesh), stride)
 
 
-def metrics_record(step: int, tokens: int, suite: dict[str, Any]) -> dict[str, Any]:
+TASK_KEY = "eval/task/{name}/{metric}"
+"""Where an in-training eval record carries a multiple-choice task's result (metric: one of :data:`TASK_METRICS`)."""
+
+TASK_METRICS = ("acc", "acc_norm", "gold_bpb")
+"""The task results an in-training eval record carries (questions and chance do not change during a run)."""
+
+
+def metrics_record(step: int, tokens: int, suite: dict[str, Any] | None = None,
+                   tasks: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The ``metrics.jsonl`` record of an in-training eval (``kind: "eval"``, flat keys for W&B) of a
-    suite's metrics (:func:`marin.evaluation.metrics.suite_metrics`)."""
-    rec: dict[str, Any] = {"step": int(step), "tokens": int(tokens), "kind": "eval",
-                           "eval/macro_bpb": suite["macro_bpb"], "eval/micro_bpb": suite["micro_bpb"]}
-    for name, m in suite["sets"].items():
-        rec[f"eval/{name}/bpb"] = m["bpb"]
-        rec[f"eval/{name}/loss"] = m["loss"]
+    suite's metrics (:func:`marin.evaluation.metrics.suite_metrics`; None when the run scores tasks
+    only) and of each task's result (:func:`marin.evaluation.multiple_choice.score_prepared_task`)
+    under :data:`TASK_KEY`."""
+    rec: dict[str, Any] = {"step": int(step), "tokens": int(tokens), "kind": "eval"}
+    if suite is not None:
+        rec["eval/macro_bpb"] = suite["macro_bpb"]
+        rec["eval/micro_bpb"] = suite["micro_bpb"]
+        for name, m in suite["sets"].items():
+            rec[f"eval/{name}/bpb"] = m["bpb"]
+            rec[f"eval/{name}/loss"] = m["loss"]
+    for name, result in sorted((tasks or {}).items()):
+        for metric in TASK_METRICS:
+            rec[TASK_KEY.format(name=name, metric=metric)] = result[metric]
     return rec

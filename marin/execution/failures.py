@@ -10,6 +10,7 @@ person to look at. Anything not known to be the infrastructure's counts as the s
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterator
 
 from marin.execution.retry import StorageUnavailable
 
@@ -44,9 +45,9 @@ _PEER_LOST_WORDS = ("unavailable:", "deadline_exceeded", "connection reset by pe
 """What XLA's collectives say when another host of the pool went away mid-step."""
 
 
-def is_infrastructure_failure(exc: BaseException | None) -> bool:
-    """Whether ``exc`` (a step's error as the driver sees it, Ray's wrapper included) is the
-    infrastructure's: one of the errors above anywhere in its chain or as a Ray task's cause."""
+def error_chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and every exception behind it: ``__cause__``, ``__context__`` and a Ray task error's
+    ``cause`` (the step's own exception, as the driver sees it), each once."""
     seen: set[int] = set()
     stack = [exc]
     while stack:
@@ -54,6 +55,15 @@ def is_infrastructure_failure(exc: BaseException | None) -> bool:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
+        yield e
+        cause = getattr(e, "cause", None)  # a Ray task error carries the step's exception here
+        stack += [cause if isinstance(cause, BaseException) else None, e.__cause__, e.__context__]
+
+
+def is_infrastructure_failure(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (a step's error as the driver sees it, Ray's wrapper included) is the
+    infrastructure's: one of the errors above anywhere in its chain or as a Ray task's cause."""
+    for e in error_chain(exc):
         if isinstance(e, (InfrastructureFailure, StorageUnavailable)):
             return True
         names = {c.__name__ for c in type(e).__mro__}
@@ -61,26 +71,13 @@ def is_infrastructure_failure(exc: BaseException | None) -> bool:
             return True
         if "XlaRuntimeError" in names and any(w in str(e).lower() for w in _PEER_LOST_WORDS):
             return True
-        cause = getattr(e, "cause", None)  # a Ray task error carries the step's exception here
-        stack += [cause if isinstance(cause, BaseException) else None, e.__cause__, e.__context__]
     return False
 
 
-_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def disk_full_error(exc: BaseException | None) -> OSError | None:
     """The "no space left" (or "quota exceeded") error in ``exc``'s chain, Ray's wrapper included, or
     None. Not an infrastructure failure: a retry fails the same way until someone frees space."""
-    seen: set[int] = set()
-    stack = [exc]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _DISK_FULL_ERRNOS:
-            return e
-        cause = getattr(e, "cause", None)
-        stack += [cause if isinstance(cause, BaseException) else None, e.__cause__, e.__context__]
-    return None
+    return next((e for e in error_chain(exc) if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS), None)

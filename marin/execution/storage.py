@@ -19,7 +19,6 @@ instead of failing the step.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import functools
 import glob as glob_module
@@ -32,6 +31,7 @@ import tempfile
 import threading
 from typing import Any, Iterator
 
+from marin.execution.failures import DISK_FULL_ERRNOS
 from marin.execution.retry import call_with_retry
 from marin.textfmt import format_bytes
 
@@ -46,7 +46,7 @@ def _local(path: str) -> str:
 
 @functools.lru_cache(maxsize=32)
 def _fs_for(protocol_and_options: str) -> Any:
-    import fsspec
+    import fsspec  # a run on local disk never loads fsspec and its object-store plugins
 
     return fsspec.filesystem(protocol_and_options)
 
@@ -126,7 +126,7 @@ def write_text(path: str, text: str, *, consume: str | None = None) -> None:
                 _write_local(_local(path), text, consume)
                 return
             except OSError as e:
-                if e.errno not in _DISK_FULL or not _spend_reserve(os.path.dirname(_local(path)) or "."):
+                if e.errno not in DISK_FULL_ERRNOS or not _spend_reserve(os.path.dirname(_local(path)) or "."):
                     raise
                 if consume is not None and not os.path.exists(_local(consume)):
                     consume = None  # renamed away by the failed try: its inode is gone with the temp file
@@ -166,8 +166,6 @@ def _write_local(p: str, text: str, consume: str | None) -> None:
 # --------------------------------------------------------------------------------------------- #
 # space held back for the records of a full disk                                                 #
 # --------------------------------------------------------------------------------------------- #
-
-_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 RESERVE_BYTES = 1 << 20
 """Space a run holds back on its local prefix's filesystem (see :func:`space_reserved`): a status
@@ -236,7 +234,7 @@ def space_reserved(directory: str, nbytes: int = RESERVE_BYTES) -> Iterator[None
             try:
                 os.posix_fallocate(fd, 0, nbytes)
             except OSError as e:
-                if e.errno in _DISK_FULL:
+                if e.errno in DISK_FULL_ERRNOS:
                     raise
                 os.write(fd, bytes(nbytes))  # a filesystem without fallocate: real blocks all the same
                 os.fsync(fd)
@@ -316,7 +314,7 @@ def writable_problem(directory: str) -> str | None:
         finally:
             os.close(fd)
     except OSError as e:
-        if e.errno in _DISK_FULL:
+        if e.errno in DISK_FULL_ERRNOS:
             usage = shutil.disk_usage(d)
             return f"the disk is full: {format_bytes(usage.free)} free of {format_bytes(usage.total)} on {d}"
         return f"{e.strerror or type(e).__name__}: {e.filename or d}"

@@ -22,14 +22,13 @@ from typing import Any
 
 import fsspec
 
-from marin.data.tokenizer import LoadedTokenizer
 from marin.evaluation.metrics import suite_metrics
-from marin.evaluation.multiple_choice import Question, read_task, score_task
-from marin.evaluation.sets import EvalSet, load_run_tokenizer
-from marin.evaluation.suite import eval_seq_len, prepare_run_suite, run_batch_rows, run_eval_sets
+from marin.evaluation.multiple_choice import prepare_run_tasks, score_prepared_task
+from marin.evaluation.sets import EvalSet
+from marin.evaluation.suite import prepare_run_suite, run_eval_sets
 from marin.execution.versioning import by_field, input_field, live
 from marin.training.checkpoint import checkpoint_path, load_model, read_metadata, select_steps
-from marin.training.config import TrainConfig, train_config_from_record
+from marin.training.config import train_config_from_record
 from marin.training.pools import HostContext, get_pool, launch, run_local
 
 logger = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ def evaluate_checkpoints_on_host(ctx: HostContext, config: EvalConfig, steps: li
     suite = prepare_run_suite(train_config, sets, mesh, config.stride, config.seq_len) if sets else None
     if suite is None and not config.tasks:
         raise ValueError("nothing to evaluate: no eval sets, no held-out split and no tasks")
-    tasks = _load_tasks(train_config, config.tasks)
+    tasks = prepare_run_tasks(train_config, config.tasks, mesh, config.seq_len)  # tokenized once, for every step
     records = []
     for step in steps:
         model = load_model(config.run_path, mesh, step=step)  # exactly the model the run trained (its record)
@@ -79,11 +78,8 @@ def evaluate_checkpoints_on_host(ctx: HostContext, config: EvalConfig, steps: li
             rec.update(suite_metrics(evaluate_prepared(model.params, model.router_bias, suite, model.config, mesh)))
             logger.info("eval of %s: macro bpb %.4f, micro bpb %.4f", model.path, rec["macro_bpb"], rec["micro_bpb"])
         if tasks:
-            tok, questions = tasks
-            seq_len = config.seq_len or eval_seq_len(train_config)
-            rows = run_batch_rows(train_config, seq_len, mesh)
-            rec["tasks"] = {name: score_task(qs, tok, model.params, model.router_bias, model.config, mesh, seq_len,
-                                             rows) for name, qs in questions.items()}
+            rec["tasks"] = {name: score_prepared_task(task, model.params, model.router_bias, model.config, mesh)
+                            for name, task in tasks.items()}
         records.append(rec)
     out = dict(records[-1])
     if config.checkpoint == "all":
@@ -92,17 +88,6 @@ def evaluate_checkpoints_on_host(ctx: HostContext, config: EvalConfig, steps: li
         out["eval_tokens"] = suite.num_tokens
         out["seq_len"] = suite.seq_len
     return out
-
-
-def _load_tasks(train_config: TrainConfig, tasks: dict[str, str]
-                ) -> tuple[LoadedTokenizer, dict[str, list[Question]]] | None:
-    """(the run's tokenizer, {name: questions}) of the task files, or None without tasks."""
-    if not tasks:
-        return None
-    tok = load_run_tokenizer(train_config.data)
-    if tok is None:
-        raise ValueError("the run was trained on synthetic tokens (no tokenizer); it cannot score text tasks")
-    return tok, {name: read_task(path) for name, path in sorted(tasks.items())}
 
 
 def run_eval(config: EvalConfig, *, use_ray: bool | None = None) -> dict[str, Any]:

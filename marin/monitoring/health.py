@@ -16,6 +16,7 @@ from typing import Any
 
 import fsspec
 
+from marin.evaluation.suite import TASK_KEY
 from marin.execution.status import read_info
 from marin.execution.versioning import input_field
 from marin.scaling.ladder import GRAD_NORM_SMOOTH, read_fit, window_mean
@@ -286,14 +287,10 @@ def health_vs_prediction(
             "target": fit.get("target", {}).get("name"), "tasks": task_predictions(fit, evals, total_steps)}
 
 
-TASK_KEY = "eval/task/{name}/{metric}"
-"""Where an in-training eval record carries a multiple-choice task's result (metric: acc, gold_bpb)."""
-
-
 def task_predictions(fit: dict[str, Any], evals: list[dict[str, Any]], total_steps: int) -> list[dict[str, Any]]:
     """Per task the ladder fit predicts (``fit["tasks"][name]["target"]``: accuracy through task loss,
     for the end of the run), the prediction next to the run's latest measured value when its
-    in-training eval records carry the task (:data:`TASK_KEY`). Pure."""
+    in-training eval records carry the task (:data:`marin.evaluation.suite.TASK_KEY`). Pure."""
     out = []
     for name, entry in sorted((fit.get("tasks") or {}).items()):
         pred = entry.get("target") or {}

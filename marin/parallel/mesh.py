@@ -52,3 +52,21 @@ def param_shardings(params, mesh: Mesh, mode: str = "replicated"):
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
+
+
+def place_host_arrays(tree, shardings):
+    """Host arrays -> global jax Arrays with ``shardings`` (a pytree of them, or one for every leaf);
+    works across processes: each process hands over only the slices its devices hold. Leaves that
+    are already global arrays on the same mesh (the trainer's state, in whatever layout) pass through
+    untouched. For small host-built values (batches, eval rows, test states): the training state
+    itself never exists whole on a host."""
+
+    def one(a, s):
+        if isinstance(a, jax.Array) and (a.sharding == s or getattr(a.sharding, "mesh", None) == s.mesh):
+            return a
+        a = np.asarray(a)
+        return jax.make_array_from_callback(a.shape, s, lambda idx: a[idx])
+
+    if isinstance(shardings, jax.sharding.Sharding):
+        return jax.tree.map(lambda a: one(a, shardings), tree)
+    return jax.tree.map(one, tree, shardings)

@@ -19,6 +19,7 @@ import os
 import time
 from typing import Any
 
+from marin.evaluation.suite import TASK_KEY
 from marin.execution import storage
 from marin.execution.main import CARD_FIELDS
 from marin.execution.versioning import input_field, live
@@ -29,6 +30,8 @@ from marin.review.explain import config_leaves, is_versioned
 from marin.review.plots import line_plot
 from marin.textfmt import format_duration as _dur
 from marin.textfmt import format_timestamp as _when
+
+TASK_PREFIX = TASK_KEY.partition("{name}")[0]  # "eval/task/": the in-training eval's task results
 
 MAX_INLINE_IMAGE = 1_500_000
 """Bytes: larger PNG outputs are listed, not embedded, so the report stays a file one can attach."""
@@ -472,7 +475,9 @@ def training_plots(records: list[dict[str, Any]], horizon: int | None) -> str:
         ex = [r["step"] for r in evals]
         macro = [k for k in eval_keys if "macro" in k or "micro" in k]
         per_set = [k for k in eval_keys if k not in macro and k.endswith("/bpb")]
-        for title, keys in (("eval bits per byte (macro / micro)", macro), ("eval bits per byte per set", per_set)):
+        task_acc = [k for k in eval_keys if k.startswith(TASK_PREFIX) and k.endswith(("/acc", "/acc_norm"))]
+        for title, keys in (("eval bits per byte (macro / micro)", macro), ("eval bits per byte per set", per_set),
+                            ("task accuracy (in-training eval)", task_acc)):
             if keys:
                 out.append(line_plot(title, {k: (ex, [r.get(k) for r in evals]) for k in keys[:8]}, markers=markers))
     return "".join(out)

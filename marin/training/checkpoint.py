@@ -114,7 +114,7 @@ def step_dirname(step: int) -> str:
 
 def flatten_with_keys(tree: Any) -> tuple[list[str], list[Any], Any]:
     """``(key paths, leaves, treedef)``: leaves are matched to checkpoint entries by key path."""
-    import jax
+    import jax  # not at the top: review and planning read checkpoint records without JAX
 
     leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
     keys = [jax.tree_util.keystr(path) for path, _ in leaves_with_path]
@@ -128,7 +128,7 @@ def _dtype(name: str) -> np.dtype:
 
 
 def _process() -> tuple[int, int]:
-    import jax
+    import jax  # not at the top: review and planning read checkpoint records without JAX
 
     return jax.process_index(), jax.process_count()
 
@@ -182,7 +182,7 @@ def _array_spec(url: str, shape: tuple[int, ...], dtype: np.dtype, chunk: tuple[
 def _commit(fs: Any, path: str, data: bytes) -> None:
     """Single atomic write of a record: rename on local disk, one PUT on object stores (retried
     through a transient store outage by the executor's one retry policy; the PUT is idempotent)."""
-    from fsspec.implementations.local import LocalFileSystem
+    from fsspec.implementations.local import LocalFileSystem  # object-store paths only
 
     if isinstance(fs, LocalFileSystem):
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
@@ -225,7 +225,7 @@ def stage(path: str, tree: Any, metadata: Mapping[str, Any], *, step: int) -> _S
 
 def stage_leaves(path: str, keys: list[str], leaves: list[Any], metadata: Mapping[str, Any], *, step: int) -> _Staged:
     """:func:`stage` of leaves already flattened, under the key paths ``keys``."""
-    import jax
+    import jax  # not at the top: review and planning read checkpoint records without JAX
 
     process, count = _process()
     for leaf in leaves:  # start every device-to-host copy before waiting on any
@@ -266,7 +266,7 @@ many minutes, outside the one retry policy (its limit, its log lines); a longer 
 @functools.cache
 def _write_context() -> Any:
     """One tensorstore context for every save of this process (its connection pools are reused)."""
-    import tensorstore as ts
+    import tensorstore as ts  # the train extra; records are read without it
 
     return ts.Context({"s3_request_retries": _WRITE_REQUEST_RETRIES, "gcs_request_retries": _WRITE_REQUEST_RETRIES})
 
@@ -316,7 +316,7 @@ class _ShardWriter:
 def write_staged(staged: _Staged, *, part_timeout_s: float = PART_TIMEOUT_S) -> None:
     """Write one process's staged shards and its part record; process 0 then waits for every part
     and writes COMMIT. Any failure leaves the checkpoint uncommitted (raised as CheckpointWriteError)."""
-    import tensorstore as ts
+    import tensorstore as ts  # the train extra; records are read without it
 
     fs, root = fsspec.core.url_to_fs(staged.path)
     try:
@@ -493,8 +493,8 @@ def _read_leaves(path: str, entries: list[dict[str, Any]], wanted: list[str], sh
     only the slices its own devices hold), or, with ``shardings=None``, whole, as numpy arrays in this
     process. Reads run concurrently up to :data:`READ_AHEAD_BYTES` ahead of the leaf being placed, so
     host memory holds the restored state plus one window, not two copies of it."""
-    import jax
-    import tensorstore as ts
+    import jax  # not at the top: review and planning read checkpoint records without JAX
+    import tensorstore as ts  # the train extra; records are read without it
 
     by_key = {e["key"]: e for e in entries}
 
@@ -562,7 +562,7 @@ def restore_checkpoint(path: str, template: Any = None, shardings: Any = None, *
     ``partial``: read only the template's leaves of a checkpoint that holds more. Data that does not
     verify raises :class:`CorruptCheckpointError`.
     """
-    import jax
+    import jax  # not at the top: review and planning read checkpoint records without JAX
 
     commit = read_commit(path)
     if commit is None:
@@ -585,7 +585,7 @@ def restore_checkpoint(path: str, template: Any = None, shardings: Any = None, *
 
 
 def _leaf_shardings(shardings: Any, template: Any, n: int) -> list[Any] | None:
-    import jax
+    import jax  # not at the top: review and planning read checkpoint records without JAX
 
     if shardings is None:
         return None
@@ -613,7 +613,7 @@ def _restore_legacy(path: str, commit: Mapping[str, Any], template: Any, shardin
     """Read a checkpoint of the earlier format: one ``arrays.bin`` blob, verified against the sha256 in
     its COMMIT. These were written by one process for states that fit in one; they are read whole and
     then placed onto ``shardings``."""
-    import jax
+    import jax  # not at the top: review and planning read checkpoint records without JAX
 
     fs, root = fsspec.core.url_to_fs(path)
     index = read_index(path)
@@ -901,7 +901,7 @@ def load_model(run_path: str, mesh: Any = None, *, step: int | None = None,
     devices hold. ``step``: a committed checkpoint's step (default: the newest). ``param_sharding``:
     "replicated" or "fsdp" (marin.parallel.layout; expert weights are split over "expert" either
     way). ``mesh=None`` reads the model whole into this process as numpy arrays (export)."""
-    import jax
+    import jax  # not at the top: review and planning read checkpoint records without JAX
 
     from marin.models.transformer import init_params, init_router_bias  # JAX only when a model is loaded
 

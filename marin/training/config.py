@@ -162,12 +162,19 @@ class TrainConfig:
     progress_every_s: float = live("telemetry only", default=10.0)
     # evaluation during training: every eval_every_steps steps and at the last step, bits per byte on
     # eval_sets (marin.evaluation.sets.EvalSet) plus, when eval_held_out and the data is a mixture, its
-    # held-out split, as records with kind "eval" in metrics.jsonl. None: no evaluation.
+    # held-out split, and the multiple-choice eval_tasks, as records with kind "eval" in metrics.jsonl.
+    # None: no evaluation.
     eval_every_steps: int | None = live(EVAL_IS_TELEMETRY, default=None)
     eval_sets: tuple[Any, ...] = live(
         "in-training evaluation is telemetry (the sets' tokenize steps are dependencies, which are versioned, "
         "and so are the names default_eval_suite marks)", default=())
     eval_held_out: bool = live(EVAL_IS_TELEMETRY, default=True)
+    eval_tasks: dict[str, str] = live(
+        "in-training evaluation is telemetry (a task written by a step is a dependency, which is versioned)",
+        default_factory=dict)
+    """Multiple-choice tasks, name -> jsonl path (marin.evaluation.multiple_choice), scored at each
+    in-training eval as the eval step scores them; their accuracy, byte-normalised accuracy and task
+    loss go into the eval records as ``eval/task/{name}/acc``, ``.../acc_norm`` and ``.../gold_bpb``."""
     eval_stride: int | None = live(EVAL_IS_TELEMETRY, default=None)
     preset: str | None = None
     """The preset ``model`` was resolved from (readability: ``model``, versioned field by field, is what is trained)."""
@@ -184,6 +191,11 @@ class TrainConfig:
                 object.__setattr__(self, name, tuple((kinds[0](a), kinds[1](b)) for a, b in value))
         if isinstance(self.eval_sets, list):
             object.__setattr__(self, "eval_sets", tuple(self.eval_sets))
+        if self.eval_tasks and self.eval_every_steps is None:
+            raise ValueError(f"eval_tasks {sorted(self.eval_tasks)} are scored by the in-training eval, which "
+                             "eval_every_steps=None turns off; set eval_every_steps")
+        if self.eval_tasks and isinstance(self.data, SyntheticDataConfig):
+            raise ValueError("eval_tasks need a run on tokenized text; synthetic tokens have no tokenizer")
         if self.param_sharding not in PARAM_SHARDINGS:
             raise ValueError(f"unknown param_sharding {self.param_sharding!r}; choose from {PARAM_SHARDINGS}")
         for _, policy in self.remat_by_seq_len:

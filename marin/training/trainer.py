@@ -41,6 +41,7 @@ from jax.experimental import multihost_utils
 from marin.data.loader import MixtureLoader
 from marin.evaluation.evaluator import evaluate_prepared
 from marin.evaluation.metrics import suite_metrics
+from marin.evaluation.multiple_choice import prepare_run_tasks, score_prepared_task
 from marin.evaluation.suite import metrics_record, prepare_run_suite, run_eval_sets
 from marin.execution.jsonable import to_jsonable
 from marin.models.config import flops_per_token
@@ -164,21 +165,6 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
         optax.scale_by_adam(b1=config.beta1, b2=config.beta2, eps=config.adam_eps),
         optax.add_decayed_weights(config.weight_decay, mask=_decay_mask),
     )
-
-
-def place_host_arrays(tree: Any, shardings: Any) -> Any:
-    """Host numpy arrays -> global jax Arrays with the given shardings (works across processes: each
-    process hands over only the slices its devices hold). For small host-built values (batches in
-    tests, benchmarks); the training state itself never exists on the host (see :func:`init_state`)."""
-
-    def one(x, s):
-        x = np.asarray(x)
-        return jax.make_array_from_callback(x.shape, s, lambda idx: x[idx])
-
-    return jax.tree.map(one, tree, shardings)
-
-
-_place = place_host_arrays  # the older name, still used by benchmarks and tests
 
 
 def state_shardings(state: dict[str, Any], mesh, param_sharding: str = "replicated") -> dict[str, Any]:
@@ -322,17 +308,25 @@ def _agree(decision: bool, ctx: HostContext) -> bool:
 
 
 class _InTrainingEval:
-    """The run's eval suite, loaded and packed once; :meth:`record` scores the live state with the
-    same suite and program the standalone eval step runs (marin.inference.evaluate)."""
+    """The run's eval suite and tasks, loaded, tokenized and packed once; :meth:`record` scores the
+    live state with the same suite, tasks and programs the standalone eval step runs
+    (marin.inference.evaluate). Every process builds the same rows and scores its own shards, so it
+    works on a mesh that spans processes."""
 
     def __init__(self, config: TrainConfig, cfg, mesh):
         self.cfg, self.mesh = cfg, mesh
-        self.suite = prepare_run_suite(config, run_eval_sets(config, config.eval_sets, config.eval_held_out), mesh,
-                                       config.eval_stride)
+        sets = run_eval_sets(config, config.eval_sets, config.eval_held_out)
+        self.suite = None  # a run may score tasks only; with neither, prepare_run_suite says "nothing to evaluate"
+        if sets or not config.eval_tasks:
+            self.suite = prepare_run_suite(config, sets, mesh, config.eval_stride)
+        self.tasks = prepare_run_tasks(config, config.eval_tasks, mesh)
 
     def record(self, state: dict[str, Any], step: int, tokens: int) -> dict[str, Any]:
-        totals = evaluate_prepared(state["params"], state["router_bias"], self.suite, self.cfg, self.mesh)
-        return metrics_record(step, tokens, suite_metrics(totals))
+        params, bias = state["params"], state["router_bias"]
+        suite = (suite_metrics(evaluate_prepared(params, bias, self.suite, self.cfg, self.mesh))
+                 if self.suite is not None else None)
+        tasks = {name: score_prepared_task(t, params, bias, self.cfg, self.mesh) for name, t in self.tasks.items()}
+        return metrics_record(step, tokens, suite, tasks)
 
 
 def _stop_for_preemption(ctx: HostContext, config: TrainConfig, ckpts: CheckpointManager, step: int, state: Any,

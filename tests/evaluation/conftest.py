@@ -1,5 +1,5 @@
-"""A small K40-shaped corpus, its tokenizer and token store, and one tiny training run with
-in-training evaluation, shared by the evaluation tests."""
+"""A small K40-shaped corpus, its tokenizer and token store, a domain-continuation task in its
+languages, and one tiny training run with in-training evaluation, shared by the evaluation tests."""
 
 from __future__ import annotations
 
@@ -23,15 +23,27 @@ def eval_store(k40_data, eval_corpus, eval_tokenizer) -> str:
     return k40_data.store("evalstore", eval_corpus, eval_tokenizer)
 
 
+@pytest.fixture(scope="session")
+def eval_task(tmp_path_factory) -> str:
+    """task.jsonl: 16 four-choice questions, continue a passage in its own domain's language (the
+    corpus's seed, so the languages are the ones the run trains on)."""
+    from marin.evaluation.multiple_choice import DomainTaskConfig, write_domain_task
+
+    out = str(tmp_path_factory.mktemp("task"))
+    write_domain_task(DomainTaskConfig(output_path=out, domains=EVAL_DOMAINS, questions_per_domain=4, n_choices=4,
+                                       seed=5))
+    return f"{out}/task.jsonl"
+
+
 TRAIN_STEPS = 40
 
 
 @pytest.fixture(scope="session")
-def trained_run(eval_store, tmp_path_factory):
+def trained_run(eval_store, eval_task, tmp_path_factory):
     """A tiny MoE trained for TRAIN_STEPS steps on the local-cpu pool (EP over 8 fake devices),
-    evaluated on the mixture's held-out split every 15 steps and at the last (40), with checkpoints
-    at the same steps. Its weights are fsdp-sharded, so in-training evaluation reads sharded state
-    while the standalone evaluator places the checkpoint's whole arrays."""
+    evaluated on the mixture's held-out split and the domain task every 15 steps and at the last
+    (40), with checkpoints at the same steps. Its weights are fsdp-sharded, so in-training evaluation
+    reads sharded state while the standalone evaluator places the checkpoint's whole arrays."""
     from marin.data.mixture import MixtureConfig
     from marin.training.config import TrainConfig
     from marin.training.trainer import run_training
@@ -41,6 +53,6 @@ def trained_run(eval_store, tmp_path_factory):
                       model="tiny-ep", pool="local-cpu", train_steps=TRAIN_STEPS, tokens_per_step=2048,
                       seq_len_phases=((0.0, 64),), peak_lr=1e-2, warmup_steps=4, checkpoint_every_steps=15,
                       checkpoint_every_minutes=None, keep_last_checkpoints=3, wandb_project=None,
-                      eval_every_steps=15, param_sharding="fsdp")
+                      eval_every_steps=15, eval_tasks={"k40_domains": eval_task}, param_sharding="fsdp")
     run_training(cfg, use_ray=False)
     return cfg

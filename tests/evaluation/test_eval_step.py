@@ -14,6 +14,7 @@ from marin.evaluation.sets import (
     load_eval_set,
     mixture_validation_sets,
 )
+from marin.evaluation.suite import TASK_KEY
 from marin.inference.evaluate import EvalConfig, run_eval
 from marin.training.metrics import phase_summary, read_metrics
 
@@ -88,15 +89,23 @@ def test_in_training_eval_equals_standalone_eval_of_the_checkpoint(trained_run):
     assert [r["step"] for r in train] == list(range(1, TRAIN_STEPS + 1))
     assert phase_summary(train)[0]["last_step"] == TRAIN_STEPS
 
-    result = run_eval(EvalConfig(trained_run.output_path, "", held_out=True, checkpoint="all"), use_ray=False)
+    # the eval step on the same checkpoints, sets and task file as the run's in-training eval
+    result = run_eval(EvalConfig(trained_run.output_path, "", held_out=True, checkpoint="all",
+                                 tasks=dict(trained_run.eval_tasks)), use_ray=False)
     assert [c["step"] for c in result["checkpoints"]] == [15, 30, TRAIN_STEPS] and result["step"] == TRAIN_STEPS
     for rec, ck in zip(records, result["checkpoints"]):
         assert ck["macro_bpb"] == pytest.approx(rec["eval/macro_bpb"], rel=1e-5)
         assert ck["micro_bpb"] == pytest.approx(rec["eval/micro_bpb"], rel=1e-5)
         for name, m in ck["sets"].items():
             assert m["bpb"] == pytest.approx(rec[f"eval/{name}/bpb"], rel=1e-5)
+        task = ck["tasks"]["k40_domains"]
+        assert task["questions"] == 16
+        assert rec[TASK_KEY.format(name="k40_domains", metric="acc")] == task["acc"]
+        assert rec[TASK_KEY.format(name="k40_domains", metric="acc_norm")] == task["acc_norm"]
+        assert rec[TASK_KEY.format(name="k40_domains", metric="gold_bpb")] == pytest.approx(task["gold_bpb"], rel=1e-5)
     first, last = result["checkpoints"][0], result["checkpoints"][-1]
     assert last["macro_bpb"] < first["macro_bpb"]
+    assert last["tasks"]["k40_domains"]["gold_bpb"] < first["tasks"]["k40_domains"]["gold_bpb"]
     assert set(last["sets"]["val/council"]) == {"documents", "tokens", "bytes", "loss", "perplexity", "bpb"}
 
 
@@ -108,6 +117,26 @@ def test_health_reads_training_records_only(trained_run):
     assert {c["name"]: c["ok"] for c in report["checks"]}["finite"] is True
     # the file holds both kinds; a resumed writer keeps both (kind=None reads everything)
     assert {r.get("kind", "train") for r in read_metrics(trained_run.output_path, kind=None)} == {"train", "eval"}
+
+
+def test_health_report_shows_the_runs_measured_task_accuracy_next_to_the_prediction(trained_run, tmp_path):
+    from marin.monitoring.health import HealthReportConfig, format_prediction_report, health_report_step
+
+    steps = trained_run.train_steps
+    fit = {"target": {"name": "tiny", "train_steps": steps}, "fractions": [1.0],
+           "predictions": {"1": {"loss": 5.0, "loss_low": 4.0, "loss_high": 6.0, "metric": "loss", "low": 4.0,
+                                 "high": 6.0}},
+           "tasks": {"k40_domains": {"target": {"acc": 0.6, "acc_low": 0.5, "acc_high": 0.7, "task_loss": 1.5}}}}
+    (tmp_path / "fit.json").write_text(json.dumps(fit))
+    report = health_report_step(HealthReportConfig(trained_run.output_path, str(tmp_path), fit_path=str(tmp_path)))
+    (row,) = report["prediction"]["tasks"]
+    last = read_metrics(trained_run.output_path, kind="eval")[-1]
+    assert row["measured_step"] == steps and row["at_fraction"] == 1.0
+    assert row["measured_acc"] == last[TASK_KEY.format(name="k40_domains", metric="acc")]
+    assert row["measured_task_loss"] == last[TASK_KEY.format(name="k40_domains", metric="gold_bpb")]
+    text = format_prediction_report(report["prediction"])
+    assert (f"task k40_domains: accuracy predicted 0.600 [0.500, 0.700] at the end of the run; measured "
+            f"{row['measured_acc']:.3f} at step {steps} (100% of the run)") in text
 
 
 def test_default_eval_step_writes_eval_json_and_is_cached(ray_local, trained_run, eval_corpus, eval_tokenizer):

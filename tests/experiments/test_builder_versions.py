@@ -200,3 +200,26 @@ def test_how_tokenize_spreads_its_work_keeps_the_store(field, value):
     other = _tokenized()
     object.__setattr__(other.config, field, value)
     assert _plan(other)[1].hash == _plan(step)[1].hash
+
+
+def test_in_training_tasks_are_telemetry_and_a_task_step_is_a_dependency():
+    """eval_tasks is live, like eval_sets: a path keeps the training step's hash; a task written by a
+    step makes that step a dependency (its hash is in the version) and resolves to its task.jsonl."""
+    from experiments.defaults import default_domain_task
+    from marin.execution import resolve_config
+
+    def train(**kw):
+        return default_train("c/train", mixture=_mixture(), model="tiny", wandb_project=None, eval_every_steps=10,
+                             **kw)
+
+    plain = _plan(train())[1]
+    assert _plan(train(eval_tasks={"k40": "/tasks/k40.jsonl"}))[1].hash == plain.hash
+    task = default_domain_task("c/task", ("council", "infra", "web_code", "science"))
+    plan, with_step = _plan(train(eval_tasks={"k40": task}))
+    assert with_step.hash != plain.hash and plan.planned(task) in with_step.dependencies
+    assert resolve_config(with_step, plan).eval_tasks == {"k40": f"{plan.planned(task).output_path}/task.jsonl"}
+    with pytest.raises(ValueError, match=r"eval_tasks \['k40'\] are scored by the in-training eval, which "
+                                         r"eval_every_steps=None turns off"):
+        default_train("c/train", mixture=_mixture(), eval_tasks={"k40": "/tasks/k40.jsonl"})
+    with pytest.raises(ValueError, match="eval_tasks need a run on tokenized text; synthetic tokens have no tokenizer"):
+        default_train("c/train", mixture=SyntheticDataConfig(), eval_every_steps=5, eval_tasks={"k40": "/t.jsonl"})

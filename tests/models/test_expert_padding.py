@@ -10,10 +10,9 @@ import pytest
 from marin.models.config import MoEConfig, count_params, get_preset, param_shapes
 from marin.models.reference import moe_reference
 from marin.models.transformer import init_params, loss_and_stats
-from marin.parallel.mesh import batch_sharding, make_mesh
+from marin.parallel.mesh import batch_sharding, make_mesh, place_host_arrays
 from marin.training.config import SyntheticDataConfig, TrainConfig
 from marin.training.trainer import (
-    _place,
     init_host_state,
     make_train_step,
     model_config,
@@ -129,7 +128,7 @@ def test_training_keeps_the_padding_zero_and_fsdp_splits_it_over_data(transport)
         cfg = model_config(config)
         host = init_host_state(config, cfg)
         shardings = state_shardings(host, mesh, "fsdp")
-        state = _place(host, shardings)
+        state = place_host_arrays(host, shardings)
         up = state["params"]["blocks"]["expert_up"]
         assert up.shape == (2, 8, 32, 32 if multiple == 1 else 33)
         assert tuple(up.sharding.spec) == ((None, "expert", None, None) if multiple == 1
@@ -140,7 +139,7 @@ def test_training_keeps_the_padding_zero_and_fsdp_splits_it_over_data(transport)
         for i in range(3):
             b = synthetic_batch(config.data, i, 48, 32)
             s = batch_sharding(mesh)
-            state, m = step(state, _place(b["tokens"], s), _place(b["segment_ids"], s), jnp.float32(3e-3))
+            state, m = step(state, *place_host_arrays((b["tokens"], b["segment_ids"]), s), jnp.float32(3e-3))
             metrics.append({k: float(v) for k, v in m.items()})
         runs[multiple] = (metrics, jax.device_get(state))
 

@@ -86,7 +86,8 @@ def train_records(n: int, transport_switch: int, seq_switch: int) -> list[dict]:
         )
         if i % 20 == 0:
             out.append({"kind": "eval", "step": i, "eval/web/bpb": 1.5 - i / 1000, "eval/code/bpb": 1.3 - i / 1000,
-                        "eval/macro_bpb": 1.4 - i / 1000})
+                        "eval/macro_bpb": 1.4 - i / 1000, "eval/task/k40/acc": 0.25 + i / 200,
+                        "eval/task/k40/gold_bpb": 2.0 - i / 100})
     return out
 
 

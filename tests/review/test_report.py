@@ -66,7 +66,8 @@ def test_report_structure_of_a_small_experiment(small_experiment, tmp_path):
     assert "peak 4.5 above 4" in text and "needs a look" in text
     assert "invalid_utf8 2" in text
     # training plots with the transport and sequence-length changes marked, eval curves
-    assert text.count('class="plot"') >= 8 + 2
+    assert text.count('class="plot"') >= 8 + 3
+    assert "task accuracy (in-training eval)" in text  # eval/task/k40/acc of the training step's eval records
     assert "transport=dropless" in text and "L=128" in text
     assert "60 of 60 (100.0% of horizon)" in text and "40 of 100 (40.0% of horizon)" in text
     # versioned fields marked, secrets masked

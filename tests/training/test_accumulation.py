@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 
 from marin.models.transformer import loss_and_stats
-from marin.parallel.mesh import batch_sharding, make_mesh
+from marin.parallel.mesh import batch_sharding, make_mesh, place_host_arrays
 from marin.training.accumulate import accumulate, split_microbatches
 from marin.training.config import SyntheticDataConfig, TrainConfig
 from marin.training.trainer import (
-    _place,
     init_host_state,
     make_train_step,
     model_config,
@@ -28,13 +27,13 @@ def _run(transport, microbatches, pool_mesh=(2, 4), steps=3, model="tiny-ep"):
     mesh = make_mesh(*pool_mesh)
     host = init_host_state(config, cfg)
     shardings = state_shardings(host, mesh)
-    state = _place(host, shardings)
+    state = place_host_arrays(host, shardings)
     step = make_train_step(config, cfg, mesh, transport, shardings, microbatches)
     out = []
     for i in range(steps):
         b = synthetic_batch(config.data, i, 64, 32)
         sharding = batch_sharding(mesh)
-        state, m = step(state, _place(b["tokens"], sharding), _place(b["segment_ids"], sharding), jnp.float32(3e-3))
+        state, m = step(state, *place_host_arrays((b["tokens"], b["segment_ids"]), sharding), jnp.float32(3e-3))
         out.append({k: float(v) for k, v in m.items()})
     return out, jax.device_get(state)
 

@@ -10,13 +10,12 @@ import pytest
 from marin.models.config import count_params, get_preset, param_shapes
 from marin.models.transformer import init_params
 from marin.parallel.layout import leaf_partition, shard_shape
-from marin.parallel.mesh import batch_sharding, make_mesh
+from marin.parallel.mesh import batch_sharding, make_mesh, place_host_arrays
 from marin.training.checkpoint import CheckpointManager, CheckpointPolicy
 from marin.training.config import SyntheticDataConfig, TrainConfig
 from marin.training.planning import memory_plan, params_per_device
 from marin.training.pools import get_pool
 from marin.training.trainer import (
-    _place,
     init_host_state,
     make_train_step,
     model_config,
@@ -76,7 +75,7 @@ def _steps(config, mesh, state, shardings, start, n, transport="fixed"):
     for i in range(start, start + n):
         b = synthetic_batch(config.data, i, 64, 32)
         s = batch_sharding(mesh)
-        state, m = step(state, _place(b["tokens"], s), _place(b["segment_ids"], s), jnp.float32(3e-3))
+        state, m = step(state, *place_host_arrays((b["tokens"], b["segment_ids"]), s), jnp.float32(3e-3))
         out.append({k: float(v) for k, v in m.items()})
     return out, state
 
@@ -85,7 +84,7 @@ def _start(mode, mesh):
     config = _config(mode)
     host = init_host_state(config, model_config(config))
     shardings = state_shardings(host, mesh, mode)
-    return config, _place(host, shardings), shardings
+    return config, place_host_arrays(host, shardings), shardings
 
 
 def test_fsdp_state_is_sharded_and_trains_like_replicated(tmp_path):
@@ -124,8 +123,8 @@ def test_fsdp_state_is_sharded_and_trains_like_replicated(tmp_path):
     assert step == 3
     for x, y in zip(jax.tree.leaves(jax.device_get(fsdp_state)), jax.tree.leaves(host)):
         np.testing.assert_array_equal(x, y)
-    cont_fsdp, _ = _steps(fsdp_cfg, mesh, _place(host, fsdp_sh), fsdp_sh, 3, 1)
-    cont_rep, _ = _steps(rep_cfg, mesh, _place(host, rep_sh), rep_sh, 3, 1)
+    cont_fsdp, _ = _steps(fsdp_cfg, mesh, place_host_arrays(host, fsdp_sh), fsdp_sh, 3, 1)
+    cont_rep, _ = _steps(rep_cfg, mesh, place_host_arrays(host, rep_sh), rep_sh, 3, 1)
     np.testing.assert_allclose(cont_rep[0]["loss"], cont_fsdp[0]["loss"], rtol=2e-5)
 
 

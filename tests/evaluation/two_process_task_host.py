@@ -1,0 +1,41 @@
+"""One host of a two-process pool (``local-2host``: 2 processes x 4 fake CPU devices, one (1, 8)
+mesh, joined by ``jax.distributed`` on 127.0.0.1 as the Ray launcher joins them), started twice by
+tests/evaluation/test_task_eval_multihost.py: a tiny run on a token store, weights fsdp-split across
+the two processes, whose in-training eval scores a multiple-choice task only (no eval sets).
+
+    python two_process_task_host.py OUT PROCESS_ID COORDINATOR STORE TASK
+"""
+
+import json
+import os
+import sys
+
+
+def config(out: str, store: str, task: str):
+    from marin.data.mixture import MixtureConfig
+    from marin.training.config import TrainConfig
+
+    return TrainConfig(output_path=out, data=MixtureConfig(stores=(store,), validation_fraction=0.05),
+                       model="tiny-ep", pool="local-2host", param_sharding="fsdp", train_steps=4, tokens_per_step=1024,
+                       seq_len_phases=((0.0, 64),), warmup_steps=1, peak_lr=1e-2, checkpoint_every_steps=2,
+                       checkpoint_every_minutes=None, keep_last_checkpoints=3, wandb_project=None,
+                       progress_every_s=0.0, eval_every_steps=2, eval_held_out=False,
+                       eval_tasks={"k40_domains": task})
+
+
+def main() -> None:
+    out, pid, coord, store, task = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    os.environ["JAX_PLATFORMS"] = "cpu"  # before JAX starts its backend: 4 fake devices per host
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    from marin.training.pools import HostContext, get_pool, initialize_jax
+    from marin.training.trainer import train_on_host
+
+    ctx = HostContext(pid, 2, coord, get_pool("local-2host"))
+    initialize_jax(ctx)
+    summary = train_on_host(ctx, config(out, store, task))
+    print("RESULT " + json.dumps({"process": pid, "summary": summary}), flush=True)
+    os._exit(0)  # the peer may be gone: skip jax.distributed's shutdown barrier
+
+
+if __name__ == "__main__":
+    main()

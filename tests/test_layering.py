@@ -129,13 +129,6 @@ HEAVY = {"jax", "jaxlib", "ray", "optax", "orbax", "tensorstore", "tokenizers", 
          "lm_eval", "datasets", "scipy", "matplotlib", "tqdm", "safetensors", "zstandard", "numpy", "fsspec",
          "ml_dtypes", "scipy_openblas32", "ctypes", "playwright"}
 """Optional or heavy dependencies: importing them inside a function can keep them off light paths."""
-KNOWN_LOCAL_IMPORTS = {
-    "marin/execution/cluster.py",
-    "marin/execution/executor.py",
-    "marin/execution/main.py",
-}
-"""Files whose imports inside functions (Ray, draccus, fsspec, JAX, tensorstore) do not yet say why on the
-line; the executor's and the checkpoint's changes in flight write the reasons (or move the imports up)."""
 
 
 def _module_level_imports(tree: ast.Module) -> set[str]:
@@ -156,8 +149,6 @@ def test_an_import_inside_a_function_keeps_a_heavy_dependency_off_a_light_path()
     bad = []
     for path in sorted((REPO / "marin").rglob("*.py")):
         rel = str(path.relative_to(REPO))
-        if rel in KNOWN_LOCAL_IMPORTS:
-            continue
         lines = path.read_text().splitlines()
         tree = ast.parse("\n".join(lines))
         at_top = _module_level_imports(tree)

@@ -69,7 +69,7 @@ def import_ray_for_the_driver() -> ModuleType:
     before = os.environ.get(NO_FAILURE_SIGNAL_HANDLER)
     os.environ[NO_FAILURE_SIGNAL_HANDLER] = "1"
     try:
-        import ray
+        import ray  # Ray only when a cluster is joined or stopped
     finally:
         if before is None:
             del os.environ[NO_FAILURE_SIGNAL_HANDLER]
@@ -107,7 +107,7 @@ def use_ray_token_if_present() -> str | None:
     os.environ["RAY_AUTH_MODE"] = "token"
     if "ray._raylet" in sys.modules:  # Ray read its config already: make it see the new mode
         try:
-            from ray._raylet import AuthenticationTokenLoader, Config
+            from ray._raylet import AuthenticationTokenLoader, Config  # Ray only when a cluster is joined
 
             Config.initialize("")
             AuthenticationTokenLoader.instance().reset_cache()
@@ -171,7 +171,7 @@ def shutdown_local_ray(grace_s: float = 5.0) -> None:
     and runtime-env agents are the raylet's children and notice its death only by polling, so they
     would outlive the run by minutes. They are ours (started for this run), so we stop them by pid
     (checking each one's start time, so a reused pid is never signalled)."""
-    import ray
+    import ray  # Ray only when a cluster is joined or stopped
 
     node = getattr(ray._private.worker, "_global_node", None)
     owned: list[tuple[int, str]] = []

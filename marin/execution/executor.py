@@ -42,6 +42,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from tqdm import tqdm
+
 from marin.execution import lease as leases
 from marin.execution import retry, storage
 from marin.execution import status as st
@@ -302,7 +304,7 @@ def remote_body(fn: Any) -> Any:
     Per-step options (name, resources) are applied with ``.options()``, which exports nothing."""
     entry = _REMOTE_BODIES.get(id(fn))
     if entry is None or entry[0] is not fn:
-        import ray
+        import ray  # Ray only once steps run: planning and review import this module
 
         def run_step(config: Any, output_path: str, *upstream: float) -> float:
             started = time.time()  # upstream: results of the steps that had to finish first
@@ -332,7 +334,7 @@ def infeasible(options: dict[str, Any], cluster: dict[str, float]) -> dict[str, 
 
 def describe_failure(exc: BaseException) -> tuple[str, str]:
     """(one-line error, full traceback text) for an exception raised by ``ray.get`` of a step."""
-    import ray.exceptions as rex
+    import ray.exceptions as rex  # Ray only once steps run: planning and review import this module
 
     if isinstance(exc, rex.RayTaskError):
         cause = exc.cause if getattr(exc, "cause", None) is not None else exc
@@ -490,7 +492,7 @@ class _Runner:
 
     @staticmethod
     def _cancel(ref: Any) -> None:
-        import ray
+        import ray  # Ray only once steps run: planning and review import this module
 
         try:
             ray.cancel(ref, force=True)
@@ -562,7 +564,7 @@ class _Runner:
 
     def _cluster_resources(self) -> dict[str, float]:
         if self._resources is None:
-            import ray
+            import ray  # Ray only once steps run: planning and review import this module
 
             self._resources = dict(ray.cluster_resources())
         return self._resources
@@ -595,7 +597,7 @@ class _Runner:
         self._finish(s, "failed")
 
     def _on_done(self, ref: Any) -> None:
-        import ray
+        import ray  # Ray only once steps run: planning and review import this module
 
         s = self.running.pop(ref, None)
         if s is None:  # dropped meanwhile: an upstream processed in the same batch failed
@@ -713,7 +715,7 @@ class _Runner:
         directory), and wait for it until that grace period is up, less :data:`STOP_RESERVE_S` the
         step leaves the driver; a step that finished meanwhile is committed as usual. Returns what
         each of them did, for its INTERRUPTED record."""
-        import ray
+        import ray  # Ray only once steps run: planning and review import this module
 
         # a step whose upstream task is still running has not started: nothing of it to save
         graceful = {ref: s for ref, s in self.running.items()
@@ -767,7 +769,7 @@ class _Runner:
     def _interrupt(self, message: str, notes: dict[PlannedStep, str] | None = None) -> None:
         notes = notes or {}
         with retry.capped(INTERRUPT_RETRY_S):  # the person (or the scheduler's grace period) is waiting
-            import ray
+            import ray  # Ray only once steps run: planning and review import this module
 
             for ref in list(self.running):
                 try:
@@ -811,8 +813,7 @@ class _Runner:
             print(msg, file=sys.stderr)
 
     def loop(self) -> None:
-        import ray
-        from tqdm import tqdm
+        import ray  # Ray only once steps run: planning and review import this module
 
         self.bar = tqdm(
             total=len(self.todo), desc="steps", unit="step", file=sys.stderr, disable=not self.opts.progress,

@@ -8,6 +8,8 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 
+import draccus
+
 from marin.execution.executor import ExecutorError, ExecutorInterrupted, RunOptions, RunResult, run_plan
 from marin.execution.hashing import UnhashableConfigError
 from marin.execution.lease import DEFAULT_TTL_S
@@ -78,8 +80,6 @@ def _extract_run_only(argv: list[str], flag: str = "--run_only") -> tuple[list[s
 
 
 def parse_executor_args(argv: Sequence[str]) -> ExecutorMainConfig:
-    import draccus
-
     rest, run_only = _extract_run_only(list(argv))
     rest, retry_failed = _extract_run_only(rest, "--retry_failed")
     config = draccus.parse(config_class=ExecutorMainConfig, args=rest)

@@ -1,5 +1,5 @@
 """The driver's stop signals: SIGINT (Ctrl-C), SIGTERM (what schedulers send on preemption) and SIGHUP
-(the terminal went away) all stop a run the same way (see :meth:`executor._Runner.interrupt`).
+(the terminal went away) all stop a run the same way: running steps are stopped and recorded INTERRUPTED.
 
 A step that can save its work (training, with a grace period: ``ExecutorStep.stop_grace_s``) is not
 cancelled at once: the driver writes a stop request into its directory (``.executor_stop``), waits

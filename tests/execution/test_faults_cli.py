@@ -157,6 +157,8 @@ def test_failing_step_shows_name_and_remote_traceback(tmp_path):
     assert r.returncode == 1 and "--force_run_failed" in r.stderr
 
 
+@pytest.mark.slow  # 78 s on the loaded 2-core VM; its core, a dead holder's lease taken over at once and the
+# attempt kept: test_status_lease.py (test_dead_holder_on_this_host_is_replaced_immediately and the history)
 def test_kill_9_mid_step_then_rerun_resumes_without_duplicates(tmp_path):
     exp = write_experiment(tmp_path)
     prefix = str(tmp_path / "store")
@@ -196,6 +198,8 @@ def test_kill_9_mid_step_then_rerun_resumes_without_duplicates(tmp_path):
     assert json.loads((c_dir / "out.json").read_text()) == {"total": 111}
 
 
+@pytest.mark.slow  # 90 s on the loaded 2-core VM (four Ray clusters); its core, one holder per step's lease and
+# the loser fenced: test_status_lease.py; two runs at once keep both records: test_experiment_record_race.py
 def test_four_concurrent_executors_run_each_step_exactly_once(tmp_path):
     exp = write_experiment(tmp_path)
     prefix = str(tmp_path / "store")

@@ -123,6 +123,8 @@ def test_unwritable_prefix_is_one_line_before_ray_starts_and_the_cluster_ends_wi
     assert {p: p.read_text() for p in store.glob("*/out.txt")} == outputs
 
 
+@pytest.mark.slow  # 85 s on the loaded 2-core VM; SIGTERM takes the same stop path, and its test (interrupted
+# record, released lease, the rerun resuming) stays in the default run: test_signals.py
 def test_ctrl_c_marks_the_running_step_interrupted_and_the_next_run_resumes_it(tmp_path):
     exp = write_experiment(tmp_path)
     store, started = tmp_path / "store", tmp_path / "second-started"

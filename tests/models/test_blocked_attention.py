@@ -73,6 +73,8 @@ def test_visible_key_blocks_skip_future_and_out_of_window_blocks():
     assert tuple(int(x) for x in visible_key_blocks(5, 16, 40)) == (2, 5)  # 80 - 40 + 1 = 41 -> block 2
 
 
+@pytest.mark.slow  # 88 s on the loaded 2-core VM (two model compiles with gradients); its core, blocked attention
+# equal to dense in value and gradient: test_blocked_equals_dense_forward_and_gradients
 def test_model_loss_and_gradients_match_with_blocked_attention():
     """The whole model (layer scan with traced per-layer windows, documents, remat) is the same function."""
     dense_cfg = get_preset("tiny").replace(max_seq_len=64, sliding_window=12, remat_policy="dots")

@@ -151,3 +151,19 @@ def test_bf16_compute_keeps_fp32_master_weights(tmp_path):
     params = {k: v for k, v in flat.items() if k.startswith("['params']")}
     assert params and all(v.dtype == np.float32 for v in params.values())
     assert meta["config"]["compute_dtype"] == "bfloat16"
+
+
+def test_a_run_hot_switches_its_transport_and_extends_its_sequences(tmp_path):
+    """The quickstart's schedules in miniature (its end-to-end test is in the slow set): EP over 8 fake
+    devices, the fixed-buffer transport then dropless, 16-token sequences then 32 at half the batch, in
+    one run that never restarts: one record per step and the same tokens in every step."""
+    cfg = _config(tmp_path, "switch", model="tiny-ep", pool="local-cpu", train_steps=4, tokens_per_step=256,
+                  seq_len_phases=((0.0, 16), (0.5, 32)), transport_switches=((0, "fixed"), (2, "dropless")),
+                  checkpoint_every_steps=100)
+    summary = run_training(cfg, use_ray=False)
+    assert summary["final_step"] == 4 and summary["resumed_from"] is None
+    records = read_metrics(cfg.output_path)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert [r["transport"] for r in records] == ["fixed", "fixed", "dropless", "dropless"]
+    assert [(r["seq_len"], r["batch_size"]) for r in records] == [(16, 16)] * 2 + [(32, 8)] * 2
+    assert [r["tokens"] for r in records] == [256, 512, 768, 1024]

@@ -7,10 +7,15 @@ import glob
 import json
 import os
 
+import pytest
+
 from marin.execution import ExecutorMainConfig, executor_main
 from marin.training.metrics import read_metrics
 
 
+@pytest.mark.slow  # the README's quickstart, 7 steps and 60 training steps on local Ray; its cores run in the
+# default set: test_trainer.py (learning, W&B, sequence-length phases, the transport switch), the eval step
+# (tests/evaluation/test_eval_step.py), health (tests/monitoring), caching (tests/execution/test_executor.py)
 def test_quickstart_pipeline(ray_local, tmp_path):
     import experiments.quickstart as qs
 

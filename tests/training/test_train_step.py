@@ -8,6 +8,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from marin.execution import ExecutorMainConfig, executor_main
 from marin.execution.status import current_status, read_info, read_status
 from marin.training.checkpoint import read_checkpoint
@@ -110,6 +112,8 @@ def _step_dir(prefix):
     return d
 
 
+@pytest.mark.slow  # three `marin run` processes of 40 steps, each with its own Ray; its core, a crash after a
+# checkpoint resuming bitwise: test_trainer.py's test_crash_and_resume_is_bitwise_identical
 def test_sigkill_then_rerun_resumes_bitwise(tmp_path):
     # 40 steps, a checkpoint every 2 (the last 2 kept): a kill after the first checkpoint at or past
     # step 4 lands well before the end, however fast the machine (polling cannot miss the window).
@@ -142,6 +146,8 @@ def test_sigkill_then_rerun_resumes_bitwise(tmp_path):
     assert [r["step"] for r in read_metrics(str(killed_dir))] == list(range(1, steps + 1))
 
 
+@pytest.mark.slow  # a `marin run` process with its own Ray; its core, the NaN guard's error
+# (test_trainer.py) and a failing step's reason in its record (test_faults_cli.py)
 def test_divergence_marks_step_failed_with_reason(tmp_path):
     rc, out = _run_script(tmp_path, tmp_path / "p", steps=6, lr=1e30)
     assert rc != 0

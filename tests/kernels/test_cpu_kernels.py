@@ -165,6 +165,8 @@ def test_switched_off_by_env(tmp_path):
     assert "AVAILABLE False" in out and "WARNING" not in out
 
 
+@pytest.mark.slow  # 78 s on the loaded 2-core VM (two processes importing JAX); the shared builder's concurrent
+# builds into one cache: tests/data/test_native.py::test_concurrent_builds_in_separate_processes
 def test_two_processes_building_at_once_both_load_it(tmp_path):
     """Ray workers may build the kernel concurrently into one cache: each compiles to a private
     file and renames it, so neither ever loads half a library."""

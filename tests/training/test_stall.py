@@ -39,8 +39,8 @@ def test_step_timeout_is_the_explicit_one_or_ten_times_the_median_with_a_floor()
 
 
 def _host(process, step, *, advanced, heard, phase="train"):
-    return HostProgress(process, step=step, phase=phase, advanced_at=advanced, heard_at=heard, beats=1, pid=100 + process,
-                        node="10.0.0.1")
+    return HostProgress(process, step=step, phase=phase, advanced_at=advanced, heard_at=heard, beats=1,
+                        pid=100 + process, node="10.0.0.1")
 
 
 def test_no_stall_while_steps_complete_within_the_timeout():
@@ -126,6 +126,7 @@ def _steps_then_freeze(ctx, marker_dir, steps):
     return {"attempt": attempt, "steps": steps}
 
 
+@pytest.mark.slow  # two attempts, each a fresh worker importing JAX; the pure rule above is the fast check
 def test_a_stopped_host_is_detected_killed_and_the_pool_relaunched(ray_local, tmp_path):
     pool = PoolSpec("tiny", hosts=1, devices_per_host=1, accelerator="cpu", mesh=(1, 1), max_retries=1)
     markers, log = tmp_path / "markers", tmp_path / "step" / "stalls.json"
@@ -136,7 +137,8 @@ def test_a_stopped_host_is_detected_killed_and_the_pool_relaunched(ray_local, tm
     assert result == {"attempt": 1, "steps": 5}
     [record] = json.loads(log.read_text())
     assert record["attempt"] == 1 and record["last_step"] == 3
-    assert 2.0 < record["idle_s"] < 2.0 + 3 * rule.beat_every_s  # detected within a beat of the timeout
+    # detected once the timeout passed, at the next look at the board (every beat; generous for a loaded machine)
+    assert rule.timeout_s <= record["idle_s"] < rule.timeout_s + 10.0  # (recorded to 0.1 s)
     assert record["behind"][0].startswith("host 0 (pid ") and "at step 3, silent for" in record["behind"][0]
     assert time.monotonic() - t0 < 60.0
 

@@ -30,7 +30,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from marin.execution.failures import InfrastructureFailure, StopRequested, is_infrastructure_failure
-from marin.training.stall import PoolStalled, ProgressWatch, StallRule, start_reporting, stop_reporting
+from marin.training.stall import (
+    PoolStalled,
+    ProgressWatch,
+    StallRule,
+    append_stall_record,
+    start_reporting,
+    stop_reporting,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -330,22 +337,6 @@ def _wait_for_hosts(refs: list[Any], watch: ProgressWatch | None, pool: PoolSpec
             if stall_log:
                 append_stall_record(stall_log, stall.record(pool.name, attempt))
             raise PoolStalled(message)
-
-
-def append_stall_record(path: str, record: dict[str, Any]) -> None:
-    """Add a stall to the JSON list at ``path`` (the step directory's ``stalls.json``; the launcher is
-    its only writer). A record that cannot be written is logged, never a reason to stop the retry."""
-    import json
-
-    import fsspec  # storage: only when a stall is recorded
-
-    try:
-        fs, fs_path = fsspec.core.url_to_fs(path)
-        previous = json.loads(fs.cat_file(fs_path)) if fs.exists(fs_path) else []
-        fs.makedirs(fs_path.rsplit("/", 1)[0], exist_ok=True)
-        fs.pipe_file(fs_path, json.dumps([*previous, record], indent=1).encode())
-    except Exception as e:  # noqa: BLE001 - the stall itself is already logged and raised
-        logger.warning("could not record the stall in %s: %s", path, e)
 
 
 def launch(

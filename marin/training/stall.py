@@ -31,6 +31,7 @@ version: an operator may change it on a live run (relaunching the step keeps its
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import statistics
@@ -191,6 +192,20 @@ def find_stall(hosts: Sequence[HostProgress], *, num_hosts: int, started_at: flo
               or (newest is not None and (h.step is None or h.step < newest))]
     return Stall(idle, allowed, newest, tuple(h.describe(now, rule.silent_after_s) for h in behind),
                  tuple(h.describe(now, rule.silent_after_s) for h in everyone))
+
+
+def append_stall_record(path: str, record: dict[str, Any]) -> None:
+    """Add a stall to the JSON list at ``path`` (the step directory's ``stalls.json``; the launcher is
+    its only writer). A record that cannot be written is logged, never a reason to stop the retry."""
+    import fsspec  # storage: only when a stall is recorded; the launcher's light import path stays without it
+
+    try:
+        fs, fs_path = fsspec.core.url_to_fs(path)
+        previous = json.loads(fs.cat_file(fs_path)) if fs.exists(fs_path) else []
+        fs.makedirs(fs_path.rsplit("/", 1)[0], exist_ok=True)
+        fs.pipe_file(fs_path, json.dumps([*previous, record], indent=1).encode())
+    except Exception as e:  # noqa: BLE001 - the stall itself is already logged and raised
+        logger.warning("could not record the stall in %s: %s", path, e)
 
 
 # ---- the board (a Ray actor) and the hosts' side -----------------------------------------------------

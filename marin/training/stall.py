@@ -84,7 +84,8 @@ class StallRule:
     @property
     def beat_every_s(self) -> float:
         """How often a host says "still here": often enough that a silent host is told apart from a
-        waiting one well inside the timeout, rarely enough that 176 hosts cost the board nothing."""
+        waiting one well inside the timeout, rarely enough that the board stays small work (at the
+        defaults, 5 s: 176 hosts send about 35 beats a second plus one report per host per step)."""
         shortest = min(self.timeout_s or self.floor_s, self.startup_s)
         return max(0.2, min(5.0, shortest / 10.0))
 

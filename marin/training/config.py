@@ -27,6 +27,7 @@ from marin.training.schedule import (
     SeqLenSchedule,
     TransportSchedule,
 )
+from marin.training.stall import StallRule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +151,23 @@ class TrainConfig:
     checkpoint_every_minutes: float | None = live("when state is saved, not what is computed", default=30.0)
     keep_last_checkpoints: int = live("which checkpoints are kept, not what is computed", default=2)
     keep_every_steps: int | None = live("which checkpoints are kept, not what is computed", default=None)
+    # the second tier: a rolling temporary checkpoint on fast storage, beside the permanent ones above
+    temp_checkpoint_every_minutes: float | None = live(
+        "when state is saved, not what is computed: a rolling temporary checkpoint every this many minutes of "
+        "wall time (None: none), so a fault costs at most this long while permanent checkpoints stay sparse",
+        default=None)
+    temp_checkpoint_path: str | None = live(
+        "where the temporary checkpoint goes (a fast local or region-local prefix; the run writes under "
+        "<prefix>/<run directory name>-<hash of its output path>/checkpoints, one kept), not what is computed: "
+        "a run may move to another region and resume from its permanent checkpoints", default=None)
+    # the stall watchdog of the pool launcher (marin.training.stall)
+    stall_timeout_s: float | None = live(
+        "when a hung pool is killed and relaunched from its last checkpoint, not what is computed; an operator "
+        "tunes it on a live run. None: 10 x the median measured step time, at least 600 s", default=None)
+    stall_startup_s: float = live(
+        "the stall watchdog's allowance before the first step of an attempt (checkpoint restore, compilation) "
+        "and during a new phase's compilation, an in-training eval or a checkpoint wait; not what is computed",
+        default=3600.0)
     preemption_grace_s: float = live(
         "seconds between the scheduler's SIGTERM and its SIGKILL (Kubernetes: terminationGracePeriodSeconds); "
         "> 0: a SIGTERM ends training at the next step with a final checkpoint where the grace allows "
@@ -196,6 +214,9 @@ class TrainConfig:
                              "eval_every_steps=None turns off; set eval_every_steps")
         if self.eval_tasks and isinstance(self.data, SyntheticDataConfig):
             raise ValueError("eval_tasks need a run on tokenized text; synthetic tokens have no tokenizer")
+        if self.temp_checkpoint_every_minutes is not None and not self.temp_checkpoint_path:
+            raise ValueError("temp_checkpoint_every_minutes needs temp_checkpoint_path (a fast local or region-local "
+                             "prefix for the temporary checkpoint)")
         if self.param_sharding not in PARAM_SHARDINGS:
             raise ValueError(f"unknown param_sharding {self.param_sharding!r}; choose from {PARAM_SHARDINGS}")
         for _, policy in self.remat_by_seq_len:
@@ -247,7 +268,12 @@ class TrainConfig:
             every_minutes=self.checkpoint_every_minutes,
             keep_last=self.keep_last_checkpoints,
             keep_every=self.keep_every_steps,
+            temp_every_minutes=self.temp_checkpoint_every_minutes,
         )
+
+    def stall_rule(self) -> StallRule:
+        """When the pool launcher counts this run's pool as hung (marin.training.stall)."""
+        return StallRule(timeout_s=self.stall_timeout_s, startup_s=self.stall_startup_s)
 
 
 def model_at(config: TrainConfig, cfg: MoEConfig, seq_len: int) -> MoEConfig:

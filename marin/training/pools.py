@@ -12,6 +12,8 @@ Launch protocol (``launch``):
 3. run the host function everywhere; the first failure kills every host (a JAX peer left alone would
    hang in a collective) and releases the reservation; then retry up to ``max_retries`` times. The
    host function resumes from the latest checkpoint, so a retry loses at most one checkpoint interval.
+   With a stall rule, a pool whose hosts stop completing steps counts as failed too
+   (:mod:`marin.training.stall`): a hung host never fails by itself.
 
 This module imports Ray and JAX lazily: experiment files read the presets without either.
 """
@@ -28,6 +30,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from marin.execution.failures import InfrastructureFailure, StopRequested, is_infrastructure_failure
+from marin.training.stall import (
+    PoolStalled,
+    ProgressWatch,
+    StallRule,
+    append_stall_record,
+    start_reporting,
+    stop_reporting,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +201,7 @@ class PoolLaunchError(RuntimeError):
 
 class PoolLostError(PoolLaunchError, InfrastructureFailure):
     """Every allowed attempt of the pool ended in an infrastructure failure (a host died, a peer went
-    away): the executor retries the step by itself, from its last checkpoint."""
+    away, the pool stalled): the executor retries the step by itself, from its last checkpoint."""
 
 
 def host_env(pool: PoolSpec) -> dict[str, str]:
@@ -241,9 +251,17 @@ class _Host:
     def pid(self) -> int:
         return os.getpid()
 
-    def run(self, fn: Callable[..., Any], ctx: HostContext, args: tuple[Any, ...]) -> Any:
-        initialize_jax(ctx)
-        return fn(ctx, *args)
+    def run(self, fn: Callable[..., Any], ctx: HostContext, args: tuple[Any, ...],
+            heartbeat: tuple[Any, StallRule] | None = None) -> Any:
+        if heartbeat is not None:  # the launcher's stall watchdog: report progress to its board
+            import ray  # Ray: only when a pool is launched; planning reads pool specs without it
+
+            start_reporting(heartbeat[0], ctx.process_id, heartbeat[1], node=ray.util.get_node_ip_address())
+        try:
+            initialize_jax(ctx)
+            return fn(ctx, *args)
+        finally:
+            stop_reporting()
 
 
 def _placement_groups(pool: PoolSpec) -> list[Any]:
@@ -299,13 +317,39 @@ def _one_line(error: BaseException) -> str:
     return (cause if cause.startswith(f"{name}:") else f"{name}: {cause}" if cause else name)[:400]
 
 
+def _wait_for_hosts(refs: list[Any], watch: ProgressWatch | None, pool: PoolSpec, attempt: int,
+                    stall_log: str | None) -> None:
+    """Wait until every host returned; the first failure raises. With ``watch``, a pool in which no
+    host completes a step within the rule's allowance is recorded (which hosts were behind) and raised
+    as :class:`PoolStalled`, which the launcher retries like a lost host."""
+    import ray  # Ray: only when a pool is launched; planning reads pool specs without it
+
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1, timeout=None if watch is None else watch.rule.beat_every_s)
+        ray.get(done)  # the first failure raises here; the caller's finally clause tears all down
+        if watch is None or not pending:
+            continue
+        stall = watch.check()
+        if stall is not None:
+            message = stall.message(pool.name)
+            logger.warning("%s; killing the pool and relaunching it from the last checkpoint", message)
+            if stall_log:
+                append_stall_record(stall_log, stall.record(pool.name, attempt))
+            raise PoolStalled(message)
+
+
 def launch(
-    pool: PoolSpec, fn: Callable[..., Any], args: Sequence[Any] = (), *, max_retries: int | None = None
+    pool: PoolSpec, fn: Callable[..., Any], args: Sequence[Any] = (), *, max_retries: int | None = None,
+    stall: StallRule | None = None, stall_log: str | None = None,
 ) -> list[Any]:
     """Run ``fn(ctx, *args)`` once per host of ``pool``; returns the per-host results in host order.
 
     Needs an initialised Ray (the executor's step task has one). Raises the host's exception for
     ``NonRetryableError``, else ``PoolLaunchError`` after ``max_retries`` (default: the pool's) retries.
+    ``stall``: watch the hosts' heartbeat (:mod:`marin.training.stall`; ``fn`` reports its steps with
+    ``report_step``) and relaunch a pool that stops completing steps, recording each stall in the JSON
+    list at ``stall_log``.
     """
     import ray  # Ray: only when a pool is launched; planning reads pool specs without it
     from ray.util.placement_group import remove_placement_group  # (the same)
@@ -319,6 +363,7 @@ def launch(
         groups = _placement_groups(pool)
         actors: list[Any] = []
         refs: list[Any] = []  # the hosts' results, once started
+        watch: ProgressWatch | None = None
         try:
             try:
                 ray.get([g.ready() for g in groups], timeout=pool.ready_timeout_s)
@@ -344,14 +389,13 @@ def launch(
                     ).remote()
                 )
             coordinator = ray.get(actors[0].coordinator_address.remote()) if pool.hosts > 1 else None
+            watch = ProgressWatch(stall, pool.hosts) if stall is not None else None
+            heartbeat = (watch.board, stall) if watch is not None else None
             refs = [
-                a.run.remote(fn, HostContext(i, pool.hosts, coordinator, pool), tuple(args))
+                a.run.remote(fn, HostContext(i, pool.hosts, coordinator, pool), tuple(args), heartbeat)
                 for i, a in enumerate(actors)
             ]
-            pending = list(refs)
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1)
-                ray.get(done)  # the first failure raises here; the finally clause tears all down
+            _wait_for_hosts(refs, watch, pool, attempt + 1, stall_log)
             return ray.get(refs)
         except Exception as e:  # noqa: BLE001 - every host failure is handled the same way
             inner = _unwrap(e)
@@ -367,6 +411,8 @@ def launch(
                 ray.kill(a, no_restart=True)
             for g in groups:
                 remove_placement_group(g)
+            if watch is not None:
+                watch.close()
         time.sleep(min(30.0, 1.0 * 2 ** attempt))  # backoff: a lost node may take a while to be replaced
     # The first line is what a step's recorded failure reason shows: it must carry the cause itself.
     raise PoolLostError(f"pool {pool.name} failed after {retries + 1} attempt(s); last: {last_cause}\n"

@@ -49,6 +49,8 @@ from marin.models.transformer import init_params, init_router_bias, loss_and_sta
 from marin.parallel.mesh import batch_sharding, make_mesh, param_shardings, replicated
 from marin.training.accumulate import accumulate
 from marin.training.checkpoint import (
+    PERMANENT,
+    TEMPORARY,
     CheckpointManager,
     CheckpointMismatchError,
     checkpoint_path,
@@ -69,8 +71,14 @@ from marin.training.planning import plan
 from marin.training.pools import HostContext, NonRetryableError, get_pool, launch, run_local
 from marin.training.preemption import Preempted, PreemptionWatch, StopRequested
 from marin.training.schedule import lr_at, phase_index_at, seq_len_at, transport_at
+from marin.training.stall import report_phase, report_step
 
 logger = logging.getLogger(__name__)
+
+
+STALLS_FILE = "stalls.json"
+"""In a training step's directory: every stall the launcher's watchdog found (when, which hosts were
+behind), one JSON list."""
 
 
 class TrainingDiverged(NonRetryableError):
@@ -307,6 +315,16 @@ def _agree(decision: bool, ctx: HostContext) -> bool:
     return bool(multihost_utils.broadcast_one_to_all(np.asarray(decision, dtype=np.int32)))
 
 
+_TIERS = (None, TEMPORARY, PERMANENT)
+
+
+def _agree_tier(tier: str | None, ctx: HostContext) -> str | None:
+    """Process 0's choice of checkpoint tier (or none), on every process (see :func:`_agree`)."""
+    if ctx.num_processes == 1:
+        return tier
+    return _TIERS[int(multihost_utils.broadcast_one_to_all(np.asarray(_TIERS.index(tier), dtype=np.int32)))]
+
+
 class _InTrainingEval:
     """The run's eval suite and tasks, loaded, tokenized and packed once; :meth:`record` scores the
     live state with the same suite, tasks and programs the standalone eval step runs
@@ -334,6 +352,7 @@ def _stop_for_preemption(ctx: HostContext, config: TrainConfig, ckpts: Checkpoin
     """SIGTERM arrived, or the driver's stop request: save a final checkpoint if the grace period
     allows (process 0 decides: the save is collective), then stop with :class:`Preempted`, which the
     executor retries from it, or, for the driver's request, :class:`StopRequested` (the run is ending)."""
+    report_phase("checkpoint")
     ckpts.wait()  # a save of this step may still be in flight: it counts once committed
     saved = ckpts.latest_step() == step
     if not saved and _agree(preemption.worth_saving(save_s), ctx):
@@ -445,7 +464,8 @@ def setup_run(ctx: HostContext, config: TrainConfig) -> TrainRun:
     cfg = model_config(config, vocab)
     mesh = make_mesh(*ctx.pool.mesh)
     is_writer = ctx.process_id == 0
-    ckpts = CheckpointManager(config.output_path, config.checkpoint_policy(), is_writer=is_writer)
+    ckpts = CheckpointManager(config.output_path, config.checkpoint_policy(), is_writer=is_writer,
+                              temp_path=config.temp_checkpoint_path)
     state, shardings, start, tokens_seen = restore_or_init(ctx, config, cfg, mesh, ckpts)
     run = TrainRun(ctx=ctx, config=config, cfg=cfg, mesh=mesh, batch_fn=batch_fn, shardings=shardings, state=state,
                    ckpts=ckpts, metrics_out=MetricsWriter(config.output_path, resume_step=start, is_writer=is_writer),
@@ -465,6 +485,7 @@ def run_step(run: TrainRun) -> dict[str, Any]:
     """One optimizer step at ``run.step``: the phase's compiled program on this step's batch. Returns
     the step's metrics record; the state advances only when the loss and grad norm are finite."""
     config, total = run.config, run.total
+    t_start = time.perf_counter()
     seq_sched = config.seq_len_schedule()
     seq_len, batch_size = seq_len_at(run.step, total, seq_sched)
     transport = transport_at(run.step, config.transport_schedule(run.cfg.transport))
@@ -474,6 +495,7 @@ def run_step(run: TrainRun) -> dict[str, Any]:
     n_micro = run.micro[seq_len, transport]
     key = (transport, n_micro, phase_cfg.remat_policy)
     if key not in run.compiled:
+        report_phase("compile")  # the first call compiles: the stall watchdog allows for it
         run.compiled[key] = make_train_step(config, phase_cfg, run.mesh, transport, run.shardings, n_micro)
     tokens, segments = place_batch(run.batch_fn, batch_sharding(run.mesh), run.step, batch_size, seq_len)
     lr = lr_at(run.step, config.lr_schedule())
@@ -490,6 +512,7 @@ def run_step(run: TrainRun) -> dict[str, Any]:
     run.step += 1
     run.tokens_seen += batch_size * seq_len
     now = time.perf_counter()
+    report_step(run.step, now - t_start)  # the heartbeat the pool launcher's stall watchdog measures
     tps = batch_size * seq_len / max(now - run.t_prev, 1e-9)
     run.t_prev = now
     pool = run.ctx.pool
@@ -518,20 +541,24 @@ def after_step(run: TrainRun, record: dict[str, Any]) -> None:
         if run.progress:
             run.progress.update(record, force=step == total)
     if run.evaluator is not None and (step % config.eval_every_steps == 0 or step == total):
+        report_phase("eval")
         eval_record = run.evaluator.record(run.state, step, run.tokens_seen)
         run.metrics_out.log(eval_record)
         if run.tracker:
             run.tracker.log(eval_record)
         run.t_prev = time.perf_counter()  # evaluation time is not training throughput
     run.ckpts.check()  # a background save that failed stops the run here, before more work is lost
-    due = run.ckpts.should_save(step)
-    if config.checkpoint_every_minutes is not None:  # wall time differs per host
-        due = _agree(due, run.ctx)
+    tier = PERMANENT if step == total else run.ckpts.due(step)
+    if config.checkpoint_every_minutes is not None or config.temp_checkpoint_every_minutes is not None:
+        tier = _agree_tier(tier, run.ctx)  # wall time differs per host
     meta = {"tokens": run.tokens_seen, "data_step": step, "seq_len": record["seq_len"],
             "transport": record["transport"], "config": _config_record(config)}
-    if step == total or due:
+    if tier is not None:
         # async: blocks only while this process's shards are copied to host memory
-        run.ckpts.save(step, run.state, meta)
+        if tier == TEMPORARY:
+            run.ckpts.save_temporary(step, run.state, meta)
+        else:
+            run.ckpts.save(step, run.state, meta)
         if run.tracker:
             run.tracker.sync()  # W&B files of an object-store step go up with each checkpoint
         run.t_prev = time.perf_counter()  # checkpoint time is not training throughput
@@ -546,6 +573,7 @@ def train_loop(run: TrainRun) -> dict[str, Any]:
     run.t_prev = time.perf_counter()
     while run.step < run.total:
         after_step(run, run_step(run))
+    report_phase("checkpoint")
     run.ckpts.wait()
     return {
         "final_step": run.step,
@@ -600,5 +628,6 @@ def run_training(config: TrainConfig, *, use_ray: bool | None = None) -> dict[st
 
     pool = get_pool(config.pool)
     if use_ray if use_ray is not None else ray.is_initialized():
-        return launch(pool, train_on_host, (config,))[0]
+        return launch(pool, train_on_host, (config,), stall=config.stall_rule(),
+                      stall_log=f"{config.output_path.rstrip('/')}/{STALLS_FILE}")[0]
     return run_local(pool, train_on_host, (config,))

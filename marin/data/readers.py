@@ -258,3 +258,23 @@ def iter_documents(path: str, text_field: str = "text", max_doc_bytes: int | Non
         raise
     except errors as e:
         raise CorruptInputError(path, e) from e
+
+
+def iter_record_lines(path: str) -> Iterator[bytes]:
+    """The raw bytes of every record line of one jsonl file (optionally .gz / .zst), numbered as
+    :func:`iter_documents` numbers its records (blank lines are not records), so a step that
+    filters documents can write the kept records back byte for byte, every field included; raise
+    :class:`CorruptInputError` if the file is damaged."""
+    errors = _corruption_errors()
+    name = path.rsplit("/", 1)[-1]
+    try:
+        if name.endswith(".zst"):
+            with fsspec.open(path, "rb") as raw:
+                yield from (line for line in _iter_lines(_CheckedZstdReader(raw)) if line.strip())
+            return
+        with fsspec.open(path, "rb", compression="infer") as f:
+            yield from (line for line in _iter_lines(f) if line.strip())
+    except FileNotFoundError:
+        raise
+    except errors as e:
+        raise CorruptInputError(path, e) from e

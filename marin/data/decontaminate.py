@@ -153,7 +153,9 @@ def cut_spans(text: str, spans: Sequence[tuple[int, int]]) -> str:
     for s, e in sorted(spans):
         if e <= at:
             continue
-        s = max(s, at)
+        if s < at:  # overlaps the previous cut: extend it
+            at = e
+            continue
         out.append(text[at:s])
         out.append(" ")
         at = e

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import time
 import zlib
@@ -286,8 +287,6 @@ def decontaminate_file(task: DeconTask) -> dict:
 
 def read_eval_texts(location: str, text_field: str) -> list[str]:
     """Every text to protect in one evaluation set (a file, directory or glob of document files)."""
-    import json
-
     fs, p = fsspec.core.url_to_fs(location)
     if any(c in location for c in "*?["):
         files = sorted(fs.unstrip_protocol(x) if "://" in location else x for x in fs.glob(p))

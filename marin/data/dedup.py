@@ -37,6 +37,7 @@ last, only when the step succeeds; the work files under ``_work/`` are then remo
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
@@ -284,8 +285,6 @@ class _OutputFile:
         fs.makedirs(p.rsplit("/", 1)[0], exist_ok=True)
         self._raw = fsspec.open(path, "wb").open()
         if path.endswith(".gz"):
-            import gzip
-
             self._f = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0, filename="")
         elif path.endswith(".zst"):
             import zstandard  # zstandard: the data extra, only for .zst files

@@ -313,3 +313,21 @@ def test_decontamination_removes_or_cuts_the_planted_passages(planted, tmp_path)
         assert any(original.startswith(t[:200]) and len(t) < len(original) for t in kept[s])
     with pytest.raises(DedupError, match="against is empty"):
         decontaminate(DecontaminateConfig(str(corpus), str(tmp_path / "x"), {}, **cfg))
+
+
+def test_marin_show_and_the_report_show_the_manifest(planted, tmp_path, capsys):
+    from marin.commands.show import _print_content  # the command's printer, tested without a step record
+    from marin.review.report import corpus_filter_section
+    from marin.review.steps import step_content
+
+    corpus, _ = planted
+    out = tmp_path / "out"
+    dedup(_cfg(corpus, out))
+    content = step_content(str(out), ["dedup_manifest.json"])
+    _print_content(content)
+    text = capsys.readouterr().out
+    assert "deduplication (dedup_manifest.json): 5-word shingles, 14 bands x 8 rows (Jaccard >= 0.719)" in text
+    assert all(f"  {d} " in text for d in ("council", "infra", "law", "total")) and "similarity 1.0) kept " in text
+    html = corpus_filter_section(content["corpus_filter"])
+    assert html.count("<svg") == 4 and "exact_duplicate" in html  # a bar per domain and the total
+

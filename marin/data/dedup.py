@@ -12,9 +12,10 @@ file of the same name and format holding its surviving records byte for byte (ev
    ``rensa``); the signature is cut into ``bands`` bands of ``rows`` values and each band hashed
    into a 64-bit key. Keys are written partitioned by (band, key range), so phase 2 reads one
    partition of one band from every file;
-2. **candidate pairs**, one task per (band, partition): the keys of that slice of the corpus are
-   sorted; documents sharing a key are pairs (the exact-text hash is one more band). A task holds
-   one partition: memory is bounded by ``partition_bytes`` of input, never by the corpus;
+2. **candidate pairs**, one task per key partition: in each band, the keys of that slice of the
+   corpus are sorted; documents sharing a key are pairs (the exact-text hash is one more band). A
+   task holds one partition of every band (12 bytes per document per band): memory is bounded by
+   ``partition_bytes`` of input, never by the corpus;
 3. **clusters**: the pairs are joined into connected components (duplicate pairs only, a small
    fraction of the documents); in each cluster the survivor is the document from the highest
    quality bucket (``q5`` before ``q1``), then the first by source name, file path and record
@@ -75,6 +76,9 @@ WORK_DIR = "_work"
 SCOPES = ("corpus", "domain", "source")
 REASON_EXACT = "exact_duplicate"
 REASON_NEAR = "near_duplicate"
+SIGNATURE_BATCH = 4096
+"""Documents shingled and MinHashed at a time: a task's memory is its file's signatures (448 bytes a
+document by default), not its shingles."""
 
 
 class DedupError(RuntimeError):
@@ -552,11 +556,19 @@ def signature_file(task: SignatureTask) -> dict:
         records: list[int] = []
         nbytes: list[int] = []
         exact: list[int] = []
-        sh_sets: list[list[str]] = []
+        has_words: list[bool] = []
+        sig_parts: list[np.ndarray] = []
+        pending: list[list[str]] = []  # shingles of documents not yet MinHashed: a batch at a time
         skipped: Counter = Counter()
         skipped_bytes = 0
         skip_idx: list[int] = []
         n_records = 0
+
+        def flush() -> None:
+            if p["fuzzy"] and pending:
+                sig_parts.append(minhash_signatures(pending, p["num_perm"], p["seed"]))
+            pending.clear()
+
         for rec in iter_documents(f.url, p["text_field"], p["max_doc_bytes"]):
             n_records = rec.index + 1
             if rec.skip is not None:
@@ -568,11 +580,14 @@ def signature_file(task: SignatureTask) -> dict:
             records.append(rec.index)
             nbytes.append(rec.nbytes)
             exact.append(content_hash(words) if words else content_hash([rec.text.strip()]))
-            sh_sets.append(shingles(words, p["shingle_size"]))
+            has_words.append(bool(words))
+            pending.append(shingles(words, p["shingle_size"]))
+            if len(pending) >= SIGNATURE_BATCH:
+                flush()
+        flush()
         n = len(records)
-        sigs = (minhash_signatures(sh_sets, p["num_perm"], p["seed"]) if p["fuzzy"]
-                else np.zeros((n, 0), np.uint32))
-        has_words = np.array([bool(s) for s in sh_sets], dtype=bool)
+        sigs = np.concatenate(sig_parts) if sig_parts else np.zeros((n, p["num_perm"] if p["fuzzy"] else 0), np.uint32)
+        has_words = np.array(has_words, dtype=bool)
         columns: list[np.ndarray] = []  # one key array per band, then the exact hash
         idx = np.arange(n, dtype=np.uint32)
         col_rows: list[np.ndarray] = []
@@ -616,44 +631,67 @@ def signature_file(task: SignatureTask) -> dict:
 
 @dataclass(frozen=True)
 class PairTask:
-    column: int
     partition: int
     work: str
     marker_fp: str
-    slices: tuple  # (file index, keys path, base, n, start, end) per file with keys in this slice
+    exact_column: int | None
+    files: tuple  # (file index, keys path, ((base, n, start, end) per column)) per file with keys here
 
 
-def pair_paths(work: str, column: int, partition: int) -> dict[str, str]:
-    base = f"{work}/pairs/c{column:03d}-p{partition:05d}"
-    return {"pairs": base + ".npy", "meta": base + ".json"}
+def pair_paths(work: str, partition: int) -> dict[str, str]:
+    base = f"{work}/pairs/p{partition:05d}"
+    return {"pairs": base + ".npz", "meta": base + ".json"}
+
+
+def key_groups(keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """[E, 2] pairs (smallest id of a key's group, another member) for every key held by several ids."""
+    if keys.size == 0:
+        return np.zeros((0, 2), np.uint64)
+    order = np.lexsort((ids, keys))
+    k, d = keys[order], ids[order]
+    same = np.zeros(k.size, dtype=bool)
+    same[1:] = k[1:] == k[:-1]
+    first = np.maximum.accumulate(np.where(~same, np.arange(k.size), 0))
+    return np.stack([d[first[same]], d[same]], axis=1).astype(np.uint64)
 
 
 def band_pairs(task: PairTask) -> dict:
-    """Phase 2 for one (band, partition): the documents that share a key there, as pairs
-    (smallest id of the key's group, other member)."""
-    paths = pair_paths(task.work, task.column, task.partition)
-    result = {"column": task.column, "partition": task.partition, "path": paths["pairs"], "error": None}
+    """Phase 2 for one key partition: in each band, the documents that share a key there, as pairs
+    (smallest id of the key's group, other member); the exact-text band's pairs also on their own.
+    Each file's keys file is opened once; the task holds this partition's keys of every band."""
+    paths = pair_paths(task.work, task.partition)
+    result = {"partition": task.partition, "path": paths["pairs"], "error": None}
     try:
         done = read_marker(paths["meta"])
         if done and done.get("fingerprint") == task.marker_fp:
             return {**result, **done}
-        keys, ids = [], []
-        for file_index, path, base, n, start, end in task.slices:
+        n_columns = max((len(cols) for _, _, cols in task.files), default=0)
+        keys: list[list[np.ndarray]] = [[] for _ in range(n_columns)]
+        ids: list[list[np.ndarray]] = [[] for _ in range(n_columns)]
+        for file_index, path, cols in task.files:
             with fsspec.open(path, "rb") as f:
-                f.seek(base + start * 8)
-                keys.append(np.frombuffer(f.read((end - start) * 8), dtype="<u8"))
-                f.seek(base + n * 8 + start * 4)
-                ids.append(doc_id(file_index, np.frombuffer(f.read((end - start) * 4), dtype="<u4")))
-        k = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
-        d = np.concatenate(ids) if ids else np.zeros(0, np.uint64)
-        order = np.lexsort((d, k))
-        k, d = k[order], d[order]
-        same = np.zeros(k.size, dtype=bool)
-        same[1:] = k[1:] == k[:-1]
-        first = np.maximum.accumulate(np.where(~same, np.arange(k.size), 0)) if k.size else np.zeros(0, np.int64)
-        pairs = np.stack([d[first[same]], d[same]], axis=1) if k.size else np.zeros((0, 2), np.uint64)
-        write_array(paths["pairs"], pairs.astype(np.uint64))
-        meta = {"fingerprint": task.marker_fp, "pairs": int(pairs.shape[0]), "keys": int(k.size)}
+                for c, (base, n, start, end) in enumerate(cols):
+                    if end <= start:
+                        continue
+                    f.seek(base + start * 8)
+                    keys[c].append(np.frombuffer(f.read((end - start) * 8), dtype="<u8"))
+                    f.seek(base + n * 8 + start * 4)
+                    ids[c].append(doc_id(file_index, np.frombuffer(f.read((end - start) * 4), dtype="<u4")))
+        found, exact, most = [], np.zeros((0, 2), np.uint64), 0
+        for c in range(n_columns):
+            k = np.concatenate(keys[c]) if keys[c] else np.zeros(0, np.uint64)
+            d = np.concatenate(ids[c]) if ids[c] else np.zeros(0, np.uint64)
+            most = max(most, int(k.size))
+            pr = key_groups(k, d)
+            found.append(pr)
+            if c == task.exact_column:
+                exact = pr
+        pairs = np.unique(np.concatenate(found), axis=0) if found else np.zeros((0, 2), np.uint64)
+        fs, pp = fsspec.core.url_to_fs(paths["pairs"])
+        fs.makedirs(pp.rsplit("/", 1)[0], exist_ok=True)
+        with fsspec.open(paths["pairs"], "wb") as out:
+            np.savez(out, pairs=pairs.reshape(-1, 2), exact=exact)
+        meta = {"fingerprint": task.marker_fp, "pairs": int(pairs.shape[0]), "keys": most}
         write_json(paths["meta"], meta)
         return {**result, **meta}
     except Exception as e:  # noqa: BLE001 - reported by the step
@@ -753,31 +791,32 @@ def dedup(config: DedupConfig) -> None:
     if problem:
         raise DedupError(problem + " (nothing was written to the output)")
 
-    # phase 2: candidate pairs per (band, partition)
+    # phase 2: candidate pairs per key partition (every band)
     n_columns = len(good[0]["columns"]) if good else 0
+    exact_column = n_columns - 1 if config.exact else None
     plan_fp = fingerprint([params, partitions, [(r["index"], r["fingerprint"]) for r in good]])
     pair_tasks = []
-    for c in range(n_columns):
-        for p in range(partitions):
-            slices = tuple((r["index"], r["keys_path"], r["columns"][c]["base"], r["columns"][c]["n"],
-                            r["columns"][c]["offsets"][p], r["columns"][c]["offsets"][p + 1])
-                           for r in good if r["columns"][c]["offsets"][p + 1] > r["columns"][c]["offsets"][p])
-            pair_tasks.append(PairTask(c, p, work, plan_fp, slices))
+    for p in range(partitions):
+        per_file = []
+        for r in good:
+            cols = tuple((c["base"], c["n"], c["offsets"][p], c["offsets"][p + 1]) for c in r["columns"])
+            if any(end > start for _, _, start, end in cols):
+                per_file.append((r["index"], r["keys_path"], cols))
+        pair_tasks.append(PairTask(p, work, plan_fp, exact_column, tuple(per_file)))
     pair_results = run_tasks(band_pairs, pair_tasks, "dedup pairs", **run)
     failed = [r for r in pair_results if r["error"]]
     if failed:
-        raise DedupError(f"{len(failed)} of {len(pair_results)} band partitions failed (a rerun redoes only them):\n"
-                         + "\n".join(f"  band {r['column']} partition {r['partition']}: {r['error']}" for r in failed))
+        raise DedupError(f"{len(failed)} of {len(pair_results)} key partitions failed (a rerun redoes only them):\n"
+                         + "\n".join(f"  partition {r['partition']}: {r['error']}" for r in failed))
 
     # phase 3: clusters and survivors
-    exact_column = n_columns - 1 if config.exact else None
     all_pairs, exact_members = [], []
     for r in pair_results:
         if r["pairs"]:
-            pr = read_array(r["path"])
-            all_pairs.append(pr)
-            if r["column"] == exact_column:
-                exact_members.append(pr.reshape(-1))
+            with fsspec.open(r["path"], "rb") as fh:
+                z = np.load(fh, allow_pickle=False)
+                all_pairs.append(z["pairs"])
+                exact_members.append(z["exact"].reshape(-1))
     pairs = np.concatenate(all_pairs) if all_pairs else np.zeros((0, 2), np.uint64)
     nodes, roots = resolve_clusters(pairs)
     is_removed = nodes != roots

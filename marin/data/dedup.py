@@ -817,7 +817,8 @@ def dedup(config: DedupConfig) -> None:
                 z = np.load(fh, allow_pickle=False)
                 all_pairs.append(z["pairs"])
                 exact_members.append(z["exact"].reshape(-1))
-    pairs = np.concatenate(all_pairs) if all_pairs else np.zeros((0, 2), np.uint64)
+    # a pair can share keys in bands of different partitions: counted once, whatever the partitioning
+    pairs = np.unique(np.concatenate(all_pairs), axis=0) if all_pairs else np.zeros((0, 2), np.uint64)
     nodes, roots = resolve_clusters(pairs)
     is_removed = nodes != roots
     removed, survivor = nodes[is_removed], roots[is_removed]

@@ -223,7 +223,7 @@ def test_partitions_bound_the_band_index_and_change_nothing(planted, tmp_path, m
     docs = m1["totals"]["documents_in"]
     assert len(seen) == 8 and max(seen) < docs / 8 * 1.6  # each task holds about 1/8 of each band
     assert _kept(tmp_path / "one") == _kept(tmp_path / "eight")
-    for k in ("totals", "sources", "clusters", "sample"):
+    for k in ("totals", "sources", "clusters", "candidate_pairs", "sample"):
         assert m1[k] == m8[k]
 
 

@@ -331,3 +331,16 @@ def test_marin_show_and_the_report_show_the_manifest(planted, tmp_path, capsys):
     html = corpus_filter_section(content["corpus_filter"])
     assert html.count("<svg") == 4 and "exact_duplicate" in html  # a bar per domain and the total
 
+
+
+def test_default_builders_version_the_parameters_and_default_to_the_isoflop_task():
+    from experiments.defaults import default_dedup, default_decontaminate
+    from marin.execution import plan_steps
+
+    a, b = default_dedup("d", "/corpus"), default_dedup("d", "/corpus", bands=20, rows=5)
+    decon = default_decontaminate("c", a)
+    plan = {s.name: s.hash for s in plan_steps([a, b, decon], "/p").steps}
+    assert plan_steps([a], "/p").steps[0].hash != plan_steps([b], "/p").steps[0].hash
+    pinned = json.loads((Path(__file__).parents[1] / "experiments" / "pinned_step_hashes.json").read_text())
+    assert plan["tiny-isoflop/task"] == pinned["tiny_isoflop"]["tiny-isoflop/task"]  # the experiment's own task
+    assert "Jaccard >= 0.72" in a.description and "k40_domains" in decon.description

@@ -43,6 +43,7 @@ import hashlib
 import json
 import logging
 import re
+import sys
 import time
 import unicodedata
 from collections import Counter
@@ -354,10 +355,9 @@ def run_tasks(fn: Callable[[Any], dict], tasks: Sequence[Any], desc: str, *, use
     """``fn`` over ``tasks`` as Ray tasks when Ray is up (the executor's case), otherwise in this
     process; results in task order."""
     bar = tqdm(total=len(tasks), unit="task", desc=desc, disable=not show_progress, mininterval=2.0)
-    try:
-        import ray  # Ray: only when the executor runs this step; declaring it must not start Ray
-    except ImportError:  # pragma: no cover
-        ray = None
+    # Ray is up only if something imported it (the executor does): never import it here, since
+    # importing Ray costs seconds and an in-process run does not need it
+    ray = sys.modules.get("ray") if use_ray else None
     results: list[dict] = [None] * len(tasks)  # type: ignore[list-item]
     if use_ray and ray is not None and ray.is_initialized() and len(tasks) > 1:
         remote = ray.remote(fn).options(num_cpus=num_cpus, max_retries=0)

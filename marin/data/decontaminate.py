@@ -197,6 +197,7 @@ class DecontaminateConfig:
     allow_empty: bool = live("whether an input with no document may succeed, not what the step writes",
                              default=False)
     keep_work: bool = live("whether the n-gram table stays after success, not the output", default=False)
+    min_task_bytes: int = live("how files are grouped into Ray tasks; the output is the same", default=64 << 20)
 
 
 @dataclass(frozen=True)
@@ -341,7 +342,8 @@ def decontaminate(config: DecontaminateConfig) -> None:
                                                 config.max_doc_bytes, f.url, f.size, f.output]))
              for f in files]
     results = run_tasks(decontaminate_file, tasks, "decontaminate", use_ray=config.use_ray,
-                        num_cpus=config.num_cpus_per_task, show_progress=config.show_progress)
+                        num_cpus=config.num_cpus_per_task, show_progress=config.show_progress,
+                        sizes=[f.size for f in files], min_task_bytes=config.min_task_bytes)
     corrupt = check_file_failures(results, out, config.on_corrupt, config.max_corrupt_fraction, "decontaminate",
                                   "decontamination_failures.json")
     good = [r for r in results if not r.get("error")]

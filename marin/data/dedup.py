@@ -350,24 +350,46 @@ def write_kept_records(src: str, dst: str, drop: Iterable[int], text_field: str,
         out.close()
 
 
+def run_batch(fn: Callable[[Any], dict], batch: Sequence[Any]) -> list[dict]:
+    """``fn`` over a batch of tasks, in order: what one Ray task runs."""
+    return [fn(t) for t in batch]
+
+
+def batches(sizes: Sequence[int], min_bytes: int) -> list[range]:
+    """Consecutive task indices grouped until each group holds at least ``min_bytes`` (the last may
+    hold less): many small files share a Ray task, so task start-up does not dominate."""
+    out, start, acc = [], 0, 0
+    for i, n in enumerate(sizes):
+        acc += n
+        if acc >= min_bytes:
+            out.append(range(start, i + 1))
+            start, acc = i + 1, 0
+    if start < len(sizes):
+        out.append(range(start, len(sizes)))
+    return out
+
+
 def run_tasks(fn: Callable[[Any], dict], tasks: Sequence[Any], desc: str, *, use_ray: bool, num_cpus: float,
-              show_progress: bool) -> list[dict]:
+              show_progress: bool, sizes: Sequence[int] | None = None, min_task_bytes: int = 0) -> list[dict]:
     """``fn`` over ``tasks`` as Ray tasks when Ray is up (the executor's case), otherwise in this
-    process; results in task order."""
+    process; results in task order. With ``sizes`` (input bytes per task), consecutive tasks are
+    grouped into Ray tasks of at least ``min_task_bytes``."""
     bar = tqdm(total=len(tasks), unit="task", desc=desc, disable=not show_progress, mininterval=2.0)
     # Ray is up only if something imported it (the executor does): never import it here, since
     # importing Ray costs seconds and an in-process run does not need it
     ray = sys.modules.get("ray") if use_ray else None
     results: list[dict] = [None] * len(tasks)  # type: ignore[list-item]
-    if use_ray and ray is not None and ray.is_initialized() and len(tasks) > 1:
-        remote = ray.remote(fn).options(num_cpus=num_cpus, max_retries=0)
-        refs = {remote.remote(t): i for i, t in enumerate(tasks)}
+    groups = batches(sizes, min_task_bytes) if sizes is not None else [range(i, i + 1) for i in range(len(tasks))]
+    if use_ray and ray is not None and ray.is_initialized() and len(groups) > 1:
+        remote = ray.remote(run_batch).options(num_cpus=num_cpus, max_retries=0)
+        refs = {remote.remote(fn, [tasks[i] for i in g]): g for g in groups}
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for ref in ready:
-                results[refs[ref]] = ray.get(ref)
-                bar.update(1)
+                for i, r in zip(refs[ref], ray.get(ref)):
+                    results[i] = r
+                bar.update(len(refs[ref]))
     else:
         for i, t in enumerate(tasks):
             results[i] = fn(t)
@@ -491,6 +513,9 @@ class DedupConfig:
     partition_bytes: int = live("how the band index is split over tasks (memory per task); the pairs found, "
                                 "and so the output, are the same", default=1 << 30)
     """Input bytes per band partition: a pair task holds the band keys of about this much text."""
+    min_task_bytes: int = live("how files are grouped into Ray tasks; the output is the same", default=64 << 20)
+    """Input bytes per Ray task at least: small files share a task (each file keeps its own work
+    files and markers)."""
     num_cpus_per_task: float = live("CPUs per Ray task: how the work is spread, the output is the same",
                                     default=1.0)
     show_progress: bool = live("a progress bar on the terminal", default=True)
@@ -780,7 +805,9 @@ def dedup(config: DedupConfig) -> None:
     # phase 1: signatures per file
     sig_tasks = [SignatureTask(f, work, params, partitions, fingerprint([params, partitions, f.url, f.size, f.index]),
                                scope_salt(config.scope, f.source)) for f in files]
-    sig_results = run_tasks(signature_file, sig_tasks, "dedup signatures", **run)
+    sizes = [f.size for f in files]
+    sig_results = run_tasks(signature_file, sig_tasks, "dedup signatures", sizes=sizes,
+                            min_task_bytes=config.min_task_bytes, **run)
     corrupt = check_file_failures(sig_results, out, config.on_corrupt, config.max_corrupt_fraction, "dedup",
                                   "dedup_failures.json")
     good = [r for r in sig_results if not r.get("error")]
@@ -838,7 +865,8 @@ def dedup(config: DedupConfig) -> None:
         drop, why = by_file.get(f.index, ([], []))
         write_tasks.append(WriteTask(f, work, tuple(drop), tuple(why), config.text_field,
                                      fingerprint([plan_fp, drop, why, f.output])))
-    written = run_tasks(write_survivors, write_tasks, "dedup write", **run)
+    written = run_tasks(write_survivors, write_tasks, "dedup write", sizes=[files[r["index"]].size for r in good],
+                        min_task_bytes=config.min_task_bytes, **run)
     check_file_failures(written, out, "fail", 0.0, "dedup write", "dedup_failures.json")
     for w, r in zip(written, good):
         w["skipped"] = r["skipped"]

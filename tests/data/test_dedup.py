@@ -344,3 +344,8 @@ def test_default_builders_version_the_parameters_and_default_to_the_isoflop_task
     pinned = json.loads((Path(__file__).parents[1] / "experiments" / "pinned_step_hashes.json").read_text())
     assert plan["tiny-isoflop/task"] == pinned["tiny_isoflop"]["tiny-isoflop/task"]  # the experiment's own task
     assert "Jaccard >= 0.72" in a.description and "k40_domains" in decon.description
+
+
+def test_small_files_are_grouped_into_tasks():
+    assert dd.batches([5, 5, 5, 20, 1], 10) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert dd.batches([5, 5], 0) == [range(0, 1), range(1, 2)] and dd.batches([], 10) == []

@@ -42,7 +42,7 @@ def test_s3_to_gcs_matches_local(s3_bucket, gcs_bucket, tmp_path):
 def test_s3_to_gcs_on_ray_matches_local(s3_bucket, gcs_bucket, tmp_path):
     truth = write_planted_corpus(f"{s3_bucket}/corpus", docs_per_source=30, changed=(0.01,))
     remote = f"{gcs_bucket}/dedup"
-    dedup(DedupConfig(f"{s3_bucket}/corpus", remote, show_progress=False, partition_bytes=40_000))
+    dedup(DedupConfig(f"{s3_bucket}/corpus", remote, show_progress=False, partition_bytes=40_000, min_task_bytes=0))
     local = tmp_path / "dedup"
     write_planted_corpus(str(tmp_path / "corpus"), docs_per_source=30, changed=(0.01,))
     dedup(DedupConfig(str(tmp_path / "corpus"), str(local), show_progress=False, use_ray=False))
@@ -80,3 +80,11 @@ def test_rerun_after_a_kill_on_s3_skips_finished_signatures(s3_bucket, monkeypat
     dedup(cfg)
     fs.invalidate_cache()
     assert fs.exists(f"{out}/dedup_manifest.json")
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_ray_tasks_write_what_one_process_writes(tmp_path):
+    write_planted_corpus(str(tmp_path / "corpus"), docs_per_source=6, changed=(0.01,))
+    for name, kw in (("ray", {"min_task_bytes": 0}), ("local", {"use_ray": False})):
+        dedup(DedupConfig(str(tmp_path / "corpus"), str(tmp_path / name), show_progress=False, **kw))
+    assert _files(str(tmp_path / "ray")) == _files(str(tmp_path / "local"))

@@ -285,7 +285,7 @@ def test_empty_input_is_refused(tmp_path):
         dedup(_cfg(tmp_path / "blank", tmp_path / "o3", num_perm=100))
 
 
-def test_decontamination_removes_or_cuts_the_planted_passages(planted, tmp_path):
+def test_decontamination_removes_or_cuts_the_planted_passages(planted, tmp_path, capsys):
     corpus, truth = planted
     task = tmp_path / "task.jsonl"
     ev = json.loads(Path(truth["eval_path"]).read_text().splitlines()[0])["text"].split(" ")
@@ -311,6 +311,12 @@ def test_decontamination_removes_or_cuts_the_planted_passages(planted, tmp_path)
     for s, i, _ in truth["contaminated"]:
         original = truth["texts"][s][i]
         assert any(original.startswith(t[:200]) and len(t) < len(original) for t in kept[s])
+    from marin.commands.show import _print_content  # the command's printer, tested without a step record
+    from marin.review.steps import step_content
+
+    _print_content(step_content(str(out), ["decontamination_manifest.json"]))
+    shown = capsys.readouterr().out
+    assert "evalset: 10 texts (0 too short)" in shown and f"matched {len(planted_ids)} training documents" in shown
     with pytest.raises(DedupError, match="against is empty"):
         decontaminate(DecontaminateConfig(str(corpus), str(tmp_path / "x"), {}, **cfg))
 
@@ -334,7 +340,7 @@ def test_marin_show_and_the_report_show_the_manifest(planted, tmp_path, capsys):
 
 
 def test_default_builders_version_the_parameters_and_default_to_the_isoflop_task():
-    from experiments.defaults import default_dedup, default_decontaminate
+    from experiments.defaults import default_decontaminate, default_dedup
     from marin.execution import plan_steps
 
     a, b = default_dedup("d", "/corpus"), default_dedup("d", "/corpus", bands=20, rows=5)

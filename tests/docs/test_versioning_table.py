@@ -49,8 +49,9 @@ def config_classes() -> list[type]:
     from marin.training.config import SyntheticDataConfig, TrainConfig
 
     return [TrainConfig, MoEConfig, SyntheticDataConfig, SyntheticK40Config, TrainTokenizerConfig, DedupConfig,
-            DecontaminateConfig, TokenizeConfig, MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet, DomainTaskConfig, HarnessConfig,
-            HealthReportConfig, LadderFitConfig, RungRun, IsoFlopFitConfig, ReportConfig]
+            DecontaminateConfig, TokenizeConfig, MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet,
+            DomainTaskConfig, HarnessConfig, HealthReportConfig, LadderFitConfig, RungRun, IsoFlopFitConfig,
+            ReportConfig]
 
 
 def render() -> str:

@@ -15,6 +15,7 @@ With millions of files one damaged file is normal, so the default is skip with a
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import zlib
@@ -113,6 +114,7 @@ def list_document_files(root: str) -> list[str]:
     return sorted(fs.unstrip_protocol(p) if "://" in root else p for p in found if is_document_file(p))
 
 
+@functools.cache  # the same on every call; without it, each file paid for two import look-ups
 def _corruption_errors() -> tuple[type[BaseException], ...]:
     errs: list[type[BaseException]] = [EOFError, zlib.error, gzip.BadGzipFile, OSError]
     try:

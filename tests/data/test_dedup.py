@@ -355,3 +355,16 @@ def test_default_builders_version_the_parameters_and_default_to_the_isoflop_task
 def test_small_files_are_grouped_into_tasks():
     assert dd.batches([5, 5, 5, 20, 1], 10) == [range(0, 2), range(2, 4), range(4, 5)]
     assert dd.batches([5, 5], 0) == [range(0, 1), range(1, 2)] and dd.batches([], 10) == []
+
+
+def test_signatures_are_the_same_in_another_process():
+    """Ray workers and restarts must agree on every signature: no per-process hash salt (the
+    subprocess calls rensa as minhash_signatures does, without importing marin)."""
+    import subprocess
+    import sys
+
+    sets = [["a b c", "b c d"], ["x y z"]]
+    code = f"import json, rensa; print(json.dumps(rensa.RMinHash.digests_from_token_sets({sets!r}, 16, 3)))"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"}, cwd=Path(__file__).parents[2])
+    assert json.loads(other.stdout) == dd.minhash_signatures(sets, 16, 3).tolist()

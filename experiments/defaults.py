@@ -19,6 +19,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from marin.data.decontaminate import DecontaminateConfig, decontaminate
+from marin.data.dedup import DedupConfig, dedup
 from marin.data.mixture import MixtureConfig, MixtureStage
 from marin.data.mixture_report import MixtureReportConfig, mixture_report
 from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
@@ -82,6 +84,129 @@ def default_k40_miniature(
             files_per_source=files_per_source,
         )),
         description=f"K40-shaped miniature corpus, ~{total_bytes:,} bytes, seed {seed}",
+        resources={"num_cpus": 1},
+    )
+
+
+def default_dedup(
+    name: str,
+    corpus: StepOrPath,
+    *,
+    sources: Mapping[str, str] | None = None,
+    exact: bool = True,
+    fuzzy: bool = True,
+    shingle_size: int = 5,
+    bands: int = 14,
+    rows: int = 8,
+    seed: int = 1,
+    scope: str = "corpus",
+    text_field: str = "text",
+    max_doc_bytes: int = 8_000_000,
+    on_corrupt: str = "skip",
+    max_corrupt_fraction: float = 0.01,
+) -> ExecutorStep:
+    """Remove exact and near-duplicate documents from ``corpus``; the output is a corpus in the same
+    layout (same files and formats, fewer records) that :func:`default_tokenize` reads unchanged, and
+    ``dedup_manifest.json`` (see docs/data.md, "Deduplication").
+
+    Args:
+        name: step name.
+        corpus: a corpus step or a path (K40 layout: one directory per domain/bucket).
+        sources: source name -> location under ``corpus``; None discovers them as tokenize does.
+        exact: remove documents whose normalised text equals another's.
+        fuzzy: remove near-duplicates by MinHash LSH (``bands * rows`` permutations).
+        shingle_size: words per shingle.
+        bands, rows: LSH banding; the implied Jaccard threshold is ``(1 / bands) ** (1 / rows)``
+            (0.72 for 14 x 8).
+        seed: seed of the MinHash permutations.
+        scope: ``"corpus"`` (duplicates within and across domains), ``"domain"`` or ``"source"``.
+        text_field: the field of each record that holds the document text.
+        max_doc_bytes: longer documents are dropped (and counted), as tokenize would skip them.
+        on_corrupt, max_corrupt_fraction: the corrupt-input policy, as for :func:`default_tokenize`.
+    """
+    return ExecutorStep(
+        name=name,
+        fn=dedup,
+        config=versioned_config(DedupConfig(
+            input_path=_data_input(corpus),
+            output_path=this_output_path(),
+            sources=None if sources is None else dict(sources),
+            text_field=text_field,
+            max_doc_bytes=max_doc_bytes,
+            exact=exact,
+            fuzzy=fuzzy,
+            shingle_size=shingle_size,
+            num_perm=bands * rows,
+            bands=bands,
+            rows=rows,
+            seed=seed,
+            scope=scope,
+            on_corrupt=on_corrupt,
+            max_corrupt_fraction=max_corrupt_fraction,
+        )),
+        description=f"dedup {name}: exact + MinHash LSH {bands}x{rows} over {shingle_size}-word shingles "
+                    f"(Jaccard >= {(1 / bands) ** (1 / rows):.2f})",
+        resources={"num_cpus": 1},
+    )
+
+
+def default_decontamination_sets() -> dict[str, ExecutorStep]:
+    """What the scaling experiments evaluate on that is not held out of the training corpus itself:
+    the IsoFLOP experiment's multiple-choice task (the ladder and the quickstart evaluate on the
+    mixture's held-out split, which is part of the corpus by construction)."""
+    return {"k40_domains": default_domain_task("tiny-isoflop/task", DECONTAMINATION_TASK_DOMAINS,
+                                               questions_per_domain=16, n_choices=4, seed=0)}
+
+
+DECONTAMINATION_TASK_DOMAINS = ("council", "infra", "web_code", "science", "law", "medicine", "finance", "news")
+"""The domains of the IsoFLOP experiment's task (experiments/tiny_isoflop.py, TASK_DOMAINS)."""
+
+
+def default_decontaminate(
+    name: str,
+    corpus: StepOrPath,
+    against: Mapping[str, StepOrPath] | None = None,
+    *,
+    ngram: int = 13,
+    mode: str = "remove",
+    sources: Mapping[str, str] | None = None,
+    text_field: str = "text",
+    max_doc_bytes: int = 8_000_000,
+    on_corrupt: str = "skip",
+    max_corrupt_fraction: float = 0.01,
+) -> ExecutorStep:
+    """Remove training documents of ``corpus`` that share a word ``ngram``-gram with an evaluation set
+    or task (or, with ``mode="cut"``, cut the matching words out); the output is a corpus in the same
+    layout and ``decontamination_manifest.json`` with the matches per evaluation set.
+
+    Args:
+        name: step name.
+        corpus: a corpus step (e.g. a :func:`default_dedup`) or a path.
+        against: ``{name: a default_domain_task step, an eval-set step, or a path}``: jsonl / parquet
+            documents (``text_field``) or task questions (prompt + correct answer). None: the
+            scaling experiments' task (:func:`default_decontamination_sets`).
+        ngram: words per n-gram (13, as GPT-3's decontamination).
+        mode: ``"remove"`` or ``"cut"``.
+        sources, text_field, max_doc_bytes, on_corrupt, max_corrupt_fraction: as for :func:`default_dedup`.
+    """
+    sets = default_decontamination_sets() if against is None else dict(against)
+    return ExecutorStep(
+        name=name,
+        fn=decontaminate,
+        config=versioned_config(DecontaminateConfig(
+            input_path=_data_input(corpus),
+            output_path=this_output_path(),
+            against={k: (output_path_of(v, "task.jsonl") if isinstance(v, ExecutorStep) and v.fn is write_domain_task
+                         else _data_input(v)) for k, v in sets.items()},
+            sources=None if sources is None else dict(sources),
+            ngram=ngram,
+            mode=mode,
+            text_field=text_field,
+            max_doc_bytes=max_doc_bytes,
+            on_corrupt=on_corrupt,
+            max_corrupt_fraction=max_corrupt_fraction,
+        )),
+        description=f"decontaminate {name} against {', '.join(sets)} ({ngram}-grams, {mode})",
         resources={"num_cpus": 1},
     )
 

@@ -4,13 +4,15 @@
 
 1. generate a K40-shaped miniature corpus (40 domains x 5 quality buckets, deterministic)
 2. train a byte-level BPE tokenizer on it
-3. tokenize it into a token store (one Ray task per file, resumable per shard)
-4. report the mixture's effective token shares
-5. train a tiny MoE (8 experts, top-2, shared expert, latent projection) with expert parallelism
+3. remove exact and near-duplicate documents (MinHash LSH, within and across domains; the output
+   keeps the K40 layout, and ``dedup_manifest.json`` says what was removed and why)
+4. tokenize the deduplicated corpus into a token store (one Ray task per file, resumable per shard)
+5. report the mixture's effective token shares
+6. train a tiny MoE (8 experts, top-2, shared expert, latent projection) with expert parallelism
    over 8 fake CPU devices: fixed-buffer all-to-all first, dropless after a hot switch, and a
    sequence-length extension half way at constant tokens per step
-6. check the run's health (loss falling, drops under 8%, grad-norm peak)
-7. evaluate the final checkpoint: bits per byte on the K40 held-out split, per domain and macro
+7. check the run's health (loss falling, drops under 8%, grad-norm peak)
+8. evaluate the final checkpoint: bits per byte on the K40 held-out split, per domain and macro
 
 Run it twice: the second run finds every step's SUCCESS and does nothing. Change a versioned value
 below (say the mixture weights) and only the steps downstream of it run again: `marin explain
@@ -18,6 +20,7 @@ experiments/quickstart.py` tells you which and why.
 """
 
 from experiments.defaults import (
+    default_dedup,
     default_eval,
     default_health_report,
     default_k40_miniature,
@@ -33,7 +36,8 @@ TRAIN_STEPS = 60
 
 corpus = default_k40_miniature("quickstart/k40-mini", total_bytes=1_000_000, seed=0)
 tokenizer = default_tokenizer("quickstart/tokenizer", corpus, vocab_size=512)
-tokenized = default_tokenize("quickstart/tokenized", corpus, tokenizer)
+deduped = default_dedup("quickstart/dedup", corpus)
+tokenized = default_tokenize("quickstart/tokenized", deduped, tokenizer)
 
 # the largest published K40 domains only (a domain missing from domain_weights gets weight 0),
 # cleaner buckets preferred
@@ -66,7 +70,7 @@ evaluation = default_eval("quickstart/eval", train, held_out=True)  # the mixtur
 if __name__ == "__main__":
     result = executor_main(
         steps=[mixture_report, health, evaluation],
-        description="Quickstart: K40 miniature -> tokenizer -> tokens -> tiny MoE",
+        description="Quickstart: K40 miniature -> tokenizer, dedup -> tokens -> tiny MoE",
     )
     import json
 
@@ -87,6 +91,7 @@ if __name__ == "__main__":
         f"  marin status --prefix {result.plan.prefix}\n"
         f"  marin show quickstart/train-tiny-moe --prefix {result.plan.prefix}\n"
         f"  marin show quickstart/health --prefix {result.plan.prefix}\n"
+        f"  marin show quickstart/dedup --prefix {result.plan.prefix}\n"
         f"  marin eval {result.plan.planned(train).output_path}\n"
         f"  marin report --prefix {result.plan.prefix} -o report.html\n"
         f"  marin health {result.plan.planned(train).output_path}"

@@ -12,7 +12,7 @@ from typing import Any
 
 from marin.commands import options
 from marin.monitoring.health import format_report
-from marin.review.steps import show
+from marin.review.steps import filter_rows, show
 from marin.textfmt import format_duration, format_table, format_timestamp
 
 
@@ -80,9 +80,42 @@ def _print_content(content: dict[str, Any]) -> None:
               f"from {t.get('files', 0)} files; skipped documents: {skipped} ({t.get('skipped_bytes', 0):,} bytes)")
         for source, counts in store["skipped_by_source"].items():
             print(f"  {source}: skipped {json.dumps(counts)}")
+    filt = content.get("corpus_filter")
+    if filt:
+        _print_filter(filt)
     ev = content.get("eval")
     if ev:
         print(f"\nevaluation (eval.json) at step {ev.get('step')}: macro bpb {ev.get('macro_bpb')}, "
               f"micro bpb {ev.get('micro_bpb')}")
         rows = [(name, v.get("bpb"), v.get("loss"), v.get("tokens")) for name, v in (ev.get("sets") or {}).items()]
         print(format_table(("set", "bpb", "loss", "tokens"), rows, right=(1, 2, 3), rule=False, indent="  "))
+
+
+def _print_filter(man: dict[str, Any]) -> None:
+    """A dedup or decontamination manifest: removed documents per domain and reason, a few examples."""
+    t, p = man["totals"], man.get("params") or {}
+    if man.get("kind") == "dedup":
+        print(f"\ndeduplication (dedup_manifest.json): {p.get('shingle_size')}-word shingles, {p.get('bands')} bands x "
+              f"{p.get('rows')} rows (Jaccard >= {p.get('threshold')}), scope {p.get('scope')}; "
+              f"{man.get('clusters', 0):,} clusters")
+    else:
+        print(f"\ndecontamination (decontamination_manifest.json): {p.get('ngram')}-grams, mode {p.get('mode')}")
+        for name, s in (man.get("against") or {}).items():
+            print(f"  {name}: {s.get('texts', 0):,} texts ({s.get('too_short', 0)} too short), {s.get('ngrams', 0):,} "
+                  f"n-grams, matched {s.get('matched_training_documents', 0):,} training documents")
+    reasons = list(t.get("removed") or {})
+    rows = [(r["domain"], f"{r['documents_in']:,}", f"{r['documents_out']:,}",
+             *(f"{r['removed'].get(k, 0):,}" for k in reasons), f"{100 * r['removed_share']:.2f}%",
+             f"{100 * r['bytes_removed_share']:.2f}%") for r in filter_rows(man)]
+    print(format_table(("domain", "docs in", "docs out", *reasons, "docs removed", "bytes removed"), rows,
+                       right=tuple(range(1, 5 + len(reasons))), rule=False, indent="  "))
+    for s in (man.get("sample") or [])[:5]:
+        if "kept" in s:
+            r, k = s["removed"], s["kept"]
+            print(f"  removed {r['source']}/{r['file']}#{r['record']} ({s['reason']}, similarity {s['similarity']}) "
+                  f"kept {k['source']}/{k['file']}#{k['record']}")
+        else:
+            print(f"  removed {s['source']}/{s['file']}#{s['record']} matching {', '.join(s['sets'])}: "
+                  f"\"{s['ngram'][:80]}\"")
+    if man.get("skipped_files"):
+        print(f"  corrupt files skipped: {len(man['skipped_files'])}")

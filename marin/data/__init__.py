@@ -1,9 +1,12 @@
-"""marin.data: Harrier K40 layout, synthetic miniature, tokenizers, token store, tokenize step, mixtures.
+"""marin.data: Harrier K40 layout, synthetic miniature, dedup and decontamination, tokenizers, token store,
+tokenize step, mixtures.
 
 The pieces, in pipeline order (each step function takes one frozen config dataclass):
 
 * :mod:`marin.data.k40` - the 40 domains x 5 quality buckets and the directory convention.
 * :mod:`marin.data.synthetic` - ``generate_k40_miniature``: a deterministic K40-shaped corpus.
+* :mod:`marin.data.dedup` - ``dedup``: exact and MinHash-LSH near-duplicates removed, same layout out.
+* :mod:`marin.data.decontaminate` - ``decontaminate``: documents sharing an n-gram with an eval set removed.
 * :mod:`marin.data.tokenizer` - ``train_tokenizer`` (byte-level BPE) and ``load_tokenizer``.
 * :mod:`marin.data.tokenize` - ``tokenize``: documents -> token store, fanned out on Ray.
 * :mod:`marin.data.store` - ``TokenStore``: uint32 shards + document boundaries + manifest.

@@ -15,6 +15,7 @@ With millions of files one damaged file is normal, so the default is skip with a
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import zlib
@@ -113,6 +114,7 @@ def list_document_files(root: str) -> list[str]:
     return sorted(fs.unstrip_protocol(p) if "://" in root else p for p in found if is_document_file(p))
 
 
+@functools.cache  # the same on every call; without it, each file paid for two import look-ups
 def _corruption_errors() -> tuple[type[BaseException], ...]:
     errs: list[type[BaseException]] = [EOFError, zlib.error, gzip.BadGzipFile, OSError]
     try:
@@ -254,6 +256,26 @@ def iter_documents(path: str, text_field: str = "text", max_doc_bytes: int | Non
                 yield from _iter_parquet(f, text_field, max_doc_bytes)
             else:
                 yield from _iter_jsonl(f, text_field, max_doc_bytes)
+    except FileNotFoundError:
+        raise
+    except errors as e:
+        raise CorruptInputError(path, e) from e
+
+
+def iter_record_lines(path: str) -> Iterator[bytes]:
+    """The raw bytes of every record line of one jsonl file (optionally .gz / .zst), numbered as
+    :func:`iter_documents` numbers its records (blank lines are not records), so a step that
+    filters documents can write the kept records back byte for byte, every field included; raise
+    :class:`CorruptInputError` if the file is damaged."""
+    errors = _corruption_errors()
+    name = path.rsplit("/", 1)[-1]
+    try:
+        if name.endswith(".zst"):
+            with fsspec.open(path, "rb") as raw:
+                yield from (line for line in _iter_lines(_CheckedZstdReader(raw)) if line.strip())
+            return
+        with fsspec.open(path, "rb", compression="infer") as f:
+            yield from (line for line in _iter_lines(f) if line.strip())
     except FileNotFoundError:
         raise
     except errors as e:

@@ -202,3 +202,86 @@ def generate_k40_miniature(config: SyntheticK40Config) -> None:
         json.dump(manifest, f, indent=1)
     logger.info("wrote K40 miniature: %d sources, %d bytes under %s", len(counts),
                 sum(c["bytes"] for c in counts.values()), config.output_path)
+
+
+@dataclass(frozen=True)
+class PlantedCopy:
+    """A document planted as a copy of another: where both are and how the copy was made."""
+
+    copy: tuple[str, int]
+    """(source, record number) of the copy."""
+    original: tuple[str, int]
+    kind: str
+    """"exact" (same words, case and spacing changed) or "near" (``changed`` of the words replaced)."""
+    changed: float
+
+
+def write_planted_corpus(root: str, domains: tuple[str, ...] = ("council", "infra", "law"),
+                         buckets: tuple[str, ...] = ("q1", "q5"), docs_per_source: int = 50,
+                         exact_fraction: float = 0.1, near_fraction: float = 0.1,
+                         changed: tuple[float, ...] = (0.01, 0.02, 0.05, 0.2), eval_docs: int = 10,
+                         contaminated_docs: int = 5, seed: int = 0, parts: int = 3) -> dict:
+    """A K40-layout corpus (one jsonl file per source) with planted duplicates and contamination, and
+    the truth: which records are copies of which (exact or with a known fraction of words changed,
+    within and across domains), and which records carry a passage of which evaluation document.
+
+    Each document joins ``parts`` miniature documents, so it has a few hundred words. The evaluation
+    documents are written to ``{root}_eval/eval.jsonl``. Deterministic in ``seed``."""
+    rng = _rng(seed, 4242)
+    sources = [(d, b) for d in domains for b in buckets]
+    texts: dict[str, list[str]] = {}
+    for d, b in sources:
+        raw = generate_documents(d, b, docs_per_source * parts, seed)
+        texts[f"{d}/{b}"] = [" ".join(raw[i * parts:(i + 1) * parts]) for i in range(docs_per_source)]
+    names = list(texts)
+    copies: list[PlantedCopy] = []
+    for name in names:
+        for i in range(docs_per_source):
+            u = rng.random()
+            if u >= exact_fraction + near_fraction:
+                continue
+            src = names[int(rng.integers(0, len(names)))]
+            j = int(rng.integers(0, docs_per_source))
+            if (src, j) == (name, i) or any((src, j) in (c.copy, c.original) for c in copies):
+                continue  # one copy per original, never a copy of a copy: the truth is a set of disjoint pairs
+            if any(c.original == (name, i) for c in copies):
+                continue
+            words = texts[src][j].split(" ")
+            if u < exact_fraction:
+                new = "  ".join(w.upper() if k % 7 == 0 else w for k, w in enumerate(words))
+                kind, frac = "exact", 0.0
+            else:
+                frac = float(changed[int(rng.integers(0, len(changed)))])
+                n_change = max(1, round(frac * len(words)))
+                for k in rng.choice(len(words), size=n_change, replace=False):
+                    words[int(k)] = "zq" + "".join(chr(97 + int(c)) for c in rng.integers(0, 26, 5))
+                new, kind = " ".join(words), "near"
+            texts[name][i] = new
+            copies.append(PlantedCopy((name, i), (src, j), kind, frac))
+    evals = [" ".join(generate_documents(domains[k % len(domains)], "q5", parts, seed, start=100_000 + k * parts))
+             for k in range(eval_docs)]
+    contaminated: list[tuple[str, int, int]] = []
+    planted = {c.copy for c in copies} | {c.original for c in copies}
+    while len(contaminated) < contaminated_docs:
+        name = names[int(rng.integers(0, len(names)))]
+        i = int(rng.integers(0, docs_per_source))
+        if (name, i) in planted or any(c[:2] == (name, i) for c in contaminated):
+            continue
+        e = int(rng.integers(0, eval_docs))
+        words = evals[e].split(" ")
+        start = int(rng.integers(0, max(1, len(words) - 20)))
+        texts[name][i] = texts[name][i] + " " + " ".join(words[start:start + 20])
+        contaminated.append((name, i, e))
+    for name, docs in texts.items():
+        path = f"{root.rstrip('/')}/{name}/part-00000.jsonl"
+        fs, p = fsspec.core.url_to_fs(path)
+        fs.makedirs(p.rsplit("/", 1)[0], exist_ok=True)
+        with fsspec.open(path, "w") as f:
+            f.write("".join(json.dumps({"id": f"{name}-{i}", "text": t}) + "\n" for i, t in enumerate(docs)))
+    eval_path = f"{root.rstrip('/')}_eval/eval.jsonl"
+    fs, p = fsspec.core.url_to_fs(eval_path)
+    fs.makedirs(p.rsplit("/", 1)[0], exist_ok=True)
+    with fsspec.open(eval_path, "w") as f:
+        f.write("".join(json.dumps({"text": t}) + "\n" for t in evals))
+    return {"copies": copies, "contaminated": contaminated, "eval_path": eval_path, "sources": names,
+            "texts": texts}

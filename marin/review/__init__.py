@@ -235,6 +235,15 @@ class Step:
         """A token store's ``manifest.json`` (documents, tokens and skipped documents per source), or None."""
         return self.read_json("manifest.json")
 
+    def corpus_filter(self) -> dict[str, Any] | None:
+        """A dedup or decontamination step's manifest (documents and bytes in and out per domain and
+        source, removed per reason, clusters or matches per evaluation set, a sample), or None."""
+        for name in ("dedup_manifest.json", "decontamination_manifest.json"):
+            man = self.read_json(name)
+            if man:
+                return man
+        return None
+
     def train_summary(self) -> dict[str, Any] | None:
         return self.read_json("train_summary.json")
 

@@ -28,6 +28,7 @@ from marin.review import dag as dagmod
 from marin.review.compare import comparison_html
 from marin.review.explain import config_leaves, is_versioned
 from marin.review.plots import line_plot
+from marin.review.steps import filter_rows
 from marin.textfmt import format_duration as _dur
 from marin.textfmt import format_timestamp as _when
 
@@ -441,6 +442,41 @@ def _manifest(man: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def corpus_filter_section(man: dict[str, Any]) -> str:
+    """A dedup or decontamination manifest: the parameters, a table of removed documents per domain
+    with a bar of the share removed, matches per evaluation set, and the sampled removals."""
+    p = man.get("params") or {}
+    out = [_kv({k: v for k, v in p.items() if not isinstance(v, (dict, list))})]
+    if man.get("kind") == "dedup":
+        out.append(f"<p>{_num(man.get('clusters', 0))} duplicate clusters from {_num(man.get('candidate_pairs', 0))} "
+                   "candidate pairs</p>")
+    against = man.get("against") or {}
+    if against:
+        out.append("<table><tr><th>evaluation set<th>texts<th>too short<th>n-grams<th>training docs matched")
+        out.extend(f"<tr><td>{_e(n)}<td class=num>{_num(s.get('texts'))}<td class=num>{_num(s.get('too_short'))}"
+                   f"<td class=num>{_num(s.get('ngrams'))}<td class=num>{_num(s.get('matched_training_documents'))}"
+                   for n, s in against.items())
+        out.append("</table>")
+    rows = filter_rows(man)
+    reasons = list((man.get("totals") or {}).get("removed") or {})
+    top = max([r["removed_share"] for r in rows] + [1e-12])
+    out.append("<table><tr><th>domain<th>docs in<th>docs out" + "".join(f"<th>{_e(k)}" for k in reasons)
+               + "<th>removed<th>")
+    for r in rows:
+        width = 160 * r["removed_share"] / top
+        out.append(f"<tr><td>{_e(r['domain'])}<td class=num>{_num(r['documents_in'])}<td class=num>"
+                   f"{_num(r['documents_out'])}" + "".join(f"<td class=num>{_num(r['removed'].get(k, 0))}"
+                                                          for k in reasons)
+                   + f"<td class=num>{100 * r['removed_share']:.2f}%<td><svg width=160 height=10 class=bar>"
+                   f"<rect width={width:.1f} height=10 fill=#d83b3b></rect></svg>")
+    out.append("</table>")
+    sample = man.get("sample") or []
+    if sample:
+        out.append(f"<details><summary>{len(sample)} sampled removals</summary><pre>{_e(json.dumps(sample, indent=1))}"
+                   "</pre></details>")
+    return "".join(out)
+
+
 def _changes(records: list[dict[str, Any]], key: str) -> list[tuple[float, str]]:
     out, prev = [], None
     for r in records:
@@ -558,6 +594,9 @@ def _step_section(step: Step, exp: Experiment, dependents: dict[str, list[str]],
         out.append("<h3>mixture</h3>" + _mixture(rep))
     if "manifest.json" in names and (man := step.manifest()) and "totals" in man:
         out.append("<h3>token store</h3>" + _manifest(man))
+    if names & {"dedup_manifest.json", "decontamination_manifest.json"} and (cf := step.corpus_filter()):
+        out.append(f"<h3>{'deduplication' if cf.get('kind') == 'dedup' else 'decontamination'}</h3>"
+                   + corpus_filter_section(cf))
     if "train_summary.json" in names and (ts := step.train_summary()):
         out.append("<details><summary>training summary</summary>" + _kv(
             {k: v for k, v in ts.items() if not isinstance(v, (dict, list))}) + "</details>")

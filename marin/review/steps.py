@@ -247,7 +247,31 @@ def step_content(path: str, outputs: list[str]) -> dict[str, Any]:
             }
     if "eval.json" in outputs:
         out["eval"] = storage.read_json(f"{path}/eval.json")
+    for name in FILTER_MANIFESTS:
+        if name in outputs:
+            man = storage.read_json(f"{path}/{name}") or {}
+            if "totals" in man:
+                out["corpus_filter"] = {k: man.get(k) for k in ("kind", "params", "totals", "domains", "clusters",
+                                                                "candidate_pairs", "against", "sample",
+                                                                "skipped_files")}
     return out
+
+
+FILTER_MANIFESTS = ("dedup_manifest.json", "decontamination_manifest.json")
+"""The manifests of the steps that filter a corpus (dedup, decontamination)."""
+
+
+def filter_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per domain of a dedup or decontamination manifest, then the total: documents in and
+    out, removed per reason, and the share of documents and bytes removed."""
+    rows = []
+    for name, e in [*(manifest.get("domains") or {}).items(), ("total", manifest.get("totals") or {})]:
+        d_in, b_in = e.get("documents_in", 0), e.get("bytes_in", 0)
+        rows.append({"domain": name, "documents_in": d_in, "documents_out": e.get("documents_out", 0),
+                     "removed": dict(e.get("removed") or {}),
+                     "removed_share": (d_in - e.get("documents_out", 0)) / d_in if d_in else 0.0,
+                     "bytes_removed_share": (b_in - e.get("bytes_out", 0)) / b_in if b_in else 0.0})
+    return rows
 
 
 def show(target: str, prefix: str | None = None) -> dict[str, Any]:

@@ -30,6 +30,8 @@ keeps it equal to the code.
 
 
 def config_classes() -> list[type]:
+    from marin.data.decontaminate import DecontaminateConfig
+    from marin.data.dedup import DedupConfig
     from marin.data.mixture import MixtureConfig
     from marin.data.mixture_report import MixtureReportConfig
     from marin.data.synthetic import SyntheticK40Config
@@ -46,9 +48,10 @@ def config_classes() -> list[type]:
     from marin.scaling.ladder import LadderFitConfig, RungRun
     from marin.training.config import SyntheticDataConfig, TrainConfig
 
-    return [TrainConfig, MoEConfig, SyntheticDataConfig, SyntheticK40Config, TrainTokenizerConfig, TokenizeConfig,
-            MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet, DomainTaskConfig, HarnessConfig,
-            HealthReportConfig, LadderFitConfig, RungRun, IsoFlopFitConfig, ReportConfig]
+    return [TrainConfig, MoEConfig, SyntheticDataConfig, SyntheticK40Config, TrainTokenizerConfig, DedupConfig,
+            DecontaminateConfig, TokenizeConfig, MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet,
+            DomainTaskConfig, HarnessConfig, HealthReportConfig, LadderFitConfig, RungRun, IsoFlopFitConfig,
+            ReportConfig]
 
 
 def render() -> str:

@@ -43,8 +43,8 @@ def test_readme_review_commands_run_on_a_finished_quickstart(tmp_path):
         assert r.returncode == 0, f"{line}\n{r.stdout[-1500:]}\n{r.stderr[-3000:]}"
         assert "Traceback" not in r.stderr, f"{line}\n{r.stderr[-3000:]}"
         if line.startswith("marin status"):
-            assert r.stdout.rstrip().endswith("7 SUCCESS")  # the quickstart's 7 steps
+            assert r.stdout.rstrip().endswith("8 SUCCESS")  # the quickstart's 8 steps
         if line.startswith("marin explain"):
-            assert "0 of 7 steps would run" in r.stdout
+            assert "0 of 8 steps would run" in r.stdout
         if line.startswith("marin report"):
             assert (work / "report.html").stat().st_size > 10_000

@@ -1,4 +1,4 @@
-"""The README's main job end to end (experiments/quickstart.py): miniature K40 -> tokenizer ->
+"""The README's main job end to end (experiments/quickstart.py): miniature K40 -> tokenizer, dedup ->
 tokenize -> mixture -> a tiny MoE training run on local Ray with EP over fake CPU devices -> health.
 Loss falls, the transport hot-switches, the sequence length extends, metrics.jsonl and W&B files
 are written, and the health report is clear."""
@@ -22,7 +22,12 @@ def test_quickstart_pipeline(ray_local, tmp_path):
     result = executor_main(ExecutorMainConfig(prefix=str(tmp_path), progress=False),
                            steps=[qs.mixture_report, qs.health, qs.evaluation])
     assert set(result.outcome.values()) == {"succeeded"}, result.errors
-    assert len(result.outcome) == 7
+    assert len(result.outcome) == 8
+    # the dedup step's output is what was tokenized: its survivors, document for document
+    with open(os.path.join(result.plan.planned(qs.deduped).output_path, "dedup_manifest.json")) as f:
+        dedup = json.load(f)
+    with open(os.path.join(result.plan.planned(qs.tokenized).output_path, "manifest.json")) as f:
+        assert json.load(f)["totals"]["documents"] == dedup["totals"]["documents_out"] > 0
     path = result.plan.planned(qs.train).output_path
     records = read_metrics(path)
     assert [r["step"] for r in records] == list(range(1, qs.TRAIN_STEPS + 1))

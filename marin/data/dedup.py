@@ -1,0 +1,918 @@
+"""The dedup step: exact and near-duplicate documents removed from a corpus in the K40 layout.
+
+Input and output are both document files in the layout the tokenize step reads (one directory per
+source, ``domain/bucket`` for K40; jsonl, .gz, .zst or parquet): every input file becomes one output
+file of the same name and format holding its surviving records byte for byte (every field kept), so
+``default_tokenize`` reads the output unchanged. The work runs in four phases, each a set of Ray tasks
+(or in this process without Ray), each restartable:
+
+1. **signatures**, one task per input file: every document's words are normalised (NFKC, case
+   folded, punctuation and whitespace dropped), its normalised text hashed (the exact-duplicate
+   key) and its word ``shingle_size``-grams MinHashed (``num_perm = bands x rows`` values, by
+   ``rensa``); the signature is cut into ``bands`` bands of ``rows`` values and each band hashed
+   into a 64-bit key. Keys are written partitioned by (band, key range), so phase 2 reads one
+   partition of one band from every file;
+2. **candidate pairs**, one task per key partition: in each band, the keys of that slice of the
+   corpus are sorted; documents sharing a key are pairs (the exact-text hash is one more band). A
+   task holds one partition of every band (12 bytes per document per band): memory is bounded by
+   ``partition_bytes`` of input, never by the corpus;
+3. **clusters**: the pairs are joined into connected components (duplicate pairs only, a small
+   fraction of the documents); in each cluster the survivor is the document from the highest
+   quality bucket (``q5`` before ``q1``), then the first by source name, file path and record
+   number. Every other member is removed, as an ``exact_duplicate`` if some other document has the
+   same normalised text, else as a ``near_duplicate``;
+4. **survivors**, one task per input file: the kept records written to the output.
+
+A document pair becomes a candidate with probability ``1 - (1 - J^rows)^bands`` at Jaccard
+similarity J of their shingle sets: the S-curve whose midpoint ``(1 / bands)^(1 / rows)`` is the
+threshold the parameters imply (0.72 for the defaults, 14 bands of 8 rows over 5-word shingles, the
+settings of datatrove's MinHash dedup).
+
+Every task writes its outputs, then a ``.json`` marker; a rerun after a kill skips every finished
+task of every phase (a marker records the inputs' sizes and the parameters it was made with, and is
+redone if they changed). Bad documents are counted per reason and dropped; a corrupt file follows
+the corrupt-input policy of the tokenize step (``on_corrupt``, ``max_corrupt_fraction``): skipped
+files are left out of the output and listed in the manifest. ``dedup_manifest.json`` is written
+last, only when the step succeeds; the work files under ``_work/`` are then removed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import re
+import sys
+import time
+import unicodedata
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import numpy as np
+from tqdm.auto import tqdm
+
+from marin.data.k40 import QUALITY_BUCKETS, split_source_name
+from marin.data.readers import (
+    DAMAGED_SKIPS,
+    DEFAULT_MAX_CORRUPT_FRACTION,
+    DEFAULT_ON_CORRUPT,
+    CorruptInputError,
+    corrupt_policy_violation,
+    damaged_documents_violation,
+    iter_documents,
+    iter_record_lines,
+    validate_corrupt_policy,
+)
+from marin.data.tokenize import discover_sources
+from marin.execution.versioning import input_field, live
+
+logger = logging.getLogger(__name__)
+
+DEDUP_MANIFEST = "dedup_manifest.json"
+WORK_DIR = "_work"
+SCOPES = ("corpus", "domain", "source")
+REASON_EXACT = "exact_duplicate"
+REASON_NEAR = "near_duplicate"
+SIGNATURE_BATCH = 4096
+"""Documents shingled and MinHashed at a time: a task's memory is its file's signatures (448 bytes a
+document by default), not its shingles."""
+
+
+class DedupError(RuntimeError):
+    """The step cannot produce a deduplicated corpus; the message says why (each failed file named)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Normalisation and hashing (pure functions)
+
+WORD_RE = re.compile(r"\w+")
+
+
+def normalize_words(text: str) -> list[str]:
+    """The words of ``text`` as every dedup and decontamination comparison sees them: runs of letters
+    and digits, each NFKC-normalised and case folded; punctuation and whitespace are dropped."""
+    if text.isascii():
+        return WORD_RE.findall(text.lower())
+    return [unicodedata.normalize("NFKC", w).casefold() for w in WORD_RE.findall(text)]
+
+
+def word_spans(text: str) -> list[tuple[str, int, int]]:
+    """(normalised word, start, end) for each word of ``text``: :func:`normalize_words` with the
+    characters each word came from, so a matching span can be cut out of the original text."""
+    if text.isascii():
+        return [(m.group().lower(), m.start(), m.end()) for m in WORD_RE.finditer(text)]
+    return [(unicodedata.normalize("NFKC", m.group()).casefold(), m.start(), m.end()) for m in WORD_RE.finditer(text)]
+
+
+def content_hash(words: Sequence[str]) -> int:
+    """The exact-duplicate key: a 64-bit hash of the normalised text (words joined by one space)."""
+    return int.from_bytes(hashlib.blake2b(" ".join(words).encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def shingles(words: Sequence[str], n: int) -> list[str]:
+    """The word ``n``-grams of a document (its whole text as one shingle when it is shorter)."""
+    if len(words) <= n:
+        return [" ".join(words)] if words else []
+    return [" ".join(words[i:i + n]) for i in range(len(words) - n + 1)]
+
+
+def implied_threshold(bands: int, rows: int) -> float:
+    """The Jaccard similarity at which a pair becomes a candidate with probability about one half."""
+    return (1.0 / bands) ** (1.0 / rows)
+
+
+def candidate_probability(jaccard: float, bands: int, rows: int) -> float:
+    """Probability that two documents of Jaccard similarity ``jaccard`` share at least one band."""
+    return 1.0 - (1.0 - jaccard ** rows) ** bands
+
+
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijective 64-bit mix, so distinct inputs stay distinct."""
+    x = np.asarray(x, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * _M1
+        x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def band_keys(signatures: np.ndarray, bands: int, rows: int, salt: int = 0) -> np.ndarray:
+    """[n, bands] uint64: one key per band of each signature (its ``rows`` values hashed in order).
+
+    ``salt`` is mixed into every key: documents with different salts never share a key (the
+    per-domain and per-source scopes)."""
+    n = signatures.shape[0]
+    if signatures.shape[1] < bands * rows:
+        raise ValueError(f"signatures have {signatures.shape[1]} values, bands x rows needs {bands * rows}")
+    s = signatures[:, : bands * rows].reshape(n, bands, rows).astype(np.uint64)
+    k = mix64(np.arange(bands, dtype=np.uint64) + np.uint64(salt & 0xFFFFFFFFFFFFFFFF))[None, :].repeat(n, 0)
+    for r in range(rows):
+        k = mix64(k ^ s[:, :, r])
+    return k
+
+
+def minhash_signatures(shingle_sets: Sequence[Sequence[str]], num_perm: int, seed: int) -> np.ndarray:
+    """[n, num_perm] uint32 MinHash signatures by rensa's ``RMinHash`` (the fastest of the libraries
+    measured here; see docs/data.md)."""
+    from rensa import RMinHash  # rensa: the data extra, only when a dedup step runs
+
+    out = np.empty((len(shingle_sets), num_perm), dtype=np.uint32)
+    for i, sh in enumerate(shingle_sets):
+        # one sketch per document: single-threaded (one Ray task per core), and measured no slower here
+        # than rensa's bulk call, which pays a fixed cost per call
+        m = RMinHash(num_perm=num_perm, seed=seed)
+        m.update(sh)
+        out[i] = m.digest()
+    return out
+
+
+def resolve_clusters(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Connected components of the graph whose edges are ``pairs`` ([E, 2] document ids).
+
+    Returns (nodes, roots): every id that appears in a pair, sorted, and the smallest id of its
+    component (the survivor, since ids sort by the survivor rule). Label propagation with pointer
+    jumping, vectorised: O(E log E) per round, O(log diameter) rounds."""
+    pairs = np.asarray(pairs, dtype=np.uint64).reshape(-1, 2)
+    nodes, inv = np.unique(pairs, return_inverse=True)
+    if nodes.size == 0:
+        return nodes, nodes.copy()
+    a, b = inv.reshape(-1, 2)[:, 0], inv.reshape(-1, 2)[:, 1]
+    label = np.arange(nodes.size)
+    while True:
+        low = np.minimum(label[a], label[b])
+        new = label.copy()
+        np.minimum.at(new, a, low)
+        np.minimum.at(new, b, low)
+        new = new[new]  # pointer jumping: follow each label to its label
+        while True:
+            nxt = new[new]
+            if np.array_equal(nxt, new):
+                break
+            new = nxt
+        if np.array_equal(new, label):
+            break
+        label = new
+    return nodes, nodes[label]
+
+
+def doc_id(file_index: int | np.ndarray, record: int | np.ndarray) -> np.ndarray:
+    """A corpus-wide document id: the file's rank in survivor order, then the record number."""
+    return (np.asarray(file_index, dtype=np.uint64) << np.uint64(32)) | np.asarray(record, dtype=np.uint64)
+
+
+def bucket_rank(source: str) -> int:
+    """Sort key of a source's quality: 0 for the highest bucket (q5), larger for lower ones."""
+    _, bucket = split_source_name(source)
+    n = len(QUALITY_BUCKETS)
+    return n - 1 - QUALITY_BUCKETS.index(bucket) if bucket in QUALITY_BUCKETS else n
+
+
+def scope_salt(scope: str, source: str) -> int:
+    """What separates documents that may not be duplicates of each other under ``scope``."""
+    if scope == "corpus":
+        return 0
+    key = split_source_name(source)[0] if scope == "domain" else source
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+
+
+# --------------------------------------------------------------------------------------------------
+# Files: planning, survivor writing, Ray fan-out (shared with the decontamination step)
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file, in survivor order (``index``), and where its survivors go."""
+
+    index: int
+    source: str
+    url: str
+    rel: str
+    size: int
+    key: str
+    output: str
+
+
+def plan_files(input_path: str, output_path: str, sources: Mapping[str, str] | None) -> list[InputFile]:
+    """Every input file, ordered by the survivor rule (higher quality bucket first, then source name
+    and path), with the output file it becomes: ``{output}/{source}/{path below the source}``."""
+    try:
+        plan = discover_sources(input_path, sources)
+    except Exception as e:  # the tokenize step's message: no document files, a source without files
+        raise DedupError(str(e)) from None
+    out = output_path.rstrip("/")
+    rows = sorted(((bucket_rank(src), src, rel, url) for src, files in plan.items() for url, rel in files))
+    fs, _ = fsspec.core.url_to_fs(input_path)
+    sizes = {url: int(fs.size(url)) for _, _, _, url in rows}
+    return [InputFile(i, src, url, rel, sizes[url], f"{src}/{rel}".replace("/", "__"), f"{out}/{src}/{rel}")
+            for i, (_, src, rel, url) in enumerate(rows)]
+
+
+def fingerprint(obj: Any) -> str:
+    """A short hash of a JSON-able value: what a work marker was made from."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def read_marker(path: str) -> dict | None:
+    """A finished task's ``.json`` marker, or None (missing or unreadable: the task is redone)."""
+    try:
+        with fsspec.open(path, "r") as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def write_json(path: str, obj: Any) -> None:
+    fs, p = fsspec.core.url_to_fs(path)
+    fs.makedirs(p.rsplit("/", 1)[0], exist_ok=True)
+    with fsspec.open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+
+
+def write_array(path: str, arr: np.ndarray) -> None:
+    fs, p = fsspec.core.url_to_fs(path)
+    fs.makedirs(p.rsplit("/", 1)[0], exist_ok=True)
+    with fsspec.open(path, "wb") as f:
+        np.save(f, arr, allow_pickle=False)
+
+
+def read_array(path: str) -> np.ndarray:
+    with fsspec.open(path, "rb") as f:
+        return np.load(f, allow_pickle=False)
+
+
+class _OutputFile:
+    """A binary output stream compressed as its name says (.gz with mtime 0, so reruns write the same
+    bytes; .zst at level 3)."""
+
+    def __init__(self, path: str) -> None:
+        fs, p = fsspec.core.url_to_fs(path)
+        fs.makedirs(p.rsplit("/", 1)[0], exist_ok=True)
+        self._raw = fsspec.open(path, "wb").open()
+        if path.endswith(".gz"):
+            self._f = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0, filename="")
+        elif path.endswith(".zst"):
+            import zstandard  # zstandard: the data extra, only for .zst files
+
+            self._f = zstandard.ZstdCompressor(level=3).stream_writer(self._raw, closefd=False)
+        else:
+            self._f = self._raw
+
+    def write(self, b: bytes) -> None:
+        self._f.write(b)
+
+    def close(self) -> None:
+        if self._f is not self._raw:
+            self._f.close()
+        self._raw.close()
+
+
+def write_kept_records(src: str, dst: str, drop: Iterable[int], text_field: str,
+                       replace: Mapping[int, str] | None = None) -> None:
+    """Copy ``src`` to ``dst`` (same format) without the records numbered in ``drop``; records in
+    ``replace`` get that text instead of theirs (every other field kept). Raises CorruptInputError."""
+    drop = set(int(i) for i in drop)
+    replace = dict(replace or {})
+    name = src.rsplit("/", 1)[-1]
+    if ".parquet" in name:
+        import pyarrow as pa  # pyarrow: the data extra (slow to import), only for parquet
+        import pyarrow.parquet as pq  # (the same)
+
+        try:
+            with fsspec.open(src, "rb", compression="infer") as f:
+                table = pq.read_table(f)
+        except (OSError, pa.ArrowException) as e:
+            raise CorruptInputError(src, e) from e
+        if replace:
+            col = table.column(text_field).to_pylist()
+            for i, t in replace.items():
+                col[i] = t
+            table = table.set_column(table.schema.get_field_index(text_field), text_field, pa.array(col, pa.string()))
+        keep = np.ones(table.num_rows, dtype=bool)
+        keep[[i for i in drop if i < table.num_rows]] = False
+        out = _OutputFile(dst)
+        try:
+            pq.write_table(table.filter(pa.array(keep)), out._f, compression="snappy")
+        finally:
+            out.close()
+        return
+    out = _OutputFile(dst)
+    try:
+        for i, line in enumerate(iter_record_lines(src)):
+            if i in drop:
+                continue
+            if i in replace:
+                obj = json.loads(line)
+                obj[text_field] = replace[i]
+                line = json.dumps(obj, ensure_ascii=False).encode("utf-8")
+            out.write(line + b"\n")
+    finally:
+        out.close()
+
+
+def run_batch(fn: Callable[[Any], dict], batch: Sequence[Any]) -> list[dict]:
+    """``fn`` over a batch of tasks, in order: what one Ray task runs."""
+    return [fn(t) for t in batch]
+
+
+def batches(sizes: Sequence[int], min_bytes: int) -> list[range]:
+    """Consecutive task indices grouped until each group holds at least ``min_bytes`` (the last may
+    hold less): many small files share a Ray task, so task start-up does not dominate."""
+    out, start, acc = [], 0, 0
+    for i, n in enumerate(sizes):
+        acc += n
+        if acc >= min_bytes:
+            out.append(range(start, i + 1))
+            start, acc = i + 1, 0
+    if start < len(sizes):
+        out.append(range(start, len(sizes)))
+    return out
+
+
+def run_tasks(fn: Callable[[Any], dict], tasks: Sequence[Any], desc: str, *, use_ray: bool, num_cpus: float,
+              show_progress: bool, sizes: Sequence[int] | None = None, min_task_bytes: int = 0) -> list[dict]:
+    """``fn`` over ``tasks`` as Ray tasks when Ray is up (the executor's case), otherwise in this
+    process; results in task order. With ``sizes`` (input bytes per task), consecutive tasks are
+    grouped into Ray tasks of at least ``min_task_bytes``."""
+    bar = tqdm(total=len(tasks), unit="task", desc=desc, disable=not show_progress, mininterval=2.0)
+    # Ray is up only if something imported it (the executor does): never import it here, since
+    # importing Ray costs seconds and an in-process run does not need it
+    ray = sys.modules.get("ray") if use_ray else None
+    results: list[dict] = [None] * len(tasks)  # type: ignore[list-item]
+    groups = batches(sizes, min_task_bytes) if sizes is not None else [range(i, i + 1) for i in range(len(tasks))]
+    if use_ray and ray is not None and ray.is_initialized() and len(groups) > 1:
+        remote = ray.remote(run_batch).options(num_cpus=num_cpus, max_retries=0)
+        refs = {remote.remote(fn, [tasks[i] for i in g]): g for g in groups}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                for i, r in zip(refs[ref], ray.get(ref)):
+                    results[i] = r
+                bar.update(len(refs[ref]))
+    else:
+        for i, t in enumerate(tasks):
+            results[i] = fn(t)
+            bar.update(1)
+    bar.close()
+    return results
+
+
+def task_error(e: BaseException) -> tuple[str, bool]:
+    """(message, is the file corrupt) for a failed per-file task."""
+    corrupt = isinstance(e, CorruptInputError)
+    return (str(e) if corrupt else f"{type(e).__name__}: {e}"), corrupt
+
+
+def check_file_failures(results: Sequence[dict], out: str, on_corrupt: str, max_corrupt_fraction: float,
+                        step: str, failures_name: str) -> list[dict]:
+    """Apply the corrupt-input policy to per-file results: return the corrupt files to skip, or write
+    ``failures_name`` and raise :class:`DedupError` naming every failed file."""
+    failed = [r for r in results if r.get("error")]
+    corrupt = [r for r in failed if r.get("corrupt")]
+    why = corrupt_policy_violation(len(corrupt), len(results), on_corrupt, max_corrupt_fraction)
+    if len(corrupt) < len(failed) or why:
+        write_json(f"{out}/{failures_name}", [{"input_file": r["url"], "source": r["source"], "error": r["error"]}
+                                              for r in failed])
+        lines = "\n".join(f"  {r['error']}" if r["url"] in r["error"] else f"  {r['url']}: {r['error']}"
+                          for r in failed)
+        policy = f"; {len(corrupt)} corrupt: {why}" if why else ""
+        raise DedupError(f"{len(failed)} of {len(results)} input files failed in the {step} step{policy} (finished "
+                         f"work is kept; a rerun redoes only what is missing):\n{lines}")
+    return corrupt
+
+
+def check_documents(totals: Mapping[str, Any], input_path: str, text_field: str, max_corrupt_fraction: float,
+                    allow_empty: bool) -> str | None:
+    """Why the input must not count: no documents at all (unless ``allow_empty``), or more damaged
+    documents than the corrupt-input policy allows."""
+    skipped = totals.get("skipped") or {}
+    where = f"under {input_path} (text field {text_field!r})"
+    if not allow_empty and totals["documents_in"] == 0:
+        reasons = ", ".join(f"{n} {k}" for k, n in sorted(skipped.items())) or "no records at all"
+        return (f"no documents {where}: {totals.get('files', 0)} file(s), skipped: {reasons}; check the path and "
+                "text_field, or set allow_empty=True if an empty corpus is what you want")
+    damaged = sum(skipped.get(k, 0) for k in DAMAGED_SKIPS)
+    why = damaged_documents_violation(damaged, totals["documents_in"] + sum(skipped.values()), max_corrupt_fraction)
+    return f"{why} {where}; fix the input or raise max_corrupt_fraction" if why else None
+
+
+def summarize(rows: Sequence[dict], reasons: Sequence[str]) -> dict[str, Any]:
+    """Per-source, per-domain and total counts of documents and bytes in and out, removed per reason
+    and skipped, from one row per written file."""
+    def empty() -> dict[str, Any]:
+        return {"files": 0, "documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0,
+                "removed": {r: 0 for r in reasons}, "removed_bytes": {r: 0 for r in reasons}, "skipped": Counter()}
+
+    by_source: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        for e in (by_source.setdefault(r["source"], empty()),):
+            e["files"] += 1
+            for k in ("documents_in", "bytes_in", "documents_out", "bytes_out"):
+                e[k] += r[k]
+            for k in reasons:
+                e["removed"][k] += r["removed"].get(k, 0)
+                e["removed_bytes"][k] += r["removed_bytes"].get(k, 0)
+            e["skipped"].update(r.get("skipped") or {})
+
+    def add(into: dict[str, Any], e: dict[str, Any]) -> None:
+        into["files"] += e["files"]
+        for k in ("documents_in", "bytes_in", "documents_out", "bytes_out"):
+            into[k] += e[k]
+        for k in reasons:
+            into["removed"][k] += e["removed"][k]
+            into["removed_bytes"][k] += e["removed_bytes"][k]
+        into["skipped"].update(e["skipped"])
+
+    by_domain: dict[str, dict[str, Any]] = {}
+    totals = empty()
+    for name, e in sorted(by_source.items()):
+        add(by_domain.setdefault(split_source_name(name)[0], empty()), e)
+        add(totals, e)
+    for e in (*by_source.values(), *by_domain.values(), totals):
+        e["skipped"] = dict(sorted(e["skipped"].items()))
+    return {"totals": totals, "domains": dict(sorted(by_domain.items())), "sources": dict(sorted(by_source.items()))}
+
+
+# --------------------------------------------------------------------------------------------------
+# The step
+
+
+@dataclass(frozen=True)
+class DedupConfig:
+    """Remove exact and near-duplicate documents from the corpus at ``input_path`` into ``output_path``.
+
+    sources: source name -> location below ``input_path``, as the tokenize step takes them; None
+        discovers one source per directory of document files (``domain/bucket`` for K40).
+    """
+
+    input_path: str = input_field()
+    output_path: str = input_field()
+    sources: dict[str, str] | None = None
+    text_field: str = "text"
+    max_doc_bytes: int = 8_000_000
+    exact: bool = True
+    """Remove documents whose normalised text equals another's."""
+    fuzzy: bool = True
+    """Remove near-duplicates found by MinHash LSH."""
+    shingle_size: int = 5
+    """Words per shingle."""
+    num_perm: int = 112
+    """MinHash values per document; must equal ``bands * rows``."""
+    bands: int = 14
+    rows: int = 8
+    seed: int = 1
+    """Seed of the MinHash permutations."""
+    scope: str = "corpus"
+    """Who may duplicate whom: "corpus" (within and across domains), "domain" (only within a domain),
+    "source" (only within a domain's quality bucket)."""
+    sample_pairs: int = 20
+    """Removed documents listed in the manifest with their survivor and estimated similarity."""
+    on_corrupt: str = DEFAULT_ON_CORRUPT
+    max_corrupt_fraction: float = DEFAULT_MAX_CORRUPT_FRACTION
+    partition_bytes: int = live("how the band index is split over tasks (memory per task); the pairs found, "
+                                "and so the output, are the same", default=1 << 30)
+    """Input bytes per band partition: a pair task holds the band keys of about this much text."""
+    min_task_bytes: int = live("how files are grouped into Ray tasks; the output is the same", default=64 << 20)
+    """Input bytes per Ray task at least: small files share a task (each file keeps its own work
+    files and markers)."""
+    num_cpus_per_task: float = live("CPUs per Ray task: how the work is spread, the output is the same",
+                                    default=1.0)
+    show_progress: bool = live("a progress bar on the terminal", default=True)
+    use_ray: bool = live("Ray tasks or this process: the output is byte-identical either way", default=True)
+    allow_empty: bool = live("whether an input with no document may succeed, not what the step writes",
+                             default=False)
+    keep_work: bool = live("whether the intermediate signatures stay after success, not the output",
+                           default=False)
+
+    @property
+    def threshold(self) -> float:
+        """The Jaccard similarity the bands and rows imply (candidate probability one half)."""
+        return implied_threshold(self.bands, self.rows)
+
+    def params(self) -> dict[str, Any]:
+        """What every intermediate file depends on (recorded in each work marker)."""
+        return {"text_field": self.text_field, "max_doc_bytes": self.max_doc_bytes, "exact": self.exact,
+                "fuzzy": self.fuzzy, "shingle_size": self.shingle_size, "num_perm": self.num_perm,
+                "bands": self.bands, "rows": self.rows, "seed": self.seed, "scope": self.scope}
+
+
+def validate_dedup_config(c: DedupConfig) -> None:
+    """Refuse parameters that cannot work, before any file is read."""
+    validate_corrupt_policy(c.on_corrupt, c.max_corrupt_fraction)
+    if c.scope not in SCOPES:
+        raise DedupError(f"scope must be one of {SCOPES}, got {c.scope!r}")
+    if not (c.exact or c.fuzzy):
+        raise DedupError("exact and fuzzy are both False: nothing to deduplicate")
+    if min(c.shingle_size, c.bands, c.rows, c.num_perm) < 1:
+        raise DedupError("shingle_size, num_perm, bands and rows must be positive")
+    if c.num_perm != c.bands * c.rows:
+        raise DedupError(f"num_perm ({c.num_perm}) must equal bands x rows ({c.bands} x {c.rows} = "
+                         f"{c.bands * c.rows})")
+    if c.partition_bytes < 1:
+        raise DedupError("partition_bytes must be positive")
+
+
+@dataclass(frozen=True)
+class SignatureTask:
+    file: InputFile
+    work: str
+    params: dict
+    partitions: int
+    marker_fp: str
+    salt: int
+
+
+def signature_paths(work: str, key: str) -> dict[str, str]:
+    base = f"{work}/signatures/{key}"
+    return {"keys": base + ".keys", "docs": base + ".docs.npz", "sig": base + ".sig.npy", "meta": base + ".json"}
+
+
+def signature_file(task: SignatureTask) -> dict:
+    """Phase 1 for one file: normalise, hash and MinHash every document; write the band keys
+    partitioned by (band, key range), the signatures and the document table; then the marker."""
+    f, p = task.file, task.params
+    result = {"index": f.index, "source": f.source, "url": f.url, "error": None, "corrupt": False}
+    paths = signature_paths(task.work, f.key)
+    try:
+        done = read_marker(paths["meta"])
+        if done and done.get("fingerprint") == task.marker_fp:
+            return {**result, **done}
+        records: list[int] = []
+        nbytes: list[int] = []
+        exact: list[int] = []
+        has_words: list[bool] = []
+        sig_parts: list[np.ndarray] = []
+        pending: list[list[str]] = []  # shingles of documents not yet MinHashed: a batch at a time
+        skipped: Counter = Counter()
+        skipped_bytes = 0
+        skip_idx: list[int] = []
+        n_records = 0
+
+        def flush() -> None:
+            if p["fuzzy"] and pending:
+                sig_parts.append(minhash_signatures(pending, p["num_perm"], p["seed"]))
+            pending.clear()
+
+        for rec in iter_documents(f.url, p["text_field"], p["max_doc_bytes"]):
+            n_records = rec.index + 1
+            if rec.skip is not None:
+                skipped[rec.skip] += 1
+                skipped_bytes += rec.nbytes
+                skip_idx.append(rec.index)
+                continue
+            words = normalize_words(rec.text)
+            records.append(rec.index)
+            nbytes.append(rec.nbytes)
+            exact.append(content_hash(words) if words else content_hash([rec.text.strip()]))
+            has_words.append(bool(words))
+            pending.append(shingles(words, p["shingle_size"]))
+            if len(pending) >= SIGNATURE_BATCH:
+                flush()
+        flush()
+        n = len(records)
+        sigs = np.concatenate(sig_parts) if sig_parts else np.zeros((n, p["num_perm"] if p["fuzzy"] else 0), np.uint32)
+        has_words = np.array(has_words, dtype=bool)
+        columns: list[np.ndarray] = []  # one key array per band, then the exact hash
+        idx = np.arange(n, dtype=np.uint32)
+        col_rows: list[np.ndarray] = []
+        if p["fuzzy"]:
+            keys = band_keys(sigs, p["bands"], p["rows"], task.salt)
+            for b in range(p["bands"]):
+                columns.append(keys[has_words, b])
+                col_rows.append(idx[has_words])
+        if p["exact"]:
+            ex = np.array(exact, dtype=np.uint64)
+            columns.append(mix64(ex ^ np.uint64(task.salt)) if task.salt else ex)
+            col_rows.append(idx)
+        rec_arr = np.array(records, dtype=np.uint32)
+        col_meta = []
+        fs, kp = fsspec.core.url_to_fs(paths["keys"])
+        fs.makedirs(kp.rsplit("/", 1)[0], exist_ok=True)
+        base = 0
+        with fsspec.open(paths["keys"], "wb") as out:
+            for keys_c, rows_c in zip(columns, col_rows):
+                part = keys_c % np.uint64(task.partitions)
+                order = np.lexsort((keys_c, part))
+                keys_c, recs_c, part = keys_c[order], rec_arr[rows_c[order]], part[order]
+                offsets = np.searchsorted(part, np.arange(task.partitions + 1, dtype=np.uint64)).tolist()
+                out.write(keys_c.astype("<u8").tobytes())
+                out.write(recs_c.astype("<u4").tobytes())
+                col_meta.append({"base": base, "n": int(keys_c.size), "offsets": offsets})
+                base += keys_c.size * 12
+        write_array(paths["sig"], sigs)
+        with fsspec.open(paths["docs"], "wb") as out:
+            np.savez(out, records=rec_arr, nbytes=np.array(nbytes, dtype=np.uint64),
+                     skipped=np.array(skip_idx, dtype=np.uint32))
+        meta = {"fingerprint": task.marker_fp, "records": n_records, "documents": n, "bytes": int(sum(nbytes)),
+                "skipped": dict(sorted(skipped.items())), "skipped_bytes": skipped_bytes, "columns": col_meta,
+                "keys_path": paths["keys"]}
+        write_json(paths["meta"], meta)
+        return {**result, **meta}
+    except Exception as e:  # noqa: BLE001 - reported per file, raised by the step with every file named
+        result["error"], result["corrupt"] = task_error(e)
+        return result
+
+
+@dataclass(frozen=True)
+class PairTask:
+    partition: int
+    work: str
+    marker_fp: str
+    exact_column: int | None
+    files: tuple  # (file index, keys path, ((base, n, start, end) per column)) per file with keys here
+
+
+def pair_paths(work: str, partition: int) -> dict[str, str]:
+    base = f"{work}/pairs/p{partition:05d}"
+    return {"pairs": base + ".npz", "meta": base + ".json"}
+
+
+def key_groups(keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """[E, 2] pairs (smallest id of a key's group, another member) for every key held by several ids."""
+    if keys.size == 0:
+        return np.zeros((0, 2), np.uint64)
+    order = np.lexsort((ids, keys))
+    k, d = keys[order], ids[order]
+    same = np.zeros(k.size, dtype=bool)
+    same[1:] = k[1:] == k[:-1]
+    first = np.maximum.accumulate(np.where(~same, np.arange(k.size), 0))
+    return np.stack([d[first[same]], d[same]], axis=1).astype(np.uint64)
+
+
+def band_pairs(task: PairTask) -> dict:
+    """Phase 2 for one key partition: in each band, the documents that share a key there, as pairs
+    (smallest id of the key's group, other member); the exact-text band's pairs also on their own.
+    Each file's keys file is opened once; the task holds this partition's keys of every band."""
+    paths = pair_paths(task.work, task.partition)
+    result = {"partition": task.partition, "path": paths["pairs"], "error": None}
+    try:
+        done = read_marker(paths["meta"])
+        if done and done.get("fingerprint") == task.marker_fp:
+            return {**result, **done}
+        n_columns = max((len(cols) for _, _, cols in task.files), default=0)
+        keys: list[list[np.ndarray]] = [[] for _ in range(n_columns)]
+        ids: list[list[np.ndarray]] = [[] for _ in range(n_columns)]
+        for file_index, path, cols in task.files:
+            with fsspec.open(path, "rb") as f:
+                for c, (base, n, start, end) in enumerate(cols):
+                    if end <= start:
+                        continue
+                    f.seek(base + start * 8)
+                    keys[c].append(np.frombuffer(f.read((end - start) * 8), dtype="<u8"))
+                    f.seek(base + n * 8 + start * 4)
+                    ids[c].append(doc_id(file_index, np.frombuffer(f.read((end - start) * 4), dtype="<u4")))
+        found, exact, most = [], np.zeros((0, 2), np.uint64), 0
+        for c in range(n_columns):
+            k = np.concatenate(keys[c]) if keys[c] else np.zeros(0, np.uint64)
+            d = np.concatenate(ids[c]) if ids[c] else np.zeros(0, np.uint64)
+            most = max(most, int(k.size))
+            pr = key_groups(k, d)
+            found.append(pr)
+            if c == task.exact_column:
+                exact = pr
+        pairs = np.unique(np.concatenate(found), axis=0) if found else np.zeros((0, 2), np.uint64)
+        fs, pp = fsspec.core.url_to_fs(paths["pairs"])
+        fs.makedirs(pp.rsplit("/", 1)[0], exist_ok=True)
+        with fsspec.open(paths["pairs"], "wb") as out:
+            np.savez(out, pairs=pairs.reshape(-1, 2), exact=exact)
+        meta = {"fingerprint": task.marker_fp, "pairs": int(pairs.shape[0]), "keys": most}
+        write_json(paths["meta"], meta)
+        return {**result, **meta}
+    except Exception as e:  # noqa: BLE001 - reported by the step
+        result["error"] = f"{type(e).__name__}: {e}"
+        return result
+
+
+@dataclass(frozen=True)
+class WriteTask:
+    file: InputFile
+    work: str
+    drop: tuple[int, ...]
+    reasons: tuple[str, ...]
+    text_field: str
+    marker_fp: str
+
+
+def write_survivors(task: WriteTask) -> dict:
+    """Phase 4 for one file: write its kept records; count documents and bytes in and out."""
+    f = task.file
+    marker = f"{task.work}/written/{f.key}.json"
+    result = {"index": f.index, "source": f.source, "url": f.url, "error": None, "corrupt": False}
+    try:
+        done = read_marker(marker)
+        if done and done.get("fingerprint") == task.marker_fp:
+            return {**result, **done}
+        with fsspec.open(signature_paths(task.work, f.key)["docs"], "rb") as fh:
+            docs = np.load(fh, allow_pickle=False)
+            records, nbytes, skipped = docs["records"], docs["nbytes"], docs["skipped"]
+        size_of = dict(zip(records.tolist(), nbytes.tolist()))
+        removed: Counter = Counter()
+        removed_bytes: Counter = Counter()
+        for i, why in zip(task.drop, task.reasons):
+            removed[why] += 1
+            removed_bytes[why] += size_of[i]
+        write_kept_records(f.url, f.output, [*task.drop, *skipped.tolist()], task.text_field)
+        meta = {"fingerprint": task.marker_fp, "documents_in": int(records.size), "bytes_in": int(nbytes.sum()),
+                "documents_out": int(records.size) - len(task.drop),
+                "bytes_out": int(nbytes.sum()) - sum(removed_bytes.values()),
+                "removed": dict(removed), "removed_bytes": dict(removed_bytes)}
+        write_json(marker, meta)
+        return {**result, **meta}
+    except Exception as e:  # noqa: BLE001 - reported per file
+        result["error"], result["corrupt"] = task_error(e)
+        return result
+
+
+def _location(files: Sequence[InputFile], i: int) -> dict[str, Any]:
+    d = int(i)
+    f = files[d >> 32]
+    return {"source": f.source, "file": f.rel, "record": d & 0xFFFFFFFF}
+
+
+def sample_similarities(pairs: Sequence[tuple[int, int]], files: Sequence[InputFile], work: str,
+                        records_of: Mapping[int, np.ndarray]) -> list[float | None]:
+    """Estimated Jaccard similarity (share of equal MinHash values) of each (removed, survivor) pair."""
+    cache: dict[int, np.ndarray] = {}
+
+    def row(d: int) -> np.ndarray | None:
+        fi, rec = d >> 32, d & 0xFFFFFFFF
+        if fi not in cache:
+            cache[fi] = read_array(signature_paths(work, files[fi].key)["sig"])
+        pos = int(np.searchsorted(records_of[fi], rec))
+        sig = cache[fi]
+        return sig[pos] if sig.shape[1] else None
+
+    out: list[float | None] = []
+    for a, b in pairs:
+        ra, rb = row(int(a)), row(int(b))
+        out.append(None if ra is None or rb is None else round(float(np.mean(ra == rb)), 4))
+    return out
+
+
+def dedup(config: DedupConfig) -> None:
+    """Executor step: write the deduplicated corpus and ``dedup_manifest.json`` (see module docstring)."""
+    validate_dedup_config(config)
+    t0 = time.monotonic()
+    out = config.output_path.rstrip("/")
+    work = f"{out}/{WORK_DIR}"
+    files = plan_files(config.input_path, out, config.sources)
+    params = config.params()
+    total_bytes = sum(f.size for f in files)
+    partitions = max(1, -(-total_bytes // config.partition_bytes))
+    run = dict(use_ray=config.use_ray, num_cpus=config.num_cpus_per_task, show_progress=config.show_progress)
+
+    # phase 1: signatures per file
+    sig_tasks = [SignatureTask(f, work, params, partitions, fingerprint([params, partitions, f.url, f.size, f.index]),
+                               scope_salt(config.scope, f.source)) for f in files]
+    sizes = [f.size for f in files]
+    sig_results = run_tasks(signature_file, sig_tasks, "dedup signatures", sizes=sizes,
+                            min_task_bytes=config.min_task_bytes, **run)
+    corrupt = check_file_failures(sig_results, out, config.on_corrupt, config.max_corrupt_fraction, "dedup",
+                                  "dedup_failures.json")
+    good = [r for r in sig_results if not r.get("error")]
+    records_in = {"documents_in": sum(r["documents"] for r in good), "files": len(good),
+                  "skipped": dict(sum((Counter(r["skipped"]) for r in good), Counter()))}
+    problem = check_documents(records_in, config.input_path, config.text_field, config.max_corrupt_fraction,
+                              config.allow_empty)
+    if problem:
+        raise DedupError(problem + " (nothing was written to the output)")
+
+    # phase 2: candidate pairs per key partition (every band)
+    n_columns = len(good[0]["columns"]) if good else 0
+    exact_column = n_columns - 1 if config.exact else None
+    plan_fp = fingerprint([params, partitions, [(r["index"], r["fingerprint"]) for r in good]])
+    pair_tasks = []
+    for p in range(partitions):
+        per_file = []
+        for r in good:
+            cols = tuple((c["base"], c["n"], c["offsets"][p], c["offsets"][p + 1]) for c in r["columns"])
+            if any(end > start for _, _, start, end in cols):
+                per_file.append((r["index"], r["keys_path"], cols))
+        pair_tasks.append(PairTask(p, work, plan_fp, exact_column, tuple(per_file)))
+    pair_results = run_tasks(band_pairs, pair_tasks, "dedup pairs", **run)
+    failed = [r for r in pair_results if r["error"]]
+    if failed:
+        raise DedupError(f"{len(failed)} of {len(pair_results)} key partitions failed (a rerun redoes only them):\n"
+                         + "\n".join(f"  partition {r['partition']}: {r['error']}" for r in failed))
+
+    # phase 3: clusters and survivors
+    all_pairs, exact_members = [], []
+    for r in pair_results:
+        if r["pairs"]:
+            with fsspec.open(r["path"], "rb") as fh:
+                z = np.load(fh, allow_pickle=False)
+                all_pairs.append(z["pairs"])
+                exact_members.append(z["exact"].reshape(-1))
+    # a pair can share keys in bands of different partitions: counted once, whatever the partitioning
+    pairs = np.unique(np.concatenate(all_pairs), axis=0) if all_pairs else np.zeros((0, 2), np.uint64)
+    nodes, roots = resolve_clusters(pairs)
+    is_removed = nodes != roots
+    removed, survivor = nodes[is_removed], roots[is_removed]
+    exact_ids = np.unique(np.concatenate(exact_members)) if exact_members else np.zeros(0, np.uint64)
+    is_exact = np.isin(removed, exact_ids)
+    clusters = int(np.unique(roots).size)
+    by_file: dict[int, tuple[list[int], list[str]]] = {}
+    for d, ex in zip(removed.tolist(), is_exact.tolist()):
+        e = by_file.setdefault(d >> 32, ([], []))
+        e[0].append(d & 0xFFFFFFFF)
+        e[1].append(REASON_EXACT if ex else REASON_NEAR)
+
+    # phase 4: survivors written per file
+    write_tasks = []
+    for r in good:
+        f = files[r["index"]]
+        drop, why = by_file.get(f.index, ([], []))
+        write_tasks.append(WriteTask(f, work, tuple(drop), tuple(why), config.text_field,
+                                     fingerprint([plan_fp, drop, why, f.output])))
+    written = run_tasks(write_survivors, write_tasks, "dedup write", sizes=[files[r["index"]].size for r in good],
+                        min_task_bytes=config.min_task_bytes, **run)
+    check_file_failures(written, out, "fail", 0.0, "dedup write", "dedup_failures.json")
+    for w, r in zip(written, good):
+        w["skipped"] = r["skipped"]
+
+    # the manifest: counts, clusters, a sample of removed pairs
+    step = max(1, removed.size // max(1, config.sample_pairs)) if config.sample_pairs else 0
+    picks = list(range(0, removed.size, step))[: config.sample_pairs] if step else []
+    records_of = {}
+    if picks:
+        for fi in {int(removed[i]) >> 32 for i in picks} | {int(survivor[i]) >> 32 for i in picks}:
+            with fsspec.open(signature_paths(work, files[fi].key)["docs"], "rb") as fh:
+                records_of[fi] = np.load(fh, allow_pickle=False)["records"]
+    sims = sample_similarities([(removed[i], survivor[i]) for i in picks], files, work, records_of)
+    sample = [{"removed": _location(files, removed[i]), "kept": _location(files, survivor[i]),
+               "reason": REASON_EXACT if is_exact[i] else REASON_NEAR, "similarity": s} for i, s in zip(picks, sims)]
+    summary = summarize(written, (REASON_EXACT, REASON_NEAR))
+    manifest = {
+        "kind": "dedup",
+        "input_path": config.input_path,
+        "params": {**params, "threshold": round(config.threshold, 4), "partitions": partitions,
+                   "on_corrupt": config.on_corrupt, "max_corrupt_fraction": config.max_corrupt_fraction,
+                   "survivor_rule": "highest quality bucket, then first by source, file path and record"},
+        **summary,
+        "clusters": clusters,
+        "candidate_pairs": int(pairs.shape[0]),
+        "sample": sample,
+        "skipped_files": [{"source": r["source"], "input_file": r["url"], "reason": r["error"]} for r in corrupt],
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    manifest["totals"]["skipped_files"] = len(corrupt)
+    finish(out, manifest, DEDUP_MANIFEST, "dedup_failures.json", config.keep_work)
+    t = manifest["totals"]
+    logger.info("dedup %s: %d -> %d documents (%s removed), %d clusters, %d corrupt files skipped", out,
+                t["documents_in"], t["documents_out"], t["removed"], clusters, len(corrupt))
+
+
+def finish(out: str, manifest: dict, name: str, failures_name: str, keep_work: bool) -> None:
+    """Write the manifest (last: it marks success), then drop a stale failures file and the work files."""
+    write_json(f"{out}/{name}", manifest)
+    fs, root = fsspec.core.url_to_fs(out)
+    if fs.exists(f"{root}/{failures_name}"):
+        fs.rm_file(f"{root}/{failures_name}")
+    if not keep_work and fs.exists(f"{root}/{WORK_DIR}"):
+        fs.rm(f"{root}/{WORK_DIR}", recursive=True)

@@ -1,0 +1,370 @@
+"""The dedup and decontamination steps (in this process, no Ray; the Ray and object-store runs are in
+test_dedup_cloud.py): the math against slow references, planted duplicates and contamination found,
+the survivor rule, output read by tokenize unchanged, restart after a kill, bounded band partitions,
+corrupt and empty input."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import marin.data.dedup as dd
+from marin.data.decontaminate import (
+    DecontaminateConfig,
+    build_ngram_table,
+    cut_spans,
+    decontaminate,
+    eval_texts,
+    ngram_hashes,
+    ngram_hits,
+)
+from marin.data.dedup import (
+    DedupConfig,
+    DedupError,
+    band_keys,
+    candidate_probability,
+    dedup,
+    implied_threshold,
+    normalize_words,
+    resolve_clusters,
+    shingles,
+    word_spans,
+)
+from marin.data.readers import iter_documents, list_document_files
+from marin.data.store import TokenStore
+from marin.data.synthetic import write_planted_corpus
+from marin.data.tokenize import TokenizeConfig, tokenize
+
+
+def _cfg(src, out, **kw) -> DedupConfig:
+    return DedupConfig(str(src), str(out), show_progress=False, use_ray=False, **kw)
+
+
+def _kept(out: Path) -> dict[str, list[str]]:
+    """source -> texts of the output corpus, in file order."""
+    res = {}
+    for f in list_document_files(str(out)):
+        src = str(Path(f).parent.relative_to(out))
+        res.setdefault(src, []).extend(r.text for r in iter_documents(f) if r.text is not None)
+    return res
+
+
+# --- pure functions against slow references -------------------------------------------------------
+
+def test_normalisation_ignores_case_spacing_and_punctuation():
+    assert normalize_words("Hello,  WORLD!\n It's  ok") == ["hello", "world", "it", "s", "ok"]
+    assert normalize_words("ＡＢＣ Straße") == ["abc", "strasse"]  # NFKC (full width) and case folding
+    text = "Ａb, cd!  EF"
+    assert [w for w, _, _ in word_spans(text)] == normalize_words(text)
+    assert [text[s:e] for _, s, e in word_spans(text)] == ["Ａb", "cd", "EF"]
+    assert shingles(["a", "b", "c"], 2) == ["a b", "b c"] and shingles(["a"], 5) == ["a"] and shingles([], 5) == []
+
+
+def test_threshold_and_s_curve():
+    t = implied_threshold(14, 8)
+    assert t == pytest.approx((1 / 14) ** (1 / 8)) and 0.71 < t < 0.73
+    # the S-curve: about one half near the threshold, rising steeply above it
+    assert candidate_probability(0.5, 14, 8) < 0.06 < 0.95 < candidate_probability(0.9, 14, 8)
+
+
+def test_band_keys_equal_exactly_when_a_band_is_equal():
+    rng = np.random.default_rng(0)
+    sig = rng.integers(0, 2**32, size=(50, 12), dtype=np.uint64).astype(np.uint32)
+    sig[1, :4] = sig[0, :4]  # rows 0 and 1 share band 0 only
+    k = band_keys(sig, 3, 4)
+    for a, b in itertools.combinations(range(50), 2):
+        for band in range(3):
+            same = np.array_equal(sig[a, band * 4:(band + 1) * 4], sig[b, band * 4:(band + 1) * 4])
+            assert (k[a, band] == k[b, band]) == same
+    assert not np.array_equal(band_keys(sig, 3, 4, salt=7)[0], k[0])
+
+
+def _components_slow(pairs):
+    parent = {}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    for a, b in pairs:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    return {x: find(x) for x in parent}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_resolve_clusters_matches_union_find(seed):
+    rng = np.random.default_rng(seed)
+    pairs = rng.integers(0, 300, size=(200, 2)).astype(np.uint64) * np.uint64(1 << 20)
+    nodes, roots = resolve_clusters(pairs)
+    slow = _components_slow([(int(a), int(b)) for a, b in pairs])
+    assert sorted(slow) == nodes.tolist()
+    assert [slow[n] for n in nodes.tolist()] == roots.tolist()
+    chain = np.array([[i, i + 1] for i in range(100)][::-1], dtype=np.uint64)  # a long path, reversed
+    assert set(resolve_clusters(chain)[1].tolist()) == {0}
+
+
+def test_ngram_hashes_match_a_tuple_reference():
+    words = "a b c a b c d a b".split()
+    h = ngram_hashes(words, 3)
+    grams = [tuple(words[i:i + 3]) for i in range(len(words) - 2)]
+    for i, j in itertools.combinations(range(len(grams)), 2):
+        assert (h[i] == h[j]) == (grams[i] == grams[j])
+    assert ngram_hashes(words[:2], 3).size == 0
+    table, masks, stats = build_ngram_table({"x": ["b c d a"], "y": ["c d a b", "too short"]}, 3)
+    assert stats["y"] == {"texts": 2, "too_short": 1, "ngrams": 2}
+    hit, bits = ngram_hits(h, table, masks)
+    assert [grams[i] for i in hit] == [("b", "c", "d"), ("c", "d", "a"), ("d", "a", "b")] and bits == 0b11
+
+
+def test_eval_texts_and_cut_spans():
+    assert eval_texts({"context": "Vote on the", "choices": [" sky", " budget"], "gold": 1}, "text") == [
+        "Vote on the  budget"]
+    assert eval_texts({"text": "a doc"}, "text") == ["a doc"]
+    assert cut_spans("aa bb cc dd", [(3, 5), (4, 8)]) == "aa   dd"
+
+
+# --- the step ---------------------------------------------------------------------------------------
+
+@pytest.fixture()
+def planted(tmp_path):
+    truth = write_planted_corpus(str(tmp_path / "corpus"), docs_per_source=40, changed=(0.01, 0.02))
+    return tmp_path / "corpus", truth
+
+
+def _expected_removals(truth: dict) -> set[tuple[str, int]]:
+    """Every planted cluster (an original and its copies) minus its survivor: the document of the
+    highest quality bucket, then the first by source name and record."""
+    def rank(x):
+        return (-dd.QUALITY_BUCKETS.index(x[0].split("/")[1]), x[0], x[1])
+
+    members = _components_slow([(c.copy, c.original) for c in truth["copies"]])
+    clusters = {}
+    for m, root in members.items():
+        clusters.setdefault(root, []).append(m)
+    return {m for ms in clusters.values() for m in sorted(ms, key=rank)[1:]}
+
+
+def _removed(out: Path, truth) -> set[tuple[str, int]]:
+    kept = _kept(out)
+    return {(s, i) for s, texts in truth["texts"].items() for i, t in enumerate(texts) if t not in kept.get(s, [])}
+
+
+def test_planted_duplicates_are_removed_and_the_survivor_is_the_higher_bucket(planted, tmp_path):
+    corpus, truth = planted
+    out = tmp_path / "out"
+    dedup(_cfg(corpus, out))
+    man = json.loads((out / "dedup_manifest.json").read_text())
+    removed = _removed(out, truth)
+    expected = _expected_removals(truth)
+    assert expected <= removed, sorted(expected - removed)  # 1-2% of words changed: well above 0.72
+    assert removed == expected
+    t = man["totals"]
+    assert t["documents_in"] - t["documents_out"] == len(removed)
+    n_exact = sum(1 for c in truth["copies"] if c.kind == "exact")
+    assert t["removed"]["exact_duplicate"] == n_exact and t["removed"]["near_duplicate"] == len(removed) - n_exact
+    assert man["clusters"] >= 1 and man["params"]["threshold"] == pytest.approx(0.7187, abs=1e-3)
+    assert {"law", "council", "infra"} == set(man["domains"])
+    assert all(s["similarity"] is not None and s["similarity"] > 0.5 for s in man["sample"])
+    assert any(s["removed"]["source"].split("/")[0] != s["kept"]["source"].split("/")[0] for s in man["sample"]) or \
+        all(c.copy[0].split("/")[0] == c.original[0].split("/")[0] for c in truth["copies"])
+    assert not (out / "_work").exists()
+
+    # the output keeps every field and is read by tokenize unchanged
+    first = json.loads((out / "law" / "q5" / "part-00000.jsonl").read_text().splitlines()[0])
+    assert set(first) == {"id", "text"}
+
+
+def test_tokenize_reads_the_output(planted, tmp_path, mini_tokenizer):
+    corpus, _ = planted
+    out = tmp_path / "out"
+    dedup(_cfg(corpus, out))
+    tokenize(TokenizeConfig(str(out), mini_tokenizer, str(tmp_path / "store"), show_progress=False, use_ray=False))
+    man = json.loads((out / "dedup_manifest.json").read_text())
+    store = TokenStore.open(str(tmp_path / "store"))
+    assert store.manifest["totals"]["documents"] == man["totals"]["documents_out"]
+    assert sorted(store.source_names) == sorted(man["sources"])
+
+
+def test_scope_domain_keeps_cross_domain_copies(planted, tmp_path):
+    corpus, truth = planted
+    dedup(_cfg(corpus, tmp_path / "a", scope="domain"))
+    removed = _removed(tmp_path / "a", truth)
+    cross = [c for c in truth["copies"] if c.copy[0].split("/")[0] != c.original[0].split("/")[0]]
+    assert cross, "the planted corpus has cross-domain copies"
+    within = [c for c in truth["copies"] if c not in cross]
+    assert removed == _expected_removals({"copies": within})
+
+
+def test_partitions_bound_the_band_index_and_change_nothing(planted, tmp_path, monkeypatch):
+    corpus, _ = planted
+    dedup(_cfg(corpus, tmp_path / "one"))
+    seen = []
+    real = dd.band_pairs
+
+    def spy(task):
+        r = real(task)
+        seen.append(r["keys"])
+        return r
+
+    monkeypatch.setattr(dd, "band_pairs", spy)
+    total = sum(p.stat().st_size for p in Path(corpus).rglob("*.jsonl"))
+    dedup(_cfg(corpus, tmp_path / "eight", partition_bytes=total // 8 + 1))
+    m1 = json.loads((tmp_path / "one" / "dedup_manifest.json").read_text())
+    m8 = json.loads((tmp_path / "eight" / "dedup_manifest.json").read_text())
+    assert m8["params"]["partitions"] == 8 and m1["params"]["partitions"] == 1
+    docs = m1["totals"]["documents_in"]
+    assert len(seen) == 8 and max(seen) < docs / 8 * 1.6  # each task holds about 1/8 of each band
+    assert _kept(tmp_path / "one") == _kept(tmp_path / "eight")
+    for k in ("totals", "sources", "clusters", "candidate_pairs", "sample"):
+        assert m1[k] == m8[k]
+
+
+def test_restart_after_a_kill_skips_finished_work(planted, tmp_path, monkeypatch):
+    corpus, _ = planted
+    out = tmp_path / "out"
+    calls = {"sig": 0, "write": 0}
+    real_sig, real_write = dd.minhash_signatures, dd.write_kept_records
+
+    def sig(*a, **k):
+        calls["sig"] += 1
+        return real_sig(*a, **k)
+
+    def killed(src, dst, *a, **k):
+        calls["write"] += 1
+        if calls["write"] == 3:
+            raise KeyboardInterrupt("killed")  # a kill: not an error the step catches
+        return real_write(src, dst, *a, **k)
+
+    monkeypatch.setattr(dd, "minhash_signatures", sig)
+    monkeypatch.setattr(dd, "write_kept_records", killed)
+    with pytest.raises(KeyboardInterrupt):
+        dedup(_cfg(corpus, out))
+    assert calls["sig"] == 6 and not (out / "dedup_manifest.json").exists()
+    monkeypatch.setattr(dd, "write_kept_records", real_write)
+    calls["write"] = 0
+    dedup(_cfg(corpus, out))
+    assert calls["sig"] == 6  # no signature recomputed
+    dedup(_cfg(corpus, tmp_path / "clean"))
+    assert _kept(out) == _kept(tmp_path / "clean")
+
+
+def test_corrupt_file_follows_the_policy(planted, tmp_path):
+    corpus, _ = planted
+    bad = corpus / "law" / "q1" / "part-00001.jsonl.gz"
+    bad.write_bytes(gzip.compress(b'{"text": "x"}\n' * 2000)[:60])
+    with pytest.raises(DedupError) as e:
+        dedup(_cfg(corpus, tmp_path / "a", on_corrupt="fail"))
+    msg = str(e.value)
+    assert "1 of 7 input files failed" in msg and f"corrupt input file {bad}" in msg
+    print(msg)
+    assert (tmp_path / "a" / "dedup_failures.json").exists()
+    dedup(_cfg(corpus, tmp_path / "b", max_corrupt_fraction=0.2))
+    man = json.loads((tmp_path / "b" / "dedup_manifest.json").read_text())
+    assert man["totals"]["skipped_files"] == 1 and man["skipped_files"][0]["input_file"] == str(bad)
+    assert not (tmp_path / "b" / "law" / "q1" / "part-00001.jsonl.gz").exists()
+
+
+def test_empty_input_is_refused(tmp_path):
+    (tmp_path / "none" / "a").mkdir(parents=True)
+    with pytest.raises(DedupError, match="no document files"):
+        dedup(_cfg(tmp_path / "none", tmp_path / "o1"))
+    (tmp_path / "blank" / "a" / "q1").mkdir(parents=True)
+    (tmp_path / "blank" / "a" / "q1" / "x.jsonl").write_text('{"text": "  "}\n{"other": 1}\n')
+    with pytest.raises(DedupError) as e:
+        dedup(_cfg(tmp_path / "blank", tmp_path / "o2"))
+    assert "no documents under" in str(e.value) and "1 empty, 1 missing_text" in str(e.value)
+    with pytest.raises(DedupError, match="num_perm"):
+        dedup(_cfg(tmp_path / "blank", tmp_path / "o3", num_perm=100))
+
+
+def test_decontamination_removes_or_cuts_the_planted_passages(planted, tmp_path, capsys):
+    corpus, truth = planted
+    task = tmp_path / "task.jsonl"
+    ev = json.loads(Path(truth["eval_path"]).read_text().splitlines()[0])["text"].split(" ")
+    task.write_text(json.dumps({"context": " ".join(ev[:30]), "choices": ["x", " ".join(ev[30:40])], "gold": 1})
+                    + "\n")
+    cfg = dict(show_progress=False, use_ray=False)
+    out = tmp_path / "clean"
+    decontaminate(DecontaminateConfig(str(corpus), str(out), {"evalset": truth["eval_path"], "task": str(task)},
+                                      **cfg))
+    man = json.loads((out / "decontamination_manifest.json").read_text())
+    removed = _removed(out, truth)
+    planted_ids = {(s, i) for s, i, _ in truth["contaminated"]}
+    assert removed == planted_ids  # 20-word passages: found; nothing else shares a 13-gram
+    assert man["against"]["evalset"]["matched_training_documents"] == len(planted_ids)
+    assert man["against"]["task"]["matched_training_documents"] == sum(1 for *_, e in truth["contaminated"] if e == 0)
+    assert man["totals"]["removed"]["contaminated"] == len(planted_ids) and len(man["sample"]) == len(planted_ids)
+
+    cut = tmp_path / "cut"
+    decontaminate(DecontaminateConfig(str(corpus), str(cut), {"evalset": truth["eval_path"]}, mode="cut", **cfg))
+    mc = json.loads((cut / "decontamination_manifest.json").read_text())
+    assert mc["totals"]["documents_out"] == mc["totals"]["documents_in"] and mc["totals"]["cut_documents"] == 5
+    kept = _kept(cut)
+    for s, i, _ in truth["contaminated"]:
+        original = truth["texts"][s][i]
+        assert any(original.startswith(t[:200]) and len(t) < len(original) for t in kept[s])
+    from marin.commands.show import _print_content  # the command's printer, tested without a step record
+    from marin.review.steps import step_content
+
+    _print_content(step_content(str(out), ["decontamination_manifest.json"]))
+    shown = capsys.readouterr().out
+    assert "evalset: 10 texts (0 too short)" in shown and f"matched {len(planted_ids)} training documents" in shown
+    with pytest.raises(DedupError, match="against is empty"):
+        decontaminate(DecontaminateConfig(str(corpus), str(tmp_path / "x"), {}, **cfg))
+
+
+def test_marin_show_and_the_report_show_the_manifest(planted, tmp_path, capsys):
+    from marin.commands.show import _print_content  # the command's printer, tested without a step record
+    from marin.review.report import corpus_filter_section
+    from marin.review.steps import step_content
+
+    corpus, _ = planted
+    out = tmp_path / "out"
+    dedup(_cfg(corpus, out))
+    content = step_content(str(out), ["dedup_manifest.json"])
+    _print_content(content)
+    text = capsys.readouterr().out
+    assert "deduplication (dedup_manifest.json): 5-word shingles, 14 bands x 8 rows (Jaccard >= 0.719)" in text
+    assert all(f"  {d} " in text for d in ("council", "infra", "law", "total")) and "similarity 1.0) kept " in text
+    html = corpus_filter_section(content["corpus_filter"])
+    assert html.count("<svg") == 4 and "exact_duplicate" in html  # a bar per domain and the total
+
+
+
+def test_default_builders_version_the_parameters_and_default_to_the_isoflop_task():
+    from experiments.defaults import default_decontaminate, default_dedup
+    from marin.execution import plan_steps
+
+    a, b = default_dedup("d", "/corpus"), default_dedup("d", "/corpus", bands=20, rows=5)
+    decon = default_decontaminate("c", a)
+    plan = {s.name: s.hash for s in plan_steps([a, b, decon], "/p").steps}
+    assert plan_steps([a], "/p").steps[0].hash != plan_steps([b], "/p").steps[0].hash
+    pinned = json.loads((Path(__file__).parents[1] / "experiments" / "pinned_step_hashes.json").read_text())
+    assert plan["tiny-isoflop/task"] == pinned["tiny_isoflop"]["tiny-isoflop/task"]  # the experiment's own task
+    assert "Jaccard >= 0.72" in a.description and "k40_domains" in decon.description
+
+
+def test_small_files_are_grouped_into_tasks():
+    assert dd.batches([5, 5, 5, 20, 1], 10) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert dd.batches([5, 5], 0) == [range(0, 1), range(1, 2)] and dd.batches([], 10) == []
+
+
+def test_signatures_are_the_same_in_another_process():
+    """Ray workers and restarts must agree on every signature: no per-process hash salt (the
+    subprocess calls rensa as minhash_signatures does, without importing marin)."""
+    import subprocess
+    import sys
+
+    sets = [["a b c", "b c d"], ["x y z"]]
+    code = f"import json, rensa; print(json.dumps(rensa.RMinHash.digests_from_token_sets({sets!r}, 16, 3)))"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"}, cwd=Path(__file__).parents[2])
+    assert json.loads(other.stdout) == dd.minhash_signatures(sets, 16, 3).tolist()

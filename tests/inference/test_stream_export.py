@@ -1,0 +1,164 @@
+"""Streaming export from a sharded checkpoint: the same tensors as the in-memory export (float32)
+and their bfloat16 rounding, host memory that does not grow with the model, a damaged newest
+checkpoint, an unwritable destination, file modes, and resuming a killed export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+
+import jax
+import numpy as np
+import pytest
+
+from marin.cli import main
+from marin.inference.export import PROGRESS_FILE, ExportError, export_checkpoint, export_model
+from marin.models.config import get_preset
+from marin.models.exported import INDEX_FILE, exported_shapes, read_shard
+from marin.models.transformer import init_params, init_router_bias
+from marin.training import checkpoint as ckpt
+from marin.training.checkpoint import load_model, write_checkpoint
+
+
+def _cfg(n_layers: int = 3, **kw):
+    # local + global layers, padded expert storage (stored width 40 > 36), untied head
+    return get_preset("tiny", vocab_size=61, n_layers=n_layers, global_every=2, sliding_window=3, expert_width=36,
+                      expert_width_multiple=8, **kw)
+
+
+def write_run(run_dir: str, cfg, steps=(10,), seed: int = 0) -> None:
+    """A run directory with committed checkpoints of ``cfg`` (params, router bias and an optimizer-like
+    extra leaf, as training writes them)."""
+    shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))  # shapes only: no compile
+    for n, step in enumerate(steps):
+        rng = np.random.default_rng(seed + n)
+        params = jax.tree.map(lambda s, rng=rng: (rng.standard_normal(s.shape) * 0.1).astype(s.dtype), shapes)
+        bias = (rng.standard_normal(init_router_bias(cfg).shape) * 0.2).astype(np.float32)
+        meta = {"config": {"model": dataclasses.asdict(cfg), "pool": "local-cpu-1", "data": {"seed": 1}},
+                "tokens": 1000 * step}
+        state = {"params": params, "router_bias": bias, "opt_state": {"count": np.int32(step)}}
+        write_checkpoint(f"{run_dir}/checkpoints/{ckpt.step_dirname(step)}", state, meta, step=step)
+
+
+def tensors_of(out: str) -> dict[str, np.ndarray]:
+    index = json.load(open(os.path.join(out, INDEX_FILE)))
+    got = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        got.update(read_shard(os.path.join(out, shard)))
+    return got
+
+
+def bf16_round_reference(a: np.ndarray) -> np.ndarray:
+    """float32 -> nearest bfloat16 (ties to even), the slow obvious way on the bits, widened back."""
+    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return (rounded.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("run") / "train-tiny-0123abcd")
+    write_run(d, _cfg(), steps=(10, 20))
+    return d
+
+
+def test_stream_export_equals_in_memory_export_and_its_bf16_rounding(run, tmp_path):
+    model = load_model(run, None)  # today's export: the whole model in this process
+    export_model(model.params, model.router_bias, model.config, str(tmp_path / "mem"), max_shard_bytes=20_000)
+    want = tensors_of(str(tmp_path / "mem"))
+    res = export_checkpoint(run, str(tmp_path / "f32"), dtype="float32", max_shard_bytes=20_000)
+    assert res["step"] == 20 and res["shards"] > 2
+    got = tensors_of(str(tmp_path / "f32"))
+    assert set(got) == set(want) == set(exported_shapes(model.config))
+    for name, w in want.items():
+        assert got[name].dtype == np.float32 and np.array_equal(got[name], w), name  # bit for bit
+    export_checkpoint(run, str(tmp_path / "bf16"), max_shard_bytes=20_000)  # bfloat16 by default
+    half = tensors_of(str(tmp_path / "bf16"))
+    for name, w in want.items():
+        assert np.array_equal(half[name], bf16_round_reference(w)), name
+    config = json.load(open(tmp_path / "bf16" / "config.json"))
+    assert config["torch_dtype"] == "bfloat16" and config["lineage"]["checkpoint_step"] == 20
+    assert not (tmp_path / "bf16" / PROGRESS_FILE).exists()
+
+
+def test_export_files_are_ordinary_files_and_the_card_names_an_absolute_run(run, tmp_path, monkeypatch):
+    monkeypatch.chdir(os.path.dirname(run))
+    out = tmp_path / "e"
+    export_checkpoint(os.path.basename(run), str(out), max_shard_bytes=20_000)  # a relative run directory
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {f: stat.S_IMODE(os.stat(out / f).st_mode) for f in os.listdir(out)}
+    assert set(modes.values()) == {0o666 & ~mask}, modes
+    card = (out / "README.md").read_text()
+    assert f"({run})" in card and "bfloat16 tensors" in card
+    assert json.load(open(out / "config.json"))["lineage"]["run_dir"] == run
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "missing part record"])
+def test_a_damaged_newest_checkpoint_falls_back_in_one_line(run, tmp_path, capsys, damage):
+    import shutil
+
+    damaged_run = str(tmp_path / "train-tiny-0123abcd")
+    shutil.copytree(run, damaged_run)
+    newest = f"{damaged_run}/checkpoints/{ckpt.step_dirname(20)}"
+    if damage == "flipped byte":
+        key = "['params']['blocks']['expert_up']"
+        leaf = next(e for e in ckpt.read_index(newest)["leaves"] if e["key"] == key)
+        chunks = [os.path.join(r, f) for r, _, fs in os.walk(f"{newest}/{leaf['array']}") for f in fs
+                  if f != "zarr.json"]
+        with open(chunks[0], "r+b") as f:
+            f.seek(100)
+            b = f.read(1)
+            f.seek(100)
+            f.write(bytes([b[0] ^ 0x10]))
+    else:
+        os.remove(f"{newest}/parts/process-00000.json")
+    out = str(tmp_path / "out")
+    rc = main(["export", damaged_run, "-o", out, "--max-shard-size", "20000"])
+    text, err = capsys.readouterr()
+    assert rc == 0, err
+    assert err.count("\n") == 1 and "checkpoint 20 of" in err and "is damaged" in err and "using checkpoint 10" in err
+    assert "exported step 10" in text
+    assert json.load(open(os.path.join(out, "config.json")))["lineage"]["checkpoint_step"] == 10
+    # asked for by number, the damaged one is refused in one line naming the option
+    rc = main(["export", damaged_run, "-o", str(tmp_path / "out2"), "--step", "20"])
+    _, err = capsys.readouterr()
+    assert rc == 2 and err.count("\n") == 1 and "checkpoint 20 of" in err and "--step N" in err, err
+
+
+def test_an_unwritable_destination_is_one_line_before_any_read(run, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    places = [blocker / "x"]  # a place no one can create, root included
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    if not os.access(ro, os.W_OK):  # a read-only directory (not for root, who writes anywhere)
+        places.append(ro / "x")
+    try:
+        for place in places:
+            rc = main(["export", run, "-o", str(place)])
+            _, err = capsys.readouterr()
+            assert rc == 2 and err.count("\n") == 1 and "cannot write the export to" in err, err
+            assert not place.exists()
+    finally:
+        ro.chmod(0o755)
+
+
+def test_dry_run_says_shards_bytes_and_host_memory(run, tmp_path, capsys):
+    out = tmp_path / "never"
+    rc = main(["export", run, "-o", str(out), "--dry-run", "--max-shard-size", "20000", "--processes", "2"])
+    text, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "would export step 20" in text and "shard(s)" in text and "host memory over 2 process(es)" in text
+    assert not out.exists()
+
+
+def test_export_refuses_an_unfinished_export_with_other_options(run, tmp_path):
+    out = tmp_path / "e"
+    out.mkdir()
+    (out / PROGRESS_FILE).write_text(json.dumps({"step": 20, "dtype": "float32", "max_shard_bytes": 5, "done": {}}))
+    with pytest.raises(ExportError, match="holds an unfinished export of step 20 .*rerun with those options"):
+        export_checkpoint(run, str(out))

@@ -7,11 +7,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import stat
+import subprocess
+import sys
+import time
 
+import fsspec
 import jax
 import numpy as np
 import pytest
+import safetensors
 
 from marin.cli import main
 from marin.inference.export import PROGRESS_FILE, ExportError, export_checkpoint, export_model
@@ -162,3 +168,114 @@ def test_export_refuses_an_unfinished_export_with_other_options(run, tmp_path):
     (out / PROGRESS_FILE).write_text(json.dumps({"step": 20, "dtype": "float32", "max_shard_bytes": 5, "done": {}}))
     with pytest.raises(ExportError, match="holds an unfinished export of step 20 .*rerun with those options"):
         export_checkpoint(run, str(out))
+
+
+RSS_CHILD = """
+import json, sys
+from marin.inference.export import export_checkpoint
+export_checkpoint(sys.argv[1], sys.argv[2], max_shard_bytes=int(sys.argv[3]))
+assert not any(m == "jax" or m.startswith("jax.") for m in sys.modules), "the export imported JAX"
+# VmHWM, this process's own peak: getrusage's ru_maxrss keeps the parent's peak across exec
+hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"peak_rss": int(hwm.split()[1]) * 1024}))
+"""
+
+
+def _wide(n_layers: int):
+    # layers large enough that the model, not the interpreter, would dominate an export's memory
+    return get_preset("tiny", vocab_size=256, n_layers=n_layers, d_model=128, n_experts=16, latent_dim=128,
+                      expert_width=512, expert_width_multiple=8)
+
+
+@pytest.mark.slow  # about 30 s here: two 100 MB checkpoints written and exported in subprocesses
+def test_peak_memory_does_not_grow_with_the_number_of_layers(tmp_path, monkeypatch):
+    # chunks of 4 MiB: like the hero's, whose shards are far larger than one layer's slice of them
+    monkeypatch.setattr(ckpt, "CHUNK_BYTES", 4 << 20)
+    peaks, model_bytes = {}, {}
+    for layers in (2, 8):
+        cfg = _wide(layers)
+        run_dir = str(tmp_path / f"train-wide{layers}-00000000")
+        write_run(run_dir, cfg)
+        model_bytes[layers] = sum(int(np.prod(s)) * 4 for s in exported_shapes(cfg).values())
+        proc = subprocess.run([sys.executable, "-c", RSS_CHILD, run_dir, str(tmp_path / f"out{layers}"),
+                               str(4 << 20)], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        peaks[layers] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss"]
+    # the test can tell: holding the model would add more than 30% to the small export's peak
+    assert model_bytes[8] - model_bytes[2] > 0.3 * peaks[2], (model_bytes, peaks)
+    assert peaks[8] < 1.3 * peaks[2], peaks
+
+
+def _files(url: str) -> dict[str, bytes]:
+    fs, root = fsspec.core.url_to_fs(url)
+    fs.invalidate_cache()
+    return {p.rstrip("/").rsplit("/", 1)[-1]: fs.cat_file(p) for p in fs.ls(root, detail=False)}
+
+
+def _check_no_half_shards(url: str) -> None:
+    """Every shard under its final name is complete: it parses and holds what its name promises."""
+    for name, data in _files(url).items():
+        if name.endswith(".safetensors"):
+            assert safetensors.deserialize(data), name
+
+
+def test_an_export_that_stopped_half_way_continues_to_the_same_files(run, tmp_path, monkeypatch):
+    import marin.inference.export as export
+
+    export_checkpoint(run, str(tmp_path / "whole"), max_shard_bytes=20_000)
+    real, calls = export.write_safetensors, []
+
+    def crash_on_the_fourth_shard(*a, **kw):
+        calls.append(a[1])
+        if len(calls) == 4:
+            raise OSError("disk went away")  # a writer dying between shards, as a kill would
+        return real(*a, **kw)
+
+    monkeypatch.setattr(export, "write_safetensors", crash_on_the_fourth_shard)
+    out = str(tmp_path / "resumed")
+    with pytest.raises(OSError, match="disk went away"):
+        export_checkpoint(run, out, max_shard_bytes=20_000)
+    assert not os.path.exists(os.path.join(out, INDEX_FILE))  # not complete, and does not look it
+    assert len(json.load(open(os.path.join(out, PROGRESS_FILE)))["done"]) == 3
+    monkeypatch.setattr(export, "write_safetensors", real)
+    written = []
+    monkeypatch.setattr(export, "write_safetensors", lambda *a, **kw: written.append(a[1]) or real(*a, **kw))
+    res = export_checkpoint(run, out, max_shard_bytes=20_000)
+    assert res["resumed"] and set(written).isdisjoint(calls[:3])  # the finished shards were not redone
+    assert _files(out) == _files(str(tmp_path / "whole"))
+
+
+KILL_CHILD = """
+import sys
+from marin.cli import main
+sys.exit(main(["export", sys.argv[1], "-o", sys.argv[2], "--max-shard-size", str(1 << 20), "--processes", "2"]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["local", "s3", "gcs"])
+def test_kill_9_mid_export_then_rerun_equals_an_uninterrupted_export(tmp_path, request, store):
+    cfg = _wide(2)  # about 26 shards of 1 MiB
+    run_dir = str(tmp_path / "train-wide2-00000000")
+    write_run(run_dir, cfg)
+    base = {"local": str(tmp_path), "s3": "s3_bucket", "gcs": "gcs_bucket"}[store]
+    base = base if store == "local" else request.getfixturevalue(base)
+    whole, out = f"{base}/whole", f"{base}/killed"
+    assert subprocess.run([sys.executable, "-c", KILL_CHILD, run_dir, whole], timeout=600).returncode == 0
+    fs, root = fsspec.core.url_to_fs(out)
+    proc = subprocess.Popen([sys.executable, "-c", KILL_CHILD, run_dir, out], start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if json.loads(fs.cat_file(f"{root}/{PROGRESS_FILE}"))["done"]:
+                break
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # the command and its worker processes, mid-export
+    proc.wait()
+    left = _files(out)
+    assert INDEX_FILE not in left and PROGRESS_FILE in left, sorted(left)  # killed before the end
+    _check_no_half_shards(out)
+    assert subprocess.run([sys.executable, "-c", KILL_CHILD, run_dir, out], timeout=600).returncode == 0
+    assert _files(out) == _files(whole)

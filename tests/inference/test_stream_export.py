@@ -279,3 +279,16 @@ def test_kill_9_mid_export_then_rerun_equals_an_uninterrupted_export(tmp_path, r
     _check_no_half_shards(out)
     assert subprocess.run([sys.executable, "-c", KILL_CHILD, run_dir, out], timeout=600).returncode == 0
     assert _files(out) == _files(whole)
+
+
+def test_chunk_shape_cuts_the_leading_axis_of_a_large_shard_to_a_divisor():
+    def reference(shape, itemsize, target):  # the slow obvious way: try every row count, keep the best
+        if not shape or int(np.prod(shape)) * itemsize <= target:
+            return tuple(shape)
+        row = int(np.prod(shape[1:])) * itemsize
+        fits = [r for r in range(1, shape[0] + 1) if shape[0] % r == 0 and r * row <= target] or [1]
+        return (max(fits), *shape[1:])
+
+    for shape in [(), (7,), (16, 1000, 1000), (48, 384, 7168), (6, 5, 5), (1, 10_000), (100_000, 64)]:
+        for target in (1, 1000, 64 << 20):
+            assert ckpt.chunk_shape(shape, 4, target) == reference(shape, 4, target), (shape, target)

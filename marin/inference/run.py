@@ -108,6 +108,16 @@ class LoadedRun:
         return self.tokenizer
 
 
+def single_host_pool(name: str):
+    """The pool ``name`` if it has one host; else a one-line ValueError: :func:`load_run` holds the
+    model in this one process."""
+    spec = get_pool(name)
+    if spec.hosts != 1:
+        raise ValueError(f"pool {spec.name} has {spec.hosts} hosts, and this command holds the model in one "
+                         "process: pass --pool with a single-host pool (e.g. local-cpu-1, local-cpu or h200-1)")
+    return spec
+
+
 def _prepare_devices(pool) -> None:
     """Fake CPU devices must be requested before JAX starts (a no-op once it has)."""
     if "jax" in sys.modules:
@@ -132,10 +142,7 @@ def load_run(run_dir: str, step: int | None = None, pool: str | None = None, *,
 def _load_step(run_dir: str, step: int, pool: str | None) -> LoadedRun:
     path = checkpoint_path(run_dir, step)
     record = read_metadata(path).get("config") or {}
-    pool_spec = get_pool(pool or record.get("pool") or "local-cpu-1")
-    if pool_spec.hosts != 1:
-        raise ValueError(f"pool {pool_spec.name} has {pool_spec.hosts} hosts; sample on a single-host pool "
-                         "(pass --pool, e.g. local-cpu-1 or h200-1)")
+    pool_spec = single_host_pool(pool or record.get("pool") or "local-cpu-1")
     _prepare_devices(pool_spec)
     # JAX only now, after the pool's (fake) device count is set
     import jax

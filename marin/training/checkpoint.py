@@ -67,7 +67,7 @@ _ARRAYS_DIR = "arrays"
 _PARTS_DIR = "parts"
 _LEGACY_ARRAYS = "arrays.bin"
 PART_TIMEOUT_S = 3600.0  # how long process 0 waits for the other processes' parts before giving up
-CHUNK_BYTES = 64 << 20
+CHUNK_BYTES = 16 << 20
 """Target size of one stored chunk. A shard larger than this is split along its leading axis (the
 layer axis of the stacked blocks), so a reader that wants one layer's slice (``marin export``)
 decodes about one layer of one shard, not every layer of it."""

@@ -292,3 +292,10 @@ def test_chunk_shape_cuts_the_leading_axis_of_a_large_shard_to_a_divisor():
     for shape in [(), (7,), (16, 1000, 1000), (48, 384, 7168), (6, 5, 5), (1, 10_000), (100_000, 64)]:
         for target in (1, 1000, 64 << 20):
             assert ckpt.chunk_shape(shape, 4, target) == reference(shape, 4, target), (shape, target)
+
+
+@pytest.mark.parametrize("command", [["sample", "--prompt", "hi"], ["harness", "--tasks", "x"]])
+def test_a_multi_host_pool_is_refused_in_one_line_by_the_one_process_commands(run, capsys, command):
+    rc = main([command[0], run, *command[1:], "--pool", "local-2host"])
+    _, err = capsys.readouterr()
+    assert rc == 2 and err.count("\n") == 1 and "local-2host has 2 hosts" in err and "single-host pool" in err, err

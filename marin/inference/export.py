@@ -49,7 +49,7 @@ from marin.models.exported import (
     exported_tensor,
     to_export_dtype,
 )
-from marin.training.checkpoint import checkpoint_path, model_config_of, open_leaves
+from marin.training.checkpoint import checkpoint_path, model_config_of, open_leaves, read_index
 from marin.training.metrics import read_metrics
 
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
@@ -189,8 +189,6 @@ def model_readers(checkpoint: str) -> tuple[Any, dict[str, Any], Any, dict[str, 
     lazy :class:`marin.training.checkpoint.LeafReader` (nothing read yet, no JAX): ``params`` has the
     model's nesting (``params["blocks"]["wq"][3]`` is layer 3's slice), so
     :func:`marin.models.exported.exported_tensor` cuts exported tensors from it as from arrays."""
-    from marin.training.checkpoint import read_index  # the index names the leaves before they are opened
-
     keys = [e["key"] for e in read_index(checkpoint)["leaves"]]
     wanted = [k for k in keys if k.startswith("['params']") or k == "['router_bias']"]
     readers, meta = open_leaves(checkpoint, wanted)

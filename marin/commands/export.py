@@ -20,9 +20,11 @@ from marin.commands.sample import add_run_arguments
 from marin.inference.export import (
     DEFAULT_DTYPE,
     DEFAULT_MAX_SHARD_BYTES,
+    ExportError,
     export_checkpoint,
     export_estimate,
     model_readers,
+    storage_reason,
 )
 from marin.inference.run import with_verified_checkpoint
 from marin.models.exported import EXPORT_DTYPES
@@ -65,8 +67,11 @@ def _dry_run(args: argparse.Namespace) -> int:
                                      max_shard_bytes=args.max_shard_size, processes=args.processes, remote=remote)
 
     step, est = with_verified_checkpoint(args.run, args.step, estimate)
-    fs, root = fsspec.core.url_to_fs(args.output)
-    busy = fs.isdir(root) and fs.ls(root, detail=False)
+    try:
+        fs, root = fsspec.core.url_to_fs(args.output)
+        busy = fs.isdir(root) and fs.ls(root, detail=False)
+    except Exception as e:  # noqa: BLE001 - whatever the store says, the answer is one line
+        raise ExportError(f"cannot reach {args.output}: {storage_reason(e)}") from None
     print(f"would export step {step} of {args.run} to {args.output}: {est['tensors']} tensors in {est['shards']} "
           f"shard(s), {format_bytes(est['bytes'])} of {args.dtype}, with at most {format_bytes(est['host_bytes'])} of "
           f"host memory over {args.processes} process(es); no JAX device needed"

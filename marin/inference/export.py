@@ -278,9 +278,16 @@ def prepare_output(out_dir: str, overwrite: bool) -> None:
                 fs.rm(p, recursive=True)
     except ExportError:
         raise
-    except (OSError, ValueError) as e:
-        reason = getattr(e, "strerror", None) or str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ExportError(f"cannot write the export to {out_dir}: {reason}") from None
+    except Exception as e:  # noqa: BLE001 - any failure here (a read-only disk, a store without credentials) is one answer
+        raise ExportError(f"cannot write the export to {out_dir}: {storage_reason(e)}") from None
+
+
+def storage_reason(e: BaseException) -> str:
+    """One line of why a store refused: the OS's reason, or the error's first line and its type."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _read_progress(fs: Any, root: str) -> dict[str, Any] | None:

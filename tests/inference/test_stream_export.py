@@ -299,3 +299,19 @@ def test_a_multi_host_pool_is_refused_in_one_line_by_the_one_process_commands(ru
     rc = main([command[0], run, *command[1:], "--pool", "local-2host"])
     _, err = capsys.readouterr()
     assert rc == 2 and err.count("\n") == 1 and "local-2host has 2 hosts" in err and "single-host pool" in err, err
+
+
+def test_a_store_without_credentials_is_one_line(run, tmp_path, capsys, monkeypatch):
+    import s3fs
+
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    s3fs.S3FileSystem.clear_instance_cache()
+    for extra in ([], ["--dry-run"]):
+        rc = main(["export", run, "-o", "s3://no-such-bucket/out", *extra])
+        _, err = capsys.readouterr()
+        assert rc == 2 and err.count("\n") == 1 and "s3://no-such-bucket/out" in err and "credentials" in err, err
+    s3fs.S3FileSystem.clear_instance_cache()

@@ -315,3 +315,25 @@ def test_a_store_without_credentials_is_one_line(run, tmp_path, capsys, monkeypa
         _, err = capsys.readouterr()
         assert rc == 2 and err.count("\n") == 1 and "s3://no-such-bucket/out" in err and "credentials" in err, err
     s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_chunks_smaller_than_shards_restore_onto_another_mesh(tmp_path, monkeypatch):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from marin.parallel.mesh import make_mesh
+
+    monkeypatch.setattr(ckpt, "CHUNK_BYTES", 200)  # every shard below is split along its leading axis
+    rng = np.random.default_rng(3)
+    whole = rng.standard_normal((12, 8, 16)).astype(np.float32)  # [layers, rows, cols]
+    write_mesh = make_mesh(2, 4)
+    x = jax.device_put(whole, NamedSharding(write_mesh, P(None, "data", "expert")))
+    path = str(tmp_path / "c")
+    write_checkpoint(path, {"w": x}, {}, step=1)
+    entry = ckpt.read_index(path)["leaves"][0]
+    assert entry["chunk"] == [3, 4, 4]  # the [12, 4, 4] shard (768 B) in chunks of 3 layers (192 B)
+    read_mesh = make_mesh(1, 8)
+    got, _ = ckpt.restore_checkpoint(path, {"w": x}, {"w": NamedSharding(read_mesh, P(None, None, "expert"))})
+    assert np.array_equal(np.asarray(got["w"]), whole)
+    readers, _ = ckpt.open_leaves(path)
+    assert np.array_equal(np.asarray(readers["['w']"][5][..., :3]), whole[5][..., :3])

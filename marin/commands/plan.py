@@ -14,6 +14,7 @@ import json
 import sys
 
 from marin.commands.options import fraction, positive_float, positive_int
+from marin.inference.planning import WEIGHT_DTYPES, format_inference_plan, inference_plan
 from marin.models.config import PRESETS, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
 from marin.training.planning import DEFAULT_MFU, STORAGE_WRITE_BYTES_PER_S, format_plan, plan
@@ -42,6 +43,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage-gbps", type=float, default=STORAGE_WRITE_BYTES_PER_S / 1e9,
                    help="write bandwidth of one host to the checkpoint store, GB/s, for the save-time estimate "
                         f"(default {STORAGE_WRITE_BYTES_PER_S / 1e9:g})")
+    p.add_argument("--inference", action="store_true", help="plan sampling instead of training: weights, KV cache "
+                   "and activations per device for --batch sequences of --context positions")
+    p.add_argument("--batch", type=positive_int, default=1, help="with --inference: sequences decoded together")
+    p.add_argument("--context", type=positive_int, default=None,
+                   help="with --inference: prompt + new tokens per sequence (default: the preset's max_seq_len)")
+    p.add_argument("--weights-dtype", choices=WEIGHT_DTYPES, default="float32",
+                   help="with --inference: how the weights are held (float32: as the checkpoint stores them)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -52,7 +60,22 @@ HERO_PLANNED_TOKENS = 18.75e12
 HERO_SEQ_LEN_PHASES = ((0.0, 4096), (0.5, 8192), (0.95, 65536))  # compute follows the schedule
 
 
+def _run_inference(args: argparse.Namespace) -> int:
+    try:
+        cfg = get_preset(args.preset, **({"dtype": args.dtype} if args.dtype else {}))
+        p = inference_plan(cfg, get_pool(args.pool), batch=args.batch, context=args.context or cfg.max_seq_len,
+                           weights_dtype=args.weights_dtype)
+    except (KeyError, ValueError) as e:
+        print(f"marin plan: error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    p["model"] = args.preset
+    print(json.dumps(p, sort_keys=True) if args.json else format_inference_plan(p))
+    return 0 if p["fits"] else 1
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.inference:
+        return _run_inference(args)
     overrides = {k: v for k, v in (("remat_policy", args.remat), ("dtype", args.dtype)) if v is not None}
     try:
         cfg = get_preset(args.preset, **overrides)

@@ -148,10 +148,17 @@ def run_tokenizer(data) -> str | None:
     return TokenStore.open(stores[0]).tokenizer_identity
 
 
-def load_run_tokenizer(data) -> LoadedTokenizer | None:
-    """The tokenizer a training run's data config was tokenized with, loaded
-    (:func:`marin.data.tokenizer.load_tokenizer`), or None for synthetic data."""
+def run_tokenizer_path(data) -> str | None:
+    """Where the tokenizer a training run's data config (a MixtureConfig or its record) was tokenized
+    with lives, or None for synthetic data."""
     stores = getattr(data, "stores", None) if not isinstance(data, Mapping) else data.get("stores")
     if not stores:
         return None
-    return load_tokenizer(TokenStore.open(stores[0]).manifest["tokenizer"]["path"])
+    return TokenStore.open(stores[0]).manifest["tokenizer"]["path"]
+
+
+def load_run_tokenizer(data) -> LoadedTokenizer | None:
+    """The tokenizer a training run's data config was tokenized with, loaded
+    (:func:`marin.data.tokenizer.load_tokenizer`), or None for synthetic data."""
+    path = run_tokenizer_path(data)
+    return None if path is None else load_tokenizer(path)

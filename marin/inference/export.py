@@ -2,32 +2,62 @@
 the tokenizer, a numpy reference forward and a model card that says where the weights came from.
 
 Shards are filled in file order up to ``max_shard_bytes`` (a tensor larger than that gets a shard of
-its own) and written one at a time: only one shard's tensors are ever on the host, sliced from the
-model as they are written (:func:`marin.models.exported.exported_tensor`). The layout (names,
-shapes, ``y = x @ W``) is documented in :mod:`marin.models.exported` and docs/use.md.
+its own). :func:`export_checkpoint` (the command) streams from the sharded checkpoint without JAX:
+each exported tensor is one layer's slice of a stored leaf (:func:`marin.models.exported.exported_tensor`
+on :class:`marin.training.checkpoint.LeafReader` views), read chunk by chunk, converted (bfloat16 by
+default) and written with its shard, then let go, so a process holds about one shard plus one
+layer's slice whatever the model's size (the hero's 535B parameters are 1.07 TB in bfloat16; a host
+has about 960 GB). ``processes`` splits the shards over worker processes. Each shard is written
+under a temporary name and renamed (one PUT on an object store) when complete, and
+``export-progress.json`` lists the finished ones, so a killed export, rerun, continues where it
+stopped and never leaves a shard that looks complete but is not. The index, config and card are
+written last. :func:`export_model` writes an in-memory params tree the same way (tests, notebooks).
+The layout (names, shapes, ``y = x @ W``) is documented in :mod:`marin.models.exported` and docs/use.md.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
+import functools
 import json
+import math
+import multiprocessing
 import os
+import re
 import shutil
+import uuid
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import fsspec
+import numpy as np
 
 from marin.data.tokenizer import tokenizer_json_path
+from marin.evaluation.sets import run_tokenizer_path
 from marin.execution.executor import experiment_record_paths, read_experiment_record
 from marin.execution.status import read_info
+from marin.inference.run import with_verified_checkpoint
 from marin.models import numpy_forward
 from marin.models.config import count_params
-from marin.models.exported import CONFIG_FILE, INDEX_FILE, config_record, exported_shapes, exported_tensor
+from marin.models.exported import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    config_record,
+    exported_shapes,
+    exported_tensor,
+    to_export_dtype,
+)
+from marin.training.checkpoint import checkpoint_path, model_config_of, open_leaves, read_index
 from marin.training.metrics import read_metrics
 
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
+DEFAULT_DTYPE = "bfloat16"
 CARD_FILE = "README.md"
 REFERENCE_FILE = "reference_forward.py"
+PROGRESS_FILE = "export-progress.json"
+PARTIAL_SUFFIX = ".partial"
 
 
 class ExportError(ValueError):
@@ -73,8 +103,6 @@ def export_model(params, router_bias, cfg, out_dir: str, *, tokenizer_path: str 
                  lineage: dict[str, Any] | None = None, overwrite: bool = False,
                  max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> dict[str, Any]:
     """Write an export directory; returns ``{"dir", "shards", "tensors", "total_size"}``."""
-    from safetensors.numpy import save_file  # safetensors: the train extra, only when writing
-
     check_output_dir(out_dir, overwrite)
     os.makedirs(out_dir, exist_ok=True)
     shapes = exported_shapes(cfg)
@@ -84,7 +112,7 @@ def export_model(params, router_bias, cfg, out_dir: str, *, tokenizer_path: str 
     for k, names in enumerate(plan, start=1):
         fname = f"model-{k:05d}-of-{len(plan):05d}.safetensors"
         tensors = {n: exported_tensor(params, router_bias, cfg, n) for n in names}
-        save_file(tensors, os.path.join(out_dir, fname), metadata={"format": "np"})
+        write_safetensors(out_dir, fname, tensors)
         total += sum(t.nbytes for t in tensors.values())
         weight_map.update({n: fname for n in names})
         del tensors
@@ -104,22 +132,288 @@ def export_model(params, router_bias, cfg, out_dir: str, *, tokenizer_path: str 
     return {"dir": out_dir, "shards": len(plan), "tensors": len(shapes), "total_size": total}
 
 
+# ---- streaming from a checkpoint -------------------------------------------------------------------
+class ExportInterrupted(ExportError):
+    """An earlier export into the same directory, of another checkpoint or with other options."""
+
+
+def file_mode() -> int:
+    """The mode an ordinary new file gets here (0666 less the umask): safetensors' writer creates
+    its file 0600, unlike every other file of an export."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _is_local(fs: Any) -> bool:
+    from fsspec.implementations.local import LocalFileSystem  # the class only, to tell local disk apart
+
+    return isinstance(fs, LocalFileSystem)
+
+
+def write_safetensors(out_dir: str, fname: str, tensors: dict[str, np.ndarray]) -> int:
+    """Write one shard so that it appears only complete: on local disk under a temporary name, then
+    renamed; on an object store as one PUT (a multipart upload is visible only once finished).
+    Returns the file's size in bytes."""
+    from safetensors.numpy import save, save_file  # safetensors: the train extra, only when writing
+
+    fs, root = fsspec.core.url_to_fs(out_dir)
+    final = f"{root.rstrip('/')}/{fname}"
+    if _is_local(fs):
+        tmp = f"{root.rstrip('/')}/.{fname}{PARTIAL_SUFFIX}"
+        save_file(tensors, tmp, metadata={"format": "np"})
+        os.chmod(tmp, file_mode())
+        os.replace(tmp, final)
+        return os.path.getsize(final)
+    data = save(tensors, metadata={"format": "np"})
+    fs.pipe_file(final, data)
+    return len(data)
+
+
+def _put_text(fs: Any, path: str, text: str) -> None:
+    """One small file, atomically (rename on local disk, one PUT on an object store)."""
+    if _is_local(fs):
+        tmp = f"{path}{PARTIAL_SUFFIX}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    else:
+        fs.pipe_file(path, text.encode("utf-8"))
+
+
+_KEY_PART = re.compile(r"\['([^']*)'\]")
+
+
+def model_readers(checkpoint: str) -> tuple[Any, dict[str, Any], Any, dict[str, Any]]:
+    """``(cfg, params, router_bias, metadata)`` of a committed checkpoint directory with every array a
+    lazy :class:`marin.training.checkpoint.LeafReader` (nothing read yet, no JAX): ``params`` has the
+    model's nesting (``params["blocks"]["wq"][3]`` is layer 3's slice), so
+    :func:`marin.models.exported.exported_tensor` cuts exported tensors from it as from arrays."""
+    keys = [e["key"] for e in read_index(checkpoint)["leaves"]]
+    wanted = [k for k in keys if k.startswith("['params']") or k == "['router_bias']"]
+    readers, meta = open_leaves(checkpoint, wanted)
+    params: dict[str, Any] = {}
+    for key, reader in readers.items():
+        parts = _KEY_PART.findall(key)
+        if parts[0] != "params":
+            continue
+        node = params
+        for p in parts[1:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = reader
+    if "['router_bias']" not in readers:
+        raise ExportError(f"{checkpoint} holds no router bias: it is not a marin MoE training checkpoint")
+    return model_config_of(meta), params, readers["['router_bias']"], meta
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_readers(checkpoint: str) -> tuple[Any, dict[str, Any], Any, dict[str, Any]]:
+    return model_readers(checkpoint)  # a worker writes several shards of one checkpoint
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardJob:
+    """One shard of a streaming export: which tensors, from which checkpoint, to which file."""
+
+    checkpoint: str
+    out_dir: str
+    fname: str
+    names: tuple[str, ...]
+    dtype: str
+
+
+def write_shard(job: ShardJob) -> int:
+    """Read, convert and write one shard (the unit a worker process does); returns the file's size.
+    Host memory: the shard's converted tensors plus one tensor in float32 and the chunks under it."""
+    cfg, params, bias, _ = _cached_readers(job.checkpoint)
+    tensors = {}
+    for n in job.names:
+        tensors[n] = to_export_dtype(exported_tensor(params, bias, cfg, n), job.dtype)
+    return write_safetensors(job.out_dir, job.fname, tensors)
+
+
+def shard_names(plan: list[list[str]]) -> list[str]:
+    return [f"model-{k:05d}-of-{len(plan):05d}.safetensors" for k in range(1, len(plan) + 1)]
+
+
+def export_estimate(cfg, entries: list[dict[str, Any]], *, dtype: str, max_shard_bytes: int, processes: int,
+                    remote: bool) -> dict[str, int]:
+    """What a streaming export will write and hold: ``shards``, ``bytes`` (the tensors), and
+    ``host_bytes``, the peak host memory of its processes together: per process one shard of
+    converted tensors (a remote destination serializes it once more before its PUT), the largest
+    tensor once in float32, and the largest stored chunk under it (a reader decodes whole chunks).
+    Pure, from the config and the checkpoint index's leaf table."""
+    itemsize = np.dtype(np.float32).itemsize if dtype == "float32" else 2
+    shapes = exported_shapes(cfg)
+    plan = plan_shards(shapes, max_shard_bytes, itemsize)
+    sizes = {n: math.prod(s) * itemsize for n, s in shapes.items()}
+    biggest_shard = max(sum(sizes[n] for n in names) for names in plan)
+    biggest_f32 = max(math.prod(s) * 4 for s in shapes.values())
+    chunk = max((math.prod(e.get("chunk") or e["shape"]) * 4 for e in entries
+                 if e["key"].startswith("['params']")), default=0)
+    per_process = biggest_shard * (2 if remote else 1) + biggest_f32 + chunk
+    return {"shards": len(plan), "tensors": len(shapes), "bytes": sum(sizes.values()),
+            "host_bytes": per_process * max(1, min(processes, len(plan)))}
+
+
+def prepare_output(out_dir: str, overwrite: bool) -> None:
+    """Check the destination before any weight is read: not a file, empty, new, holding an unfinished
+    export (continued), or ``overwrite`` (emptied); and writable (a probe file is written and removed).
+    Raises :class:`ExportError` in one line."""
+    fs, root = fsspec.core.url_to_fs(out_dir)
+    root = root.rstrip("/")
+    try:
+        if fs.isfile(root):
+            raise ExportError(f"{out_dir} is a file: give a directory to export into")
+        present = fs.ls(root, detail=False) if fs.isdir(root) else []
+        resumable = any(p.rstrip("/").endswith(f"/{PROGRESS_FILE}") for p in present)
+        if present and not resumable and not overwrite:
+            raise ExportError(f"{out_dir} is not empty: choose a new directory or pass --overwrite to replace it")
+        fs.makedirs(root, exist_ok=True)
+        probe = f"{root}/.marin-export-write-check"
+        fs.pipe_file(probe, b"")
+        fs.rm_file(probe)
+        if present and overwrite:
+            for p in present:
+                fs.rm(p, recursive=True)
+    except ExportError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure here (a read-only disk, a store without credentials) is one answer
+        raise ExportError(f"cannot write the export to {out_dir}: {storage_reason(e)}") from None
+
+
+def storage_reason(e: BaseException) -> str:
+    """One line of why a store refused: the OS's reason, or the error's first line and its type."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _read_progress(fs: Any, root: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(fs.cat_file(f"{root}/{PROGRESS_FILE}"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def export_checkpoint(run_dir: str, out_dir: str, *, step: int | None = None, dtype: str = DEFAULT_DTYPE,
+                      max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, processes: int = 1, overwrite: bool = False,
+                      say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Stream a run's committed checkpoint (``step``; None: the newest that verifies) into an export
+    directory (local, ``s3://``, ``gs://``) without JAX; returns ``{"dir", "step", "shards", "tensors",
+    "total_size", "resumed"}``. ``processes`` > 1 writes the shards from that many worker processes.
+    An unfinished export of the same checkpoint and options in ``out_dir`` is continued."""
+    to_export_dtype(np.zeros(0, np.float32), dtype)  # an unknown dtype is refused before anything else
+    if processes < 1:
+        raise ExportError(f"--processes must be at least 1, got {processes}")
+    prepare_output(out_dir, overwrite)
+    invocation = uuid.uuid4().hex
+    kwargs = {"say": say} if say is not None else {}
+    return with_verified_checkpoint(
+        run_dir, step, lambda s: _export_step(run_dir, s, out_dir, dtype, max_shard_bytes, processes, invocation),
+        **kwargs)
+
+
+def _export_step(run_dir: str, step: int, out_dir: str, dtype: str, max_shard_bytes: int, processes: int,
+                 invocation: str) -> dict[str, Any]:
+    ckpt = checkpoint_path(run_dir, step)
+    cfg, _, _, meta = model_readers(ckpt)  # records verified (a missing part fails here, before any write)
+    fs, root = fsspec.core.url_to_fs(out_dir)
+    root = root.rstrip("/")
+    itemsize = 4 if dtype == "float32" else 2
+    shapes = exported_shapes(cfg)
+    plan = plan_shards(shapes, max_shard_bytes, itemsize)
+    fnames = shard_names(plan)
+    identity = {"checkpoint": absolute_run_dir(ckpt), "step": step, "dtype": dtype,
+                "max_shard_bytes": max_shard_bytes, "shards": len(plan)}
+    progress = _read_progress(fs, root)
+    done: dict[str, int] = {}
+    resumed = False
+    if progress is not None and {k: progress.get(k) for k in identity} == identity:
+        present = {p.rstrip("/").rsplit("/", 1)[-1]: p for p in fs.ls(root, detail=False)}
+        done = {f: n for f, n in (progress.get("done") or {}).items()
+                if f in present and fs.size(present[f]) == n}
+        resumed = bool(done)
+    elif progress is not None and progress.get("invocation") != invocation:
+        raise ExportInterrupted(
+            f"{out_dir} holds an unfinished export of step {progress.get('step')} ({progress.get('dtype')}, "
+            f"shards of {progress.get('max_shard_bytes')} bytes): rerun with those options to continue it, or pass "
+            "--overwrite to start over")
+    elif progress is not None:  # this very command's, of a checkpoint found damaged on the way: start over
+        for p in fs.ls(root, detail=False):
+            fs.rm(p, recursive=True)
+    if _is_local(fs):  # a killed writer's temporary files: never complete, never listed in the progress
+        for p in fs.ls(root, detail=False):
+            if p.endswith(PARTIAL_SUFFIX):
+                fs.rm_file(p)
+    record = {"format": "marin-export-progress-v1", **identity, "invocation": invocation, "done": done}
+
+    def finished(fname: str, size: int) -> None:
+        done[fname] = size
+        _put_text(fs, f"{root}/{PROGRESS_FILE}", json.dumps(record, indent=1))
+
+    _put_text(fs, f"{root}/{PROGRESS_FILE}", json.dumps(record, indent=1))
+    jobs = [ShardJob(ckpt, out_dir, f, tuple(names), dtype) for f, names in zip(fnames, plan, strict=True)
+            if f not in done]
+    if processes == 1 or len(jobs) <= 1:
+        for job in jobs:
+            finished(job.fname, write_shard(job))
+    else:
+        # spawn, not fork: the parent's tensorstore and fsspec threads do not survive a fork
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(min(processes, len(jobs)), mp_context=ctx) as pool:
+            futures = {pool.submit(write_shard, job): job for job in jobs}
+            for f in concurrent.futures.as_completed(futures):
+                finished(futures[f].fname, f.result())
+    weight_map = {n: f for f, names in zip(fnames, plan, strict=True) for n in names}
+    total = sum(math.prod(s) * itemsize for s in shapes.values())
+    lineage = checkpoint_lineage(run_dir, step, meta)
+    _put_text(fs, f"{root}/{CONFIG_FILE}",
+              json.dumps(config_record(cfg, dtype, marin_version=marin_version(), lineage=lineage), indent=1))
+    tok = run_tokenizer_path((meta.get("config") or {}).get("data") or {})
+    if tok:
+        with fsspec.open(tokenizer_json_path(tok), "rb") as src:
+            _put_text(fs, f"{root}/tokenizer.json", src.read().decode("utf-8"))
+    with open(numpy_forward.__file__, encoding="utf-8") as src:
+        _put_text(fs, f"{root}/{REFERENCE_FILE}", src.read())
+    _put_text(fs, f"{root}/{CARD_FILE}", model_card(cfg, lineage, len(plan), total, dtype))
+    # the index last: its presence is what says the export is complete
+    _put_text(fs, f"{root}/{INDEX_FILE}",
+              json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    fs.rm_file(f"{root}/{PROGRESS_FILE}")
+    return {"dir": out_dir, "step": step, "shards": len(plan), "tensors": len(shapes), "total_size": total,
+            "resumed": resumed}
+
+
 def run_lineage(run) -> dict[str, Any]:
-    """Where a run's weights come from: step name and hash, experiment, data, tokens, evaluations."""
-    run_dir = run.run_dir.rstrip("/")
+    """Where a :class:`marin.inference.LoadedRun`'s weights come from (see :func:`checkpoint_lineage`)."""
+    return checkpoint_lineage(run.run_dir, run.step, run.metadata)
+
+
+def absolute_run_dir(run_dir: str) -> str:
+    """``run_dir`` as an absolute location: a local path made absolute, a URL as given (no trailing /)."""
+    run_dir = run_dir.rstrip("/")
+    return run_dir if "://" in run_dir else os.path.abspath(run_dir)
+
+
+def checkpoint_lineage(run_dir: str, step: int, metadata: dict[str, Any]) -> dict[str, Any]:
+    """Where a checkpoint's weights come from: step name and hash, experiment, data, tokens, evaluations.
+    ``metadata``: the checkpoint's (its config record, tokens)."""
+    run_dir = absolute_run_dir(run_dir)
     base = os.path.basename(run_dir)
     name, _, step_hash = base.rpartition("-")
     info = read_info(run_dir) or {}
-    record = run.record
+    record = metadata.get("config") or {}
     data = record.get("data") or {}
     lineage: dict[str, Any] = {
         "run_dir": run_dir, "step_name": info.get("name") or name or base, "step_hash": step_hash or None,
-        "experiment": _experiment_of(run_dir, info), "checkpoint_step": run.step,
-        "train_tokens": int(run.metadata.get("tokens", 0)), "preset": record.get("preset"),
+        "experiment": _experiment_of(run_dir, info), "checkpoint_step": step,
+        "train_tokens": int(metadata.get("tokens", 0)), "preset": record.get("preset"),
         "pool": record.get("pool"), "data": data if "stores" in data else {"synthetic": data},
     }
     try:
-        evals = read_metrics(f"{run.run_dir.rstrip('/')}/metrics.jsonl", kind="eval")
+        evals = read_metrics(f"{run_dir}/metrics.jsonl", kind="eval")
     except (FileNotFoundError, OSError):
         evals = []
     if evals:
@@ -130,7 +424,8 @@ def run_lineage(run) -> dict[str, Any]:
 
 def _experiment_of(run_dir: str, info: dict[str, Any]) -> str | None:
     """``script: description`` of the newest experiment record under ``{prefix}/experiments`` that
-    lists this step, or None for a run started outside the executor."""
+    lists this step, or None for a run started outside the executor. Paths are compared absolute, so a
+    record written with a relative ``--prefix`` (or a run named by one) is still found."""
     suffix = f"/{info.get('name')}-{run_dir.rpartition('-')[2]}"  # output path = {prefix}/{name}-{hash}
     if not info.get("name") or not run_dir.endswith(suffix):
         return None
@@ -138,7 +433,8 @@ def _experiment_of(run_dir: str, info: dict[str, Any]) -> str | None:
     found = []
     for path in experiment_record_paths(prefix):
         rec = read_experiment_record(path)
-        if isinstance(rec, dict) and any(s.get("output_path", "").rstrip("/") == run_dir for s in rec.get("steps", [])):
+        if isinstance(rec, dict) and any(absolute_run_dir(s.get("output_path") or "") == run_dir
+                                         for s in rec.get("steps", []) if isinstance(s, dict)):
             found.append(rec)
     if not found:
         return None
@@ -146,7 +442,7 @@ def _experiment_of(run_dir: str, info: dict[str, Any]) -> str | None:
     return f"{rec.get('script')}: {rec.get('description')}" if rec.get("description") else rec.get("script")
 
 
-def model_card(cfg, lineage: dict[str, Any], shards: int, total: int) -> str:
+def model_card(cfg, lineage: dict[str, Any], shards: int, total: int, dtype: str = "float32") -> str:
     c = count_params(cfg)
     lines = [
         f"# {lineage.get('step_name') or 'marin model'}",
@@ -181,7 +477,7 @@ def model_card(cfg, lineage: dict[str, Any], shards: int, total: int) -> str:
         f"- MoE: {cfg.n_shared_experts} shared experts (width {cfg.shared_width}), {cfg.n_experts} routed experts "
         f"(width {cfg.expert_width}, top-{cfg.top_k}) in a latent space of {cfg.latent_dim}",
         f"- parameters: {c['total_params']:,} total, {c['active_params']:,} active per token",
-        f"- files: {shards} safetensors shard(s), {total:,} bytes of float32 tensors",
+        f"- files: {shards} safetensors shard(s), {total:,} bytes of {dtype} tensors",
         "",
         "## Tensors (y = x @ W)",
         "",

@@ -17,7 +17,7 @@ import fsspec
 
 from marin.evaluation.suite import eval_seq_len
 from marin.execution.versioning import input_field, live
-from marin.inference.run import load_run
+from marin.inference.run import load_run, single_host_pool
 from marin.training.config import train_config_from_record
 
 RESULTS_FILE = "harness.json"  # in the harness step's directory; the report reads it
@@ -27,6 +27,8 @@ def run_harness(run_dir: str, tasks: list[str], *, step: int | None = None, pool
                 include_path: str | None = None, output_path: str | None = None,
                 limit: int | None = None) -> dict[str, Any]:
     """lm_eval results of ``tasks`` on ``run_dir``'s checkpoint (``step``: None = the latest)."""
+    if pool is not None:
+        single_host_pool(pool)  # refused before lm_eval (slow to import) is loaded
     # lm_eval is an optional extra: imported when a harness runs, not when an experiment file loads
     from marin.evaluation.harness import MarinLM, check_tasks, evaluate_tasks
 

@@ -3,7 +3,8 @@
 An export directory (``marin export``) holds ``model-0000K-of-0000N.safetensors`` shards,
 ``model.safetensors.index.json`` (the Hugging Face sharded layout: ``weight_map`` name -> shard),
 ``config.json`` (``"model"``: every MoEConfig field), ``tokenizer.json``, a model card and
-``reference_forward.py`` (numpy only). Tensors are float32, one per layer and leaf::
+``reference_forward.py`` (numpy only). Tensors are bfloat16 (the default, ``torch_dtype`` in
+config.json says which) or float32, one per layer and leaf::
 
     embed                    [vocab, d]
     final_norm               [d]
@@ -47,6 +48,40 @@ LAYER_LEAVES = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "shared_gate", 
                 "latent_down", "latent_up", "router", "router_bias", "expert_gate", "expert_up", "expert_down")
 
 
+EXPORT_DTYPES = ("bfloat16", "float32")
+
+
+def to_export_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
+    """A float32 tensor as written in an export of ``dtype``: as is, or rounded to the nearest
+    bfloat16 (ties to even, as ``ml_dtypes``/JAX/PyTorch cast)."""
+    if dtype == "float32":
+        return np.ascontiguousarray(a, np.float32)
+    if dtype == "bfloat16":
+        import ml_dtypes  # numpy's bfloat16 (a JAX dependency; the reference reader needs only numpy)
+
+        return np.ascontiguousarray(a, np.float32).astype(ml_dtypes.bfloat16)
+    raise ValueError(f"export dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
+
+
+def read_shard(path: str) -> dict[str, np.ndarray]:
+    """Every tensor of one safetensors file as float32 numpy arrays, bfloat16 ones widened exactly
+    (safetensors' numpy reader has no bfloat16: the raw bytes are its upper 16 bits)."""
+    from safetensors import deserialize  # safetensors: the train extra; config and shapes need numpy only
+
+    with open(path, "rb") as f:
+        raw = f.read()
+    out = {}
+    for name, t in deserialize(raw):
+        if t["dtype"] == "BF16":
+            a = (np.frombuffer(t["data"], "<u2").astype(np.uint32) << 16).view(np.float32)
+        elif t["dtype"] == "F32":
+            a = np.frombuffer(t["data"], "<f4")
+        else:
+            raise ExportFormatError(f"{path}: tensor {name} is {t['dtype']}, not F32 or BF16")
+        out[name] = a.reshape(t["shape"])
+    return out
+
+
 class ExportFormatError(ValueError):
     """A directory that is not a complete marin export (missing or inconsistent files)."""
 
@@ -74,17 +109,18 @@ def exported_tensor(params, router_bias, cfg: MoEConfig, name: str) -> np.ndarra
     the host, so an exporter holds one shard at a time, never the whole model."""
     f = cfg.expert_width
     if not name.startswith("layers."):
-        return np.asarray(params[name], np.float32)
+        return np.ascontiguousarray(np.asarray(params[name], np.float32))
     _, i, leaf = name.split(".")
     i = int(i)
     if leaf == "router_bias":
-        return np.asarray(router_bias[i], np.float32)
+        return np.ascontiguousarray(np.asarray(router_bias[i], np.float32))
     a = params["blocks"][leaf][i]
     if leaf in ("expert_gate", "expert_up"):
         a = a[..., :f]
     elif leaf == "expert_down":
         a = a[:, :f, :]
-    return np.asarray(a, np.float32)
+    # contiguous: a numpy view of the padded storage has strides safetensors would not honour
+    return np.ascontiguousarray(np.asarray(a, np.float32))
 
 
 def params_from_tensors(get: Callable[[str], np.ndarray], cfg: MoEConfig) -> tuple[dict, np.ndarray]:
@@ -117,10 +153,10 @@ def params_from_tensors(get: Callable[[str], np.ndarray], cfg: MoEConfig) -> tup
     return params, bias
 
 
-def config_record(cfg: MoEConfig, **extra) -> dict:
+def config_record(cfg: MoEConfig, dtype: str = "float32", **extra) -> dict:
     """The ``config.json`` object: format, every MoEConfig field, plus ``extra`` (version, lineage)."""
     return {"format": FORMAT, "architecture": "marin MoE transformer (see reference_forward.py)",
-            "tensor_layout": "y = x @ W (input dimension first)", "torch_dtype": "float32",
+            "tensor_layout": "y = x @ W (input dimension first)", "torch_dtype": dtype,
             "model": dataclasses.asdict(cfg), **extra}
 
 
@@ -131,9 +167,7 @@ def config_from_record(record: dict) -> MoEConfig:
 
 
 def read_export(directory: str) -> tuple[MoEConfig, dict, np.ndarray]:
-    """(config, numpy params, numpy router bias) of an export directory (local path)."""
-    from safetensors import safe_open  # safetensors: the train extra; config and shapes need numpy only
-
+    """(config, numpy params (float32), numpy router bias) of an export directory (local path)."""
     try:
         with open(os.path.join(directory, CONFIG_FILE)) as f:
             cfg = config_from_record(json.load(f))
@@ -145,13 +179,13 @@ def read_export(directory: str) -> tuple[MoEConfig, dict, np.ndarray]:
     missing = [n for n in exported_shapes(cfg) if n not in weight_map]
     if missing:
         raise ExportFormatError(f"{directory}: {INDEX_FILE} lacks {len(missing)} tensors, e.g. {missing[0]}")
-    handles = {}
+    shards: dict[str, dict[str, np.ndarray]] = {}
 
     def get(name):
         shard = weight_map[name]
-        if shard not in handles:
-            handles[shard] = safe_open(os.path.join(directory, shard), framework="numpy")
-        return handles[shard].get_tensor(name)
+        if shard not in shards:
+            shards[shard] = read_shard(os.path.join(directory, shard))
+        return shards[shard][name]
 
     params, bias = params_from_tensors(get, cfg)
     return cfg, params, bias

@@ -33,8 +33,9 @@ import numpy as np
 
 
 def load(directory: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """(the ``model`` section of config.json, {tensor name: float32 array}) of an export directory."""
-    from safetensors.numpy import load_file  # safetensors: the train extra, only when an export is read
+    """(the ``model`` section of config.json, {tensor name: float32 array}) of an export directory
+    (bfloat16 tensors are widened to float32 exactly: their bytes are a float32's upper half)."""
+    from safetensors import deserialize  # safetensors: the train extra, only when an export is read
 
     with open(os.path.join(directory, "config.json")) as f:
         config = json.load(f)["model"]
@@ -42,7 +43,13 @@ def load(directory: str) -> tuple[dict, dict[str, np.ndarray]]:
         shards = sorted(set(json.load(f)["weight_map"].values()))
     tensors: dict[str, np.ndarray] = {}
     for shard in shards:
-        tensors.update(load_file(os.path.join(directory, shard)))
+        with open(os.path.join(directory, shard), "rb") as f:
+            for name, t in deserialize(f.read()):
+                if t["dtype"] == "BF16":
+                    a = (np.frombuffer(t["data"], "<u2").astype(np.uint32) << 16).view(np.float32)
+                else:
+                    a = np.frombuffer(t["data"], "<f4")
+                tensors[name] = a.reshape(t["shape"])
     return config, tensors
 
 

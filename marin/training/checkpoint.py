@@ -67,6 +67,10 @@ _ARRAYS_DIR = "arrays"
 _PARTS_DIR = "parts"
 _LEGACY_ARRAYS = "arrays.bin"
 PART_TIMEOUT_S = 3600.0  # how long process 0 waits for the other processes' parts before giving up
+CHUNK_BYTES = 16 << 20
+"""Target size of one stored chunk. A shard larger than this is split along its leading axis (the
+layer axis of the stacked blocks), so a reader that wants one layer's slice (``marin export``)
+decodes about one layer of one shard, not every layer of it."""
 
 
 class CorruptCheckpointError(OSError):
@@ -148,6 +152,21 @@ def _dtype(name: str) -> np.dtype:
     import ml_dtypes  # registers bfloat16 and friends with numpy
 
     return np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)
+
+
+def chunk_shape(shard_shape: tuple[int, ...], itemsize: int, target_bytes: int | None = None) -> tuple[int, ...]:
+    """The stored chunk of a shard: the shard itself, or, when it is larger than ``target_bytes``
+    (default :data:`CHUNK_BYTES`), its leading axis cut to the largest divisor of that axis that keeps
+    a chunk within the target (at least one row). A divisor, so chunks never straddle two shards:
+    each chunk is written by exactly one process. Pure."""
+    target = CHUNK_BYTES if target_bytes is None else target_bytes
+    if not shard_shape or math.prod(shard_shape) * itemsize <= target:
+        return tuple(shard_shape)
+    lead = shard_shape[0]
+    row = math.prod(shard_shape[1:]) * itemsize
+    rows = max(1, target // max(1, row))
+    best = max(d for d in range(1, min(lead, rows) + 1) if lead % d == 0)
+    return (best, *shard_shape[1:])
 
 
 def _process() -> tuple[int, int]:
@@ -260,8 +279,8 @@ def stage_leaves(path: str, keys: list[str], leaves: list[Any], metadata: Mappin
     for i, (key, leaf) in enumerate(zip(keys, leaves, strict=True)):
         shape = tuple(np.shape(leaf))
         if isinstance(leaf, jax.Array):
-            chunk = tuple(leaf.sharding.shard_shape(leaf.shape))
             dtype = np.dtype(leaf.dtype)
+            chunk = chunk_shape(tuple(leaf.sharding.shard_shape(leaf.shape)), dtype.itemsize)
             for s in leaf.addressable_shards:
                 if s.replica_id == 0:
                     host = np.asarray(s.data)
@@ -272,7 +291,7 @@ def stage_leaves(path: str, keys: list[str], leaves: list[Any], metadata: Mappin
                     shards.append((i, s.index, host))
         else:
             arr = np.asarray(leaf)
-            chunk, dtype = shape, arr.dtype
+            chunk, dtype = chunk_shape(shape, arr.dtype.itemsize), arr.dtype
             if process == 0:
                 shards.append((i, tuple(slice(None) for _ in shape), arr))
         entries.append({"key": key, "dtype": dtype.name, "shape": list(shape), "chunk": list(chunk),
@@ -566,6 +585,57 @@ def _read_leaves(path: str, entries: list[dict[str, Any]], wanted: list[str], sh
         out.append(jax.make_array_from_single_device_arrays(shape, s, arrays))
         del done, arrays
     return out
+
+
+class LeafReader:
+    """A stored leaf read lazily, slice by slice, without JAX: indexing narrows the view
+    (``reader[3][..., :36]``) and ``np.asarray(reader)`` reads only the chunks under it (each chunk's
+    checksum verified; damage raises :class:`CorruptCheckpointError`). What ``marin export`` reads a
+    checkpoint with, so its host memory is one slice, not one leaf."""
+
+    def __init__(self, path: str, key: str, view: Any) -> None:
+        self.path, self.key, self.view = path, key, view
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.view.shape)
+
+    def __getitem__(self, index: Any) -> LeafReader:
+        return LeafReader(self.path, self.key, self.view[index])
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        try:
+            out = np.asarray(self.view.read().result())
+        except Exception as err:  # noqa: BLE001 - tensorstore raises ValueError for every storage error
+            raise CorruptCheckpointError(f"{self.path}: {self.key} does not read back: {_one_line(err)}") from None
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def open_leaves(path: str, keys: list[str] | None = None) -> tuple[dict[str, LeafReader], dict[str, Any]]:
+    """``({key path: LeafReader}, metadata)`` of a committed checkpoint, its records verified (COMMIT,
+    every process's part, the index) but no array read yet; ``keys``: only those leaves. JAX-free."""
+    import tensorstore as ts  # the train extra; records are read without it
+
+    commit = read_commit(path)
+    if commit is None:
+        raise FileNotFoundError(f"{path} is not a committed checkpoint (no valid {_COMMIT})")
+    if is_legacy(commit):
+        raise CorruptCheckpointError(f"{path} is in the earlier single-blob format: run `marin convert-checkpoints` "
+                                     "on its run directory first")
+    verify_parts(path, commit)
+    index = read_index(path)
+    by_key = {e["key"]: e for e in index["leaves"]}
+    out = {}
+    for key in keys if keys is not None else list(by_key):
+        if key not in by_key:
+            raise CheckpointMismatchError(f"{path} has no leaf {key}")
+        spec = {"driver": "zarr3", "kvstore": kvstore_spec(f"{path}/{by_key[key]['array']}"),
+                "fill_missing_data_reads": False}
+        try:
+            out[key] = LeafReader(path, key, ts.open(spec, open=True, read=True).result())
+        except Exception as err:  # noqa: BLE001 - tensorstore raises ValueError for every storage error
+            raise CorruptCheckpointError(f"{path}: {key} cannot be opened: {_one_line(err)}") from None
+    return out, index["metadata"]
 
 
 def _index_key(idx: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:

@@ -8,19 +8,87 @@ checkpoints change format only that function changes.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+import fsspec
 
 from marin.evaluation.sets import load_run_tokenizer
-from marin.training.checkpoint import checkpoint_path, checkpoint_step, load_model, read_metadata
+from marin.training.checkpoint import (
+    CorruptCheckpointError,
+    checkpoint_path,
+    committed_steps,
+    load_model,
+    read_metadata,
+)
 from marin.training.config import train_config_from_record
 from marin.training.pools import get_pool, host_env
 
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
 
 class RunLoadError(FileNotFoundError):
-    """A run directory without the checkpoint asked for (none committed, or not at that step)."""
+    """A run directory without the checkpoint asked for (no such directory, none committed, not at
+    that step, or the one asked for is damaged): a FileNotFoundError, so the CLI prints one line."""
+
+
+def committed_run_steps(run_dir: str) -> list[int]:
+    """The committed checkpoint steps of ``run_dir``, ascending; :class:`RunLoadError` saying which
+    is the case for a directory that does not exist and for one without a committed checkpoint."""
+    fs, path = fsspec.core.url_to_fs(run_dir)
+    if not fs.exists(path):
+        raise RunLoadError(f"no such directory: {run_dir} (pass a training step's output directory; "
+                           "`marin status` lists them)")
+    steps = committed_steps(run_dir)
+    if not steps:
+        raise RunLoadError(f"{run_dir} has no committed checkpoint (is it a training step's output directory?)")
+    return steps
+
+
+def load_verified_checkpoint(run_dir: str, step: int | None, load: Callable[[int], T], *,
+                             flag: str = "--step", agree: Callable[[bool], bool] | None = None) -> tuple[int, T]:
+    """``(step, load(step))`` for the checkpoint of ``run_dir`` that verifies: the one asked for, or
+    (``step=None``) the newest committed one whose data reads back.
+
+    Training moves a damaged checkpoint aside and resumes from the one before; a reader (sample,
+    eval, export, harness) must not change the run, so it leaves the damaged one where it is, says
+    so in one warning line naming it, and uses the newest older one that verifies. A damaged
+    checkpoint asked for by step is refused in one line naming ``flag`` with an older step, never
+    silently replaced. ``load`` raises :class:`CorruptCheckpointError` for data that does not verify
+    (a flipped byte, a truncated chunk, a missing part record). ``agree`` (every process of a pool
+    calls this): True only where every process read its slices of a checkpoint cleanly, since each
+    process reads only its own slices and a damaged chunk may be one host's alone."""
+    steps = committed_run_steps(run_dir)
+    if step is not None and step not in steps:
+        raise RunLoadError(f"{run_dir} has no committed checkpoint at step {step}; committed: {steps}")
+    candidates = [step] if step is not None else list(reversed(steps))
+    damaged: list[str] = []
+    for s in candidates:
+        try:
+            result, problem = load(s), None
+        except CorruptCheckpointError as e:
+            result, problem = None, e
+        if agree is not None and not agree(problem is None):
+            problem = problem or CorruptCheckpointError(f"{checkpoint_path(run_dir, s)}: another process of the "
+                                                        "pool could not read its part")
+        if problem is None:
+            if damaged:
+                logger.warning("%s; using step %d, the newest checkpoint that verifies", "; ".join(damaged), s)
+            return s, result
+        reason = str(problem).removeprefix(f"{checkpoint_path(run_dir, s)}: ")
+        damaged.append(f"checkpoint {checkpoint_path(run_dir, s)} is damaged ({reason}) and was skipped")
+        if step is not None:
+            older = [x for x in steps if x < step]
+            hint = f"pass {flag} {older[-1]} for the one before it" if older else "it is the run's only checkpoint"
+            raise RunLoadError(f"checkpoint {checkpoint_path(run_dir, s)} is damaged ({reason}); {hint}")
+    raise RunLoadError(f"no checkpoint of {run_dir} verifies: " + "; ".join(d.removesuffix(" and was skipped")
+                                                                           for d in damaged))
 
 
 @dataclass
@@ -59,16 +127,16 @@ def _prepare_devices(pool) -> None:
 
 def load_run(run_dir: str, step: int | None = None, pool: str | None = None) -> LoadedRun:
     """The model of ``run_dir`` (a training step's output directory, any fsspec path) at committed
-    checkpoint ``step`` (None: the latest), on ``pool`` (None: the run's own; it must be one host,
-    since this process holds the model).
+    checkpoint ``step`` (None: the newest that verifies, see :func:`load_verified_checkpoint`), on
+    ``pool`` (None: the run's own; it must be one host, since this process holds the model).
 
     The model is restored through the sharded checkpoint restore (``load_model``): on a multi-device
     pool each device reads only its own slices; on one device the model is read whole.
     Raises :class:`RunLoadError` for a run without that checkpoint."""
-    try:
-        step = checkpoint_step(run_dir, step)
-    except FileNotFoundError as e:
-        raise RunLoadError(str(e)) from None
+    return load_verified_checkpoint(run_dir, step, lambda s: _load_step(run_dir, s, pool))[1]
+
+
+def _load_step(run_dir: str, step: int, pool: str | None) -> LoadedRun:
     path = checkpoint_path(run_dir, step)
     record = read_metadata(path).get("config") or {}
     pool_spec = get_pool(pool or record.get("pool") or "local-cpu-1")
@@ -94,4 +162,3 @@ def load_run(run_dir: str, step: int | None = None, pool: str | None = None) -> 
         params, bias = model.params, model.router_bias
     return LoadedRun(run_dir, step, path, model.config, params, bias, model.metadata,
                      load_run_tokenizer(train_config.data), mesh)
-

@@ -23,8 +23,8 @@ def test_a_tokenizer_trained_on_an_empty_corpus_fails_unless_allowed(tmp_path):
     assert str(e.value) == (
         f"the tokenizer learned 0 merges, 257 of the 512 vocabulary entries asked: the text under {corpus} "
         "(1 file(s), 0 bytes sampled from field 'text') is empty or too small; give it more text, lower "
-        "vocab_size or min_frequency, or pass allow_small_vocab=True (default_tokenizer, TrainTokenizerConfig) to accept "
-        "a smaller vocabulary")
+        "vocab_size or min_frequency, or pass allow_small_vocab=True (default_tokenizer, TrainTokenizerConfig) to "
+        "accept a smaller vocabulary")
     assert not (out / "tokenizer.json").exists()
     train_tokenizer(TrainTokenizerConfig(str(corpus), str(out), vocab_size=512, allow_small_vocab=True))
     assert json.loads((out / "tokenizer_info.json").read_text())["vocab_size"] == 257
@@ -51,8 +51,8 @@ def test_a_store_of_damaged_lines_fails_with_the_count(tmp_path):
         tokenize(cfg)
     assert str(e.value).startswith(
         f"no documents to tokenize under {tmp_path / 'corpus'} (text field 'text'): 1 file(s), skipped: 50 "
-        "invalid_json; check the path and text_field, or pass allow_empty=True (default_tokenize, TokenizeConfig) if an "
-        "empty store is what you want")
+        "invalid_json; check the path and text_field, or pass allow_empty=True (default_tokenize, TokenizeConfig) if "
+        "an empty store is what you want")
     assert not (out / "manifest.json").exists()
     # allowing an empty store does not allow damage beyond the corrupt-input policy
     with pytest.raises(TokenizeError) as e:

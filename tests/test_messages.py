@@ -235,3 +235,21 @@ def test_marin_plan_says_a_longer_sequence_raises_the_context_as_training_does(c
     assert capsys.readouterr().out.splitlines()[-1] == (
         "  context: 256 tokens, the longest sequence trained (the preset's max_seq_len is 128; a training run raises "
         "it the same way and records it, so sample, eval and export of the run take up to 256)")
+
+
+def test_a_copy_of_the_quickstart_with_other_step_names_prints_commands_for_its_own_steps(tmp_path):
+    import importlib.util
+
+    from marin.execution.plan import plan_steps
+
+    copy = tmp_path / "my_experiment.py"
+    copy.write_text((REPO / "experiments" / "quickstart.py").read_text().replace('"quickstart/', '"mine/'))
+    spec = importlib.util.spec_from_file_location("my_experiment", copy)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # declares the steps; runs nothing (not __main__)
+    plan = plan_steps([module.mixture_report, module.health, module.evaluation], str(tmp_path / "store"))
+    hints = module.review_hints(plan)
+    assert "quickstart/" not in hints.replace(str(tmp_path), "")
+    assert f"  marin show mine/train-tiny-moe --prefix {plan.prefix}" in hints.splitlines()
+    assert f"  marin show mine/health --prefix {plan.prefix}" in hints.splitlines()
+    assert f"  marin eval {plan.planned(module.train).output_path}" in hints.splitlines()

@@ -253,3 +253,42 @@ def test_a_copy_of_the_quickstart_with_other_step_names_prints_commands_for_its_
     assert f"  marin show mine/train-tiny-moe --prefix {plan.prefix}" in hints.splitlines()
     assert f"  marin show mine/health --prefix {plan.prefix}" in hints.splitlines()
     assert f"  marin eval {plan.planned(module.train).output_path}" in hints.splitlines()
+
+
+def test_rays_notice_that_token_authentication_is_on_is_dropped_and_its_warnings_kept():
+    import logging
+
+    from ray._private.authentication import authentication_token_setup as ray_tokens
+
+    from marin.execution.cluster import RAY_TOKEN_LOGGER, quiet_default_token_notice
+
+    assert ray_tokens.logger.name == RAY_TOKEN_LOGGER
+    quiet_default_token_notice()
+    quiet_default_token_notice()  # once per process, however many clusters it starts
+    assert len(logging.getLogger(RAY_TOKEN_LOGGER).filters) == 1
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # Ray's loggers do not propagate to caplog's
+    logging.getLogger(RAY_TOKEN_LOGGER).addHandler(handler)
+    try:
+        ray_tokens._warn_token_auth_enabled()  # Ray's own notice, on every local cluster with its default
+        ray_tokens._warn_token_auth_disabled()  # authentication off: a real warning, kept
+    finally:
+        logging.getLogger(RAY_TOKEN_LOGGER).removeHandler(handler)
+    assert [m.split(".")[0] for m in seen] == ["Token authentication is disabled for this Ray cluster"]
+
+
+def test_lm_evals_git_lookup_outside_a_repository_prints_nothing(tmp_path, monkeypatch, capfd):
+    import lm_eval.evaluator
+
+    from marin.evaluation.harness import quiet_git_commit_hash
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # tmp_path is in no repository
+    lm_eval.evaluator.get_git_commit_hash()  # lm_eval's own lookup, as simple_evaluate calls it
+    assert "fatal: not a git repository" in capfd.readouterr().err
+    assert quiet_git_commit_hash() is None
+    assert capfd.readouterr() == ("", "")
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("GIT_CEILING_DIRECTORIES")
+    assert quiet_git_commit_hash() == lm_eval.evaluator.get_git_commit_hash()  # the same record where there is one

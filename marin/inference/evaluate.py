@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
+import numpy as np
 
 from marin.evaluation.metrics import suite_metrics
 from marin.evaluation.multiple_choice import prepare_run_tasks, score_prepared_task
@@ -100,7 +101,6 @@ def _every_process_agrees(ctx: HostContext):
     (each reads only its own slices of a checkpoint, so damage may show on one host alone)."""
     if ctx.num_processes == 1:
         return None
-    import numpy as np
     from jax.experimental import multihost_utils  # JAX: on the pool's hosts only (see above)
 
     return lambda ok: bool(np.all(multihost_utils.process_allgather(np.asarray(ok, dtype=np.int32))))

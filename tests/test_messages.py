@@ -155,7 +155,20 @@ def test_the_store_error_is_found_through_the_chain_and_a_bug_is_not_one():
         outage = e
     assert store_access_error(RuntimeError("wrapped")) is None
     assert store_access_error(KeyError("a bug")) is None
+    assert store_access_error(PermissionError(13, "Permission denied", "/ro/r.html")) is None  # a local file's
     assert store_access_error(outage) is outage
+    from botocore.exceptions import ClientError
+
+    try:
+        try:
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "ListObjectsV2")
+        except ClientError as client_error:
+            raise PermissionError("Access Denied") from client_error  # s3fs's translation keeps it as the cause
+    except PermissionError as e:
+        denied = e
+    assert isinstance(store_access_error(denied), ClientError)
+    assert unreadable_store_message("step outputs under s3://b", denied) == (
+        "cannot read step outputs under s3://b: PermissionError: Access Denied")
     assert unreadable_store_message("step outputs under s3://b/x", outage) == (
         "cannot read step outputs under s3://b/x: StorageUnavailable: list s3://b/x: the store stayed unreachable for "
         "300s")

@@ -91,11 +91,11 @@ STORE_ADVICE = "check the prefix, your credentials and the network"
 
 
 def store_access_error(exc: BaseException | None) -> BaseException | None:
-    """The error in ``exc``'s chain that says the store could not be read (credentials missing or
-    refused, permission denied, an endpoint that does not answer, the retry limit spent), or None
-    for anything else (a bug keeps its traceback)."""
+    """The error in ``exc``'s chain that says an object store could not be read (credentials missing
+    or refused, access denied, an endpoint that does not answer, the retry limit spent), or None for
+    anything else: a bug, or a local file's error, keeps its own report."""
     for e in error_chain(exc):
-        if isinstance(e, (StorageUnavailable, PermissionError)):
+        if isinstance(e, StorageUnavailable):
             return e
         if any(c.__module__.split(".")[0] in _STORE_CLIENT_MODULES or c.__module__.startswith(_STORE_CLIENT_MODULES)
                for c in type(e).__mro__ if c.__module__ != "builtins"):

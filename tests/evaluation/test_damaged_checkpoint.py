@@ -33,22 +33,28 @@ def flip_a_weight_byte(run: Path, step: int) -> None:
     chunk.write_bytes(bytes(data))
 
 
+SAMPLE = ["--prompt", "Council note", "--max-new-tokens", "2", "--greedy", "--pool", "local-cpu-1"]
+
+
+@pytest.mark.slow  # decodes (the fallback's core is in tests/inference/test_run_loading.py)
 def test_sample_on_a_run_whose_newest_checkpoint_has_a_flipped_byte(capsys, caplog, damaged_run):
     flip_a_weight_byte(damaged_run, 40)
-    base = ["sample", str(damaged_run), "--prompt", "Council note", "--max-new-tokens", "2", "--greedy", "--pool",
-            "local-cpu-1"]
     with caplog.at_level("WARNING", logger="marin.inference.run"):
-        rc = main([*base, "--json"])
+        rc = main(["sample", str(damaged_run), *SAMPLE, "--json"])
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert json.loads(out)["step"] == 30
     (line,) = caplog.messages
     assert line.startswith(f"checkpoint {damaged_run}/checkpoints/step-00000040 is damaged (['params']")
     assert "Digest mismatch" in line and line.endswith("; using step 30, the newest checkpoint that verifies")
-    rc = main([*base, "--step", "40"])
+
+
+def test_sample_refuses_a_damaged_checkpoint_asked_for_by_step(capsys, damaged_run):
+    flip_a_weight_byte(damaged_run, 40)
+    rc = main(["sample", str(damaged_run), *SAMPLE, "--step", "40"])
     out, err = capsys.readouterr()
     assert rc == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith(f"marin: error: checkpoint {damaged_run}/checkpoints/step-00000040 is damaged (")
+    assert err.startswith(f"marin: error: checkpoint {damaged_run}/checkpoints/step-00000040 is damaged (['params']")
     assert err.endswith("; pass --step 30 for the one before it\n")
 
 

@@ -78,7 +78,7 @@ def evaluate_checkpoints_on_host(ctx: HostContext, config: EvalConfig, steps: li
         wanted = None if config.checkpoint in ("latest", None) else step
         step, model = load_verified_checkpoint(config.run_path, wanted,
                                                lambda s: load_model(config.run_path, mesh, step=s),
-                                               flag="--checkpoint", agree=_every_process_agrees(ctx))
+                                               flag="--checkpoint", agree=every_process_agrees(ctx))
         rec = {"step": step, "checkpoint": model.path, "train_tokens": int(model.metadata.get("tokens", 0))}
         if suite is not None:
             rec.update(suite_metrics(evaluate_prepared(model.params, model.router_bias, suite, model.config, mesh)))
@@ -96,7 +96,7 @@ def evaluate_checkpoints_on_host(ctx: HostContext, config: EvalConfig, steps: li
     return out
 
 
-def _every_process_agrees(ctx: HostContext):
+def every_process_agrees(ctx: HostContext):
     """None on one process; else a vote that is True only where every process of the pool says True
     (each reads only its own slices of a checkpoint, so damage may show on one host alone)."""
     if ctx.num_processes == 1:

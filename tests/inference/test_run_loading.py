@@ -6,6 +6,10 @@ copy or a bad disk damages them."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -95,3 +99,17 @@ def test_the_pool_falls_back_together_when_one_process_saw_damage(tmp_path, capl
     assert step == 4 and votes == [True, True]
     assert "step-00000006 is damaged (another process of the pool could not read its part)" in caplog.text
     json.loads((run / "checkpoints" / "step-00000006" / "COMMIT").read_text())  # untouched
+
+
+@pytest.mark.slow  # two JAX processes joined by jax.distributed
+def test_the_eval_steps_vote_is_false_on_every_process_when_one_saw_damage(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        coord = f"127.0.0.1:{s.getsockname()[1]}"
+    host = Path(__file__).with_name("two_process_vote.py")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    procs = [subprocess.Popen([sys.executable, str(host), str(p), coord], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env) for p in (0, 1)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    results = [json.loads(next(line for line in o.splitlines() if line.startswith("RESULT "))[7:]) for o in outs]
+    assert results == [[False, True], [False, True]]  # process 1's damage fails the vote on process 0 too

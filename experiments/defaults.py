@@ -220,6 +220,7 @@ def default_tokenizer(
     min_frequency: int = 2,
     on_corrupt: str = "skip",
     max_corrupt_fraction: float = 0.01,
+    allow_small_vocab: bool = False,
 ) -> ExecutorStep:
     """Train a byte-level BPE tokenizer (``tokenizer.json`` in the step output) on ``corpus``.
 
@@ -233,6 +234,8 @@ def default_tokenizer(
         on_corrupt: ``"skip"`` leaves corrupt files out (listed in ``tokenizer_info.json``) while at
             most ``max_corrupt_fraction`` of them are corrupt; ``"fail"`` stops on the first one.
         max_corrupt_fraction: the share of corrupt files tolerated under ``"skip"``.
+        allow_small_vocab: let a corpus too small to learn ``vocab_size`` entries succeed with a
+            smaller vocabulary (not versioned: it decides whether the step fails, not what it writes).
     """
     return ExecutorStep(
         name=name,
@@ -246,6 +249,7 @@ def default_tokenizer(
             min_frequency=min_frequency,
             on_corrupt=on_corrupt,
             max_corrupt_fraction=max_corrupt_fraction,
+            allow_small_vocab=allow_small_vocab,
         )),
         description=f"byte-level BPE, vocab {vocab_size}",
         resources={"num_cpus": 1},
@@ -262,6 +266,7 @@ def default_tokenize(
     shard_max_tokens: int = 64 * 1024 * 1024,
     on_corrupt: str = "skip",
     max_corrupt_fraction: float = 0.01,
+    allow_empty: bool = False,
 ) -> ExecutorStep:
     """Tokenize the documents under ``source`` into a token store (shards of uint32 ids + manifest).
 
@@ -277,6 +282,8 @@ def default_tokenize(
         on_corrupt: ``"skip"`` leaves corrupt files out of the store (listed in its manifest) while at
             most ``max_corrupt_fraction`` of them are corrupt; ``"fail"`` fails the step on any.
         max_corrupt_fraction: the share of corrupt files tolerated under ``"skip"``.
+        allow_empty: let a store, or a source of it, with no document succeed (not versioned: it
+            decides whether the step fails, not what it writes).
     """
     return ExecutorStep(
         name=name,
@@ -291,6 +298,7 @@ def default_tokenize(
             shard_max_tokens=shard_max_tokens,
             on_corrupt=on_corrupt,
             max_corrupt_fraction=max_corrupt_fraction,
+            allow_empty=allow_empty,
         )),
         description=f"tokenize {name}",
         resources={"num_cpus": 1},

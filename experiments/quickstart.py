@@ -67,6 +67,21 @@ train = default_train(
 health = default_health_report("quickstart/health", train, total_steps=TRAIN_STEPS)
 evaluation = default_eval("quickstart/eval", train, held_out=True)  # the mixture's held-out documents
 
+
+def review_hints(plan) -> str:
+    """The commands to review this run, from the steps themselves (a copy with other names prints its own)."""
+    return (
+        f"\nDone. Outputs are under {plan.prefix}. Review them with:\n"
+        f"  marin status --prefix {plan.prefix}\n"
+        f"  marin show {train.name} --prefix {plan.prefix}\n"
+        f"  marin show {health.name} --prefix {plan.prefix}\n"
+        f"  marin show {deduped.name} --prefix {plan.prefix}\n"
+        f"  marin eval {plan.planned(train).output_path}\n"
+        f"  marin report --prefix {plan.prefix} -o report.html\n"
+        f"  marin health {plan.planned(train).output_path}"
+    )
+
+
 if __name__ == "__main__":
     result = executor_main(
         steps=[mixture_report, health, evaluation],
@@ -86,13 +101,4 @@ if __name__ == "__main__":
           f"macro bpb {ev['macro_bpb']:.3f}, micro bpb {ev['micro_bpb']:.3f}\n  domains the mixture trains on: "
           + ", ".join(f"{d} {ev['sets'][f'val/{d}']['bpb']:.3f}" for d in DOMAIN_WEIGHTS)
           + " bpb (the others have weight 0)")
-    print(
-        f"\nDone. Outputs are under {result.plan.prefix}. Review them with:\n"
-        f"  marin status --prefix {result.plan.prefix}\n"
-        f"  marin show quickstart/train-tiny-moe --prefix {result.plan.prefix}\n"
-        f"  marin show quickstart/health --prefix {result.plan.prefix}\n"
-        f"  marin show quickstart/dedup --prefix {result.plan.prefix}\n"
-        f"  marin eval {result.plan.planned(train).output_path}\n"
-        f"  marin report --prefix {result.plan.prefix} -o report.html\n"
-        f"  marin health {result.plan.planned(train).output_path}"
-    )
+    print(review_hints(result.plan))

@@ -33,8 +33,10 @@ How to add a command (every command is registered this one way):
 
 A ``FileNotFoundError`` or ``ValueError`` that reaches :func:`main` is printed as one
 ``marin: error: ...`` line with exit status 2 (so raise those, with a message that says what to do,
-for bad input); a module that runs user code whose own errors must keep their traceback (``run``)
-sets ``HANDLES_ERRORS = True`` and is left alone. An experiment-file mistake raised while the file
+for bad input), and so is a store that cannot be read (missing or refused credentials, an endpoint
+that does not answer: :func:`marin.execution.failures.store_access_error`); a module that runs
+user code whose own errors must keep their traceback (``run``) sets ``HANDLES_ERRORS = True`` and is
+left alone. An experiment-file mistake raised while the file
 is imported is printed the same way by :func:`marin.execution.errors.excepthook`, which :func:`main` installs.
 """
 
@@ -47,6 +49,9 @@ import sys
 from types import ModuleType
 
 from marin.execution.errors import install_excepthook
+from marin.execution.failures import STORE_ADVICE, store_access_error, unreadable_store_message
+from marin.execution.jsonable import mask_text
+from marin.execution.prefix import resolve_prefix
 
 COMMANDS: dict[str, str] = {
     "run": "run an experiment file (flags as for python EXPERIMENT.py)",
@@ -112,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `marin show ... | head`: the reader left, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as e:
+        if store_access_error(e) is None or os.environ.get("MARIN_TRACEBACK"):
+            raise
+        where = (f"step outputs under {resolve_prefix(args.prefix)}" if hasattr(args, "prefix")
+                 else "the store")
+        print(f"marin: error: {mask_text(unreadable_store_message(where, e))}; {STORE_ADVICE}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -123,3 +123,185 @@ def test_explain_names_outputs_left_without_a_record(tmp_path):
     (row,) = explain(str(exp), str(tmp_path / "store"))
     assert row["reasons"] == ["no status record at this hash, but its directory holds 2 entries (checkpoints, "
                               "metrics.jsonl): the run resumes from what is there"]
+
+
+def _no_store_credentials() -> dict:
+    """An environment in which no S3 credentials can be found (none set, no files, no instance metadata)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return {**env, "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent",
+            "AWS_EC2_METADATA_DISABLED": "true", "PYTHONPATH": str(REPO)}
+
+
+@pytest.mark.parametrize("command", [["status"], ["show", "quickstart/train"], ["report", "-o", "r.html"]])
+def test_a_store_that_cannot_be_read_is_one_line_as_for_marin_run(tmp_path, command):
+    r = subprocess.run([sys.executable, "-m", "marin.cli", *command, "--prefix", "s3://marin-probe-bucket/x"],
+                       capture_output=True, text=True, cwd=tmp_path, env=_no_store_credentials(), timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "marin: error: cannot read step outputs under s3://marin-probe-bucket/x: NoCredentialsError: Unable to locate "
+        "credentials; check the prefix, your credentials and the network"]
+
+
+def test_the_store_error_is_found_through_the_chain_and_a_bug_is_not_one():
+    from marin.execution.failures import store_access_error, unreadable_store_message
+    from marin.execution.retry import StorageUnavailable
+
+    try:
+        try:
+            raise ConnectionRefusedError(111, "refused")
+        except ConnectionRefusedError as e:
+            raise StorageUnavailable("list s3://b/x: the store stayed unreachable for 300s") from e
+    except StorageUnavailable as e:
+        outage = e
+    assert store_access_error(RuntimeError("wrapped")) is None
+    assert store_access_error(KeyError("a bug")) is None
+    assert store_access_error(PermissionError(13, "Permission denied", "/ro/r.html")) is None  # a local file's
+    assert store_access_error(outage) is outage
+    from botocore.exceptions import ClientError
+
+    try:
+        try:
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "ListObjectsV2")
+        except ClientError as client_error:
+            raise PermissionError("Access Denied") from client_error  # s3fs's translation keeps it as the cause
+    except PermissionError as e:
+        denied = e
+    assert isinstance(store_access_error(denied), ClientError)
+    assert unreadable_store_message("step outputs under s3://b", denied) == (
+        "cannot read step outputs under s3://b: PermissionError: Access Denied")
+    assert unreadable_store_message("step outputs under s3://b/x", outage) == (
+        "cannot read step outputs under s3://b/x: StorageUnavailable: list s3://b/x: the store stayed unreachable for "
+        "300s")
+
+
+SECRET_PREFIX = "s3://AKIAFAKE:secretvalue@bucket/x"
+
+
+def test_a_prefix_with_credentials_is_refused_in_one_line_without_echoing_them(tmp_path):
+    exp = tmp_path / "exp.py"
+    exp.write_text("import dataclasses\nfrom marin.execution import ExecutorStep, executor_main, this_output_path\n"
+                   "@dataclasses.dataclass(frozen=True)\nclass Cfg:\n    out: str\n"
+                   "def work(cfg):\n    pass\n"
+                   "if __name__ == '__main__':\n"
+                   "    executor_main(steps=[ExecutorStep('probe/a', work, Cfg(this_output_path()))])\n")
+    want = ("marin: error: --prefix s3://***@bucket/x has credentials in it (the part before '@'); an object store "
+            "takes credentials from the environment, never from the URL: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "(or ~/.aws/credentials, AWS_PROFILE) for s3://, GOOGLE_APPLICATION_CREDENTIALS (or `gcloud auth "
+            "application-default login`) for gs://")
+    dry = subprocess.run([sys.executable, str(exp), "--prefix", SECRET_PREFIX, "--dry_run", "true"],
+                         capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         timeout=120)
+    status = marin("status", "--prefix", SECRET_PREFIX, cwd=tmp_path)
+    for r, code in ((dry, 1), (status, 2)):
+        assert r.returncode == code and r.stdout == ""
+        assert r.stderr.strip().splitlines() == [want]
+        assert "secretvalue" not in r.stderr and "AKIAFAKE" not in r.stderr
+
+
+def test_report_of_an_experiment_file_masks_its_card_as_the_stored_record_does(tmp_path, capsys):
+    from marin.cli import main
+
+    exp = tmp_path / "exp.py"
+    exp.write_text("from marin.execution import ExecutorStep, executor_main, this_output_path\n"
+                   "def work(cfg):\n    pass\n"
+                   "if __name__ == '__main__':\n"
+                   "    executor_main(steps=[ExecutorStep('probe/a', work, {'out': this_output_path()})],\n"
+                   "                  description='calls the API with Bearer abc.def.ghi',\n"
+                   "                  risks='the endpoint wants Authorization: Bearer abc.def.ghi')\n")
+    out = tmp_path / "r.html"
+    assert main(["report", str(exp), "--prefix", str(tmp_path / "store"), "-o", str(out)]) == 0, capsys.readouterr()
+    page = out.read_text()
+    assert "abc.def.ghi" not in page
+    assert "the endpoint wants Authorization: Bearer ***" in page and "calls the API with Bearer ***" in page
+
+
+def test_convert_checkpoints_of_no_such_directory_fails_in_one_line(tmp_path, capsys):
+    from marin.cli import main
+
+    assert main(["convert-checkpoints", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err == (f"marin: error: no such directory: {tmp_path}/nope (pass a training step's "
+                                       "output directory; `marin status` lists them)\n")
+    assert main(["convert-checkpoints", str(tmp_path)]) == 2
+    assert "has no committed checkpoint" in capsys.readouterr().err
+
+
+def test_marin_plan_names_a_batch_that_is_not_whole_sequences(capsys):
+    from marin.cli import main
+
+    assert main(["plan", "tiny-ep", "--pool", "local-cpu", "--tokens-per-step", "4000", "--seq-len", "64"]) == 2
+    assert capsys.readouterr().err == (
+        "marin plan: error: tokens per step 4,000 is not a multiple of seq_len 64 (62.5 sequences): a step is whole "
+        "sequences; 3,584 or 4,096 split evenly over 8 devices\n")
+
+
+def test_marin_plan_says_a_longer_sequence_raises_the_context_as_training_does(capsys):
+    from marin.cli import main
+    from marin.training.config import SyntheticDataConfig, TrainConfig
+
+    assert main(["plan", "tiny-ep", "--pool", "local-cpu", "--seq-len", "256", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert (p["max_seq_len"], p["preset_max_seq_len"]) == (256, 128)
+    trained = TrainConfig(output_path="/x", data=SyntheticDataConfig(vocab_size=512), model="tiny-ep",
+                          seq_len_phases=((0.0, 256),), tokens_per_step=2048)
+    assert trained.model.max_seq_len == p["max_seq_len"]  # what the run records, and sample then allows
+    assert main(["plan", "tiny-ep", "--pool", "local-cpu", "--seq-len", "256"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "  context: 256 tokens, the longest sequence trained (the preset's max_seq_len is 128; a training run raises "
+        "it the same way and records it, so sample, eval and export of the run take up to 256)")
+
+
+def test_a_copy_of_the_quickstart_with_other_step_names_prints_commands_for_its_own_steps(tmp_path):
+    import importlib.util
+
+    from marin.execution.plan import plan_steps
+
+    copy = tmp_path / "my_experiment.py"
+    copy.write_text((REPO / "experiments" / "quickstart.py").read_text().replace('"quickstart/', '"mine/'))
+    spec = importlib.util.spec_from_file_location("my_experiment", copy)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # declares the steps; runs nothing (not __main__)
+    plan = plan_steps([module.mixture_report, module.health, module.evaluation], str(tmp_path / "store"))
+    hints = module.review_hints(plan)
+    assert "quickstart/" not in hints.replace(str(tmp_path), "")
+    assert f"  marin show mine/train-tiny-moe --prefix {plan.prefix}" in hints.splitlines()
+    assert f"  marin show mine/health --prefix {plan.prefix}" in hints.splitlines()
+    assert f"  marin eval {plan.planned(module.train).output_path}" in hints.splitlines()
+
+
+def test_rays_notice_that_token_authentication_is_on_is_dropped_and_its_warnings_kept():
+    import logging
+
+    from ray._private.authentication import authentication_token_setup as ray_tokens
+
+    from marin.execution.cluster import RAY_TOKEN_LOGGER, quiet_default_token_notice
+
+    assert ray_tokens.logger.name == RAY_TOKEN_LOGGER
+    quiet_default_token_notice()
+    quiet_default_token_notice()  # once per process, however many clusters it starts
+    assert len(logging.getLogger(RAY_TOKEN_LOGGER).filters) == 1
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # Ray's loggers do not propagate to caplog's
+    logging.getLogger(RAY_TOKEN_LOGGER).addHandler(handler)
+    try:
+        ray_tokens._warn_token_auth_enabled()  # Ray's own notice, on every local cluster with its default
+        ray_tokens._warn_token_auth_disabled()  # authentication off: a real warning, kept
+    finally:
+        logging.getLogger(RAY_TOKEN_LOGGER).removeHandler(handler)
+    assert [m.split(".")[0] for m in seen] == ["Token authentication is disabled for this Ray cluster"]
+
+
+def test_lm_evals_git_lookup_outside_a_repository_prints_nothing(tmp_path, monkeypatch, capfd):
+    import lm_eval.evaluator
+
+    from marin.evaluation.harness import quiet_git_commit_hash
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # tmp_path is in no repository
+    lm_eval.evaluator.get_git_commit_hash()  # lm_eval's own lookup, as simple_evaluate calls it
+    assert "fatal: not a git repository" in capfd.readouterr().err
+    assert quiet_git_commit_hash() is None
+    assert capfd.readouterr() == ("", "")
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("GIT_CEILING_DIRECTORIES")
+    assert quiet_git_commit_hash() == lm_eval.evaluator.get_git_commit_hash()  # the same record where there is one

@@ -1,6 +1,7 @@
 """Put runs side by side: differing versioned fields, overlaid curves.
 
-Compare steps (training runs, or any steps): the versioned config fields whose values differ, the
+Compare training runs (or other steps that run one function; a training run beside its eval step is
+refused): the versioned config fields whose values differ (shown as plain values), the
 last loss / bpb / grad norm / drop fraction, and with -o an HTML page of those curves overlaid
 against step, tokens and FLOPs. Each argument is a step directory or a step name (latest run of
 that name under the prefix).
@@ -15,7 +16,7 @@ import sys
 from marin.commands import options
 from marin.execution import storage
 from marin.review import Step
-from marin.review.compare import compare, comparison_html, format_comparison
+from marin.review.compare import check_one_kind, compare, comparison_html, format_comparison
 from marin.review.steps import find_step
 
 
@@ -30,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     if len(args.steps) < 2:
         raise ValueError("compare needs at least two runs or steps (paths or step names)")
     steps = [Step(find_step(t, args.prefix)) for t in args.steps]
+    check_one_kind(steps)
     result = compare(steps)
     print(json.dumps(result, default=repr) if args.json else format_comparison(result))
     if args.output:

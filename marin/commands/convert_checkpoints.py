@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from marin.inference.run import committed_run_steps
 from marin.training.checkpoint import convert_legacy
 
 
@@ -17,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    committed = committed_run_steps(args.run)  # no such directory, or no checkpoint in it: one line, status 2
     steps = convert_legacy(args.run)
-    print(f"converted {len(steps)} checkpoint(s): {steps}" if steps else "nothing to convert")
+    print(f"converted {len(steps)} checkpoint(s): {steps}" if steps else
+          f"nothing to convert: the run's committed checkpoints {committed} are all in the sharded format")
     return 0

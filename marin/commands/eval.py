@@ -84,7 +84,8 @@ def _tokenize_reason(message: str, workdir: str) -> str:
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
     reason = "; ".join(lines[1:]) if len(lines) > 1 else lines[0] if lines else "tokenizing failed"
     reason = re.sub(r" \((?:finished shards|the shards) are kept[^)]*\)", "", reason)
-    reason = reason.replace(", or set allow_empty=True", "").replace(workdir, "<temporary store>")
+    reason = re.sub(r", or pass allow_empty=True \([^)]*\)(?: if an empty store is what you want)?", "", reason)
+    reason = reason.replace(workdir, "<temporary store>")
     return reason
 
 

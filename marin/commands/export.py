@@ -26,7 +26,7 @@ from marin.inference.export import (
     model_readers,
     storage_reason,
 )
-from marin.inference.run import with_verified_checkpoint
+from marin.inference.run import load_verified_checkpoint
 from marin.models.exported import EXPORT_DTYPES
 from marin.textfmt import format_bytes
 from marin.training.checkpoint import checkpoint_path, read_index
@@ -66,7 +66,7 @@ def _dry_run(args: argparse.Namespace) -> int:
         return step, export_estimate(cfg, read_index(path)["leaves"], dtype=args.dtype,
                                      max_shard_bytes=args.max_shard_size, processes=args.processes, remote=remote)
 
-    step, est = with_verified_checkpoint(args.run, args.step, estimate)
+    step, (_, est) = load_verified_checkpoint(args.run, args.step, estimate)
     try:
         fs, root = fsspec.core.url_to_fs(args.output)
         busy = fs.isdir(root) and fs.ls(root, detail=False)

@@ -17,6 +17,7 @@ from marin.commands.options import fraction, positive_float, positive_int
 from marin.inference.planning import WEIGHT_DTYPES, format_inference_plan, inference_plan
 from marin.models.config import PRESETS, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
+from marin.training.config import resolve_model
 from marin.training.planning import DEFAULT_MFU, STORAGE_WRITE_BYTES_PER_S, format_plan, plan
 from marin.training.pools import POOLS, get_pool
 
@@ -27,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens-per-step", type=positive_int, default=None,
                    help="optimizer batch in tokens (default: the pool's devices x 16 sequences, or the hero's batch)")
     p.add_argument("--seq-len", type=positive_int, default=None,
-                   help="sequence length (default: the preset's max_seq_len)")
+                   help="sequence length (default: the preset's max_seq_len; a longer one raises the model's "
+                        "context to it, as training does)")
     p.add_argument("--microbatches", type=positive_int, default=None, help="gradient accumulation count (default: the "
                    "smallest that fits)")
     p.add_argument("--transport", default=None, help="EP transport (default: the preset's; hero/ladder: fixed)")
@@ -78,10 +80,11 @@ def run(args: argparse.Namespace) -> int:
         return _run_inference(args)
     overrides = {k: v for k, v in (("remat_policy", args.remat), ("dtype", args.dtype)) if v is not None}
     try:
-        cfg = get_preset(args.preset, **overrides)
+        preset = get_preset(args.preset, **overrides)
         pool = get_pool(args.pool)
-        seq_len = args.seq_len or cfg.max_seq_len
-        transport = args.transport or (cfg.transport if cfg.transport != "local" or pool.mesh[1] == 1 else "fixed")
+        seq_len = args.seq_len or preset.max_seq_len
+        transport = args.transport or (preset.transport if preset.transport != "local" or pool.mesh[1] == 1
+                                       else "fixed")
         is_hero = args.preset == "hero"
         tokens_per_step = args.tokens_per_step or (HERO_TOKENS_PER_STEP if is_hero else pool.num_devices * 16 * seq_len)
         steps = args.steps if args.steps is not None else (HERO_STEPS if is_hero else None)
@@ -92,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         if args.microbatches is not None and args.microbatches < 1:
             raise ValueError(f"--microbatches must be >= 1, got {args.microbatches}")
         phases = HERO_SEQ_LEN_PHASES if is_hero and args.seq_len is None and args.steps is None else None
+        # the model a run trains: the preset with its context raised to the longest sequence, as training does
+        cfg = resolve_model(args.preset, overrides, None, phases or ((0.0, seq_len),))
         p = plan(cfg, pool, tokens_per_step=tokens_per_step, seq_len=seq_len, microbatches=args.microbatches,
                  transport=transport, train_steps=steps, mfu=args.mfu, seq_len_phases=phases,
                  planned_tokens=planned, param_sharding=args.param_sharding,
@@ -100,8 +105,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"marin plan: error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     p["model"] = args.preset
+    p["max_seq_len"], p["preset_max_seq_len"] = cfg.max_seq_len, preset.max_seq_len
     if args.json:
         print(json.dumps(p, sort_keys=True))
     else:
         print(format_plan(p))
+        if cfg.max_seq_len > preset.max_seq_len:
+            print(f"  context: {cfg.max_seq_len:,} tokens, the longest sequence trained (the preset's max_seq_len is "
+                  f"{preset.max_seq_len:,}; a training run raises it the same way and records it, so sample, eval "
+                  f"and export of the run take up to {cfg.max_seq_len:,})")
     return 0 if p["fits"] else 1

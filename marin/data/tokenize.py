@@ -386,11 +386,12 @@ def empty_or_damaged(manifest: dict[str, Any], config: TokenizeConfig) -> str | 
         if totals["documents"] == 0:
             reasons = ", ".join(f"{n} {k}" for k, n in sorted(skipped.items())) or "no records at all"
             return (f"no documents to tokenize {where}: {totals.get('files', 0)} file(s), skipped: {reasons}; check "
-                    "the path and text_field, or set allow_empty=True if an empty store is what you want")
+                    "the path and text_field, or pass allow_empty=True (default_tokenize, TokenizeConfig) if an empty "
+                    "store is what you want")
         empty = sorted(name for name, src in manifest["sources"].items() if src["documents"] == 0)
         if empty:
             return (f"{len(empty)} source(s) {where} have no documents: {', '.join(empty)}; check them, drop them "
-                    "from sources, or set allow_empty=True")
+                    "from sources, or pass allow_empty=True (default_tokenize, TokenizeConfig)")
     damaged = sum(skipped.get(k, 0) for k in DAMAGED_SKIPS)
     records = totals["documents"] + sum(skipped.values())
     why = damaged_documents_violation(damaged, records, config.max_corrupt_fraction)

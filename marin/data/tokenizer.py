@@ -213,7 +213,8 @@ def train_tokenizer(config: TrainTokenizerConfig) -> None:
             f"the tokenizer learned {merges} merges, {learned} of the {config.vocab_size} vocabulary entries asked: "
             f"the text under {config.input_path} ({report.get('files', 0)} file(s), {report.get('bytes', 0):,} bytes "
             f"sampled from field {config.text_field!r}) is empty or too small; give it more text, lower vocab_size or "
-            "min_frequency, or set allow_small_vocab=True")
+            "min_frequency, or pass allow_small_vocab=True (default_tokenizer, TrainTokenizerConfig) to accept a "
+            "smaller vocabulary")
     text = tok.to_str()
     out = config.output_path.rstrip("/")
     fs, root = fsspec.core.url_to_fs(out)

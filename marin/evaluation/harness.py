@@ -19,15 +19,21 @@ Importing this module imports lm_eval (the ``eval`` extra).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import subprocess
+from collections.abc import Iterator
 from typing import Any
 
 import lm_eval
+import lm_eval.evaluator
 import numpy as np
 import yaml
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
+from lm_eval.loggers.utils import get_commit_from_path
 from lm_eval.utils import make_table
 
 from marin.data.tokenizer import load_tokenizer
@@ -157,13 +163,43 @@ def _check_yaml(path: str) -> None:
                 raise HarnessTaskError(f"task file {path}: its {split} data file {name} does not exist")
 
 
+logger = logging.getLogger(__name__)
+
+
+def quiet_git_commit_hash() -> str | None:
+    """lm_eval's record of the working directory's git commit, asked the same way (``git describe
+    --always``, else the ``.git`` folder) but with git's complaint kept off the terminal: outside a
+    repository git prints "fatal: not a git repository" on every evaluation, about a directory that
+    has nothing to do with the model (marin records its own code fingerprint in the step's record)."""
+    try:
+        done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, check=False)
+    except FileNotFoundError:  # no git on this machine
+        return get_commit_from_path(os.getcwd())
+    if done.returncode != 0:
+        logger.debug("no git commit for lm_eval's record: %s", done.stderr.strip())
+        return get_commit_from_path(os.getcwd())
+    return done.stdout.strip()
+
+
+@contextlib.contextmanager
+def _quiet_git() -> Iterator[None]:
+    """lm_eval's evaluator asks :func:`quiet_git_commit_hash` instead of its own, for this block."""
+    own = lm_eval.evaluator.get_git_commit_hash
+    lm_eval.evaluator.get_git_commit_hash = quiet_git_commit_hash
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.get_git_commit_hash = own
+
+
 def evaluate_tasks(lm: MarinLM, tasks: list[str], *, include_path: str | None = None, limit: int | None = None,
                    output_path: str | None = None) -> dict[str, Any]:
     """lm_eval's ``simple_evaluate`` of ``tasks`` on ``lm``; with ``output_path`` its results JSON is
     written there by lm_eval's own EvaluationTracker (``<output_path>/marin/results_<time>.json``)."""
     manager = check_tasks(tasks, include_path)
-    results = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
-                                      log_samples=False, bootstrap_iters=0)
+    with _quiet_git():
+        results = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
+                                          log_samples=False, bootstrap_iters=0)
     if output_path:
         from lm_eval.loggers import EvaluationTracker  # slow to import, only when results are written
 

@@ -39,6 +39,7 @@ def ensure_ray(address: str | None) -> bool:
         except Exception as e:
             raise ExecutorError(join_failure(address, token, e)) from None
         return False
+    quiet_default_token_notice()
     try:
         ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
     except SystemExit:
@@ -50,6 +51,25 @@ def ensure_ray(address: str | None) -> bool:
             shutdown_local_ray()
         raise
     return True
+
+
+RAY_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+DEFAULT_TOKEN_NOTICE = "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled"
+"""What Ray logs at WARNING on every start of a local cluster with its default, token
+authentication on: news on every run, not a warning. Ray's warning that authentication is *off*
+(``RAY_AUTH_MODE=disabled``) and its errors are kept."""
+
+
+class _DropDefaultTokenNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(DEFAULT_TOKEN_NOTICE)
+
+
+def quiet_default_token_notice() -> None:
+    """Drop :data:`DEFAULT_TOKEN_NOTICE` at its source logger (once per process)."""
+    source = logging.getLogger(RAY_TOKEN_LOGGER)
+    if not any(isinstance(f, _DropDefaultTokenNotice) for f in source.filters):
+        source.addFilter(_DropDefaultTokenNotice())
 
 
 NO_FAILURE_SIGNAL_HANDLER = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"

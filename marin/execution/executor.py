@@ -54,7 +54,13 @@ from marin.execution.errors import (
     PreviouslyFailedError,
     UnreadableRecordError,
 )
-from marin.execution.failures import StopRequested, disk_full_error, is_infrastructure_failure
+from marin.execution.failures import (
+    STORE_ADVICE,
+    StopRequested,
+    disk_full_error,
+    is_infrastructure_failure,
+    unreadable_store_message,
+)
 from marin.execution.fingerprint import code_fingerprint, drift
 from marin.execution.hashing import canonical_json, sha256_hex
 from marin.execution.jsonable import mask_argv, mask_leaves, mask_text, to_jsonable
@@ -860,9 +866,9 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
     try:
         statuses = read_statuses(plan)
     except Exception as e:  # unreachable store, missing credentials, ...
-        problem = f"cannot read step status under {plan.prefix}: {type(e).__name__}: {e}"
+        problem = mask_text(unreadable_store_message(f"step status under {plan.prefix}", e))
         if not opts.dry_run:
-            raise ExecutorError(problem + "\nCheck the prefix, your credentials and the network.") from e
+            raise ExecutorError(f"{problem}\n{STORE_ADVICE[0].upper()}{STORE_ADVICE[1:]}.") from e
         print(f"warning: {problem}; showing the plan as if no step had run", file=sys.stderr)
         statuses = {s: None for s in plan.steps}
     unreadable = [s for s in plan.steps if st.current_status(statuses[s]) == StepStatus.UNREADABLE]

@@ -81,3 +81,31 @@ def disk_full_error(exc: BaseException | None) -> OSError | None:
     """The "no space left" (or "quota exceeded") error in ``exc``'s chain, Ray's wrapper included, or
     None. Not an infrastructure failure: a retry fails the same way until someone frees space."""
     return next((e for e in error_chain(exc) if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS), None)
+
+
+_STORE_CLIENT_MODULES = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google.auth", "google.api_core",
+                         "google.cloud", "aiohttp", "requests", "urllib3")
+"""Where the object-store clients' own errors come from (matched by module: this layer imports none)."""
+
+STORE_ADVICE = "check the prefix, your credentials and the network"
+
+
+def store_access_error(exc: BaseException | None) -> BaseException | None:
+    """The error in ``exc``'s chain that says an object store could not be read (credentials missing
+    or refused, access denied, an endpoint that does not answer, the retry limit spent), or None for
+    anything else: a bug, or a local file's error, keeps its own report."""
+    for e in error_chain(exc):
+        if isinstance(e, StorageUnavailable):
+            return e
+        if any(c.__module__.split(".")[0] in _STORE_CLIENT_MODULES or c.__module__.startswith(_STORE_CLIENT_MODULES)
+               for c in type(e).__mro__ if c.__module__ != "builtins"):
+            return e
+    return None
+
+
+def unreadable_store_message(where: str, exc: BaseException) -> str:
+    """``cannot read step status under s3://b/x: NoCredentialsError: Unable to locate credentials``:
+    one line (the error's first), whoever reads the store: ``marin run`` and the review commands."""
+    text = str(exc).strip()
+    line = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+    return f"cannot read {where}: {line if len(line) <= 300 else line[:297] + '...'}"

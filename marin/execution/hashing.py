@@ -59,6 +59,35 @@ def encode(value: Any, path: FieldPath | str = "") -> Any:
     return walk(value, _encode_leaf, _encode_container, path, key_text)
 
 
+_TAGS = {"float", "enum", "path", "tuple", "dict", "dict_items", "set"}
+
+
+def plain(encoded: Any) -> Any:
+    """An encoded value (:func:`encode`) as a person reads it, for review tools: ``{"float": "3.0"}``
+    reads ``3.0``, a tuple or set a list, a dict a dict, a dataclass its fields, an enum and a path
+    their text. The encoding's tags keep ``1`` and ``1.0`` apart for hashing; a comparison table
+    compares the encodings and shows these."""
+    if isinstance(encoded, list):
+        return [plain(v) for v in encoded]
+    if not isinstance(encoded, dict):
+        return encoded
+    if len(encoded) == 1 and next(iter(encoded)) in _TAGS:
+        tag, value = next(iter(encoded.items()))
+        if tag == "float":
+            return float(value)
+        if tag in ("enum", "path"):
+            return value
+        if tag in ("tuple", "set"):
+            return [plain(v) for v in value]
+        if tag == "dict":
+            return {k: plain(v) for k, v in value.items()}
+        keys = [plain(k) for k, _ in value]  # dict_items: keys that are not str read as JSON text
+        return {k if isinstance(k, str) else json.dumps(k): plain(v) for k, (_, v) in zip(keys, value)}
+    if set(encoded) == {"dataclass", "fields"}:
+        return {k: plain(v) for k, v in encoded["fields"].items()}
+    return {k: plain(v) for k, v in encoded.items()}  # an input placeholder: {"input": digest, "subpath": ...}
+
+
 def key_text(key: Any) -> str:
     """Canonical text of a dict key: JSON of a str, else the canonical encoding of the key.
 

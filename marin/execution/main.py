@@ -12,6 +12,7 @@ import draccus
 
 from marin.execution.executor import ExecutorError, ExecutorInterrupted, RunOptions, RunResult, run_plan
 from marin.execution.hashing import UnhashableConfigError
+from marin.execution.jsonable import mask_text
 from marin.execution.lease import DEFAULT_TTL_S
 from marin.execution.plan import PlanError, plan_steps
 from marin.execution.prefix import DEFAULT_PREFIX, resolve_prefix
@@ -101,12 +102,14 @@ CARD_FIELDS = ("hypothesis", "goal", "risks", "contingency")
 def experiment_card(hypothesis: str | None = None, goal: str | None = None, risks: str | None = None,
                     contingency: str | None = None) -> dict[str, str] | None:
     """The experiment card: what the experiment expects and will do if it does not happen (free
-    text; not versioned: rewording a hypothesis changes no step's output). None when all are empty."""
+    text; not versioned: rewording a hypothesis changes no step's output). None when all are empty.
+    Credential-looking text is masked here, where the card is made, so the stored record and a
+    report of the experiment file (which never reaches the executor) show the same card."""
     card = {"hypothesis": hypothesis, "goal": goal, "risks": risks, "contingency": contingency}
     for k, v in card.items():
         if v is not None and not isinstance(v, str):
             raise TypeError(f"executor_main({k}=...) must be text, got {type(v).__name__}")
-    card = {k: v.strip() for k, v in card.items() if v and v.strip()}
+    card = {k: mask_text(v.strip()) for k, v in card.items() if v and v.strip()}
     return card or None
 
 
@@ -176,6 +179,7 @@ def executor_main(
     the outcome.
     """
     card = experiment_card(hypothesis, goal, risks, contingency)
+    description = mask_text(description) if description else description  # as the card: one masking for both
     if _capturing:
         raise ExperimentLoaded(list(steps or []), description, card)
     from_cli = config is None

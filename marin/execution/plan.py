@@ -209,9 +209,24 @@ def _output_path(prefix: str, step: ExecutorStep, short_hash: str) -> str:
     return norm
 
 
+CREDENTIALS_HELP = ("an object store takes credentials from the environment, never from the URL: "
+                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws/credentials, AWS_PROFILE) for s3://, "
+                    "GOOGLE_APPLICATION_CREDENTIALS (or `gcloud auth application-default login`) for gs://")
+"""Where credentials go instead of a URL's user-info part."""
+
+
 def normalize_prefix(prefix: str) -> str:
-    """Absolute local path or ``scheme://...`` URL, without a trailing slash."""
+    """Absolute local path or ``scheme://...`` URL, without a trailing slash.
+
+    A URL with a user-info part (``s3://KEY:SECRET@bucket/x``) is refused, without echoing it: the
+    prefix is printed by every run, written into every step's record and passed to the store's
+    client, whose errors quote it; credentials belong in the environment (:data:`CREDENTIALS_HELP`)."""
     prefix = prefix.rstrip("/") or "/"
+    scheme, sep, rest = prefix.partition("://")
+    if sep and "@" in rest.split("/", 1)[0]:
+        shown = f"{scheme}://***@{rest.split('/', 1)[0].rsplit('@', 1)[1]}" + (
+            "/" + rest.split("/", 1)[1] if "/" in rest else "")
+        raise PlanError(f"--prefix {shown} has credentials in it (the part before '@'); {CREDENTIALS_HELP}")
     if "://" in prefix:
         if prefix.startswith("file://"):
             return os.path.abspath(prefix[len("file://"):])

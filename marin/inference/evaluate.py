@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
+import numpy as np
 
 from marin.evaluation.metrics import suite_metrics
 from marin.evaluation.multiple_choice import prepare_run_tasks, score_prepared_task
 from marin.evaluation.sets import EvalSet
 from marin.evaluation.suite import prepare_run_suite, run_eval_sets
 from marin.execution.versioning import by_field, input_field, live
+from marin.inference.run import load_verified_checkpoint
 from marin.training.checkpoint import checkpoint_path, load_model, read_metadata, select_steps
 from marin.training.config import train_config_from_record
 from marin.training.pools import HostContext, get_pool, launch, run_local
@@ -72,7 +74,11 @@ def evaluate_checkpoints_on_host(ctx: HostContext, config: EvalConfig, steps: li
     tasks = prepare_run_tasks(train_config, config.tasks, mesh, config.seq_len)  # tokenized once, for every step
     records = []
     for step in steps:
-        model = load_model(config.run_path, mesh, step=step)  # exactly the model the run trained (its record)
+        # exactly the model the run trained (its record); "latest" is the newest checkpoint that verifies
+        wanted = None if config.checkpoint in ("latest", None) else step
+        step, model = load_verified_checkpoint(config.run_path, wanted,
+                                               lambda s: load_model(config.run_path, mesh, step=s),
+                                               flag="--checkpoint", agree=every_process_agrees(ctx))
         rec = {"step": step, "checkpoint": model.path, "train_tokens": int(model.metadata.get("tokens", 0))}
         if suite is not None:
             rec.update(suite_metrics(evaluate_prepared(model.params, model.router_bias, suite, model.config, mesh)))
@@ -88,6 +94,16 @@ def evaluate_checkpoints_on_host(ctx: HostContext, config: EvalConfig, steps: li
         out["eval_tokens"] = suite.num_tokens
         out["seq_len"] = suite.seq_len
     return out
+
+
+def every_process_agrees(ctx: HostContext):
+    """None on one process; else a vote that is True only where every process of the pool says True
+    (each reads only its own slices of a checkpoint, so damage may show on one host alone)."""
+    if ctx.num_processes == 1:
+        return None
+    from jax.experimental import multihost_utils  # JAX: on the pool's hosts only (see above)
+
+    return lambda ok: bool(np.all(multihost_utils.process_allgather(np.asarray(ok, dtype=np.int32))))
 
 
 def run_eval(config: EvalConfig, *, use_ray: bool | None = None) -> dict[str, Any]:

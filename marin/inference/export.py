@@ -38,7 +38,7 @@ from marin.data.tokenizer import tokenizer_json_path
 from marin.evaluation.sets import run_tokenizer_path
 from marin.execution.executor import experiment_record_paths, read_experiment_record
 from marin.execution.status import read_info
-from marin.inference.run import with_verified_checkpoint
+from marin.inference.run import load_verified_checkpoint
 from marin.models import numpy_forward
 from marin.models.config import count_params
 from marin.models.exported import (
@@ -309,10 +309,9 @@ def export_checkpoint(run_dir: str, out_dir: str, *, step: int | None = None, dt
         raise ExportError(f"--processes must be at least 1, got {processes}")
     prepare_output(out_dir, overwrite)
     invocation = uuid.uuid4().hex
-    kwargs = {"say": say} if say is not None else {}
-    return with_verified_checkpoint(
+    return load_verified_checkpoint(
         run_dir, step, lambda s: _export_step(run_dir, s, out_dir, dtype, max_shard_bytes, processes, invocation),
-        **kwargs)
+        say=say)[1]
 
 
 def _export_step(run_dir: str, step: int, out_dir: str, dtype: str, max_shard_bytes: int, processes: int,

@@ -8,17 +8,19 @@ checkpoints change format only that function changes.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import fsspec
+
 from marin.evaluation.sets import load_run_tokenizer
 from marin.training.checkpoint import (
     CorruptCheckpointError,
     checkpoint_path,
-    checkpoint_step,
     committed_steps,
     load_model,
     read_metadata,
@@ -26,60 +28,70 @@ from marin.training.checkpoint import (
 from marin.training.config import train_config_from_record
 from marin.training.pools import get_pool, host_env
 
-
-class RunLoadError(FileNotFoundError):
-    """A run directory without the checkpoint asked for (none committed, not at that step, or damaged)."""
-
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-def _say_on_stderr(line: str) -> None:
-    print(line, file=sys.stderr)
+class RunLoadError(FileNotFoundError):
+    """A run directory without the checkpoint asked for (no such directory, none committed, not at
+    that step, or the one asked for is damaged): a FileNotFoundError, so the CLI prints one line."""
 
 
-def with_verified_checkpoint(run_dir: str, step: int | None, use: Callable[[int], T], *, flag: str = "--step",
-                             say: Callable[[str], None] = _say_on_stderr) -> T:
-    """``use(step)`` on a committed checkpoint of ``run_dir`` that verifies; what every command that
-    reads a run's model (sample, eval, export, harness) goes through.
-
-    ``step`` None: the newest committed checkpoint, and if reading it raises
-    :class:`CorruptCheckpointError` (a flipped byte fails its chunk's checksum, a part record is
-    missing) the next older one, with one line through ``say`` naming the damaged checkpoint, the way
-    training falls back on restore. The damaged one is left where it is: these commands only read the
-    run. ``step`` given: that checkpoint or a one-line :class:`RunLoadError` naming it and ``flag``
-    (the option that picks another). A run without any checkpoint that verifies is a
-    :class:`RunLoadError` naming each damaged one."""
-    if step is not None:
-        try:
-            checkpoint_step(run_dir, step)
-        except FileNotFoundError as e:
-            raise RunLoadError(str(e)) from None
-        try:
-            return use(step)
-        except CorruptCheckpointError as e:
-            others = [s for s in committed_steps(run_dir) if s != step]
-            hint = f"pass {flag} N for another committed one ({', '.join(map(str, others))})" if others else \
-                "it is the run's only committed checkpoint"
-            raise RunLoadError(f"checkpoint {step} of {run_dir} is damaged ({e}); {hint}") from None
+def committed_run_steps(run_dir: str) -> list[int]:
+    """The committed checkpoint steps of ``run_dir``, ascending; :class:`RunLoadError` saying which
+    is the case for a directory that does not exist and for one without a committed checkpoint."""
+    fs, path = fsspec.core.url_to_fs(run_dir)
+    if not fs.exists(path):
+        raise RunLoadError(f"no such directory: {run_dir} (pass a training step's output directory; "
+                           "`marin status` lists them)")
     steps = committed_steps(run_dir)
     if not steps:
+        raise RunLoadError(f"{run_dir} has no committed checkpoint (is it a training step's output directory?)")
+    return steps
+
+
+def load_verified_checkpoint(run_dir: str, step: int | None, load: Callable[[int], T], *,
+                             flag: str = "--step", agree: Callable[[bool], bool] | None = None,
+                             say: Callable[[str], None] | None = None) -> tuple[int, T]:
+    """``(step, load(step))`` for the checkpoint of ``run_dir`` that verifies: the one asked for, or
+    (``step=None``) the newest committed one whose data reads back.
+
+    Training moves a damaged checkpoint aside and resumes from the one before; a reader (sample,
+    eval, export, harness) must not change the run, so it leaves the damaged one where it is, says
+    so in one warning line naming it, and uses the newest older one that verifies. A damaged
+    checkpoint asked for by step is refused in one line naming ``flag`` with an older step, never
+    silently replaced. ``load`` raises :class:`CorruptCheckpointError` for data that does not verify
+    (a flipped byte, a truncated chunk, a missing part record). ``agree`` (every process of a pool
+    calls this): True only where every process read its slices of a checkpoint cleanly, since each
+    process reads only its own slices and a damaged chunk may be one host's alone. ``say``: where the
+    warning line goes (default: this module's logger)."""
+    steps = committed_run_steps(run_dir)
+    if step is not None and step not in steps:
+        raise RunLoadError(f"{run_dir} has no committed checkpoint at step {step}; committed: {steps}")
+    candidates = [step] if step is not None else list(reversed(steps))
+    damaged: list[str] = []
+    for s in candidates:
         try:
-            checkpoint_step(run_dir, None)  # its message says what the directory holds
-        except FileNotFoundError as e:
-            raise RunLoadError(str(e)) from None
-    damaged = []
-    for s in reversed(steps):
-        try:
-            return use(s)
+            result, problem = load(s), None
         except CorruptCheckpointError as e:
-            damaged.append(s)
-            older = [o for o in steps if o < s]
-            if older:
-                say(f"checkpoint {s} of {run_dir} is damaged ({e}); using checkpoint {older[-1]} instead "
-                    f"(pass {flag} N to choose)")
-    raise RunLoadError(f"no committed checkpoint of {run_dir} verifies (damaged: {', '.join(map(str, damaged))}); "
-                       "the run has to be retrained from its last good state or its checkpoints restored from a copy")
+            result, problem = None, e
+        if agree is not None and not agree(problem is None):
+            problem = problem or CorruptCheckpointError(f"{checkpoint_path(run_dir, s)}: another process of the "
+                                                        "pool could not read its part")
+        if problem is None:
+            if damaged:
+                line = f"{'; '.join(damaged)}; using step {s}, the newest checkpoint that verifies"
+                (say or logger.warning)(line)
+            return s, result
+        reason = str(problem).removeprefix(f"{checkpoint_path(run_dir, s)}: ")
+        damaged.append(f"checkpoint {checkpoint_path(run_dir, s)} is damaged ({reason}) and was skipped")
+        if step is not None:
+            older = [x for x in steps if x < step]
+            hint = f"pass {flag} {older[-1]} for the one before it" if older else "it is the run's only checkpoint"
+            raise RunLoadError(f"checkpoint {checkpoint_path(run_dir, s)} is damaged ({reason}); {hint}")
+    raise RunLoadError(f"no checkpoint of {run_dir} verifies: " + "; ".join(d.removesuffix(" and was skipped")
+                                                                           for d in damaged))
 
 
 @dataclass
@@ -127,16 +139,15 @@ def _prepare_devices(pool) -> None:
 
 
 def load_run(run_dir: str, step: int | None = None, pool: str | None = None, *,
-             say: Callable[[str], None] = _say_on_stderr) -> LoadedRun:
+             say: Callable[[str], None] | None = None) -> LoadedRun:
     """The model of ``run_dir`` (a training step's output directory, any fsspec path) at committed
-    checkpoint ``step`` (None: the latest), on ``pool`` (None: the run's own; it must be one host,
-    since this process holds the model).
+    checkpoint ``step`` (None: the newest that verifies, see :func:`load_verified_checkpoint`), on
+    ``pool`` (None: the run's own; it must be one host, since this process holds the model).
 
     The model is restored through the sharded checkpoint restore (``load_model``): on a multi-device
     pool each device reads only its own slices; on one device the model is read whole.
-    A damaged newest checkpoint falls back to the previous one (:func:`with_verified_checkpoint`).
     Raises :class:`RunLoadError` for a run without that checkpoint."""
-    return with_verified_checkpoint(run_dir, step, lambda s: _load_step(run_dir, s, pool), say=say)
+    return load_verified_checkpoint(run_dir, step, lambda s: _load_step(run_dir, s, pool), say=say)[1]
 
 
 def _load_step(run_dir: str, step: int, pool: str | None) -> LoadedRun:
@@ -162,4 +173,3 @@ def _load_step(run_dir: str, step: int, pool: str | None) -> LoadedRun:
         params, bias = model.params, model.router_bias
     return LoadedRun(run_dir, step, path, model.config, params, bias, model.metadata,
                      load_run_tokenizer(train_config.data), mesh)
-

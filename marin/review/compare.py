@@ -13,9 +13,11 @@ import html
 import json
 from typing import Any
 
+from marin.execution.hashing import plain
 from marin.models.config import MoEConfig, flops_per_token
 from marin.review import Step
 from marin.review.plots import line_plot
+from marin.review.steps import train_horizon
 from marin.textfmt import format_table
 from marin.training.checkpoint import latest_checkpoint, read_metadata
 
@@ -26,15 +28,38 @@ AXES = ("step", "tokens", "flops")
 
 def differing_fields(steps: list[Step]) -> dict[str, list[Any]]:
     """Versioned field path -> value per step, for the fields whose values are not all equal (a field
-    one step lacks counts as different; its value shows as None)."""
+    one step lacks counts as different; its value shows as None). Values are compared as encoded
+    (``1`` and ``1.0`` differ, as they do for the hash) and shown plain (``3.0``, not ``{"float": "3.0"}``)."""
     fields = [s.versioned_fields for s in steps]
     keys = sorted({k for f in fields for k in f})
     out = {}
     for k in keys:
         values = [f.get(k) for f in fields]
         if len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1:
-            out[k] = values
+            out[k] = [plain(v) for v in values]
     return out
+
+
+def is_training_run(step: Step) -> bool:
+    """Whether a step trains: it wrote ``metrics.jsonl`` or its config has a training horizon."""
+    return bool(step.metric_records()) or train_horizon(step.config) is not None
+
+
+def check_one_kind(steps: list[Step]) -> None:
+    """Refuse to put a training run beside a step that does not train (its eval step, say), or steps
+    that run different functions: every versioned field would differ and no curve would line up.
+    ValueError (one line) naming the odd steps."""
+    training = [is_training_run(s) for s in steps]
+    if any(training) and not all(training):
+        odd = ", ".join(f"[{i + 1}] {s.name}-{s.hash}" + (f" ({s.fn})" if s.fn else "")
+                        for i, (s, t) in enumerate(zip(steps, training)) if not t)
+        raise ValueError(f"{odd}: not a training run (no metrics.jsonl, no train_steps in its config); compare "
+                         "training runs with training runs")
+    kinds = {s.fn for s in steps if s.fn}
+    if len(kinds) > 1 and not all(training):
+        listed = ", ".join(f"[{i + 1}] {s.name}-{s.hash} runs {s.fn or 'an unrecorded function'}"
+                           for i, s in enumerate(steps))
+        raise ValueError(f"cannot compare steps of different kinds: {listed}; compare steps that run one function")
 
 
 def _flops_per_token(step: Step):

@@ -213,7 +213,13 @@ def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: i
     else:
         ep_eff = ep
     sequences = tokens_per_step // seq_len
-    if tokens_per_step % seq_len or sequences % (n * microbatches):
+    if tokens_per_step % seq_len:
+        unit = seq_len * n  # whole sequences, the same count on every device
+        lower, upper = tokens_per_step // unit * unit, (tokens_per_step // unit + 1) * unit
+        raise ValueError(f"tokens per step {tokens_per_step:,} is not a multiple of seq_len {seq_len} "
+                         f"({tokens_per_step / seq_len:g} sequences): a step is whole sequences; "
+                         + (f"{lower:,} or " if lower else "") + f"{upper:,} split evenly over {n} devices")
+    if sequences % (n * microbatches):
         raise ValueError(f"{sequences} sequences of {seq_len} per step do not split over {n} devices x "
                          f"{microbatches} microbatches")
     tokens = tokens_per_step // (n * microbatches)  # per device and microbatch

@@ -23,7 +23,8 @@ def test_a_tokenizer_trained_on_an_empty_corpus_fails_unless_allowed(tmp_path):
     assert str(e.value) == (
         f"the tokenizer learned 0 merges, 257 of the 512 vocabulary entries asked: the text under {corpus} "
         "(1 file(s), 0 bytes sampled from field 'text') is empty or too small; give it more text, lower "
-        "vocab_size or min_frequency, or set allow_small_vocab=True")
+        "vocab_size or min_frequency, or pass allow_small_vocab=True (default_tokenizer, TrainTokenizerConfig) to "
+        "accept a smaller vocabulary")
     assert not (out / "tokenizer.json").exists()
     train_tokenizer(TrainTokenizerConfig(str(corpus), str(out), vocab_size=512, allow_small_vocab=True))
     assert json.loads((out / "tokenizer_info.json").read_text())["vocab_size"] == 257
@@ -50,7 +51,8 @@ def test_a_store_of_damaged_lines_fails_with_the_count(tmp_path):
         tokenize(cfg)
     assert str(e.value).startswith(
         f"no documents to tokenize under {tmp_path / 'corpus'} (text field 'text'): 1 file(s), skipped: 50 "
-        "invalid_json; check the path and text_field, or set allow_empty=True")
+        "invalid_json; check the path and text_field, or pass allow_empty=True (default_tokenize, TokenizeConfig) if "
+        "an empty store is what you want")
     assert not (out / "manifest.json").exists()
     # allowing an empty store does not allow damage beyond the corrupt-input policy
     with pytest.raises(TokenizeError) as e:
@@ -71,7 +73,25 @@ def test_one_empty_source_among_good_ones_fails_unless_allowed(tmp_path):
     with pytest.raises(TokenizeError) as e:
         tokenize(TokenizeConfig(str(root), tok, str(out), show_progress=False, use_ray=False))
     assert str(e.value).startswith(f"1 source(s) under {root} (text field 'text') have no documents: blank; check "
-                                   "them, drop them from sources, or set allow_empty=True")
+                                   "them, drop them from sources, or pass allow_empty=True "
+                                   "(default_tokenize, TokenizeConfig)")
     tokenize(TokenizeConfig(str(root), tok, str(out), show_progress=False, use_ray=False, allow_empty=True))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["sources"]["blank"]["documents"] == 0 and manifest["sources"]["good"]["documents"] == 20
+
+
+def test_the_settings_the_advice_names_are_options_of_the_experiment_defaults(tmp_path):
+    """The advice says to pass allow_empty / allow_small_vocab to default_tokenize / default_tokenizer:
+    they take them, pass them through, and (deciding only whether a step may succeed) keep its hash."""
+    from experiments.defaults import default_tokenize, default_tokenizer
+    from marin.execution.plan import plan_steps
+
+    tok = default_tokenizer("probe/tok", str(tmp_path / "corpus"), vocab_size=512)
+    tok_small = default_tokenizer("probe/tok", str(tmp_path / "corpus"), vocab_size=512, allow_small_vocab=True)
+    store = default_tokenize("probe/store", str(tmp_path / "corpus"), tok)
+    store_empty = default_tokenize("probe/store", str(tmp_path / "corpus"), tok, allow_empty=True)
+    assert tok_small.config.allow_small_vocab and store_empty.config.allow_empty
+    assert not tok.config.allow_small_vocab and not store.config.allow_empty
+    hashes = [[s.hash for s in plan_steps([x], str(tmp_path / "out")).steps] for x in (store, store_empty)]
+    assert hashes[0] == hashes[1]
+    assert plan_steps([tok], "/o").steps[0].hash == plan_steps([tok_small], "/o").steps[0].hash

@@ -85,3 +85,17 @@ def test_executor_main_records_the_card_and_the_tutorial_fills_it(tmp_path):
     tutorial = mr.load_file(os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "tutorial.py"),
                             str(tmp_path / "c"))
     assert "499,455" in tutorial.card["hypothesis"] and tutorial.card["contingency"]
+
+
+def test_compare_shows_plain_values_and_refuses_a_step_that_does_not_train(capsys, tmp_path):
+    prefix = str(tmp_path / "store")
+    build_small(prefix)
+    assert main(["compare", "small/train", "small/live-train", "--prefix", prefix]) == 0
+    out = capsys.readouterr()[0]
+    assert '{"float"' not in out and '{"dict"' not in out and '{"tuple"' not in out
+    assert next(line.split() for line in out.splitlines() if line.startswith("peak_lr")) == ["peak_lr", "0.01", "0.02"]
+    assert main(["compare", "small/train", "small/eval", "--prefix", prefix]) == 2
+    err = capsys.readouterr()[1]
+    assert err.startswith("marin: error: [2] small/eval-") and err.count("\n") == 1
+    assert err.rstrip().endswith(": not a training run (no metrics.jsonl, no train_steps in its config); compare "
+                                 "training runs with training runs")

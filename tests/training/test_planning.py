@@ -149,7 +149,10 @@ def test_cli_table_and_errors(capsys):
     for needle in ("master_weights", "optimizer_state", "activations", "all_to_all", "logits", "total", "fits with"):
         assert needle in text
     assert main(["plan", "tiny-ep", "--pool", "local-cpu", "--tokens-per-step", "100", "--seq-len", "64"]) == 2
-    assert "do not split over 8 devices" in capsys.readouterr().err
+    assert "tokens per step 100 is not a multiple of seq_len 64 (1.5625 sequences): a step is whole sequences; 512 " \
+        "split evenly over 8 devices" in capsys.readouterr().err
+    assert main(["plan", "tiny-ep", "--pool", "local-cpu", "--tokens-per-step", "192", "--seq-len", "64"]) == 2
+    assert "3 sequences of 64 per step do not split over 8 devices" in capsys.readouterr().err
     assert main(["plan", "tiny-ep", "--pool", "local-cpu", "--transport", "pigeon"]) == 2
     assert "unknown transport 'pigeon'" in capsys.readouterr().err
     with pytest.raises(SystemExit):

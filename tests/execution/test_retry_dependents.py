@@ -1,0 +1,149 @@
+"""A step's dependents start only after its final SUCCESS, whatever retried it.
+
+Plain Python step functions on the session's local Ray cluster: an upstream that fails once with an
+infrastructure failure is retried by the executor; its dependents must neither run on its first,
+half-finished output nor be retried on their own, and no step's start or SUCCESS may come before the
+SUCCESS of any of its inputs (:func:`check_inputs_succeeded_first`, run on every step of the record)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import fsspec
+import pytest
+import ray.cloudpickle
+
+from marin.execution import ExecutorError, ExecutorStep, output_path_of, this_output_path, versioned
+from marin.execution import status as st
+from marin.execution.failures import InfrastructureFailure
+from marin.execution.main import executor_main, ExecutorMainConfig
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import tests/
+
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    out: str
+    log: str
+    inputs: tuple = ()
+    value: int = 0
+    fail_first: bool = False
+    sleep: float = 0.0
+
+
+def work(cfg: Cfg) -> None:
+    """Writes ``partial`` first, then fails with an infrastructure failure on its first execution
+    when ``fail_first`` (as a training step killed mid-run leaves a checkpoint behind); otherwise
+    sums its inputs' totals into ``result.json``."""
+    with open(cfg.log, "a") as f:
+        f.write(f"{cfg.out}\t{time.time()}\tstart\n")
+    first = not os.path.exists(f"{cfg.out}/partial.json")
+    with fsspec.open(f"{cfg.out}/partial.json", "w") as f:
+        json.dump({"total": -1}, f)
+    time.sleep(cfg.sleep)
+    if cfg.fail_first and first:
+        raise InfrastructureFailure("host lost mid-run")
+    total = cfg.value
+    for inp in cfg.inputs:
+        with fsspec.open(inp) as f:
+            total += json.load(f)["total"]
+    with fsspec.open(f"{cfg.out}/result.json", "w") as f:
+        json.dump({"total": total}, f)
+
+
+def step(name, log, *inputs, **kw) -> ExecutorStep:
+    return ExecutorStep(name, work, Cfg(this_output_path(), str(log),
+                                        tuple(output_path_of(i, "result.json") for i in inputs),
+                                        value=versioned(kw.pop("value", 1)), **kw))
+
+
+def run(steps, prefix, **flags):
+    return executor_main(ExecutorMainConfig(prefix=str(prefix), progress=False, **flags), steps=steps)
+
+
+def success_time(record: dict) -> float:
+    return next(e["time"] for e in reversed(record["events"]) if e["status"] == "SUCCESS")
+
+
+def check_inputs_succeeded_first(record_path: str) -> int:
+    """For every step of an experiment record: its body began (the SUCCESS event's ``started``) and
+    its SUCCESS was written after the SUCCESS of each of its inputs. Returns how many steps it checked."""
+    record = json.loads(Path(record_path).read_text())
+    statuses = {s["output_path"]: st.read_status(s["output_path"]) for s in record["steps"]}
+    checked = 0
+    for s in record["steps"]:
+        mine = statuses[s["output_path"]]
+        assert mine and mine["status"] == "SUCCESS", (s["name"], mine and mine["status"])
+        done = success_time(mine)
+        began = mine["events"][-1].get("started", done)
+        for dep in s["dependencies"]:
+            theirs = success_time(statuses[dep])
+            assert theirs <= began <= done, f"{s['name']} began at {began}, its input {dep} succeeded at {theirs}"
+        checked += 1
+    return checked
+
+
+def test_dependents_of_a_retried_step_wait_for_its_final_success(tmp_path, ray_local):
+    log = tmp_path / "log"
+    up = dataclasses.replace(step("up", log, value=10, fail_first=True, sleep=0.5), infra_retries=1)
+    # the dependents may retry infrastructure failures too (an eval step on a GPU pool does)
+    down = dataclasses.replace(step("down", log, up, value=1), infra_retries=2)
+    last = step("last", log, down, value=100)
+    result = run([last], tmp_path / "out")
+    assert sorted(result.outcome.values()) == ["succeeded"] * 3
+    p_up, p_down, p_last = (result.plan.planned(s).output_path for s in (up, down, last))
+    assert json.loads(Path(p_last, "result.json").read_text()) == {"total": 111}  # from up's final output
+    assert [line.split("\t")[0] for line in log.read_text().splitlines()] == [p_up, p_up, p_down, p_last]
+    down_events = st.read_status(p_down)["events"]
+    assert [e["status"] for e in down_events] == ["RUNNING", "SUCCESS"]  # never retried on its own
+    assert check_inputs_succeeded_first(result.record_path) == 3
+
+
+@dataclasses.dataclass(frozen=True)
+class RerunCfg:
+    watch: str  # the input's status file: once it reads SUCCESS, make it read RUNNING again
+
+
+def rerun_elsewhere(cfg: RerunCfg) -> None:
+    """Holds the accelerator the dependent needs until the input has succeeded, then rewrites the
+    input's record to RUNNING, as a second driver rerunning it would have it."""
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            record = json.loads(Path(cfg.watch).read_text())
+        except (OSError, ValueError):
+            record = None
+        if record and record["status"] == "SUCCESS":
+            Path(cfg.watch).write_text(json.dumps({**record, "status": "RUNNING"}))
+            return
+        time.sleep(0.05)
+    raise TimeoutError(cfg.watch)
+
+
+def test_a_step_refuses_an_input_that_is_not_success_when_it_starts(tmp_path, ray_local):
+    """The driver submits ``down`` after ``up``'s SUCCESS; while ``down`` waits in Ray's queue for the
+    accelerator, ``up``'s record turns RUNNING again. ``down``'s task refuses to read it: one line,
+    recorded DEP_FAILED (the next run starts it again by itself), and its body never runs."""
+    from marin.execution import plan_steps
+
+    log = tmp_path / "log"
+    prefix = tmp_path / "out"
+    up = step("up", log, value=10)
+    p_up = plan_steps([up], str(prefix)).steps[0].output_path
+    down = ExecutorStep("down", work, Cfg(this_output_path(), str(log), (output_path_of(up, "result.json"),)),
+                        resources={"num_cpus": 0, "resources": {"test-accelerator": 2}})
+    other = ExecutorStep("other", rerun_elsewhere, RerunCfg(f"{p_up}/.executor_status"),
+                         resources={"num_cpus": 0, "resources": {"test-accelerator": 2}})
+    p_down = plan_steps([down], str(prefix)).steps[-1].output_path
+    with pytest.raises(ExecutorError) as e:
+        run([down, other], prefix)
+    why = f"input up ({p_up}) is RUNNING, not SUCCESS, when this step started: not reading it"
+    assert f"--- step down ({p_down}) ---\nnot run: {why}" in str(e.value)
+    record = st.read_status(p_down)
+    assert record["status"] == "DEP_FAILED" and record["events"][-1]["message"] == why
+    assert p_down not in log.read_text()  # down's body never ran

@@ -49,7 +49,7 @@ from tqdm import tqdm
 from marin.execution import lease as leases
 from marin.execution import retry, storage
 from marin.execution import status as st
-from marin.execution.cluster import ensure_ray, shutdown_local_ray
+from marin.execution.cluster import ensure_ray, placement_owner, shutdown_local_ray
 from marin.execution.errors import (
     ExecutorError,
     ExecutorInterrupted,
@@ -85,6 +85,10 @@ logger = logging.getLogger("marin.execution")
 INTERRUPT_RETRY_S = 10.0
 """How long recording an interruption rides out a store outage: a person waits for the prompt, and a
 scheduler's grace period (30 s on Kubernetes by default) is short."""
+
+
+POOL_WAITS_EVERY_S = 2.0
+"""How often the progress bar's count of steps waiting for a busy pool is refreshed (one call to Ray)."""
 
 
 @dataclasses.dataclass
@@ -436,6 +440,7 @@ class _Runner:
         self.resubmit_at: dict[PlannedStep, float] = {}
         """Steps waiting out the backoff before their next attempt after an infrastructure failure."""
         self.retry_configs: dict[PlannedStep, Any] = {}
+        self._pool_waits_at, self._pool_waits_n = 0.0, 0
         self.refused: set[PlannedStep] = set()
         """Steps whose task refused an input that was not SUCCESS when it started (DEP_FAILED)."""
         self.stop_notes: dict[str, str] = {}
@@ -847,6 +852,23 @@ class _Runner:
             del self.waiting[s]
             self._start(s)  # may find SUCCESS (reuse), FAILED (fail), or take over
 
+    def _pool_waits(self) -> int:
+        """How many running steps wait for a pool reservation the cluster can hold but others hold now
+        (their placement groups, named after the step, are pending); looked up every few seconds."""
+        now = time.monotonic()
+        if now - self._pool_waits_at < POOL_WAITS_EVERY_S or not self.running:
+            return self._pool_waits_n if self.running else 0
+        self._pool_waits_at = now
+        try:
+            from ray.util.placement_group import placement_group_table  # Ray only once steps run (see above)
+
+            pending = [t["name"] for t in placement_group_table().values() if t["state"] == "PENDING"]
+        except Exception:  # noqa: BLE001 - a count for the progress bar; the run does not depend on it
+            return self._pool_waits_n
+        owners = {placement_owner(s.output_path) for s in self.running.values()}
+        self._pool_waits_n = len({o for o in owners if any(name.startswith(o) for name in pending)})
+        return self._pool_waits_n
+
     def _print(self, msg: str) -> None:
         if self.bar is not None:
             self.bar.write(msg, file=sys.stderr)
@@ -885,7 +907,8 @@ class _Runner:
                             self._on_done(ref)
                 elif (self.waiting or self.resubmit_at) and not self.ready:
                     time.sleep(min(self.opts.poll_interval, 0.2))
-                self.bar.set_postfix(running=len(self.running), waiting=len(self.waiting), refresh=False)
+                self.bar.set_postfix(running=len(self.running), waiting=len(self.waiting) + self._pool_waits(),
+                                     refresh=False)
         except KeyboardInterrupt as e:
             self.interrupt(signal_of(e, self.signals))
             raise

@@ -21,6 +21,7 @@ from marin.execution.status import StepStatus
 from marin.monitoring.health import health
 from marin.review.experiment_file import load_experiment
 from marin.training.metrics import read_metrics
+from marin.training.pools import PLACEMENT_FILE
 
 CATEGORIES = ("succeeded", "reused", "failed", "running", "interrupted", "not run")
 """How the report colours a step. ``reused``: SUCCESS found from an earlier run, nothing recomputed."""
@@ -185,6 +186,26 @@ def row_for(path: str, name: str | None = None, hash_: str | None = None,
         "end_time": end,
         "output_path": path,
     }
+
+
+def placement_lines(path: str, running: bool, now: float | None = None) -> list[str]:
+    """What a pool step's launcher noted (see :class:`marin.training.pools.PlacementNote`): the
+    reservation it waits for and who holds it (while the step runs), and the nodes left out because
+    a host of the step failed there. None for a step without a pool, at the cost of one read."""
+    note = storage.read_json(f"{path.rstrip('/')}/{PLACEMENT_FILE}")
+    if not isinstance(note, dict):
+        return []
+    lines = []
+    waiting = note.get("waiting")
+    if running and isinstance(waiting, dict):
+        since = max(0.0, (time.time() if now is None else now) - float(waiting.get("since") or 0))
+        held = ", ".join(waiting.get("held_by") or []) or "nothing known to Ray yet"
+        lines.append(f"waiting for {waiting.get('for')}: held by {held} (for {since:.0f} s)")
+    bad = note.get("bad_nodes") or []
+    if bad:
+        lines.append("hosts failed on node(s) " + ", ".join(
+            f"{n.get('node_id', '?')[:12]} ({n.get('ip', '?')}, {n.get('why', '')})" for n in bad))
+    return lines
 
 
 def status_rows(prefix: str | None = None, experiment: str | None = None) -> list[dict[str, Any]]:

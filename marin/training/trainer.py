@@ -600,5 +600,5 @@ def run_training(config: TrainConfig, *, use_ray: bool | None = None) -> dict[st
 
     pool = get_pool(config.pool)
     if use_ray if use_ray is not None else ray.is_initialized():
-        return launch(pool, train_on_host, (config,))[0]
+        return launch(pool, train_on_host, (config,), step_dir=config.output_path)[0]
     return run_local(pool, train_on_host, (config,))

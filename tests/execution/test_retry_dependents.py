@@ -21,7 +21,7 @@ import ray.cloudpickle
 from marin.execution import ExecutorError, ExecutorStep, output_path_of, this_output_path, versioned
 from marin.execution import status as st
 from marin.execution.failures import InfrastructureFailure
-from marin.execution.main import executor_main, ExecutorMainConfig
+from marin.execution.main import ExecutorMainConfig, executor_main
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import tests/
 

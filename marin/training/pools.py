@@ -366,9 +366,9 @@ class PlacementNote:
     def waiting(self, want: str, holders: list[str], since: float) -> None:
         """The reservation waits for ``want`` (e.g. "1 x CPU"), held by ``holders``."""
         previous = self.state["waiting"]
-        self.state["waiting"] = {"for": want, "held_by": holders, "since": since}
         changed = previous is not None and previous["held_by"] != holders
         if previous is None or (changed and time.monotonic() - self._written > WAIT_NOTE_EVERY_S):
+            self.state["waiting"] = {"for": want, "held_by": holders, "since": since}
             self._write()
 
     def placed(self) -> None:

@@ -24,6 +24,7 @@ from marin.execution.main import ExecutorMainConfig, executor_main
 from marin.review.steps import placement_lines
 from marin.training.pools import (
     PLACEMENT_FILE,
+    PlacementNote,
     PoolInfeasibleError,
     PoolSpec,
     launch,
@@ -47,13 +48,94 @@ class PoolStepCfg:
     out: str
     seconds: float
     index: int = 0
+    devices: int = 1
 
 
 def pool_step(cfg: PoolStepCfg) -> None:
-    """A step on ``ONE_DEVICE`` holding it longer than the pool's ready timeout."""
-    launch(ONE_DEVICE, _hold, (cfg.seconds,), step_dir=cfg.out)
+    """A step on ``ONE_DEVICE`` (or ``devices`` of them) holding it longer than the pool's ready timeout."""
+    pool = dataclasses.replace(ONE_DEVICE, devices_per_host=cfg.devices, mesh=(1, cfg.devices))
+    launch(pool, _hold, (cfg.seconds,), step_dir=cfg.out)
 
 
+def test_a_reservation_waits_while_another_holds_what_it_needs(tmp_path, ray_local):
+    """The wait itself, without host processes: a placement group holds both devices, the pool's
+    reservation waits past its ready timeout, noted with its holder, and is placed once they are free."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from marin.training.pools import _placement_groups as groups_of  # noqa: PLC2701 - the launcher's own step
+    from marin.training.pools import wait_for_placement
+
+    holder = placement_group([{"test-accelerator": 2.0}], name="holder-step-0123 other-pool-rack0-x")
+    ray.get(holder.ready())
+    step_dir = tmp_path / "step"
+    step_dir.mkdir()
+    groups = groups_of(ONE_DEVICE, "step ")
+    note = PlacementNote(str(step_dir))
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (wait_for_placement(ONE_DEVICE, groups, list, note), done.set()))
+    waiter.start()
+    try:
+        deadline = time.time() + 60
+        while not (step_dir / PLACEMENT_FILE).exists() and time.time() < deadline:
+            time.sleep(0.1)
+        [line] = placement_lines(str(step_dir), running=True)
+        assert line.startswith("waiting for 1 x test-accelerator: held by holder-step-0123 other-pool-rack0-x "
+                               "(2 test-accelerator) (for "), line
+        assert not done.is_set()
+    finally:
+        remove_placement_group(holder)
+        waiter.join(timeout=60)
+    for g in groups:
+        remove_placement_group(g)
+    assert done.is_set()
+    saved = json.loads((step_dir / PLACEMENT_FILE).read_text())
+    assert saved["waiting"] is None and saved["waited"]["s"] >= 2.0  # noted after 2 s, placed once freed
+    assert placement_lines(str(step_dir), running=True) == []
+
+
+def test_a_node_left_out_makes_a_placement_that_only_it_could_hold_fail_naming_it(tmp_path, ray_local):
+    """Node avoidance is Ray's node-id label selector: leaving out the session cluster's only node
+    leaves nowhere to go, and the one line says which node was left out and why."""
+    from marin.training.pools import _placement_groups as groups_of  # noqa: PLC2701 - the launcher's own step
+    from marin.training.pools import nodes_to_avoid, wait_for_placement
+
+    node = ray.get_runtime_context().get_node_id()
+    note = PlacementNote(str(tmp_path))
+    note.add_bad_nodes([{"node_id": node, "ip": "127.0.0.1", "why": "host 0: ActorDiedError"}])
+    assert nodes_to_avoid(ONE_DEVICE, note) == []  # bad_node_limit 0: noted, not left out
+    avoiding = dataclasses.replace(ONE_DEVICE, bad_node_limit=1)
+    assert nodes_to_avoid(avoiding, PlacementNote(str(tmp_path))) == [node]  # read back from the step directory
+    groups = groups_of(avoiding, "", [node])
+    try:
+        with pytest.raises(PoolInfeasibleError) as e:
+            wait_for_placement(avoiding, groups, list, note)
+    finally:
+        from ray.util.placement_group import remove_placement_group
+
+        for g in groups:
+            remove_placement_group(g)
+    assert str(e.value).endswith(f"left out because a host of this step failed there: {node[:12]} (127.0.0.1: "
+                                 "host 0: ActorDiedError)")
+    note.add_bad_nodes([{"node_id": "f" * 56, "ip": "?", "why": "gone"}])  # a node no longer in the cluster
+    assert nodes_to_avoid(avoiding, note) == [node]  # needs no avoiding, and does not count
+    # more nodes than the limit: the fake-node test below (it needs two live nodes)
+
+
+@pytest.mark.slow  # about 40 s here (two host processes, one after the other); its core is the test above
+def test_a_pool_step_waits_for_a_pool_another_step_holds(tmp_path, ray_local):
+    """Two steps whose pool takes the whole cluster's devices: the second waits for the first."""
+    steps = [ExecutorStep(f"whole{i}", pool_step, PoolStepCfg(this_output_path(), 1.5, versioned(i), devices=2),
+                          resources={"num_cpus": 0}) for i in range(2)]
+    result = executor_main(ExecutorMainConfig(prefix=str(tmp_path / "out"), progress=False), steps=steps)
+    assert sorted(result.outcome.values()) == ["succeeded"] * 2
+    notes = [json.loads((Path(p) / PLACEMENT_FILE).read_text()) for p in result.outcome
+             if (Path(p) / PLACEMENT_FILE).exists()]
+    [waited] = [n["waited"] for n in notes]  # the one that came second, past the ready timeout
+    assert waited["for"] == "1 x 2 test-accelerator" and waited["s"] > ONE_DEVICE.ready_timeout_s
+    assert waited["held_by"][0].startswith("whole") and waited["held_by"][0].endswith("(2 test-accelerator)")
+
+
+@pytest.mark.slow  # about 60 s here: six host processes, two at a time
 def test_six_pool_steps_queue_for_two_devices_and_all_succeed(tmp_path, ray_local):
     steps = [ExecutorStep(f"pool{i}", pool_step, PoolStepCfg(this_output_path(), 1.5, versioned(i)),
                           resources={"num_cpus": 0}) for i in range(6)]
@@ -89,7 +171,7 @@ def test_six_pool_steps_queue_for_two_devices_and_all_succeed(tmp_path, ray_loca
 
 
 def test_an_infeasible_pool_fails_in_one_line(ray_local, monkeypatch):
-    too_big = dataclasses.replace(ONE_DEVICE, name="too-big", devices_per_host=3, ready_timeout_s=1.0)
+    too_big = dataclasses.replace(ONE_DEVICE, name="too-big", devices_per_host=3, mesh=(1, 3), ready_timeout_s=1.0)
     with pytest.raises(PoolInfeasibleError) as e:
         launch(too_big, _hold, (0.0,))
     assert str(e.value).startswith("pool too-big: no node of the Ray cluster can hold 1 x 3 test-accelerator "
@@ -114,6 +196,7 @@ def _die_first(ctx, marker):
     return ray.get_runtime_context().get_node_id()
 
 
+@pytest.mark.slow  # about 45 s here: three host launches; its core is the two tests above
 def test_a_failed_hosts_node_is_noted_and_left_out_only_within_the_limit(tmp_path, ray_local):
     step_dir = tmp_path / "step"
     step_dir.mkdir()

@@ -10,8 +10,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
+import subprocess
 import sys
+import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import fsspec
@@ -24,6 +28,7 @@ from marin.execution.failures import InfrastructureFailure
 from marin.execution.main import ExecutorMainConfig, executor_main
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import tests/
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,3 +152,91 @@ def test_a_step_refuses_an_input_that_is_not_success_when_it_starts(tmp_path, ra
     record = st.read_status(p_down)
     assert record["status"] == "DEP_FAILED" and record["events"][-1]["message"] == why
     assert p_down not in log.read_text()  # down's body never ran
+
+
+PIPELINE = textwrap.dedent(
+    '''
+    import dataclasses, json
+    import fsspec
+    from experiments.defaults import default_health_report, default_train
+    from marin.execution import ExecutorStep, executor_main, output_path_of, this_output_path
+    from marin.training.config import SyntheticDataConfig
+
+    @dataclasses.dataclass(frozen=True)
+    class ReadSummary:
+        run: str
+        out: str
+
+    def read_summary(cfg):
+        """A dependent that reads what training left (as an evaluation of its final checkpoint does)."""
+        with fsspec.open(cfg.run + "/train_summary.json") as f:
+            final = json.load(f)["final_step"]
+        with fsspec.open(cfg.out + "/seen.json", "w") as f:
+            json.dump({"final_step": final}, f)
+
+    train = default_train("probe/train", mixture=SyntheticDataConfig(vocab_size=512), model="tiny",
+                          pool="local-cpu-1", train_steps=120, tokens_per_step=128,
+                          seq_len_phases=((0.0, 16),), warmup_steps=1, checkpoint_every_steps=20,
+                          checkpoint_every_minutes=None, wandb_project=None)
+    health = default_health_report("probe/health", train, total_steps=120)
+    seen = ExecutorStep("probe/seen", read_summary, ReadSummary(output_path_of(train), this_output_path()),
+                        resources={"num_cpus": 1})
+    if __name__ == "__main__":
+        executor_main(steps=[health, seen])
+    '''
+)
+
+
+@pytest.mark.slow  # about 90 s: two launches of a training host, then its two dependents
+def test_kill_9_of_the_training_host_leaves_its_dependents_on_the_final_step(tmp_path):
+    """The issue as a user meets it: ``--infra_retries 1`` and a kill -9 of the ``ray::_Host`` training
+    process mid-run. Health and the summary reader run once, after training's final SUCCESS, and
+    record step 120; no step's start or SUCCESS predates an input's SUCCESS."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_infra_retry import _host_processes  # noqa: PLC0415 - the kill -9 test's host finder
+
+    from marin.training.checkpoint import CheckpointManager
+    from marin.training.config import SyntheticDataConfig, TrainConfig
+
+    exp = tmp_path / "exp.py"
+    exp.write_text(PIPELINE)
+    store = tmp_path / "store"
+    marker = f"marin-test-{uuid.uuid4().hex}"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+           "MARIN_TEST_MARKER": marker}
+    policy = TrainConfig(output_path="/nonexistent", data=SyntheticDataConfig(vocab_size=512), model="tiny",
+                         pool="local-cpu-1", train_steps=120, tokens_per_step=128, seq_len_phases=((0.0, 16),),
+                         warmup_steps=1, checkpoint_every_steps=20, checkpoint_every_minutes=None,
+                         wandb_project=None).checkpoint_policy()
+    proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(exp), "--prefix", str(store),
+                             "--progress", "false", "--infra_retries", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        killed = None
+        while time.time() < deadline and proc.poll() is None and killed is None:
+            runs = list(store.glob("probe/train-*"))
+            if runs and (runs[0] / "checkpoints").exists():
+                steps = CheckpointManager(str(runs[0]), policy).committed_steps()
+                if steps and steps[-1] >= 20:
+                    hosts = _host_processes(marker)
+                    if hosts:
+                        os.kill(hosts[0], signal.SIGKILL)
+                        killed = steps[-1]
+            time.sleep(0.1)
+        assert killed is not None and killed < 120, proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=500)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    assert "RETRY probe/train: infrastructure failure" in err
+    assert "RETRY probe/health" not in err and "RETRY probe/seen" not in err
+    (health_dir,) = store.glob("probe/health-*")
+    (seen_dir,) = store.glob("probe/seen-*")
+    assert json.loads((health_dir / "health.json").read_text())["summary"]["last_step"] == 120
+    assert json.loads((seen_dir / "seen.json").read_text()) == {"final_step": 120}
+    for d in (health_dir, seen_dir):
+        assert [e["status"] for e in st.read_status(str(d))["events"]] == ["RUNNING", "SUCCESS"]
+    (record,) = store.glob("experiments/exp-*/*.json")
+    assert check_inputs_succeeded_first(str(record)) == 3

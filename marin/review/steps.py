@@ -279,11 +279,13 @@ def show(target: str, prefix: str | None = None) -> dict[str, Any]:
     record = st.read_status(path) or {}
     info = st.read_info(path, record) or {}
     outputs = []
-    for entry in storage.list_dir(path):
-        base = entry.rstrip("/").rsplit("/", 1)[-1]
-        if not base.startswith(".executor") and not base.startswith(".tmp-"):
+    entries = [e.rstrip("/").rsplit("/", 1)[-1] for e in storage.list_dir(path)]
+    for base in entries:
+        if not base.startswith(".executor") and not base.startswith(".tmp-") and base != PLACEMENT_FILE:
             outputs.append(base)
+    placed = PLACEMENT_FILE in entries
     return {
+        "placement": placement_lines(path, running=st.current_status(record) == StepStatus.RUNNING) if placed else [],
         **row_for(path, info.get("name"), info.get("hash")),
         "health": _health(path, outputs, info.get("config")),
         "horizon": train_horizon(info.get("config")),

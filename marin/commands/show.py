@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     if not version.get("dependencies"):
         print("  (none)")
     print("\noutputs:\n" + ("\n".join(f"  {o}" for o in d["outputs"]) or "  (none)"))
+    if d.get("placement"):
+        print("\npool placement:\n" + "\n".join(f"  {line}" for line in d["placement"]))
     if d.get("advice"):
         print(f"\nwhat to do: {d['advice']}")
     if d.get("health"):

@@ -11,7 +11,7 @@ import json
 
 from marin.commands import options
 from marin.review.live import watch
-from marin.review.steps import describe_prefix, status_rows
+from marin.review.steps import describe_prefix, placement_lines, status_rows
 from marin.textfmt import format_duration, format_table
 
 COLUMNS = (("name", "step"), ("hash", "hash"), ("label", "status"), ("lease_holder", "lease holder"),
@@ -32,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
     if args.watch:
         return watch(args.prefix, args.interval, args.count)
     rows = status_rows(args.prefix, args.experiment)
+    for r in rows:  # a pool step's wait and left-out nodes (one read for each running or failed step)
+        if r.get("status") in ("RUNNING", "FAILED"):
+            r["placement"] = placement_lines(r["output_path"], running=r["status"] == "RUNNING")
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -41,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         r["duration"] = format_duration(r["duration_s"])
     print(format_table([h for _, h in COLUMNS], [[r.get(k) for k, _ in COLUMNS] for r in rows]))
+    for r in rows:
+        for line in r.get("placement") or []:
+            print(f"{r['name']}: {line}")
     for r in rows:
         if (r.get("category") == "interrupted" or r.get("status") == "UNREADABLE") and r.get("advice"):
             print(f"{r['name']}: {r['label']}: {r['advice']}")

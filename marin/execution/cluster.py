@@ -22,6 +22,24 @@ from marin.execution.signals import RunStopped
 logger = logging.getLogger("marin.execution")
 
 
+FIXED_CLUSTER_ENV = "MARIN_RAY_CLUSTER_FIXED"
+"""Set (to "1") in the environment of a local cluster the executor starts, and so of its steps: that
+cluster never gains nodes, so a placement no node can hold fails at once instead of waiting for an
+autoscaler (see :func:`cluster_can_grow`)."""
+
+
+def cluster_can_grow() -> bool:
+    """Whether the Ray cluster this process runs in may gain nodes (an autoscaler, an operator adding
+    workers): False only on the local cluster the executor started."""
+    return os.environ.get(FIXED_CLUSTER_ENV) != "1"
+
+
+def placement_owner(step_dir: str | None) -> str:
+    """How a step's placement groups are named first (``"<step directory name> "``), so the driver
+    and ``marin status`` can tell whose reservation waits or holds what; "" for no step."""
+    return f"{os.path.basename(step_dir.rstrip('/'))} " if step_dir else ""
+
+
 def ensure_ray(address: str | None) -> bool:
     """Join ``address`` (or ``RAY_ADDRESS``), or start a fresh local cluster: the embedded default.
 
@@ -40,6 +58,7 @@ def ensure_ray(address: str | None) -> bool:
             raise ExecutorError(join_failure(address, token, e)) from None
         return False
     quiet_default_token_notice()
+    os.environ[FIXED_CLUSTER_ENV] = "1"  # before ray.init: its processes (and the steps) inherit it
     try:
         ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
     except SystemExit:

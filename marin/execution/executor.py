@@ -7,13 +7,15 @@ checks it still holds the lease and writes SUCCESS last.
 A heartbeat thread renews every held lease; a lease lost to a takeover cancels the task and writes
 nothing more.
 
-A step is submitted as soon as its blocking dependencies are submitted, not finished: the tasks of
-unfinished upstreams are passed to it as arguments, so Ray starts it the moment they return and a
-chain runs without a round trip through the driver per step. Ray never starts it if an upstream
-raised; the driver judges results upstream-first, so a dependent's SUCCESS is committed only after
-its upstream's, and an upstream that did not succeed turns its submitted dependents into
-DEP_FAILED (cancelling them). At most a window of steps (four per cluster CPU, at least 32) is
-submitted at once, so leases are held only by steps that are about to run.
+A step is submitted only once each of its blocking dependencies has its final SUCCESS committed
+(in this run, or found so): an upstream that is retried (an infrastructure failure resubmitted by
+the executor, a pool relaunched by its launcher inside the step's task, a rerun with
+``--retry_failed``) holds its dependents back until its last attempt succeeds, so no dependent ever
+reads a half-finished output. The step's task checks again when it starts and refuses an input
+whose status is not SUCCESS then (another driver may have rerun it meanwhile): one line, and the
+step is recorded DEP_FAILED, which the next run starts again by itself. An upstream that did not
+succeed turns its dependents into DEP_FAILED. At most a window of steps (four per cluster CPU, at
+least 32) is submitted at once, so leases are held only by steps that are about to run.
 
 Several drivers may run the same experiment at once: a step whose lease is held by a live driver is
 waited for and its result reused, so each step body runs exactly once.
@@ -47,7 +49,7 @@ from tqdm import tqdm
 from marin.execution import lease as leases
 from marin.execution import retry, storage
 from marin.execution import status as st
-from marin.execution.cluster import ensure_ray, shutdown_local_ray
+from marin.execution.cluster import ensure_ray, placement_owner, shutdown_local_ray
 from marin.execution.errors import (
     ExecutorError,
     ExecutorInterrupted,
@@ -56,8 +58,10 @@ from marin.execution.errors import (
 )
 from marin.execution.failures import (
     STORE_ADVICE,
+    InputNotSucceeded,
     StopRequested,
     disk_full_error,
+    error_chain,
     is_infrastructure_failure,
     unreadable_store_message,
 )
@@ -83,6 +87,10 @@ logger = logging.getLogger("marin.execution")
 INTERRUPT_RETRY_S = 10.0
 """How long recording an interruption rides out a store outage: a person waits for the prompt, and a
 scheduler's grace period (30 s on Kubernetes by default) is short."""
+
+
+POOL_WAITS_EVERY_S = 2.0
+"""How often the progress bar's count of steps waiting for a busy pool is refreshed (one call to Ray)."""
 
 
 @dataclasses.dataclass
@@ -292,10 +300,22 @@ def step_info(ps: PlannedStep, config: Any, holder: str) -> dict[str, Any]:
     }
 
 
-def _execute_step(fn: Any, config: Any, output_path: str) -> None:
-    """Body of a step's Ray task."""
+def _execute_step(fn: Any, config: Any, output_path: str, inputs: tuple[tuple[str, str], ...] = ()) -> None:
+    """Body of a step's Ray task; ``inputs``: (name, output path) of each blocking dependency."""
+    check_inputs_succeeded(inputs)
     storage.makedirs(output_path)
     fn(config)
+
+
+def check_inputs_succeeded(inputs: tuple[tuple[str, str], ...]) -> None:
+    """Refuse to start a step whose blocking inputs ((name, output path) pairs) are not all SUCCESS
+    now: the driver submits a step only after its inputs' SUCCESS, but a step may wait in Ray's queue
+    for a while, and another driver may rerun an input meanwhile."""
+    for name, path in inputs:
+        status = st.current_status(st.read_status(path))
+        if status != StepStatus.SUCCESS:
+            raise InputNotSucceeded(f"input {name} ({path}) is {status.value if status else 'not started'}, "
+                                    "not SUCCESS, when this step started: not reading it")
 
 
 _REMOTE_BODIES: dict[int, tuple[Any, Any]] = {}
@@ -312,13 +332,18 @@ def remote_body(fn: Any) -> Any:
     if entry is None or entry[0] is not fn:
         import ray  # Ray only once steps run: planning and review import this module
 
-        def run_step(config: Any, output_path: str, *upstream: float) -> float:
-            started = time.time()  # upstream: results of the steps that had to finish first
-            _execute_step(fn, config, output_path)
+        def run_step(config: Any, output_path: str, inputs: tuple[tuple[str, str], ...]) -> float:
+            started = time.time()
+            _execute_step(fn, config, output_path, inputs)
             return started  # when the body began: the step may have waited in Ray's queue before
 
         entry = _REMOTE_BODIES[id(fn)] = (fn, ray.remote(run_step))
     return entry[1]
+
+
+def blocking_inputs(ps: PlannedStep) -> tuple[tuple[str, str], ...]:
+    """(name, output path) of each dependency ``ps`` must not start before (see :func:`check_inputs_succeeded`)."""
+    return tuple((d.name, d.output_path) for d in ps.dependencies)
 
 
 def _ray_options(ps: PlannedStep) -> dict[str, Any]:
@@ -394,10 +419,9 @@ class _Runner:
         todo_set = set(todo)
         self.dependents = plan.dependents()
         self.order = {s: i for i, s in enumerate(plan.steps)}
-        # blocking dependencies (in todo) neither submitted to Ray by us nor finished: a step is
-        # ready to submit when this reaches 0 (upstream tasks still running are passed as arguments)
+        # blocking dependencies (in todo) without their final SUCCESS yet: a step is ready to submit
+        # when this reaches 0 (a dependency retried after a failure keeps it above 0 meanwhile)
         self.remaining = {s: sum(1 for d in s.dependencies if d in todo_set) for s in todo}
-        self.submitted: set[PlannedStep] = set()
         self.ready = collections.deque(s for s in todo if self.remaining[s] == 0)
         self.waiting: dict[PlannedStep, float] = {}
         self.running: dict[Any, PlannedStep] = {}
@@ -418,6 +442,9 @@ class _Runner:
         self.resubmit_at: dict[PlannedStep, float] = {}
         """Steps waiting out the backoff before their next attempt after an infrastructure failure."""
         self.retry_configs: dict[PlannedStep, Any] = {}
+        self._pool_waits_at, self._pool_waits_n = 0.0, 0
+        self.refused: set[PlannedStep] = set()
+        """Steps whose task refused an input that was not SUCCESS when it started (DEP_FAILED)."""
         self.stop_notes: dict[str, str] = {}
         """Output path -> what a step with a grace period did when the run was stopped."""
 
@@ -457,13 +484,14 @@ class _Runner:
         self.outcome[s.output_path] = outcome
         if self.bar is not None:
             self.bar.update(1)
-        if outcome in ("succeeded", "reused") and s not in self.submitted:
-            self._upstream_on_its_way(s)
+        if outcome in ("succeeded", "reused"):
+            self._upstream_succeeded(s)
         elif outcome in ("failed", "dep_failed", "lost"):
             self._fail_dependents(s)
 
-    def _upstream_on_its_way(self, s: PlannedStep) -> None:
-        """``s`` was submitted (or finished without us): dependents waiting only for it become ready."""
+    def _upstream_succeeded(self, s: PlannedStep) -> None:
+        """``s``'s SUCCESS is committed (by us or another driver): dependents waiting only for it
+        become ready. Never earlier: a step that is retried has not succeeded yet."""
         for d in self.dependents[s]:
             if d in self.remaining and s in d.dependencies:
                 self.remaining[d] -= 1
@@ -475,10 +503,6 @@ class _Runner:
             if d not in self.remaining or d.output_path in self.outcome or s not in d.dependencies:
                 continue
             self.waiting.pop(d, None)
-            ref = self.refs.pop(d, None)
-            if ref is not None:  # submitted behind s: stop it (Ray does not start it after s failed)
-                self.running.pop(ref, None)
-                self._cancel(ref)
             with self.lock:
                 lease = self.held.pop(d, None)
             submitted = lease is not None
@@ -549,15 +573,12 @@ class _Runner:
                 self._print(f"warning: {msg}; waiting for the autoscaler")
             if s.step.stop_grace_s > 0:  # a driver killed while it waited for this step left its request
                 clear_stop_request(s.output_path)
-            upstream = [self.refs[d] for d in s.dependencies if d in self.refs]
-            ref = remote_body(s.step.fn).options(**options).remote(config, s.output_path, *upstream)
+            ref = remote_body(s.step.fn).options(**options).remote(config, s.output_path, blocking_inputs(s))
         except Exception as e:  # bookkeeping or submission failed: the step failed
             self._record_failure(s, f"{type(e).__name__}: {e}", traceback.format_exc())
             return
         self.running[ref] = s
         self.refs[s] = ref
-        self.submitted.add(s)
-        self._upstream_on_its_way(s)
 
     def _submission_window(self) -> int:
         """How many steps may be submitted to Ray (and hold a lease) at once.
@@ -615,6 +636,11 @@ class _Runner:
             if s in self.lost:
                 self._finish(s, "lost")
                 return
+            # the step's own exception, not Ray's wrapper of it (which is an instance too)
+            refused = next((c for c in error_chain(e) if type(c) is InputNotSucceeded), None)
+            if refused is not None:
+                self._record_refused_input(s, str(refused))
+                return
             error, tb = describe_failure(e)
             if is_infrastructure_failure(e) and self.infra_failures[s] < self.infra_limit(s):
                 self._retry_later(s, error)
@@ -643,6 +669,23 @@ class _Runner:
             self._record_failure(s, f"could not record success: {describe_write_error(e, s)}", traceback.format_exc())
             return
         self._finish(s, "succeeded")
+
+    def _record_refused_input(self, s: PlannedStep, why: str) -> None:
+        """``s``'s task refused to start on an input that was not SUCCESS (see
+        :func:`check_inputs_succeeded`): DEP_FAILED with the reason, not a failure of ``s`` itself,
+        so the next run starts it again without --retry_failed."""
+        with self.lock:
+            lease = self.held.get(s)
+        try:
+            if lease is not None:
+                st.write_status(s.output_path, StepStatus.DEP_FAILED, lease=lease, message=why)
+        except Exception as e:  # noqa: BLE001 - said on the driver below all the same
+            self._print(f"step {s.name}: could not record why it did not start: {describe_write_error(e, s)}")
+        self._release(s)
+        self.errors[s.output_path] = f"not run: {why}"
+        self.refused.add(s)
+        self._print(f"NOT STARTED {s.name}: {why}")
+        self._finish(s, "dep_failed")
 
     def infra_limit(self, s: PlannedStep) -> int:
         """How often ``s`` is resubmitted after infrastructure failures: ``--infra_retries`` for every
@@ -685,7 +728,8 @@ class _Runner:
                 self._finish(s, "lost")
                 continue
             try:
-                ref = remote_body(s.step.fn).options(**_ray_options(s)).remote(self.retry_configs[s], s.output_path)
+                ref = remote_body(s.step.fn).options(**_ray_options(s)).remote(self.retry_configs[s], s.output_path,
+                                                                               blocking_inputs(s))
             except Exception as e:  # noqa: BLE001 - submission failed: the step failed
                 self._record_failure(s, f"{type(e).__name__}: {e}", traceback.format_exc())
                 continue
@@ -723,9 +767,7 @@ class _Runner:
         each of them did, for its INTERRUPTED record."""
         import ray  # Ray only once steps run: planning and review import this module
 
-        # a step whose upstream task is still running has not started: nothing of it to save
-        graceful = {ref: s for ref, s in self.running.items()
-                    if s.step.stop_grace_s > 0 and not any(d in self.refs for d in s.dependencies)}
+        graceful = {ref: s for ref, s in self.running.items() if s.step.stop_grace_s > 0}
         if not graceful:
             return {}
         began = time.monotonic()
@@ -812,6 +854,23 @@ class _Runner:
             del self.waiting[s]
             self._start(s)  # may find SUCCESS (reuse), FAILED (fail), or take over
 
+    def _pool_waits(self) -> int:
+        """How many running steps wait for a pool reservation the cluster can hold but others hold now
+        (their placement groups, named after the step, are pending); looked up every few seconds."""
+        now = time.monotonic()
+        if now - self._pool_waits_at < POOL_WAITS_EVERY_S or not self.running:
+            return self._pool_waits_n if self.running else 0
+        self._pool_waits_at = now
+        try:
+            from ray.util.placement_group import placement_group_table  # Ray only once steps run (see above)
+
+            pending = [t["name"] for t in placement_group_table().values() if t["state"] == "PENDING"]
+        except Exception:  # noqa: BLE001 - a count for the progress bar; the run does not depend on it
+            return self._pool_waits_n
+        owners = {placement_owner(s.output_path) for s in self.running.values()}
+        self._pool_waits_n = len({o for o in owners if any(name.startswith(o) for name in pending)})
+        return self._pool_waits_n
+
     def _print(self, msg: str) -> None:
         if self.bar is not None:
             self.bar.write(msg, file=sys.stderr)
@@ -850,7 +909,8 @@ class _Runner:
                             self._on_done(ref)
                 elif (self.waiting or self.resubmit_at) and not self.ready:
                     time.sleep(min(self.opts.poll_interval, 0.2))
-                self.bar.set_postfix(running=len(self.running), waiting=len(self.waiting), refresh=False)
+                self.bar.set_postfix(running=len(self.running), waiting=len(self.waiting) + self._pool_waits(),
+                                     refresh=False)
         except KeyboardInterrupt as e:
             self.interrupt(signal_of(e, self.signals))
             raise
@@ -956,7 +1016,7 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
             raise _interrupted(plan, opts, outcome, runner, signals.received, during=signals.received_during,
                                record=record)
     result = RunResult(plan, outcome, record, runner.errors)
-    bad = [s for s in todo if outcome.get(s.output_path) in ("failed", "lost")]
+    bad = [s for s in todo if outcome.get(s.output_path) in ("failed", "lost") or s in runner.refused]
     counts = collections.Counter(outcome.values())
     print(
         "Steps: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + f"  (record: {record})",
@@ -966,7 +1026,7 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
         lines = [f"{len(bad)} step(s) failed:"]
         for s in bad:
             lines.append(f"--- step {s.name} ({s.output_path}) ---\n{runner.errors.get(s.output_path, '')}")
-        dep = [s.name for s in todo if outcome.get(s.output_path) == "dep_failed"]
+        dep = [s.name for s in todo if outcome.get(s.output_path) == "dep_failed" and s not in runner.refused]
         if dep:
             lines.append(f"not run because a dependency failed: {', '.join(dep)}")
         err = ExecutorError("\n".join(lines))

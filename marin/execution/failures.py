@@ -32,6 +32,12 @@ class StopRequested(Preempted):
     neither a pool's launcher nor the executor retries it; the next run resumes it."""
 
 
+class InputNotSucceeded(RuntimeError):
+    """A step's input was not SUCCESS when the step's task started (another driver reran it, or its
+    record was changed by hand): the step refuses to read it. Neither the step's own failure nor the
+    infrastructure's: the step is recorded DEP_FAILED, which the next run starts again by itself."""
+
+
 _RAY_INFRASTRUCTURE = frozenset({
     "WorkerCrashedError", "NodeDiedError", "ActorDiedError", "ActorUnavailableError", "OwnerDiedError",
     "ObjectLostError", "ObjectFetchTimedOutError", "ObjectReconstructionFailedError", "LocalRayletDiedError",

@@ -113,7 +113,7 @@ def run_eval(config: EvalConfig, *, use_ray: bool | None = None) -> dict[str, An
     steps = select_steps(config.run_path, config.checkpoint)
     pool = get_pool(config.pool or read_metadata(checkpoint_path(config.run_path, steps[-1]))["config"]["pool"])
     if use_ray if use_ray is not None else ray.is_initialized():
-        return launch(pool, evaluate_checkpoints_on_host, (config, steps))[0]
+        return launch(pool, evaluate_checkpoints_on_host, (config, steps), step_dir=config.output_path)[0]
     return run_local(pool, evaluate_checkpoints_on_host, (config, steps))
 
 

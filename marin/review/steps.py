@@ -21,6 +21,7 @@ from marin.execution.status import StepStatus
 from marin.monitoring.health import health
 from marin.review.experiment_file import load_experiment
 from marin.training.metrics import read_metrics
+from marin.training.pools import PLACEMENT_FILE
 
 CATEGORIES = ("succeeded", "reused", "failed", "running", "interrupted", "not run")
 """How the report colours a step. ``reused``: SUCCESS found from an earlier run, nothing recomputed."""
@@ -187,6 +188,26 @@ def row_for(path: str, name: str | None = None, hash_: str | None = None,
     }
 
 
+def placement_lines(path: str, running: bool, now: float | None = None) -> list[str]:
+    """What a pool step's launcher noted (see :class:`marin.training.pools.PlacementNote`): the
+    reservation it waits for and who holds it (while the step runs), and the nodes left out because
+    a host of the step failed there. None for a step without a pool, at the cost of one read."""
+    note = storage.read_json(f"{path.rstrip('/')}/{PLACEMENT_FILE}")
+    if not isinstance(note, dict):
+        return []
+    lines = []
+    waiting = note.get("waiting")
+    if running and isinstance(waiting, dict):
+        since = max(0.0, (time.time() if now is None else now) - float(waiting.get("since") or 0))
+        held = ", ".join(waiting.get("held_by") or []) or "nothing known to Ray yet"
+        lines.append(f"waiting for {waiting.get('for')}: held by {held} (for {since:.0f} s)")
+    bad = note.get("bad_nodes") or []
+    if bad:
+        lines.append("hosts failed on node(s) " + ", ".join(
+            f"{n.get('node_id', '?')[:12]} ({n.get('ip', '?')}, {n.get('why', '')})" for n in bad))
+    return lines
+
+
 def status_rows(prefix: str | None = None, experiment: str | None = None) -> list[dict[str, Any]]:
     """One row per step: of an experiment file (planned, run or not) or of everything under a prefix."""
     prefix = resolve_prefix(prefix)
@@ -282,11 +303,13 @@ def show(target: str, prefix: str | None = None) -> dict[str, Any]:
     record = st.read_status(path) or {}
     info = st.read_info(path, record) or {}
     outputs = []
-    for entry in storage.list_dir(path):
-        base = entry.rstrip("/").rsplit("/", 1)[-1]
-        if not base.startswith(".executor") and not base.startswith(".tmp-"):
+    entries = [e.rstrip("/").rsplit("/", 1)[-1] for e in storage.list_dir(path)]
+    for base in entries:
+        if not base.startswith(".executor") and not base.startswith(".tmp-") and base != PLACEMENT_FILE:
             outputs.append(base)
+    placed = PLACEMENT_FILE in entries
     return {
+        "placement": placement_lines(path, running=st.current_status(record) == StepStatus.RUNNING) if placed else [],
         **row_for(path, info.get("name"), info.get("hash")),
         "health": _health(path, outputs, info.get("config")),
         "horizon": train_horizon(info.get("config")),

@@ -628,6 +628,6 @@ def run_training(config: TrainConfig, *, use_ray: bool | None = None) -> dict[st
 
     pool = get_pool(config.pool)
     if use_ray if use_ray is not None else ray.is_initialized():
-        return launch(pool, train_on_host, (config,), stall=config.stall_rule(),
+        return launch(pool, train_on_host, (config,), step_dir=config.output_path, stall=config.stall_rule(),
                       stall_log=f"{config.output_path.rstrip('/')}/{STALLS_FILE}")[0]
     return run_local(pool, train_on_host, (config,))

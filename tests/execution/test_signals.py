@@ -89,7 +89,10 @@ if __name__ == "__main__":
 '''
 
 
-def test_a_step_queued_behind_its_upstream_reads_queued_and_a_stop_interrupts_both(tmp_path):
+def test_a_dependent_waits_unsubmitted_for_its_running_upstream_and_a_stop_interrupts_the_upstream(tmp_path):
+    """``second`` is submitted only after ``first``'s SUCCESS: while ``first`` runs, ``second`` has no
+    record at all (no lease, nothing in Ray's queue); a stop interrupts ``first`` and leaves ``second``
+    for the next run."""
     (tmp_path / "exp.py").write_text(CHAIN)
     store, started = tmp_path / "store", tmp_path / "first-started"
     proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(tmp_path / "exp.py"), "--prefix",
@@ -104,14 +107,14 @@ def test_a_step_queued_behind_its_upstream_reads_queued_and_a_stop_interrupts_bo
         r = run([sys.executable, "-m", "marin.cli", "status", "--prefix", str(store)], tmp_path)
         rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith(("first ", "second "))}
         assert "RUNNING" in rows["first"] and "QUEUED" not in rows["first"], r.stdout
-        assert "QUEUED (waiting for first)" in rows["second"], r.stdout
+        assert "second" not in rows and not list(store.glob("second-*")), r.stdout
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=90)
     assert proc.returncode == 143, err
-    for name in ("first", "second"):
-        (d,) = store.glob(f"{name}-*")
-        assert json.loads((d / ".executor_status").read_text())["status"] == "INTERRUPTED"
+    (d,) = store.glob("first-*")
+    assert json.loads((d / ".executor_status").read_text())["status"] == "INTERRUPTED"
+    assert not list(store.glob("second-*"))
 
 
 def test_sigterm_while_ray_starts_is_a_clean_stop(tmp_path):

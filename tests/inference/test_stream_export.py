@@ -127,7 +127,8 @@ def test_a_damaged_newest_checkpoint_falls_back_in_one_line(run, tmp_path, capsy
     text, err = capsys.readouterr()
     assert rc == 0, err
     (line,) = caplog.messages
-    assert f"checkpoint {newest} is damaged" in line and line.endswith("using step 10, the newest checkpoint that verifies")
+    assert f"checkpoint {newest} is damaged" in line
+    assert line.endswith("using step 10, the newest checkpoint that verifies")
     assert "exported step 10" in text
     assert json.load(open(os.path.join(out, "config.json")))["lineage"]["checkpoint_step"] == 10
     # asked for by number, the damaged one is refused in one line naming the option

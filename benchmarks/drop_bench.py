@@ -64,7 +64,7 @@ def main() -> None:
     p.add_argument("--balance-steps", type=int, default=40)
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--width", type=int, default=16, help="latent width of the router input and the experts")
-    p.add_argument("--docs-per-source", type=int, default=12)
+    p.add_argument("--docs-per-source", type=int, default=24)
     p.add_argument("--vocab", type=int, default=2048)
     args = p.parse_args()
     assert len(jax.devices()) == EP, "needs 64 fake devices (XLA_FLAGS set before JAX starts)"
@@ -73,11 +73,13 @@ def main() -> None:
     t_dev, d = args.tokens_per_device, args.width
     batch_tokens = EP * t_dev
     n_batches = stream.size // batch_tokens
-    need = args.balance_steps + args.batches
-    print(f"corpus: {stream.size:,} tokens ({time.time() - t0:.1f} s), {n_batches} batches of {batch_tokens:,}; "
-          f"need {need} (batches repeat)" if n_batches < need else
-          f"corpus: {stream.size:,} tokens ({time.time() - t0:.1f} s), {n_batches} batches of {batch_tokens:,}")
-    batches = [stream[(i % n_batches) * batch_tokens:(i % n_batches + 1) * batch_tokens] for i in range(need)]
+    if n_batches < args.batches + 1:
+        raise SystemExit(f"drop_bench: the corpus has {n_batches} batches of {batch_tokens:,} tokens; need "
+                         f"{args.batches + 1} (raise --docs-per-source)")
+    all_batches = [stream[i * batch_tokens:(i + 1) * batch_tokens] for i in range(n_batches)]
+    held_out, train = all_batches[-args.batches:], all_batches[:-args.batches]  # measured on unseen text
+    print(f"corpus: {stream.size:,} tokens ({time.time() - t0:.1f} s), {len(train)} training and "
+          f"{len(held_out)} held-out batches of {batch_tokens:,} tokens")
 
     key = jax.random.key(0)
     ke, kp, kr, kx = jax.random.split(key, 4)
@@ -97,7 +99,7 @@ def main() -> None:
 
     bias = jnp.zeros((N_EXPERTS,))
     for step in range(args.balance_steps):
-        bias, imbalance = balance(bias, jnp.asarray(batches[step]))
+        bias, imbalance = balance(bias, jnp.asarray(train[step % len(train)]))
         if step % 10 == 0 or step == args.balance_steps - 1:
             print(f"balance step {step}: max / mean expert load {float(imbalance):.3f}")
 
@@ -122,7 +124,7 @@ def main() -> None:
         f = drops(transport)
         dropped = total = 0.0
         t1 = time.time()
-        for b, tokens in enumerate(batches[args.balance_steps:]):
+        for b, tokens in enumerate(held_out):
             s, ids = f(jnp.asarray(tokens), bias, experts)
             dropped += float(s["send_drops"]) + float(s["recv_drops"])
             total += float(s["assignments"])

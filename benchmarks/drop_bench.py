@@ -1,6 +1,6 @@
 """Drops at the hero's routing shape: the fixed transport against the capacity-bounded ragged one.
 
-    python benchmarks/drop_bench.py [--tokens-per-device 1024] [--balance-steps 40] [--batches 4]
+    python benchmarks/drop_bench.py [--tokens-per-device 1024] [--balance-steps 20] [--batches 4]
 
 384 routed experts, top-8, expert parallelism 64 on 64 fake CPU devices in one process (mesh 1 x 64),
 at a tiny width. Text: the K40-shaped miniature corpus (marin.data.synthetic, 40 domains x 5
@@ -61,7 +61,7 @@ def corpus_tokens(docs_per_source: int, vocab: int) -> np.ndarray:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens-per-device", type=int, default=1024)
-    p.add_argument("--balance-steps", type=int, default=40)
+    p.add_argument("--balance-steps", type=int, default=20)
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--width", type=int, default=16, help="latent width of the router input and the experts")
     p.add_argument("--docs-per-source", type=int, default=24)

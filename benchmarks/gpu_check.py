@@ -58,13 +58,12 @@ def run_transport(transport: str, cpu_smoke: bool) -> dict:
     import jax.numpy as jnp
 
     from marin.models.config import flops_per_token
-    from marin.parallel.mesh import batch_sharding, make_mesh
+    from marin.parallel.mesh import batch_sharding, make_mesh, place_host_arrays
     from marin.training.config import SyntheticDataConfig, TrainConfig
     from marin.training.metrics import mfu, peak_flops_per_device
     from marin.training.planning import memory_plan
     from marin.training.pools import get_pool
     from marin.training.trainer import (
-        _place,
         init_host_state,
         make_train_step,
         microbatches_for,
@@ -89,8 +88,8 @@ def run_transport(transport: str, cpu_smoke: bool) -> dict:
     placed = []
     for i in range(steps + 2):
         b = synthetic_batch(data, i, batch, seq_len)
-        placed.append((_place(b["tokens"], sharding), _place(b["segment_ids"], sharding)))
-    state = _place(host, shardings)
+        placed.append((place_host_arrays(b["tokens"], sharding), place_host_arrays(b["segment_ids"], sharding)))
+    state = place_host_arrays(host, shardings)
     del host
     step = make_train_step(config, cfg, mesh, transport, shardings, n_micro)
     lr = jnp.float32(1e-3)

@@ -93,3 +93,19 @@ def buffer_rows_per_token(transport: str, tokens_per_shard: int, top_k: int, n_e
     return {"send": send, "compute": (n_experts // ep) * recv_capacity(t, top_k, n_experts, ep, cf) / t,
             "buffers": 3 * send}
 
+
+
+def emulated_ragged_rows_per_token(transport: str, tokens_per_shard: int, top_k: int, n_experts: int, ep: int,
+                                   capacity_factor: float, expert_chunks: int = DEFAULT_EXPERT_CHUNKS) -> float:
+    """Rows per local token of the blocks the CPU emulation of ``ragged_all_to_all`` holds while one
+    call runs (XLA:CPU lacks the op; marin.parallel.transports.ragged_all_to_all_emulated): the
+    operand spread over ``ep`` worst-case blocks, and those blocks once received. 0 for the
+    transports that do not use it; GPU programs call the real op and hold none of this."""
+    if transport not in ("ragged", "ragged_capacity"):
+        return 0.0
+    t = max(1, tokens_per_shard)
+    if transport == "ragged":
+        back = ep * t * min(top_k, n_experts // ep)  # the return trip's operand: the worst-case receive buffer
+    else:
+        back = chunk_capacity(t, top_k, n_experts, ep, capacity_factor, expert_chunks)
+    return 2.0 * ep * max(t * top_k, back) / t

@@ -170,7 +170,14 @@ def ragged_all_to_all_emulated(operand, output, input_offsets, send_sizes, outpu
     got = jax.lax.all_to_all(blocks, axis_name, 0, 0)  # [ep(src), n, ...]
     got_targets = jax.lax.all_to_all(targets, axis_name, 0, 0)
     del recv_sizes  # implied by the senders' send_sizes
-    return output.at[got_targets.reshape(-1)].set(got.reshape((ep * n,) + operand.shape[1:]), mode="drop")
+    # rows land where their update says (no two on one row): kept rows of `output` plus a scatter-add
+    # into zeros, which is linear (its backward is a gather) where a scatter-set's differentiation
+    # keeps masks the size of the rows for every call
+    flat_targets = got_targets.reshape(-1)
+    written = jnp.zeros(output.shape[:1], jnp.bool_).at[flat_targets].set(True, mode="drop")
+    kept = jnp.where(written.reshape(written.shape + (1,) * (output.ndim - 1)), 0, output)
+    return kept + jnp.zeros_like(output).at[flat_targets].add(got.reshape((ep * n,) + operand.shape[1:]),
+                                                              mode="drop")
 
 
 def _ragged_body(x, expert_ids, weights, gate, up, down, *, n_experts, ep, emulate):

@@ -14,7 +14,8 @@ sequence length split into ``microbatches`` (gradient accumulation):
     all_to_all       one layer's EP buffers: send, receive and return buffers sized by the transport
                      (capacity factor for "fixed", the worst case for "dropless" and "ragged"; for
                      "ragged_capacity" the t * k assignments out and back and one chunk's pooled
-                     receive buffer) and the routed experts' intermediates over those rows
+                     receive buffer) and the routed experts' intermediates over those rows; on CPU
+                     pools the ragged transports also hold the emulated collective's worst-case blocks
     logits           float32 logits of one microbatch (their gradient is computed in place)
 
     gathered         fsdp only: the weights the step gathers where it uses them and their whole float32
@@ -51,7 +52,7 @@ import os
 from typing import Any
 
 from marin.models.config import TRANSPORTS, MoEConfig, flops_per_token, mean_flops_per_token, param_shapes
-from marin.parallel.capacity import DROPPING_TRANSPORTS, buffer_rows_per_token
+from marin.parallel.capacity import DROPPING_TRANSPORTS, buffer_rows_per_token, emulated_ragged_rows_per_token
 from marin.parallel.layout import (
     EXPERT,
     EXPERT_LEAVES,
@@ -236,6 +237,9 @@ def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: i
     # the fixed-slot transports carry the expert id as one extra column; ragged_capacity sends none
     cols = lat if transport == "ragged_capacity" else lat + 1
     a2a = tokens * rows["buffers"] * cols * c
+    if pool.is_cpu:  # XLA:CPU runs the ragged transports through an emulation with worst-case blocks
+        a2a += tokens * emulated_ragged_rows_per_token(transport, tokens, cfg.top_k, cfg.n_experts, ep_eff,
+                                                       cfg.capacity_factor, cfg.expert_chunks) * cols * c
     logits = tokens * cfg.vocab_size * 4  # float32; its gradient reuses the buffer (elementwise)
     parts = {
         "params": (p["total"] * c) if c < 4 else 0.0,

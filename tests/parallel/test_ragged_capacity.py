@@ -12,7 +12,12 @@ from test_ep_transports import assert_close, make_experts, make_routing, referen
 
 from marin.jaxcompat import lowering_for
 from marin.models.reference import fixed_transport_survivors, moe_reference, ragged_capacity_survivors
-from marin.parallel.capacity import buffer_rows_per_token, chunk_capacity, recv_capacity
+from marin.parallel.capacity import (
+    buffer_rows_per_token,
+    chunk_capacity,
+    emulated_ragged_rows_per_token,
+    recv_capacity,
+)
 from marin.parallel.mesh import EXPERT, make_mesh
 from marin.parallel.transports import moe_experts, ragged_all_to_all_emulated
 
@@ -48,6 +53,15 @@ def test_buffer_rows_are_the_real_assignments_out_and_one_chunk_in():
     fixed = buffer_rows_per_token("fixed", t, 8, 384, 64, 1.15)
     assert rows["compute"] == pytest.approx(fixed["compute"], rel=1e-3)  # the same rows reach the experts
     assert rows["buffers"] < fixed["buffers"]  # no padded send slots
+
+
+def test_the_cpu_emulation_blocks_are_ep_worst_case_copies_of_the_operand():
+    t = 512
+    # ragged_capacity: the dispatch operand (t * k rows) is the larger; sent as ep blocks and received
+    assert emulated_ragged_rows_per_token("ragged_capacity", t, 2, 16, 4, 1.15, 2) == 2 * 4 * 2
+    # ragged: its return operand is the worst-case receive buffer, ep * t * min(k, e_loc) rows
+    assert emulated_ragged_rows_per_token("ragged", t, 2, 16, 4, 1.15) == 2 * 4 * 4 * 2
+    assert emulated_ragged_rows_per_token("fixed", t, 2, 16, 4, 1.15) == 0.0
 
 
 def test_survivors_rule_by_hand():

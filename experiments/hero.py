@@ -6,8 +6,11 @@
 48 layers, d 6,144, 384 routed experts top-8 plus 2 shared, latent 3,072; 11 GB200 NVL72 racks with
 EP 64 inside a rack and data parallelism 11; 390,139 steps of 11,264 x 4,096 = 46,137,344 tokens
 (18.0T tokens: the published 18.75T does not match steps x batch, and this file follows steps x batch);
-sequence length 4K -> 8K at 50% -> 65K at 95%; fixed-buffer all-to-all at capacity 1.15 with the
-hot switch to dropless at step 81,716. Peak LR and warmup are not published: they are assumptions.
+sequence length 4K -> 8K at 50% -> 65K at 95%; fixed-buffer all-to-all at capacity 1.15, hot-switched
+at step 81,716 to the capacity-bounded ragged all-to-all the published run continued on (one update
+per source device and local expert, the 6 local experts of a device in 2 chunks sharing a receiver
+capacity of 1.15 x the expected rows; it can drop, about 150 times less than the fixed
+buffers). Peak LR and warmup are not published: they are assumptions.
 
 The early-cooldown side branch (days 10-20 of the run, 1-2 days long, for RL and long-context
 experiments) starts from a committed checkpoint of the main run and leaves the main run untouched:
@@ -30,7 +33,7 @@ HERO_BATCH_SEQUENCES = 11_264
 HERO_TOKENS_PER_STEP = HERO_BATCH_SEQUENCES * 4096  # 46,137,344
 HERO_SEQ_LEN_PHASES = ((0.0, 4096), (0.5, 8192), (0.95, 65536))  # 4K -> 8K at 50% -> 65K at 95%
 HERO_WARMUP_STEPS = 2_000
-FIXED_TO_DROPLESS_STEP = 81_716
+FIXED_TO_RAGGED_STEP = 81_716
 # the early-cooldown branch: at about day 14 (~4,400 steps/day), ~1.5 days of linear decay to the final LR
 EARLY_COOLDOWN_AT_STEP = 60_000  # a multiple of keep_every_steps, so the main run keeps that checkpoint
 EARLY_COOLDOWN_STEPS = 6_600
@@ -45,7 +48,9 @@ HERO_TRAIN = dict(
     peak_lr=2.2e-4,
     warmup_steps=HERO_WARMUP_STEPS,
     compute_dtype="bfloat16",
-    transport_switches=((0, "fixed"), (FIXED_TO_DROPLESS_STEP, "dropless")),
+    # both transports bound their buffers by the model's capacity_factor (1.15); ragged_capacity pools it
+    # over each chunk of a device's local experts (the model's expert_chunks: 2 chunks of 3)
+    transport_switches=((0, "fixed"), (FIXED_TO_RAGGED_STEP, "ragged_capacity")),
     checkpoint_every_steps=500,
     checkpoint_every_minutes=30.0,
     keep_every_steps=10_000,
@@ -57,10 +62,8 @@ HERO_TRAIN = dict(
     # the 65K phase (one sequence per device) recomputes every layer: under the model's `dots`
     # policy its activations would not fit a GB200
     remat_by_seq_len=((65536, "full"),),
-    # `marin plan` says every phase fits with the fixed transport, but not the dropless phase (the
-    # planner sizes its EP buffers for the worst case) (docs/training.md, "Memory planner"). Warn
-    # until that is fixed.
-    memory_check="warn",
+    # every phase (each sequence length on each transport) fits a GB200: `marin plan hero --pool gb200-11racks`
+    memory_check="error",
 )
 hero = default_train("hero/moe-535b-a23b", **HERO_TRAIN,
                      description="hero 535B-A23B on Harrier K40, 390,139 steps x 46.1M tokens")

@@ -7,6 +7,9 @@ near 30%"):
   - every logged value is finite;
   - loss is falling (recent window below the first window);
   - token drop fraction, send and receive side, below 8% in the recent window (published: healthy < 8%);
+  - per phase (sequence length x transport): the transport in use and its drop fraction; a phase of
+    a transport that can drop is flagged above its limit (fixed: 8%; ragged_capacity: 0.1%, the
+    published run dropped 0.018% on it);
   - grad norm: where it peaked (as % of the horizon), whether it is still rising, and whether it
     crossed 4 (the ladder bug that z-loss fixed);
   - MFU and throughput in the recent window.

@@ -4,7 +4,10 @@ Per-device memory of a training step (parameters, gradients, fp32 master weights
 activations under the preset's remat policy, all-to-all buffers, logits) against the pool's device
 memory; per-host memory (state shards, checkpoint staging, data buffers, runtime) against the pool's
 host memory, with the checkpoint's size, bytes per host and save time; and the run's compute: FLOPs,
-device-hours and days at an MFU. Exit status 1 when it does not fit (devices or hosts).
+device-hours and days at an MFU. For the hero (no --seq-len, --transport or --steps) every phase the
+published run uses, one per (sequence length, transport), each with its own microbatch count; for a
+transport that can drop, the largest capacity factor that still fits. Exit status 1 when the step
+or any phase does not fit (devices or hosts).
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ from marin.inference.planning import WEIGHT_DTYPES, format_inference_plan, infer
 from marin.models.config import PRESETS, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
 from marin.training.config import resolve_model
-from marin.training.planning import DEFAULT_MFU, STORAGE_WRITE_BYTES_PER_S, format_plan, plan
+from marin.training.planning import (
+    DEFAULT_MFU,
+    STORAGE_WRITE_BYTES_PER_S,
+    format_phases,
+    format_plan,
+    phase_plans,
+    plan,
+)
 from marin.training.pools import POOLS, get_pool
 
 
@@ -60,6 +70,17 @@ HERO_STEPS = 390_139
 HERO_TOKENS_PER_STEP = 11_264 * 4096
 HERO_PLANNED_TOKENS = 18.75e12
 HERO_SEQ_LEN_PHASES = ((0.0, 4096), (0.5, 8192), (0.95, 65536))  # compute follows the schedule
+# experiments/hero.py's transports (fixed, then the capacity-bounded ragged transport from step 81,716)
+# and its per-phase remat: `marin plan hero` plans every phase the run uses
+HERO_TRANSPORT_SWITCHES = ((0, "fixed"), (81_716, "ragged_capacity"))
+HERO_REMAT_BY_SEQ_LEN = ((65536, "full"),)
+
+
+def run_phases(seq_len_phases, transport_switches) -> list[tuple[int, str]]:
+    """Every (sequence length, transport) combination a run's schedules can meet, in schedule order."""
+    seq_lens = list(dict.fromkeys(int(n) for _, n in seq_len_phases))
+    transports = list(dict.fromkeys(t for _, t in transport_switches))
+    return [(n, t) for n in seq_lens for t in transports]
 
 
 def _run_inference(args: argparse.Namespace) -> int:
@@ -101,11 +122,19 @@ def run(args: argparse.Namespace) -> int:
                  transport=transport, train_steps=steps, mfu=args.mfu, seq_len_phases=phases,
                  planned_tokens=planned, param_sharding=args.param_sharding,
                  storage_bytes_per_s=args.storage_gbps * 1e9)
+        # the hero's whole run (no phase pinned by --seq-len/--transport/--steps): every phase it uses
+        whole_run = phases is not None and args.transport is None
+        p["phases"] = phase_plans(
+            cfg, pool, tokens_per_step=tokens_per_step, microbatches=args.microbatches,
+            param_sharding=args.param_sharding,
+            phases=run_phases(HERO_SEQ_LEN_PHASES, HERO_TRANSPORT_SWITCHES) if whole_run else [(seq_len, transport)],
+            remat_by_seq_len=HERO_REMAT_BY_SEQ_LEN if whole_run and args.remat is None else ())
     except (KeyError, ValueError) as e:
         print(f"marin plan: error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     p["model"] = args.preset
     p["max_seq_len"], p["preset_max_seq_len"] = cfg.max_seq_len, preset.max_seq_len
+    p["fits"] = p["fits"] and all(ph["fits"] for ph in p["phases"])
     if args.json:
         print(json.dumps(p, sort_keys=True))
     else:
@@ -114,4 +143,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"  context: {cfg.max_seq_len:,} tokens, the longest sequence trained (the preset's max_seq_len is "
                   f"{preset.max_seq_len:,}; a training run raises it the same way and records it, so sample, eval "
                   f"and export of the run take up to {cfg.max_seq_len:,})")
+        print(format_phases(p["phases"]))
     return 0 if p["fits"] else 1

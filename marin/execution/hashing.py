@@ -18,7 +18,9 @@ Python value              canonical JSON
 ``dict`` (str keys)       ``{"dict": {key: value, ...}}`` (keys sorted)
 ``dict`` (other keys)     ``{"dict_items": [[key, value], ...]}`` (sorted by the key's encoding)
 ``set``, ``frozenset``    ``{"set": [...]}`` (sorted by each member's encoding)
-dataclass instance        ``{"dataclass": "<qualname>", "fields": {name: value, ...}}``
+dataclass instance        ``{"dataclass": "<qualname>", "fields": {name: value, ...}}`` (a field
+                          declared ``added_later`` is left out while it holds its default, so a
+                          dataclass versioned as one value keeps the encoding it had before the field)
 ========================  =======================================================================
 
 Tags keep ``1``, ``1.0``, ``True`` and ``"1"`` apart, and a tuple apart from a list. Sets and dict
@@ -31,6 +33,7 @@ give different hashes across runs. The traversal is :mod:`marin.execution.walker
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import json
@@ -52,6 +55,19 @@ from marin.execution.walker import (  # noqa: F401  (join_* and the errors are r
 
 HASH_CHARS = 10
 """Number of hex characters of the SHA-256 used in output directory names."""
+
+
+VERSIONING_RULE = "marin_versioning"
+"""The dataclass field-metadata key of the versioning rule (:mod:`marin.execution.versioning` sets it)."""
+
+
+def is_added_later(f: dataclasses.Field) -> bool:
+    """Whether ``f`` was declared with :func:`marin.execution.versioning.added_later`."""
+    return (f.metadata.get(VERSIONING_RULE) or ("",))[0] == "added_later"
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def encode(value: Any, path: FieldPath | str = "") -> Any:
@@ -136,7 +152,10 @@ def _encode_container(value: Any, kind: str, items: list[tuple[str, Any, Any]], 
     if kind == "tuple":
         return {"tuple": [v for _, _, v in items]}
     if kind == "dataclass":
-        return {"dataclass": type(value).__qualname__, "fields": {k: v for _, k, v in items}}
+        at_default = {f.name for f in dataclasses.fields(value) if is_added_later(f)
+                      and getattr(value, f.name) == field_default(f)}
+        return {"dataclass": type(value).__qualname__,
+                "fields": {k: v for _, k, v in items if k not in at_default}}
     if kind == "set":
         return {"set": sorted((v for _, _, v in items), key=canonical_json)}
     if all(isinstance(k, str) for _, k, _ in items):

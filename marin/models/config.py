@@ -21,7 +21,12 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from marin.parallel.capacity import EP_TRANSPORTS, TRANSPORTS  # noqa: F401  (re-exported for model configs)
+from marin.execution.versioning import added_later
+from marin.parallel.capacity import (  # noqa: F401  (re-exported for model configs)
+    DEFAULT_EXPERT_CHUNKS,
+    EP_TRANSPORTS,
+    TRANSPORTS,
+)
 from marin.runsteps import phase_weights
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
@@ -62,8 +67,13 @@ class MoEConfig:
     # losses
     z_loss_weight: float = 1e-4
     # expert parallelism
+    # capacity_factor bounds the buffers of the transports that can drop ("fixed": per expert;
+    # "ragged_capacity": per chunk of a device's local experts); "dropless" and "ragged" never drop
     capacity_factor: float = 1.15
-    transport: str = "local"  # "local" | "fixed" | "dropless" | "ragged"
+    transport: str = "local"  # "local" | "fixed" | "dropless" | "ragged" | "ragged_capacity"
+    # "ragged_capacity": the chunks of local experts a receiving device runs one after the other,
+    # each with one buffer pooled over its experts (the published run: 2 chunks of 3 experts)
+    expert_chunks: int = added_later(default=DEFAULT_EXPERT_CHUNKS)
     # router balancing (bias lives in the training state, not in params)
     router_bias_update: str = "quantile"  # "quantile" | "sign"
     # quantile: fraction of the way to move towards the balancing bias (1.0 = jump there);
@@ -89,6 +99,8 @@ class MoEConfig:
               f"router_bias_update must be one of {ROUTER_BIAS_UPDATES}")
         check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}")
         check(self.capacity_factor > 0, "capacity_factor must be positive")
+        check(isinstance(self.expert_chunks, int) and not isinstance(self.expert_chunks, bool)
+              and self.expert_chunks >= 1, f"expert_chunks must be a positive int, got {self.expert_chunks!r}")
         check(self.head_dim % 2 == 0, "head_dim must be even (RoPE)")
         check(self.global_every >= 1 and self.sliding_window >= 1, "bad attention pattern")
         check(self.attention_impl in ATTENTION_IMPLS, f"attention_impl must be one of {ATTENTION_IMPLS}, "

@@ -2,7 +2,8 @@
 
 `moe_reference` is the formula every transport and grouped implementation computes (fast paths in
 :mod:`marin.kernels.grouped` and :mod:`marin.parallel.transports`); `fixed_transport_survivors`
-says which assignments the `fixed` transport keeps at a given capacity factor. Both are slow on
+and `ragged_capacity_survivors` say which assignments the `fixed` and `ragged_capacity` transports
+keep at a given capacity factor. Both are slow on
 purpose (a gather of each selected expert's weights; a Python loop over shards and assignments) and
 are not used by training.
 """
@@ -13,7 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from marin.parallel.capacity import recv_capacity, send_capacity
+from marin.parallel.capacity import (
+    DEFAULT_EXPERT_CHUNKS,
+    check_expert_chunks,
+    chunk_capacity,
+    recv_capacity,
+    send_capacity,
+)
 
 
 def moe_reference(x, expert_ids, weights, experts, kept=None):
@@ -67,3 +74,40 @@ def fixed_transport_survivors(expert_ids, data: int, ep: int, n_experts: int, ca
             for t, j in order[:cap_recv]:
                 kept[t, j] = True
     return kept, send_drops, recv_drops
+
+
+def ragged_capacity_survivors(expert_ids, data: int, ep: int, n_experts: int, capacity_factor: float,
+                              expert_chunks: int = DEFAULT_EXPERT_CHUNKS):
+    """The `ragged_capacity` transport's drop rule, one assignment at a time, on a (data, ep) mesh
+    whose devices each hold T / (data * ep) consecutive tokens. Returns (kept bool [T, k], sender
+    drops (always 0: a sender sends what the receiver will hold), receiver drops).
+
+    Per receiving device and chunk of its local experts, one buffer of `chunk_capacity` rows is
+    filled expert by expert (in local expert order), and within an expert source device by source
+    device, each source's assignments in (token, slot) order; those past the buffer's end are dropped."""
+    ids = np.asarray(expert_ids)
+    t_all, k = ids.shape
+    t_loc = t_all // (data * ep)
+    e_loc = n_experts // ep
+    per_chunk = check_expert_chunks(n_experts, ep, expert_chunks)
+    cap = chunk_capacity(t_loc, k, n_experts, ep, capacity_factor, expert_chunks)
+    kept = np.zeros(ids.shape, bool)
+    recv_drops = 0
+    for g in range(data):
+        arrived = {}  # global expert -> {source: [assignments in send order]}
+        for s in range(ep):
+            shard = g * ep + s
+            for t in range(shard * t_loc, (shard + 1) * t_loc):
+                for j in range(k):
+                    arrived.setdefault(int(ids[t, j]), {}).setdefault(s, []).append((t, j))
+        for dest in range(ep):
+            for c in range(expert_chunks):
+                order = []
+                for e in range(c * per_chunk, (c + 1) * per_chunk):
+                    by_src = arrived.get(dest * e_loc + e, {})
+                    for s in range(ep):
+                        order.extend(by_src.get(s, []))
+                recv_drops += max(0, len(order) - cap)
+                for t, j in order[:cap]:
+                    kept[t, j] = True
+    return kept, 0, recv_drops

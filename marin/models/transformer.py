@@ -149,7 +149,8 @@ def moe_block(x, p, bias, cfg: MoEConfig, mesh, transport: str):
     expert_ids, weights, scores = rt.route(z, p["router"], bias, cfg.top_k, cfg.normalize_combine)
     experts = {"gate": p["expert_gate"], "up": p["expert_up"], "down": p["expert_down"]}
     y, drops = moe_experts(z, expert_ids, weights.astype(z.dtype), experts, n_experts=cfg.n_experts,
-                           transport=transport, mesh=mesh, capacity_factor=cfg.capacity_factor)
+                           transport=transport, mesh=mesh, capacity_factor=cfg.capacity_factor,
+                           expert_chunks=cfg.expert_chunks)
     out = shared + y @ p["latent_up"]  # y [T, latent] -> out [T, d]
     stats = {
         "expert_load": rt.expert_load(expert_ids, cfg.n_experts),

@@ -3,7 +3,9 @@
 Used by ``operations/health_report.py`` (an operator's command against a live or finished run) and
 by the quickstart's final step. Checks, in the spirit of the published run's checklist ("first 3%: clear;
 next window: the real grad-norm peak near 30%"): every value finite; loss falling; token drop
-fraction on the send and receive side below 8%; where the grad norm peaked and whether it crossed 4
+fraction on the send and receive side below 8%; per phase (sequence length x transport) of a
+transport that can drop, its drop fraction within that transport's limit (fixed 8%,
+ragged_capacity 0.1%); where the grad norm peaked and whether it crossed 4
 (the ladder bug that z-loss fixed); recent MFU and throughput.
 """
 
@@ -20,10 +22,15 @@ from marin.evaluation.suite import TASK_KEY
 from marin.execution.status import read_info
 from marin.execution.versioning import input_field
 from marin.scaling.ladder import GRAD_NORM_SMOOTH, read_fit, window_mean
-from marin.training.metrics import read_metrics
+from marin.training.metrics import phase_summary, read_metrics
 from marin.training.schedule import replan_horizon, schedule_from_config
 
 HEALTHY_DROP = 0.08
+# Per transport that can drop: the largest healthy drop fraction of a phase (send + receive side).
+# The fixed transport's is the published run's 8%; the capacity-bounded ragged transport dropped
+# 0.018% on the live hero, so above 0.1% its chunk capacity is too small for the routing (raise the
+# capacity factor: `marin plan` says how far it still fits).
+PHASE_DROP_LIMITS = {"fixed": HEALTHY_DROP, "ragged_capacity": 0.001}
 GRAD_NORM_ALARM = 4.0
 
 
@@ -79,6 +86,16 @@ def health(records: list[dict[str, Any]], total_steps: int | None = None, window
         checks.append({"name": f"drop_{side}", "ok": late < HEALTHY_DROP,
                        "detail": f"{side} drop {100 * early:.2f}% early -> {100 * late:.2f}% recent (healthy < 8%)"})
 
+    phases = phase_summary(records)
+    for ph in phases:
+        limit = PHASE_DROP_LIMITS.get(ph["transport"])
+        if limit is None:
+            continue
+        frac = _num(ph["drop_frac_send"]) + _num(ph["drop_frac_recv"])
+        checks.append({"name": f"drop_phase_{ph['seq_len']}_{ph['transport']}", "ok": not frac > limit,
+                       "detail": f"L={ph['seq_len']} {ph['transport']} (steps {ph['first_step']}-{ph['last_step']}): "
+                                 f"{100 * frac:.3f}% of assignments dropped (healthy <= {100 * limit:g}%)"})
+
     gn = [_num(r["grad_norm"]) for r in records]
     peak_i = max(range(n), key=lambda i: gn[i] if math.isfinite(gn[i]) else -1)
     peak_pct = 100.0 * records[peak_i]["step"] / horizon
@@ -99,6 +116,7 @@ def health(records: list[dict[str, Any]], total_steps: int | None = None, window
         "tokens_per_s_recent": _mean([_num(r.get("tokens_per_s", float("nan"))) for r in recent]),
         "seq_len": records[-1].get("seq_len"),
         "transport": records[-1].get("transport"),
+        "phases": phases,
     }
     return {"ok": all(c["ok"] for c in checks), "checks": checks, "summary": summary}
 
@@ -123,6 +141,10 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"step {s['last_step']} ({s['progress_pct']:.1f}% of horizon), loss {s['loss']:.4f}, "
                      f"L={s['seq_len']} {s['transport']}, {s['tokens_per_s_recent']:.0f} tok/s, "
                      f"mfu {100 * s['mfu_recent']:.2f}%")
+    for ph in s.get("phases") or []:
+        lines.append(f"  phase L={ph['seq_len']} {ph['transport']}: steps {ph['first_step']}-{ph['last_step']}, "
+                     f"drops {100 * _num(ph['drop_frac_send']):.3f}% send / "
+                     f"{100 * _num(ph['drop_frac_recv']):.3f}% recv")
     for c in report["checks"]:
         lines.append(f"  [{'clear' if c['ok'] else 'ALERT'}] {c['name']}: {c['detail']}")
     lines.append("overall: " + ("clear" if report["ok"] else "needs a look"))

@@ -23,6 +23,16 @@ itself is in :mod:`marin.kernels.grouped`.
   ragged    jax.lax.ragged_all_to_all (GPU): exactly the assignments travel; a tiny all_gather of the
               per-destination counts gives the offsets. XLA:CPU lacks the op, so when tracing for a
               CPU an exact emulation (ragged_all_to_all_emulated, worst-case all_to_all) stands in.
+              Never drops; its receive buffer is sized for the worst case (ep * t * min(k, e_loc) rows).
+  ragged_capacity  the published run's transport after its switch: ragged_all_to_all with one update
+              per (source device, local expert) pair, so rows arrive grouped by expert; a device's
+              local experts run in `expert_chunks` chunks one after the other, each chunk with one
+              receive buffer of ceil(cf * expected assignments of the chunk) rows pooled over its
+              experts (marin.parallel.capacity.chunk_capacity). Offsets come from one all_gather of
+              the counts per (source, local expert); an update that runs past its chunk's buffer is
+              cut there and the rest dropped (counted as receiver-side drops; the sender knows the
+              same from the counts and combines zeros for them). Can drop, far less than `fixed` at
+              the same factor: a device's load over a chunk varies far less than one expert's.
 
 The EP transports run inside jax.shard_map over a (data, expert) mesh: tokens split over both axes,
 expert weights split over "expert"; the all_to_all goes along "expert" only (one EP group per data row).
@@ -38,9 +48,16 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from marin.jaxcompat import compute_platform
+from marin.jaxcompat import compute_platform, vary_like
 from marin.kernels.grouped import combine, grouped_swiglu, rank_within_groups, routed_experts, swiglu_experts
-from marin.parallel.capacity import EP_TRANSPORTS, recv_capacity, send_capacity
+from marin.parallel.capacity import (
+    DEFAULT_EXPERT_CHUNKS,
+    EP_TRANSPORTS,
+    check_expert_chunks,
+    chunk_capacity,
+    recv_capacity,
+    send_capacity,
+)
 from marin.parallel.mesh import EXPERT, TOKEN_AXES, make_mesh
 
 
@@ -134,17 +151,33 @@ def _a2a_body(x, expert_ids, weights, gate, up, down, *, n_experts, ep, capacity
 def ragged_all_to_all_emulated(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
                                axis_name):
     """Same semantics as jax.lax.ragged_all_to_all, built from a worst-case-sized all_to_all (runs on
-    XLA:CPU, which lacks the real op). Chunk j of `operand` (rows input_offsets[j] + [0, send_sizes[j]))
-    lands on device j at rows output_offsets[j] + [0, send_sizes[j]) (offsets in the receiver's output)."""
-    n, ep = operand.shape[0], send_sizes.shape[0]
+    XLA:CPU, which lacks the real op). Update u (rows input_offsets[u] + [0, send_sizes[u]) of
+    `operand`) goes to device u // (K / axis size) and lands there at rows output_offsets[u] + [0,
+    send_sizes[u]) of its `output`; rows of `output` no update writes keep their value. Updates of one
+    caller must not overlap in `operand` (true of every transport here)."""
+    n, n_updates = operand.shape[0], send_sizes.shape[0]
+    ep = jax.lax.axis_size(axis_name)
+    per_peer = n_updates // ep
     i = jnp.arange(n, dtype=jnp.int32)
-    src_rows = jnp.clip(input_offsets[:, None] + i[None, :], 0, n - 1)  # [ep, n]
-    chunks = jnp.where((i[None, :] < send_sizes[:, None])[..., None], operand[src_rows], 0)
-    got = jax.lax.all_to_all(chunks, axis_name, 0, 0)  # [ep(src), n, ...]
-    meta = jax.lax.all_to_all(jnp.stack([output_offsets, send_sizes], axis=1), axis_name, 0, 0)  # [ep(src), 2]
-    dest = jnp.where(i[None, :] < meta[:, 1:2], meta[:, 0:1] + i[None, :], output.shape[0])
+    member = (i[:, None] >= input_offsets[None, :]) & (i[:, None] < (input_offsets + send_sizes)[None, :])  # [n, K]
+    has = jnp.any(member, axis=1)
+    u = jnp.argmax(member, axis=1)
+    to_peer = jnp.where(has, u // per_peer, ep)
+    target = output_offsets[u] + i - input_offsets[u]
+    mine = to_peer[None, :] == jnp.arange(ep, dtype=jnp.int32)[:, None]  # [ep, n]
+    blocks = jnp.where(mine.reshape(mine.shape + (1,) * (operand.ndim - 1)), operand[None], 0)
+    targets = jnp.where(mine, target[None, :], output.shape[0])
+    got = jax.lax.all_to_all(blocks, axis_name, 0, 0)  # [ep(src), n, ...]
+    got_targets = jax.lax.all_to_all(targets, axis_name, 0, 0)
     del recv_sizes  # implied by the senders' send_sizes
-    return output.at[dest.reshape(-1)].set(got.reshape((ep * n,) + operand.shape[1:]), mode="drop")
+    # rows land where their update says (no two on one row): kept rows of `output` plus a scatter-add
+    # into zeros, which is linear (its backward is a gather) where a scatter-set's differentiation
+    # keeps masks the size of the rows for every call
+    flat_targets = got_targets.reshape(-1)
+    written = jnp.zeros(output.shape[:1], jnp.bool_).at[flat_targets].set(True, mode="drop")
+    kept = jnp.where(written.reshape(written.shape + (1,) * (output.ndim - 1)), 0, output)
+    return kept + jnp.zeros_like(output).at[flat_targets].add(got.reshape((ep * n,) + operand.shape[1:]),
+                                                              mode="drop")
 
 
 def _ragged_body(x, expert_ids, weights, gate, up, down, *, n_experts, ep, emulate):
@@ -181,15 +214,74 @@ def _ragged_body(x, expert_ids, weights, gate, up, down, *, n_experts, ep, emula
     return y, jax.lax.psum(drop_stats(0, 0, a), TOKEN_AXES)
 
 
-def _ep_moe(x, expert_ids, weights, experts, mesh, *, n_experts: int, transport: str, capacity_factor: float):
+# ---- capacity-bounded ragged all_to_all (per-shard body) ---------------------------------------
+def ragged_capacity_layout(counts, chunk: int, per_chunk: int, cap: int):
+    """Where each (source, local expert) update lands in every receiver's buffer for one chunk.
+
+    counts int [ep(src), ep(dst), e_loc]: assignments each source sends to each local expert of each
+    device (the all_gather'd counts). A receiver's chunk buffer holds its experts c*per_chunk ...
+    one after the other, and within an expert the sources in order (rows arrive grouped by expert);
+    a buffer has ``cap`` rows and an update that would run past it is cut there (the tail is
+    dropped). Returns (offset, accepted), both int [ep(src), ep(dst), per_chunk]: the update's first
+    row in the receiver's buffer, and how many of its rows the receiver keeps."""
+    m = counts[:, :, chunk * per_chunk:(chunk + 1) * per_chunk]
+    by_dst = jnp.transpose(m, (1, 2, 0))  # [dst, expert, src]: the buffer's order
+    flat = by_dst.reshape(by_dst.shape[0], -1)
+    start = (jnp.cumsum(flat, axis=1) - flat).reshape(by_dst.shape)
+    offset = jnp.transpose(start, (2, 0, 1))
+    accepted = jnp.clip(cap - offset, 0, m)
+    return offset, accepted
+
+
+def _ragged_capacity_body(x, expert_ids, weights, gate, up, down, *, n_experts, ep, capacity_factor,
+                          expert_chunks, emulate):
+    t, k = expert_ids.shape
+    d = x.shape[1]
+    e_loc = n_experts // ep
+    per_chunk = check_expert_chunks(n_experts, ep, expert_chunks)
+    cap = chunk_capacity(t, k, n_experts, ep, capacity_factor, expert_chunks)
+    a = t * k
+    flat = expert_ids.reshape(-1).astype(jnp.int32)
+    perm = jnp.argsort(flat, stable=True)  # grouped by (device, local expert): the global expert id
+    payload = jnp.repeat(x, k, axis=0)[perm]  # no id column: the counts say which rows are whose
+    mine = jnp.zeros((n_experts,), jnp.int32).at[flat].add(1).reshape(ep, e_loc)
+    counts = jax.lax.all_gather(mine, EXPERT)  # [src, dst, e_loc]: the only metadata
+    me = jax.lax.axis_index(EXPERT)
+    starts = (jnp.cumsum(counts.reshape(ep, -1), axis=1) - counts.reshape(ep, -1)).reshape(counts.shape)
+    ragged_a2a = ragged_all_to_all_emulated if emulate else jax.lax.ragged_all_to_all
+    back = vary_like(jnp.zeros((a, d), x.dtype), payload)  # threaded through every chunk's return trip
+    dropped = jnp.zeros((), jnp.int32)
+    for c in range(expert_chunks):  # one after the other: one chunk's buffer at a time
+        offset, accepted = ragged_capacity_layout(counts, c, per_chunk, cap)
+        sl = slice(c * per_chunk, (c + 1) * per_chunk)
+        # dispatch: my update (dst, e) to dst, landing where dst's buffer has room for it
+        recv = ragged_a2a(payload, vary_like(jnp.zeros((cap, d), x.dtype), payload), starts[me][:, sl].reshape(-1),
+                          accepted[me].reshape(-1), offset[me].reshape(-1), accepted[:, me].reshape(-1),
+                          axis_name=EXPERT)
+        group = jnp.sum(accepted[:, me], axis=0)  # rows per local expert of the chunk, in buffer order
+        row_expert = jnp.searchsorted(jnp.cumsum(group), jnp.arange(cap, dtype=jnp.int32), side="right")
+        y = grouped_swiglu(recv, row_expert, gate[sl], up[sl], down[sl], expected_rows=cap / per_chunk)
+        # combine: each update goes back to its source, at the rows it was sent from
+        back = ragged_a2a(y, back, offset[:, me].reshape(-1), accepted[:, me].reshape(-1),
+                          starts[:, me, sl].reshape(-1), accepted[me].reshape(-1), axis_name=EXPERT)
+        dropped = dropped + jnp.sum(counts[:, me, sl]) - jnp.sum(accepted[:, me])
+    y_assign = jnp.zeros_like(back).at[perm].set(back)
+    return combine(y_assign, weights), jax.lax.psum(drop_stats(0, dropped, a), TOKEN_AXES)
+
+
+def _ep_moe(x, expert_ids, weights, experts, mesh, *, n_experts: int, transport: str, capacity_factor: float,
+            expert_chunks: int = DEFAULT_EXPERT_CHUNKS):
     """Expert-parallel routed experts over `mesh` (axes data, expert). x [T, D] with T divisible by
     the number of devices; expert weights [E, ...] with E divisible by the expert axis size."""
     ep = mesh.shape[EXPERT]
     if n_experts % ep:
         raise ValueError(f"n_experts={n_experts} is not divisible by the expert axis size {ep}")
+    emulate = compute_platform() == "cpu"
     if transport == "ragged":
-        emulate = compute_platform() == "cpu"
         body = partial(_ragged_body, n_experts=n_experts, ep=ep, emulate=emulate)
+    elif transport == "ragged_capacity":
+        body = partial(_ragged_capacity_body, n_experts=n_experts, ep=ep, capacity_factor=capacity_factor,
+                       expert_chunks=expert_chunks, emulate=emulate)
     elif transport in ("fixed", "dropless"):
         cf = capacity_factor if transport == "fixed" else None
         body = partial(_a2a_body, n_experts=n_experts, ep=ep, capacity_factor=cf)
@@ -219,7 +311,7 @@ def _local_on_mesh(x, expert_ids, weights, experts, mesh):
 
 
 def moe_experts(x, expert_ids, weights, experts, *, n_experts: int, transport: str, mesh=None,
-                capacity_factor: float = 1.15):
+                capacity_factor: float = 1.15, expert_chunks: int = DEFAULT_EXPERT_CHUNKS):
     """The routed experts of the MoE block through `transport`: x [T, D], expert_ids int [T, k],
     weights [T, k], experts {"gate", "up", "down"} [E, ...] -> (y [T, D], drop stats: send_drops,
     recv_drops, assignments, summed over the mesh).
@@ -234,7 +326,7 @@ def moe_experts(x, expert_ids, weights, experts, *, n_experts: int, transport: s
     if mesh is None:
         mesh = make_mesh(1, 1)
     return _ep_moe(x, expert_ids, weights, experts, mesh, n_experts=n_experts, transport=transport,
-                   capacity_factor=capacity_factor)
+                   capacity_factor=capacity_factor, expert_chunks=expert_chunks)
 
 
 __all__ = [
@@ -245,4 +337,5 @@ __all__ = [
     "sender_layout",
     "receiver_layout",
     "ragged_all_to_all_emulated",
+    "ragged_capacity_layout",
 ]

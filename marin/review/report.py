@@ -31,6 +31,7 @@ from marin.review.plots import line_plot
 from marin.review.steps import filter_rows
 from marin.textfmt import format_duration as _dur
 from marin.textfmt import format_timestamp as _when
+from marin.training.metrics import phase_summary
 
 TASK_PREFIX = TASK_KEY.partition("{name}")[0]  # "eval/task/": the in-training eval's task results
 
@@ -262,6 +263,24 @@ def _checklist(report: dict[str, Any]) -> str:
     if isinstance(summary, dict) and summary:
         out.append(_kv(summary))
     return "".join(out)
+
+
+def _phases(phases: list[dict[str, Any]]) -> str:
+    """One row per phase of the run (sequence length x transport): its steps, drops and throughput."""
+    if not phases:
+        return ""
+    rows = "".join(
+        f"<tr><td class=num>{_e(p['seq_len'])}<td>{_e(p['transport'])}<td class=num>{_e(p['first_step'])}"
+        f"<td class=num>{_e(p['last_step'])}<td class=num>{_pct(p['drop_frac_send'])}"
+        f"<td class=num>{_pct(p['drop_frac_recv'])}<td class=num>{_num(p['tokens_per_s'])}"
+        f"<td class=num>{_num(p['mfu'])}"
+        for p in phases)
+    return ("<table><tr><th>seq_len<th>transport<th>first step<th>last step<th>drops (send)<th>drops (recv)"
+            "<th>tokens/s<th>mfu" + rows + "</table>")
+
+
+def _pct(x: Any) -> str:
+    return f"{100 * x:.3f}%" if isinstance(x, (int, float)) and x == x else "-"
 
 
 def _kv(d: dict[str, Any]) -> str:
@@ -601,7 +620,10 @@ def _step_section(step: Step, exp: Experiment, dependents: dict[str, list[str]],
         out.append("<details><summary>training summary</summary>" + _kv(
             {k: v for k, v in ts.items() if not isinstance(v, (dict, list))}) + "</details>")
     if "metrics.jsonl" in names:
-        out.append("<h3>training</h3>" + training_plots(step.metric_records(), step.horizon))
+        records = step.metric_records()
+        out.append("<h3>training</h3>" + _phases(phase_summary([r for r in records if r.get("kind", "train") == "train"
+                                                                and "step" in r]))
+                   + training_plots(records, step.horizon))
     out.append(_images(step, files))
     if step.error or st.category == "failed":
         out.append(f"<h3>error</h3><pre>{_e(step.error or '(no error recorded; see a dependency)')}\n"

@@ -142,9 +142,9 @@ class TrainConfig:
         "applied to model when the config is built ('bfloat16': bf16 compute, float32 master weights); "
         "model.dtype is versioned", default=None)
     transport_switches: tuple[tuple[int, str], ...] = live(
-        "EP transport by step, e.g. ((0, 'fixed'), (81716, 'dropless')): a throughput decision taken on a live "
-        "run; the transports compute the same model, except that fixed buffers drop the tokens that overflow "
-        "their capacity (logged as drop_frac_send / drop_frac_recv), so a switch changes the weights slightly "
+        "EP transport by step, e.g. ((0, 'fixed'), (81716, 'ragged_capacity')): a throughput decision taken on a "
+        "live run; the transports compute the same model, except that capacity-bounded buffers drop the tokens "
+        "that overflow them (logged as drop_frac_send / drop_frac_recv), so a switch changes the weights slightly "
         "but must not restart the run", default=())
     # checkpoints
     checkpoint_every_steps: int = live("when state is saved, not what is computed", default=100)

@@ -12,8 +12,10 @@ sequence length split into ``microbatches`` (gradient accumulation):
     activations      what the backward pass keeps per layer under the preset's remat policy, for all
                      layers of one microbatch, plus one layer's recomputation workspace
     all_to_all       one layer's EP buffers: send, receive and return buffers sized by the transport
-                     (capacity factor for "fixed", the worst case for "dropless" and "ragged") and
-                     the routed experts' intermediates over those rows
+                     (capacity factor for "fixed", the worst case for "dropless" and "ragged"; for
+                     "ragged_capacity" the t * k assignments out and back and one chunk's pooled
+                     receive buffer) and the routed experts' intermediates over those rows; on CPU
+                     pools the ragged transports also hold the emulated collective's worst-case blocks
     logits           float32 logits of one microbatch (their gradient is computed in place)
 
     gathered         fsdp only: the weights the step gathers where it uses them and their whole float32
@@ -50,7 +52,7 @@ import os
 from typing import Any
 
 from marin.models.config import TRANSPORTS, MoEConfig, flops_per_token, mean_flops_per_token, param_shapes
-from marin.parallel.capacity import buffer_rows_per_token
+from marin.parallel.capacity import DROPPING_TRANSPORTS, buffer_rows_per_token, emulated_ragged_rows_per_token
 from marin.parallel.layout import (
     EXPERT,
     EXPERT_LEAVES,
@@ -166,7 +168,8 @@ def _bytes(dtype: str) -> int:
 def expert_rows_per_token(cfg: MoEConfig, transport: str, ep: int, tokens_per_shard: int) -> dict[str, float]:
     """Rows per local token in the EP buffers: sent/returned rows and the rows the experts compute
     (the transports' own capacities, :mod:`marin.parallel.capacity`)."""
-    return buffer_rows_per_token(transport, tokens_per_shard, cfg.top_k, cfg.n_experts, ep, cfg.capacity_factor)
+    return buffer_rows_per_token(transport, tokens_per_shard, cfg.top_k, cfg.n_experts, ep, cfg.capacity_factor,
+                                 cfg.expert_chunks)
 
 
 def activation_bytes_per_token_layer(cfg: MoEConfig, seq_len: int, rows: float) -> dict[str, float]:
@@ -237,7 +240,12 @@ def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: i
     workspace = layer_all - kept  # what the backward pass recomputes for one layer at a time
     activations = tokens * (cfg.n_layers * kept + workspace + a["attention_workspace"])
     lat = cfg.latent_dim
-    a2a = tokens * rows["send"] * (lat + 1) * c * 3 if transport != "local" else 0.0
+    # the fixed-slot transports carry the expert id as one extra column; ragged_capacity sends none
+    cols = lat if transport == "ragged_capacity" else lat + 1
+    a2a = tokens * rows["buffers"] * cols * c
+    if pool.is_cpu:  # XLA:CPU runs the ragged transports through an emulation with worst-case blocks
+        a2a += tokens * emulated_ragged_rows_per_token(transport, tokens, cfg.top_k, cfg.n_experts, ep_eff,
+                                                       cfg.capacity_factor, cfg.expert_chunks) * cols * c
     logits = tokens * cfg.vocab_size * 4  # float32; its gradient reuses the buffer (elementwise)
     parts = {
         "params": (p["total"] * c) if c < 4 else 0.0,
@@ -495,3 +503,70 @@ def check_train_config_fits(config, device_memory: int | None = None) -> list[di
             f"training step {config.preset or 'model'!r} on pool {config.pool!r} does not fit in device memory "
             f"({len(bad)} of {len(plans)} phase/transport combinations):\n" + "\n".join(format_plan(p) for p in bad))
     return plans
+
+
+# ---- phases: one plan per (sequence length, transport) a run uses --------------------------------
+def phase_plans(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, phases, microbatches: int | None = None,
+                param_sharding: str = "replicated", device_memory: int | None = None,
+                remat_by_seq_len=()) -> list[dict[str, Any]]:
+    """A short plan per phase of a run: ``phases`` is a sequence of (seq_len, transport), one per
+    combination the run will use (any order, any count: a new sequence-length phase is one more
+    entry). Each entry: ``seq_len``, ``transport``, ``remat_policy``, ``microbatches`` (the smallest
+    count that fits, or the one asked for), ``total_bytes`` per device, ``fits``, and for a transport
+    that can drop, ``largest_fitting_capacity_factor`` (how far a user who sees drops can raise the
+    factor before the phase stops fitting; None when even 1.0 does not fit)."""
+    remat = {int(n): p for n, p in remat_by_seq_len}
+    out = []
+    for seq_len, transport in phases:
+        phase_cfg = cfg.replace(remat_policy=remat[int(seq_len)]) if int(seq_len) in remat else cfg
+        p = plan(phase_cfg, pool, tokens_per_step=tokens_per_step, seq_len=int(seq_len), microbatches=microbatches,
+                 transport=transport, device_memory=device_memory, param_sharding=param_sharding)
+        entry = {"seq_len": int(seq_len), "transport": transport, "remat_policy": phase_cfg.remat_policy,
+                 "microbatches": p["planned_microbatches"], "total_bytes": p["bytes_per_device"]["total"],
+                 "usable_memory_bytes": p["usable_memory_bytes"], "fits": p["fits"]}
+        if transport in DROPPING_TRANSPORTS:
+            entry["capacity_factor"] = phase_cfg.capacity_factor
+            entry["largest_fitting_capacity_factor"] = largest_fitting_capacity_factor(
+                phase_cfg, pool, tokens_per_step, int(seq_len), p["planned_microbatches"], transport,
+                param_sharding, p["usable_memory_bytes"])
+        out.append(entry)
+    return out
+
+
+def largest_fitting_capacity_factor(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: int,
+                                    microbatches: int, transport: str, param_sharding: str, usable: int,
+                                    low: float = 1.0, high: float = 8.0, step: float = 0.01) -> float | None:
+    """The largest capacity factor on the grid low, low + step, ..., high at which the step still fits
+    ``usable`` bytes per device (memory grows with the factor, so a bisection over the grid finds
+    it); None when not even ``low`` fits."""
+
+    def fits(i: int) -> bool:
+        c = cfg.replace(capacity_factor=round(low + i * step, 6))
+        total = memory_plan(c, pool, tokens_per_step, seq_len, microbatches, transport, param_sharding)["total"]
+        return total <= usable
+
+    lo, hi = 0, int(round((high - low) / step))
+    if not fits(lo):
+        return None
+    if fits(hi):
+        return round(low + hi * step, 6)
+    while hi - lo > 1:  # fits(lo) and not fits(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return round(low + lo * step, 6)
+
+
+def format_phases(phases: list[dict[str, Any]]) -> str:
+    """The per-phase lines ``marin plan`` prints under its table."""
+    rows = []
+    for ph in phases:
+        note = ""
+        if "largest_fitting_capacity_factor" in ph:
+            best = ph["largest_fitting_capacity_factor"]
+            note = (f"capacity factor {ph['capacity_factor']:g}; fits up to {best:g}" if best is not None
+                    else f"capacity factor {ph['capacity_factor']:g}; does not fit even at 1.0")
+        rows.append((f"{ph['seq_len']:,}", ph["transport"], ph["remat_policy"], str(ph["microbatches"]),
+                     _gib(ph["total_bytes"]), "fits" if ph["fits"] else "DOES NOT FIT", note))
+    table = format_table(("seq_len", "transport", "remat", "microbatches", "per device", "", ""), rows,
+                         right=(0, 3, 4), rule=False, indent="  ")
+    return "  phases of the run:\n" + table

@@ -190,7 +190,7 @@ def seq_len_at(step: int, total_steps: int, schedule: SeqLenSchedule) -> tuple[i
 
 @dataclasses.dataclass(frozen=True)
 class TransportSchedule:
-    """EP transport by step: ``((0, "fixed"), (81716, "dropless"))`` reproduces the hero's hot switch.
+    """EP transport by step: ``((0, "fixed"), (81716, "ragged_capacity"))`` reproduces the hero's hot switch.
 
     Switching transport changes only how tokens travel to experts, never the parameters, so the
     trainer recompiles the step and carries on with the same state.

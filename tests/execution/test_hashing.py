@@ -181,3 +181,25 @@ def test_hash_is_sha256_of_the_documented_encoding():
     ps = plan_steps([step], "/p").steps[0]
     assert ps.digest == expected and ps.hash == expected[:10]
     assert ps.output_path == f"/p/x-{expected[:10]}"
+
+
+def test_a_field_added_later_leaves_a_nested_dataclass_encoding_alone_at_its_default():
+    """A dataclass versioned as one value (not field by field) keeps its hash when a field declared
+    added_later joins it, until that field is set."""
+    import dataclasses
+
+    from marin.execution.hashing import encode
+    from marin.execution.versioning import added_later
+
+    @dataclasses.dataclass(frozen=True)
+    class Before:
+        a: int = 1
+
+    @dataclasses.dataclass(frozen=True)
+    class After:
+        a: int = 1
+        b: int = added_later(default=2)
+
+    After.__qualname__ = Before.__qualname__
+    assert encode(After()) == encode(Before())
+    assert encode(After(b=3)) != encode(Before())

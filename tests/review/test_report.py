@@ -69,6 +69,8 @@ def test_report_structure_of_a_small_experiment(small_experiment, tmp_path):
     assert text.count('class="plot"') >= 8 + 3
     assert "task accuracy (in-training eval)" in text  # eval/task/k40/acc of the training step's eval records
     assert "transport=dropless" in text and "L=128" in text
+    # the per-phase table: transport in use and its drops (fixed: 2% send, 3% recv before the switch)
+    assert "<th>drops (send)<th>drops (recv)" in text and "<td>fixed<td" in text and "3.000%" in text
     assert "60 of 60 (100.0% of horizon)" in text and "40 of 100 (40.0% of horizon)" in text
     # versioned fields marked, secrets masked
     assert '<tr class=v><td class=mono>train_steps' in text and "<tr><td class=mono>log_every" in text

@@ -45,6 +45,17 @@ def test_train_step_lowers_for_cuda(model, mesh, transport):
     assert "stablehlo.sqrt" in text and "stablehlo.dot_general" in text
 
 
+@pytest.mark.parametrize("model,mesh", [("hero", "11 racks"), ("d2048", "1 rack")])
+def test_ragged_capacity_train_step_lowers_for_cuda(model, mesh):
+    """The capacity-bounded ragged transport at the production mesh shapes: the real
+    ragged_all_to_all (one call per chunk there and back), the grouped GEMM, nothing CPU-only."""
+    text = _lower(model, MESHES[mesh], "ragged_capacity")
+    assert forbidden_ops(text) == []
+    assert "ragged_all_to_all" in custom_call_targets(text)
+    assert "chlo.ragged_dot" in text
+    assert "stablehlo.sqrt" in text and "stablehlo.dot_general" in text
+
+
 @pytest.mark.parametrize("model,mesh,transport", [("hero", "11 racks", "fixed"), ("d2048", "1 rack", "dropless")])
 def test_fsdp_train_step_lowers_for_cuda(model, mesh, transport):
     """The fsdp layout (weights and AdamW state split over the mesh) at the production shapes: the

@@ -24,9 +24,9 @@ def test_cpu_smoke_json_contract():
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["mode"] == "cpu-smoke" and result["errors"] == {}
-    assert set(result["transports"]) == {"fixed", "dropless", "ragged"}
+    assert set(result["transports"]) == {"fixed", "dropless", "ragged", "ragged_capacity"}
     assert result["gpu_mfu"] > 0
-    for t in ("fixed", "dropless", "ragged"):
+    for t in ("fixed", "dropless", "ragged", "ragged_capacity"):
         assert result["tokens_per_s"][t] > 0 and result["transports"][t]["loss"] > 0
         mem = result["planner_vs_measured_memory"][t]
         assert mem["planned_bytes"] > 0 and mem["measured_bytes"] > 0

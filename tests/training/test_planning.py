@@ -60,6 +60,8 @@ VALIDATION = [
                  marks=pytest.mark.slow),
     pytest.param("dropless", {"remat_policy": "dots_no_batch", "vocab_size": 4096}, "local-cpu", 4096, 64,
                  marks=pytest.mark.slow),
+    # the capacity-bounded ragged transport (on CPU through the emulated collective)
+    ("ragged_capacity", {"param_sharding": "fsdp", "n_experts": 16}, "local-cpu", 4096, 64),
     # blocked attention: no [L, L] term, block x block tiles instead
     ("local", {"attention_impl": "blocked", "attention_block": 64}, "local-cpu-1", 2048, 256),
     pytest.param("local", {"attention_impl": "blocked", "attention_block": 128, "remat_policy": "dots"},

@@ -159,7 +159,7 @@ def test_a_run_hot_switches_its_transport_and_extends_its_sequences(tmp_path):
     one run that never restarts: one record per step and the same tokens in every step."""
     cfg = _config(tmp_path, "switch", model="tiny-ep", pool="local-cpu", train_steps=4, tokens_per_step=256,
                   seq_len_phases=((0.0, 16), (0.5, 32)), transport_switches=((0, "fixed"), (2, "dropless")),
-                  checkpoint_every_steps=100)
+                  checkpoint_every_steps=100, model_overrides={"n_layers": 1})
     summary = run_training(cfg, use_ray=False)
     assert summary["final_step"] == 4 and summary["resumed_from"] is None
     records = read_metrics(cfg.output_path)

@@ -18,7 +18,8 @@ Python value              canonical JSON
 ``dict`` (str keys)       ``{"dict": {key: value, ...}}`` (keys sorted)
 ``dict`` (other keys)     ``{"dict_items": [[key, value], ...]}`` (sorted by the key's encoding)
 ``set``, ``frozenset``    ``{"set": [...]}`` (sorted by each member's encoding)
-dataclass instance        ``{"dataclass": "<qualname>", "fields": {name: value, ...}}``
+dataclass instance        ``{"dataclass": "<qualname>", "fields": {name: value, ...}}`` (a field declared
+                          ``added_later`` is left out while it holds its default)
 ========================  =======================================================================
 
 Tags keep ``1``, ``1.0``, ``True`` and ``"1"`` apart, and a tuple apart from a list. Sets and dict
@@ -31,6 +32,7 @@ give different hashes across runs. The traversal is :mod:`marin.execution.walker
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import json
@@ -49,6 +51,9 @@ from marin.execution.walker import (  # noqa: F401  (join_* and the errors are r
     join_key,
     walk,
 )
+
+FIELD_RULE_KEY = "marin_versioning"
+"""The dataclass-field metadata key of the versioning rule (:mod:`marin.execution.versioning`)."""
 
 HASH_CHARS = 10
 """Number of hex characters of the SHA-256 used in output directory names."""
@@ -74,6 +79,15 @@ def key_text(key: Any) -> str:
             f"dict key {key!r:.80} of type {type(key).__name__} has no canonical encoding ({e}); a versioned "
             "value under it would be named differently in each process: use str, int, tuple or frozenset keys"
         ) from None
+
+
+def _added_later_at_default(value: Any, f: dataclasses.Field) -> bool:
+    """A field added to a config after values of it were versioned, still at its default: encoding
+    it would move the hash of every one of them."""
+    if f.metadata.get(FIELD_RULE_KEY, ("",))[0] != "added_later":
+        return False
+    default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    return getattr(value, f.name) == default
 
 
 def _encode_leaf(value: Any, path: FieldPath) -> Any:
@@ -107,7 +121,8 @@ def _encode_container(value: Any, kind: str, items: list[tuple[str, Any, Any]], 
     if kind == "tuple":
         return {"tuple": [v for _, _, v in items]}
     if kind == "dataclass":
-        return {"dataclass": type(value).__qualname__, "fields": {k: v for _, k, v in items}}
+        keep = {f.name for f in dataclasses.fields(value) if not _added_later_at_default(value, f)}
+        return {"dataclass": type(value).__qualname__, "fields": {k: v for _, k, v in items if k in keep}}
     if kind == "set":
         return {"set": sorted((v for _, _, v in items), key=canonical_json)}
     if all(isinstance(k, str) for _, k, _ in items):

@@ -29,9 +29,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from marin.execution.hashing import FIELD_RULE_KEY
 from marin.execution.step import InputName, OutputName, VersionedValue, versioned
 
-RULE = "marin_versioning"
+RULE = FIELD_RULE_KEY
 """The field-metadata key; its value is ``("live", reason)``, ``("input", reason)`` or ``("by_field", reason)``."""
 
 INPUT_REASON = "a placeholder: versioned through the upstream step's hash (this step's own output: not at all)"

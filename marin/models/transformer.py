@@ -35,7 +35,7 @@ def init_params(cfg: MoEConfig, key: jax.Array) -> dict:
     1/sqrt(2 n_layers). Routed experts are drawn at ``expert_width`` and zero-padded to
     ``stored_expert_width`` (padding units exactly zero: the same function, the same draws as unpadded)."""
     L, d, E = cfg.n_layers, cfg.d_model, cfg.n_experts
-    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.stored_kv_heads * cfg.head_dim
     lat, f, fs = cfg.latent_dim, cfg.expert_width, cfg.n_shared_experts * cfg.shared_width
     pad = cfg.stored_expert_width - f
     keys = iter(jax.random.split(key, 16))
@@ -44,11 +44,14 @@ def init_params(cfg: MoEConfig, key: jax.Array) -> dict:
     def normal(shape, fan_in, scale=1.0):
         return jax.random.normal(next(keys), shape, jnp.float32) * (scale / math.sqrt(fan_in))
 
+    # a layer with fewer KV heads than stored uses the first ones; its other columns are zero
+    kv_used = (jnp.arange(kv_dim)[None, :] < jnp.array([cfg.kv_heads_of(i) * cfg.head_dim for i in range(L)])[:, None])
+    kv_used = kv_used[:, None, :].astype(jnp.float32)  # [L, 1, kv_dim]
     blocks = {
         "attn_norm": jnp.ones((L, d), jnp.float32),
         "wq": normal((L, d, q_dim), d),
-        "wk": normal((L, d, kv_dim), d),
-        "wv": normal((L, d, kv_dim), d),
+        "wk": normal((L, d, kv_dim), d) * kv_used,
+        "wv": normal((L, d, kv_dim), d) * kv_used,
         "wo": normal((L, q_dim, d), q_dim, out_scale),
         "mlp_norm": jnp.ones((L, d), jnp.float32),
         "shared_gate": normal((L, d, fs), d),
@@ -105,14 +108,40 @@ def attention_mask(seq_len: int, window, segment_ids=None):
     return mask
 
 
-def attention(x, p, window, segment_ids, cfg: MoEConfig):
+def expand_kv_heads(k, used: int):
+    """k [..., stored, hd] -> the first ``used`` heads, each repeated stored / used times: with
+    ``stored`` KV slots of h / stored query heads each, query head i then reads KV head
+    i // (h / used), the grouped-query layout of a layer with ``used`` KV heads."""
+    stored = k.shape[-2]
+    return k if used == stored else jnp.repeat(k[..., :used, :], stored // used, axis=-2)
+
+
+def layer_kv(k, v, window, cfg: MoEConfig):
+    """K and V [B, L, stored, hd] of a layer as its attention reads them: a global layer (``window``
+    = GLOBAL_WINDOW, traced inside the layer scan) with fewer KV heads than stored expands its own."""
+    stored = cfg.stored_kv_heads
+    for used, is_kind in ((cfg.kv_heads_global, window >= GLOBAL_WINDOW), (cfg.n_kv_heads, window < GLOBAL_WINDOW)):
+        if used != stored:
+            k = jnp.where(is_kind, expand_kv_heads(k, used), k)
+            v = jnp.where(is_kind, expand_kv_heads(v, used), v)
+    return k, v
+
+
+def attention(x, p, window, segment_ids, cfg: MoEConfig, positions=None, context=None):
+    """One attention layer: x [B, L, d] -> [B, L, d]. ``positions`` [B, L]: each row's token positions
+    (default 0..L-1); ``context``: a :class:`marin.models.context_parallel.ContextParallel` when each
+    row is one shard of a longer sequence split over devices."""
     b, l, _ = x.shape
-    h, kv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    h, kv, hd = cfg.n_heads, cfg.stored_kv_heads, cfg.head_dim
     q = (x @ p["wq"]).reshape(b, l, kv, h // kv, hd)  # [B, L, kv, g, hd]: g = h / kv query heads per kv head
     k = (x @ p["wk"]).reshape(b, l, kv, hd)  # [B, L, kv, hd]
     v = (x @ p["wv"]).reshape(b, l, kv, hd)  # [B, L, kv, hd]
-    pos = jnp.arange(l)
+    pos = jnp.arange(l) if positions is None else positions
     q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
+    if context is not None:
+        o = context.attention(q, k, v, window, segment_ids, cfg)  # [B, L, kv, g, hd]
+        return o.reshape(b, l, h * hd) @ p["wo"]
+    k, v = layer_kv(k, v, window, cfg)
     if cfg.attention_impl == "blocked":
         o = blocked_attention(q, k, v, window, segment_ids, block=cfg.attention_block)  # [B, L, kv, g, hd]
     else:

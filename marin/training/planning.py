@@ -178,7 +178,7 @@ def activation_bytes_per_token_layer(cfg: MoEConfig, seq_len: int, rows: float) 
     products, gathers, blocked attention's output); ``attention_workspace``: blocked attention's
     transient tiles and gradient buffers, live for one layer at a time whatever the remat policy."""
     c = _bytes(cfg.dtype)
-    d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.stored_kv_heads, cfg.head_dim  # K, V as trained: stored heads
     lat, f, k, E = cfg.latent_dim, cfg.stored_expert_width, cfg.top_k, cfg.n_experts  # as computed
     fs = cfg.n_shared_experts * cfg.shared_width
     dots_nobatch = c * (h * hd + 2 * kv * hd + d + 2 * fs + d + lat + E + d)

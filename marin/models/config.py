@@ -52,6 +52,9 @@ class MoEConfig:
     # attention_block positions (memory O(L x block), the same function up to summation order)
     attention_impl: str = "dense"  # "dense" | "blocked"
     attention_block: int = 512
+    # split each sequence over this many devices of the expert axis (marin.models.context_parallel):
+    # how the work is spread, not what is computed; trainers set it per sequence-length phase
+    context_parallel: int = added_later(default=1)
     # MoE block
     latent_dim: int = 3072
     n_experts: int = 384
@@ -105,6 +108,9 @@ class MoEConfig:
               f"got {self.attention_impl!r}")
         check(isinstance(self.attention_block, int) and self.attention_block >= 1,
               f"attention_block must be a positive int, got {self.attention_block!r}")
+        check(isinstance(self.context_parallel, int) and not isinstance(self.context_parallel, bool)
+              and self.context_parallel >= 1,
+              f"context_parallel must be a positive int, got {self.context_parallel!r}")
         check(isinstance(self.expert_width_multiple, int) and not isinstance(self.expert_width_multiple, bool)
               and self.expert_width_multiple >= 1,
               f"expert_width_multiple must be a positive int, got {self.expert_width_multiple!r}")

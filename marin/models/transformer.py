@@ -21,8 +21,9 @@ import jax
 import jax.numpy as jnp
 
 from marin.models import router as rt
-from marin.models.blocked_attention import blocked_attention
+from marin.models.blocked_attention import blocked_attention, expand_kv_heads
 from marin.models.config import MoEConfig
+from marin.models.context_parallel import ContextParallel, check_split
 from marin.parallel.transports import moe_experts
 
 GLOBAL_WINDOW = 1 << 30  # "window" of a global layer
@@ -108,22 +109,14 @@ def attention_mask(seq_len: int, window, segment_ids=None):
     return mask
 
 
-def expand_kv_heads(k, used: int):
-    """k [..., stored, hd] -> the first ``used`` heads, each repeated stored / used times: with
-    ``stored`` KV slots of h / stored query heads each, query head i then reads KV head
-    i // (h / used), the grouped-query layout of a layer with ``used`` KV heads."""
-    stored = k.shape[-2]
-    return k if used == stored else jnp.repeat(k[..., :used, :], stored // used, axis=-2)
-
-
 def layer_kv(k, v, window, cfg: MoEConfig):
     """K and V [B, L, stored, hd] of a layer as its attention reads them: a global layer (``window``
     = GLOBAL_WINDOW, traced inside the layer scan) with fewer KV heads than stored expands its own."""
     stored = cfg.stored_kv_heads
     for used, is_kind in ((cfg.kv_heads_global, window >= GLOBAL_WINDOW), (cfg.n_kv_heads, window < GLOBAL_WINDOW)):
         if used != stored:
-            k = jnp.where(is_kind, expand_kv_heads(k, used), k)
-            v = jnp.where(is_kind, expand_kv_heads(v, used), v)
+            k = jnp.where(is_kind, expand_kv_heads(k, used, stored), k)
+            v = jnp.where(is_kind, expand_kv_heads(v, used, stored), v)
     return k, v
 
 
@@ -206,8 +199,10 @@ def _remat(fn, policy: str):
 
 # ---- the model ------------------------------------------------------------------------------
 def forward(params, router_bias, inputs, cfg: MoEConfig, *, mesh=None, transport: str | None = None,
-            segment_ids=None):
-    """inputs int [B, L] -> (logits f32 [B, L, V], stacked per-layer stats)."""
+            segment_ids=None, positions=None, context: ContextParallel | None = None):
+    """inputs int [B, L] -> (logits f32 [B, L, V], stacked per-layer stats). With ``context`` the
+    rows are context-parallel shards (:meth:`ContextParallel.rows`) and ``positions`` their tokens'
+    positions in their sequences."""
     transport = transport or cfg.transport
     dt = jnp.dtype(cfg.dtype)
     cast = lambda a: a.astype(dt)  # noqa: E731
@@ -216,7 +211,8 @@ def forward(params, router_bias, inputs, cfg: MoEConfig, *, mesh=None, transport
     def layer(x, xs):
         p, bias, window = xs
         p = jax.tree.map(cast, p)
-        x = x + attention(rmsnorm(x, p["attn_norm"], cfg.norm_eps), p, window, segment_ids, cfg)  # [B, L, d]
+        x = x + attention(rmsnorm(x, p["attn_norm"], cfg.norm_eps), p, window, segment_ids, cfg,
+                          positions, context)  # [B, L, d]
         y, stats = moe_block(rmsnorm(x, p["mlp_norm"], cfg.norm_eps), p, bias, cfg, mesh, transport)  # y [B, L, d]
         return x + y, stats
 
@@ -244,12 +240,20 @@ def loss_and_stats(params, router_bias, tokens, cfg: MoEConfig, *, mesh=None, tr
     router_bias is stop-gradient'ed. segment_ids [B, L+1] or [B, L] (document ids) masks attention
     across documents."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]  # [B, L] each
-    seq = inputs.shape[1]
+    b, seq = inputs.shape
     if segment_ids is not None:
         segment_ids = segment_ids[:, :seq]
     router_bias = jax.lax.stop_gradient(router_bias)
+    context = positions = None
+    if cfg.context_parallel > 1:  # each sequence split over context_parallel devices (the mean is the same)
+        if mesh is None:
+            raise ValueError("context_parallel > 1 needs a mesh to split the sequences over")
+        check_split(b, seq, cfg.context_parallel, mesh)
+        context = ContextParallel(mesh, cfg.context_parallel, cfg.attention_block)
+        inputs, targets, positions = context.rows(inputs), context.rows(targets), context.positions(b, seq)
+        segment_ids = None if segment_ids is None else context.rows(segment_ids)
     logits, layer_stats = forward(params, router_bias, inputs, cfg, mesh=mesh, transport=transport,
-                                  segment_ids=segment_ids)
+                                  segment_ids=segment_ids, positions=positions, context=context)
     lse = jax.nn.logsumexp(logits, axis=-1)  # [B, L]
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [B, L]
     ce = jnp.mean(lse - target_logit)  # scalar

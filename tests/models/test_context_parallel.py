@@ -66,13 +66,13 @@ def test_forward_and_gradients_equal_single_device(degree, length):
     # packed documents: boundaries inside chunks and across shard boundaries
     seg = jnp.asarray(np.cumsum(rng.random((b, length)) < 0.08, axis=1), jnp.int32)
     for window in (CFG.sliding_window, GLOBAL_WINDOW):
-        def loss_cp(q, k, v):
+        def loss_cp(q, k, v, window=window):
             return jnp.sum(sequence_attention(q, k, v, window, seg, CFG, mesh, degree) * ct)
 
-        def loss_ref(q, k, v):
+        def loss_ref(q, k, v, window=window):
             return jnp.sum(_reference(q, k, v, window, seg) * ct)
 
-        got = jax.jit(lambda q, k, v: sequence_attention(q, k, v, window, seg, CFG, mesh, degree))(q, k, v)
+        got = jax.jit(lambda q, k, v, w=window: sequence_attention(q, k, v, w, seg, CFG, mesh, degree))(q, k, v)
         want = _reference(q, k, v, window, seg)
         # float32, the same terms in another summation order
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

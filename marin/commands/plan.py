@@ -16,7 +16,12 @@ import sys
 from marin.commands.options import fraction, positive_float, positive_int
 from marin.models.config import PRESETS, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
-from marin.training.planning import DEFAULT_MFU, STORAGE_WRITE_BYTES_PER_S, format_plan, plan
+from marin.training.planning import (
+    DEFAULT_MFU,
+    STORAGE_WRITE_BYTES_PER_S,
+    format_plan,
+    plan_with_context_parallel,
+)
 from marin.training.pools import POOLS, get_pool
 
 
@@ -42,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage-gbps", type=float, default=STORAGE_WRITE_BYTES_PER_S / 1e9,
                    help="write bandwidth of one host to the checkpoint store, GB/s, for the save-time estimate "
                         f"(default {STORAGE_WRITE_BYTES_PER_S / 1e9:g})")
+    p.add_argument("--context-parallel", type=positive_int, default=None,
+                   help="split each sequence over C devices of the expert axis (default: the smallest C that fits)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -69,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
         if args.microbatches is not None and args.microbatches < 1:
             raise ValueError(f"--microbatches must be >= 1, got {args.microbatches}")
         phases = HERO_SEQ_LEN_PHASES if is_hero and args.seq_len is None and args.steps is None else None
-        p = plan(cfg, pool, tokens_per_step=tokens_per_step, seq_len=seq_len, microbatches=args.microbatches,
+        p = plan_with_context_parallel(
+                 cfg, pool, context_parallel=args.context_parallel,
+                 tokens_per_step=tokens_per_step, seq_len=seq_len, microbatches=args.microbatches,
                  transport=transport, train_steps=steps, mfu=args.mfu, seq_len_phases=phases,
                  planned_tokens=planned, param_sharding=args.param_sharding,
                  storage_bytes_per_s=args.storage_gbps * 1e9)

@@ -80,3 +80,62 @@ def test_forward_and_gradients_equal_single_device(degree, length):
         g_ref = jax.grad(loss_ref, argnums=(0, 1, 2))(q, k, v)
         for a, r in zip(g_cp, g_ref):
             np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-4)
+
+
+def _train(context_parallel: int, steps: int = 2):
+    from marin.parallel.mesh import batch_sharding, place_host_arrays
+    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.trainer import init_host_state, make_train_step, model_config, state_shardings, synthetic_batch
+
+    # 2 layers (one local, one global), window 5 < the 8-token chunks of C = 2: the halo path
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="tiny-ep", tokens_per_step=8 * 32,
+                         model_overrides={"n_layers": 2, "sliding_window": 5, "attention_impl": "blocked",
+                                          "attention_block": 8, "n_kv_heads_global": 1},
+                         seq_len_phases=((0.0, 32),), wandb_project=None,
+                         context_parallel_by_seq_len=((32, context_parallel),) if context_parallel > 1 else ())
+    from marin.training.config import model_at
+
+    cfg = model_at(config, model_config(config), 32)
+    assert cfg.context_parallel == context_parallel
+    mesh = make_mesh(2, 4)
+    host = init_host_state(config, cfg)
+    shardings = state_shardings(host, mesh)
+    state = place_host_arrays(host, shardings)
+    step = make_train_step(config, cfg, mesh, "local", shardings)
+    out = []
+    for i in range(steps):
+        b = synthetic_batch(config.data, i, 8, 32)
+        b["segment_ids"] = (np.arange(33)[None, :] >= 13).astype(np.int32) + 1 + np.zeros((8, 1), np.int32)
+        state, m = step(state, *place_host_arrays((b["tokens"], b["segment_ids"]), batch_sharding(mesh)),
+                        jnp.float32(3e-3))
+        out.append({k: float(v) for k, v in m.items()})
+    return out, jax.device_get(state)
+
+
+def test_a_train_step_with_context_parallelism_equals_the_step_without():
+    ref, s_ref = _train(1)
+    cp, s_cp = _train(2)
+    for a, b in zip(ref, cp):
+        for key in ("loss", "ce_loss", "z_loss", "grad_norm", "expert_load_max", "router_bias_spread"):
+            np.testing.assert_allclose(b[key], a[key], rtol=2e-5, atol=1e-6, err_msg=key)  # float order only
+    for x, y in zip(jax.tree.leaves(s_ref["params"]), jax.tree.leaves(s_cp["params"])):
+        # AdamW normalises each element: a gradient near zero amplifies float reordering a little
+        np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("seq_len", [16384, 1024])  # chunks of 2,048 (halo) and of 128 (< window: gathered)
+def test_context_parallel_train_step_lowers_for_cuda(seq_len):
+    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.lowering import forbidden_ops, lower_train_step
+    from marin.training.trainer import model_config
+
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="hero", model_overrides={"n_layers": 2},
+                         seq_len_phases=((0.0, seq_len),), wandb_project=None,
+                         context_parallel_by_seq_len=((seq_len, 4),))
+    from marin.training.config import model_at
+
+    cfg = model_at(config, model_config(config), seq_len)
+    text = lower_train_step(config, cfg, (1, 64), "ragged", batch_size=64 // 4, seq_len=seq_len).as_text()
+    assert forbidden_ops(text) == []
+    assert "stablehlo.collective_permute" in text  # the halo / K-V gather over the context-parallel group
+    assert "ragged_all_to_all" in text  # the MoE's EP transport, unchanged

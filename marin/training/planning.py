@@ -407,12 +407,11 @@ def context_parallel_bytes(cfg: MoEConfig, seq_len: int, rows: int = 1) -> dict[
     c, hd, cp = _bytes(cfg.dtype), cfg.head_dim, cfg.context_parallel
     chunk = seq_len // (2 * cp)
     halo_keys = cfg.sliding_window - 1
-    gathered = rows * seq_len * hd * (2 * c * cfg.kv_heads_global + 2 * c * cfg.stored_kv_heads
-                                      + 2 * 4 * cfg.stored_kv_heads)
+    gathered = rows * seq_len * hd * (2 * c * cfg.kv_heads_global + (2 * c + 8) * cfg.stored_kv_heads)
     if 1 <= halo_keys <= chunk:
         halo = rows * 2 * halo_keys * 2 * c * cfg.n_kv_heads * hd * 2  # 2 chunks, k and v, received + expanded
     else:
-        halo = rows * seq_len * hd * (2 * c * cfg.n_kv_heads + 2 * c * cfg.stored_kv_heads + 2 * 4 * cfg.stored_kv_heads)
+        halo = rows * seq_len * hd * (2 * c * cfg.n_kv_heads + (2 * c + 8) * cfg.stored_kv_heads)
     return {"halo": halo, "gathered": gathered, "total": max(halo, gathered)}
 
 

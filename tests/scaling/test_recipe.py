@@ -68,7 +68,7 @@ def test_published_ladder_numbers():
     assert HERO_FLOPS == pytest.approx(2.7e24, rel=0.03)  # "about 2.7e24"
     assert sum(r.flops for r in RUNGS) / HERO_FLOPS == pytest.approx(0.01, rel=0.05)  # "about 1%"
     table = format_ladder(RUNGS, HERO_FLOPS)
-    assert "1.01% of the hero's" in table and "(budget assumed)" in table
+    assert "1.00% of the hero's" in table and "(budget assumed)" in table
 
 
 def test_run_flops_is_phase_weighted():

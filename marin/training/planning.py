@@ -370,6 +370,8 @@ def host_plan(cfg: MoEConfig, pool: PoolSpec, device_total: int, tokens_per_step
     per_host = checkpoint_bytes_per_host(cfg, pool, param_sharding)
     staging = max(per_host)
     rows = tokens_per_step // seq_len // pool.hosts
+    if cfg.context_parallel > 1:  # the batch splits over "data" only: every host holds its rack's rows
+        rows = tokens_per_step // seq_len // pool.mesh[0]
     parts = {
         "resident_state": device_total * pool.devices_per_host if pool.is_cpu else 0,
         "checkpoint_staging": staging,

@@ -263,7 +263,8 @@ def model_at(config: TrainConfig, cfg: MoEConfig, seq_len: int) -> MoEConfig:
     policy = dict((int(n), p) for n, p in config.remat_by_seq_len).get(int(seq_len))
     if policy and policy != cfg.remat_policy:
         cfg = dataclasses.replace(cfg, remat_policy=policy)
-    return dataclasses.replace(cfg, context_parallel=context_parallel_at(config, seq_len))
+    cp = context_parallel_at(config, seq_len)
+    return dataclasses.replace(cfg, context_parallel=cp) if cp != cfg.context_parallel else cfg
 
 
 def context_parallel_at(config: TrainConfig, seq_len: int) -> int:

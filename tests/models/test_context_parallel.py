@@ -106,8 +106,8 @@ def _train(context_parallel: int, steps: int = 2):
     for i in range(steps):
         b = synthetic_batch(config.data, i, 8, 32)
         b["segment_ids"] = (np.arange(33)[None, :] >= 13).astype(np.int32) + 1 + np.zeros((8, 1), np.int32)
-        state, m = step(state, *place_host_arrays((b["tokens"], b["segment_ids"]), batch_sharding(mesh)),
-                        jnp.float32(3e-3))
+        batch = place_host_arrays((b["tokens"], b["segment_ids"]), batch_sharding(mesh, context_parallel))
+        state, m = step(state, *batch, jnp.float32(3e-3))
         out.append({k: float(v) for k, v in m.items()})
     return out, jax.device_get(state)
 

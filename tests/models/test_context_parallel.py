@@ -112,6 +112,7 @@ def _train(context_parallel: int, steps: int = 2):
     return out, jax.device_get(state)
 
 
+@pytest.mark.slow  # ~25 s: two train programs compiled; the attention's exactness keeps a fast test above
 def test_a_train_step_with_context_parallelism_equals_the_step_without():
     ref, s_ref = _train(1)
     cp, s_cp = _train(2)

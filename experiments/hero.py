@@ -6,11 +6,12 @@
 48 layers, d 6,144, 384 routed experts top-8 plus 2 shared, latent 3,072; 11 GB200 NVL72 racks with
 EP 64 inside a rack and data parallelism 11; 390,139 steps of 11,264 x 4,096 = 46,137,344 tokens
 (18.0T tokens: the published 18.75T does not match steps x batch, and this file follows steps x batch);
-sequence length 4K -> 8K at 50% -> 65K at 95%; fixed-buffer all-to-all at capacity 1.15, hot-switched
-at step 81,716 to the capacity-bounded ragged all-to-all the published run continued on (one update
-per source device and local expert, the 6 local experts of a device in 2 chunks sharing a receiver
-capacity of 1.15 x the expected rows; it can drop, about 150 times less than the fixed
-buffers). Peak LR and warmup are not published: they are assumptions.
+sequence length 4K -> 8K at 50% -> 65K at 95% -> 262K for the last 1% (an assumption: "near the
+end"; each 262K sequence split over 4 devices by context parallelism); fixed-buffer all-to-all at
+capacity 1.15, hot-switched at step 81,716 to the capacity-bounded ragged all-to-all the published run
+continued on (one update per source device and local expert, the 6 local experts of a device in 2
+chunks sharing a receiver capacity of 1.15 x the expected rows; it can drop, about 150 times less
+than the fixed buffers). Peak LR and warmup are not published: they are assumptions.
 
 The early-cooldown side branch (days 10-20 of the run, 1-2 days long, for RL and long-context
 experiments) starts from a committed checkpoint of the main run and leaves the main run untouched:
@@ -31,7 +32,12 @@ from marin.execution import executor_main
 HERO_STEPS = 390_139
 HERO_BATCH_SEQUENCES = 11_264
 HERO_TOKENS_PER_STEP = HERO_BATCH_SEQUENCES * 4096  # 46,137,344
-HERO_SEQ_LEN_PHASES = ((0.0, 4096), (0.5, 8192), (0.95, 65536))  # 4K -> 8K at 50% -> 65K at 95%
+# 4K -> 8K at 50% -> 65K at 95% -> 262K near the end. The 262K phase's start is not published ("near
+# the end"): we assume the last 1% of the steps (from step 386,238: ~3,900 steps, ~180B tokens).
+HERO_SEQ_LEN_PHASES = ((0.0, 4096), (0.5, 8192), (0.95, 65536), (0.99, 262144))
+# 262,144 tokens x 176 sequences per step for 704 devices: each sequence is split over 4 devices of
+# its rack's expert axis (context parallelism; `marin plan hero --pool gb200-11racks --seq-len 262144`)
+HERO_CONTEXT_PARALLEL = ((262144, 4),)
 HERO_WARMUP_STEPS = 2_000
 FIXED_TO_RAGGED_STEP = 81_716
 # the early-cooldown branch: at about day 14 (~4,400 steps/day), ~1.5 days of linear decay to the final LR
@@ -60,8 +66,9 @@ HERO_TRAIN = dict(
     # width to 3080 = 11 x 280)
     param_sharding="fsdp",
     # the 65K phase (one sequence per device) recomputes every layer: under the model's `dots`
-    # policy its activations would not fit a GB200
-    remat_by_seq_len=((65536, "full"),),
+    # policy its activations would not fit a GB200; nor would the 262K phase's
+    remat_by_seq_len=((65536, "full"), (262144, "full")),
+    context_parallel_by_seq_len=HERO_CONTEXT_PARALLEL,
     # every phase (each sequence length on each transport) fits a GB200: `marin plan hero --pool gb200-11racks`
     memory_check="error",
 )

@@ -28,6 +28,7 @@ from experiments.defaults import (
 from experiments.harrier_k40 import harrier_k40_mixture
 from experiments.hero import (
     HERO_BATCH_SEQUENCES,
+    HERO_CONTEXT_PARALLEL,
     HERO_SEQ_LEN_PHASES,
     HERO_STEPS,
     HERO_WARMUP_STEPS,
@@ -95,7 +96,8 @@ def ladder_steps():
             keep_every_steps=10_000,
             wandb_project="marin-ladder",
             param_sharding="fsdp",  # weights, gradients and AdamW state split over the mesh, as the hero
-            remat_by_seq_len=((65536, "full"),),  # as the hero: its 65K phase recomputes every layer
+            remat_by_seq_len=((65536, "full"), (262144, "full")),  # as the hero: its long phases recompute every layer
+            context_parallel_by_seq_len=HERO_CONTEXT_PARALLEL,  # as the hero: 262K sequences over 4 devices
             # every phase of every rung fits its pool (`marin plan`): the default memory check refuses
             # a change that breaks that when the file is read
             description=f"ladder rung {rung.name}: {rung.train_steps:,} steps, {rung.flops:.2g} FLOPs"

@@ -38,7 +38,10 @@ def run(args: argparse.Namespace) -> int:
         ("preset", args.preset),
         ("layers", info["layers"]),
         ("d_model", info["d_model"]),
-        ("heads / kv heads", f"{info['n_heads']} / {info['n_kv_heads']}"),
+        ("heads / kv heads", f"{info['n_heads']} / {info['n_kv_heads']}"
+                             + (f" local, {info['n_kv_heads_global']} global"
+                                if info["n_kv_heads_global"] != info["n_kv_heads"] else "")),
+        ("sliding window", f"{info['sliding_window']:,} (every {info['global_every']}th layer and the last global)"),
         ("experts (top-k)", f"{info['num_experts']} (top-{info['top_k']}), width {info['expert_width']}"
                             + (f" (stored {info['stored_expert_width']})"
                                if info["stored_expert_width"] != info["expert_width"] else "") + ", "
@@ -53,6 +56,12 @@ def run(args: argparse.Namespace) -> int:
         rows.append(("published total / active",
                      f"{_human(tot)} / {_human(act)} (ours {100 * (info['total_params'] / tot - 1):+.2f}% / "
                      f"{100 * (info['active_params'] / act - 1):+.2f}%)"))
+        pad = info["breakdown"]["kv_padding"]
+        if pad:  # the published figures may count K/V as stored: the larger head count on every layer
+            rows.append(("  with K/V as stored",
+                         f"{_human(info['total_params'] + pad)} / {_human(info['active_params'] + pad)} "
+                         f"({100 * ((info['total_params'] + pad) / tot - 1):+.2f}% / "
+                         f"{100 * ((info['active_params'] + pad) / act - 1):+.2f}%)"))
     print(format_table((), rows))
     return 0
 

@@ -27,7 +27,7 @@ from marin.training.planning import (
     format_phases,
     format_plan,
     phase_plans,
-    plan,
+    plan_with_context_parallel,
 )
 from marin.training.pools import POOLS, get_pool
 
@@ -62,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --inference: prompt + new tokens per sequence (default: the preset's max_seq_len)")
     p.add_argument("--weights-dtype", choices=WEIGHT_DTYPES, default="float32",
                    help="with --inference: how the weights are held (float32: as the checkpoint stores them)")
+    p.add_argument("--context-parallel", type=positive_int, default=None,
+                   help="split each sequence over C devices of the expert axis (default: the smallest C that fits)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -118,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
         phases = HERO_SEQ_LEN_PHASES if is_hero and args.seq_len is None and args.steps is None else None
         # the model a run trains: the preset with its context raised to the longest sequence, as training does
         cfg = resolve_model(args.preset, overrides, None, phases or ((0.0, seq_len),))
-        p = plan(cfg, pool, tokens_per_step=tokens_per_step, seq_len=seq_len, microbatches=args.microbatches,
+        p = plan_with_context_parallel(
+                 cfg, pool, context_parallel=args.context_parallel,
+                 tokens_per_step=tokens_per_step, seq_len=seq_len, microbatches=args.microbatches,
                  transport=transport, train_steps=steps, mfu=args.mfu, seq_len_phases=phases,
                  planned_tokens=planned, param_sharding=args.param_sharding,
                  storage_bytes_per_s=args.storage_gbps * 1e9)

@@ -42,7 +42,10 @@ class MoEConfig:
     d_model: int = 6144
     n_layers: int = 48
     n_heads: int = 48
+    # KV heads of the local (sliding-window) layers, and of the global layers unless
+    # n_kv_heads_global says otherwise (the published hero: 12 local, 6 global)
     n_kv_heads: int = 12
+    n_kv_heads_global: int | None = added_later(default=None)
     head_dim: int = 128
     max_seq_len: int = 4096
     # attention pattern: layer i is global iff i % global_every == global_every - 1 or i is the last
@@ -53,6 +56,9 @@ class MoEConfig:
     # attention_block positions (memory O(L x block), the same function up to summation order)
     attention_impl: str = "dense"  # "dense" | "blocked"
     attention_block: int = 512
+    # split each sequence over this many devices of the expert axis (marin.models.context_parallel):
+    # how the work is spread, not what is computed; trainers set it per sequence-length phase
+    context_parallel: int = added_later(default=1)
     # MoE block
     latent_dim: int = 3072
     n_experts: int = 384
@@ -92,6 +98,12 @@ class MoEConfig:
                 raise ValueError(f"MoEConfig: {msg}")
 
         check(self.n_heads % self.n_kv_heads == 0, "n_heads must be a multiple of n_kv_heads")
+        check(self.n_kv_heads_global is None or (isinstance(self.n_kv_heads_global, int)
+                                                 and self.n_kv_heads_global >= 1
+                                                 and self.n_heads % self.n_kv_heads_global == 0),
+              f"n_kv_heads_global must be a positive divisor of n_heads, got {self.n_kv_heads_global!r}")
+        check(self.stored_kv_heads % self.n_kv_heads == 0 and self.stored_kv_heads % self.kv_heads_global == 0,
+              "the larger of n_kv_heads and n_kv_heads_global must be a multiple of the smaller")
         check(1 <= self.top_k <= self.n_experts, "need 1 <= top_k <= n_experts")
         check(self.transport in TRANSPORTS, f"transport must be one of {TRANSPORTS}")
         check(self.remat_policy in REMAT_POLICIES, f"remat_policy must be one of {REMAT_POLICIES}")
@@ -107,6 +119,9 @@ class MoEConfig:
               f"got {self.attention_impl!r}")
         check(isinstance(self.attention_block, int) and self.attention_block >= 1,
               f"attention_block must be a positive int, got {self.attention_block!r}")
+        check(isinstance(self.context_parallel, int) and not isinstance(self.context_parallel, bool)
+              and self.context_parallel >= 1,
+              f"context_parallel must be a positive int, got {self.context_parallel!r}")
         check(isinstance(self.expert_width_multiple, int) and not isinstance(self.expert_width_multiple, bool)
               and self.expert_width_multiple >= 1,
               f"expert_width_multiple must be a positive int, got {self.expert_width_multiple!r}")
@@ -127,6 +142,24 @@ class MoEConfig:
         m = self.expert_width_multiple
         return -(-self.expert_width // m) * m
 
+    @property
+    def kv_heads_global(self) -> int:
+        """KV heads of the global (full-causal) layers."""
+        return self.n_kv_heads if self.n_kv_heads_global is None else self.n_kv_heads_global
+
+    @property
+    def stored_kv_heads(self) -> int:
+        """KV heads the stacked K/V projections are stored at: the larger of the two counts (one
+        stacked [n_layers, d, heads x head_dim] leaf serves every layer, as in the upstream hero model).
+        A layer with fewer heads uses the first ones and leaves the rest of its columns zero: no
+        gradient reaches them (they are never read) and AdamW keeps a zero at zero, so the stored
+        model computes the published one exactly, as with ``stored_expert_width``."""
+        return max(self.n_kv_heads, self.kv_heads_global)
+
+    def kv_heads_of(self, i: int) -> int:
+        """KV heads of layer ``i``."""
+        return self.kv_heads_global if self.is_global_layer(i) else self.n_kv_heads
+
     def is_global_layer(self, i: int) -> bool:
         return i % self.global_every == self.global_every - 1 or i == self.n_layers - 1
 
@@ -145,19 +178,25 @@ class MoEConfig:
 
 # ---- presets --------------------------------------------------------------------------------
 def _ladder(d: int, n_layers: int, **kw) -> MoEConfig:
-    """The hero recipe at width d: head_dim 128, GQA 4:1, latent = expert width = shared width = d/2,
-    384 experts top-8, 2 shared experts, blocked attention (the 8K-262K phases cannot hold [L, L])."""
+    """The hero recipe at width d: head_dim 128, GQA 4:1 on the local layers and 8:1 on the global
+    ones, sliding window 2,048, latent = expert width = shared width = d/2, 384 experts top-8,
+    2 shared experts, blocked attention (the 8K-262K phases cannot hold [L, L])."""
     n_heads = d // 128
-    return MoEConfig(d_model=d, n_layers=n_layers, n_heads=n_heads, n_kv_heads=max(1, n_heads // 4),
+    n_kv, n_kv_global = max(1, n_heads // 4), max(1, n_heads // 8)
+    kw.setdefault("n_kv_heads_global", None if n_kv_global == n_kv else n_kv_global)
+    kw.setdefault("sliding_window", 2048)
+    return MoEConfig(d_model=d, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv,
                      head_dim=128, latent_dim=d // 2, expert_width=d // 2, shared_width=d // 2,
                      attention_impl="blocked", **kw)
 
 
 PRESETS: dict[str, MoEConfig] = {
-    # 535B-A23B hero (the published Marin run). n_kv_heads=12 and the window are our choices (not published).
+    # 535B-A23B hero (the published Marin run): 48 heads, 12 KV heads on the local layers and 6 on the
+    # global ones, sliding window 2,048 (marin-community/marin experiments/grug/moe_hero_ep/README.md).
     # expert_width_multiple 11: the stored width 3080 splits over the 11 racks of its mesh (fsdp)
     "hero": _ladder(6144, 48, dtype="bfloat16", remat_policy="dots", expert_width_multiple=11),
-    # scaling ladder rungs; layer counts are fitted to the published totals (d3072/d4096 interpolated)
+    # scaling ladder rungs (the hero recipe at their widths); layer counts are fitted to the published
+    # totals (d3072/d4096 interpolated)
     "d768": _ladder(768, 8, dtype="bfloat16"),
     "d2048": _ladder(2048, 22, dtype="bfloat16", remat_policy="dots"),
     "d3072": _ladder(3072, 28, dtype="bfloat16", remat_policy="dots"),
@@ -194,7 +233,10 @@ def count_params(cfg: MoEConfig) -> dict:
     transformer.init_params builds stores ``stored_expert_width`` (zero padding units, see
     MoEConfig.stored_expert_width); ``stored_params`` counts that pytree (what memory holds)."""
     d, L = cfg.d_model, cfg.n_layers
-    attn = d * cfg.n_heads * cfg.head_dim * 2 + d * cfg.n_kv_heads * cfg.head_dim * 2  # q, o, k, v
+    # q, o, k, v of each layer (local and global layers may have different KV-head counts)
+    attn_layers = [d * cfg.n_heads * cfg.head_dim * 2 + d * cfg.kv_heads_of(i) * cfg.head_dim * 2 for i in range(L)]
+    attn = sum(attn_layers) / L  # per layer, on average
+    kv_padding = sum(2 * d * (cfg.stored_kv_heads - cfg.kv_heads_of(i)) * cfg.head_dim for i in range(L))
     norms = 2 * d  # attn_norm, mlp_norm
     router = cfg.latent_dim * cfg.n_experts
     latent = 2 * d * cfg.latent_dim  # down + up
@@ -206,19 +248,23 @@ def count_params(cfg: MoEConfig) -> dict:
     head = 0 if cfg.tie_embeddings else cfg.vocab_size * d
     final_norm = d
 
-    per_layer_total = attn + norms + router + latent + shared + routed_total
+    rest_total = norms + router + latent + shared + routed_total
+    rest_active = norms + router + latent + shared + routed_active
     routed_padding = 3 * cfg.latent_dim * (cfg.stored_expert_width - cfg.expert_width) * cfg.n_experts
-    per_layer_active = attn + norms + router + latent + shared + routed_active
-    total = L * per_layer_total + embed + head + final_norm
-    active = L * per_layer_active + final_norm
+    total = sum(attn_layers) + L * rest_total + embed + head + final_norm
+    active = sum(attn_layers) + L * rest_active + final_norm
+    per_layer_total = round(attn) + rest_total
+    per_layer_active = round(attn) + rest_active
     return {
         "total_params": total,
-        "stored_params": total + L * routed_padding,
+        "stored_params": total + L * routed_padding + kv_padding,
         "active_params": active,
         "active_params_with_head": active + cfg.vocab_size * d,
+        # the stored layout's K/V projections at stored_kv_heads on every layer (zero columns included)
+        "kv_padding": kv_padding,
         "embedding": embed,
         "lm_head": head,
-        "attention": L * attn,
+        "attention": sum(attn_layers),
         "norms": L * norms + final_norm,
         "router": L * router,
         "latent_proj": L * latent,
@@ -235,7 +281,7 @@ def param_shapes(cfg: MoEConfig) -> dict[str, tuple[int, ...]]:
     ``"lm_head"`` (untied only) and ``"blocks/<leaf>"`` (stacked: a leading [n_layers] axis). JAX-free,
     so the memory planner can apply the mesh's sharding rule leaf by leaf."""
     L, d, E = cfg.n_layers, cfg.d_model, cfg.n_experts
-    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.stored_kv_heads * cfg.head_dim
     lat, f, fs = cfg.latent_dim, cfg.stored_expert_width, cfg.n_shared_experts * cfg.shared_width
     blocks = {
         "attn_norm": (L, d), "wq": (L, d, q_dim), "wk": (L, d, kv_dim), "wv": (L, d, kv_dim),
@@ -299,10 +345,13 @@ def summary(cfg: MoEConfig, seq_len: int | None = None) -> dict:
         "top_k": cfg.top_k,
         "n_heads": cfg.n_heads,
         "n_kv_heads": cfg.n_kv_heads,
+        "n_kv_heads_global": cfg.kv_heads_global,
+        "sliding_window": cfg.sliding_window,
         "latent_dim": cfg.latent_dim,
         "expert_width": cfg.expert_width,
         "stored_expert_width": cfg.stored_expert_width,
         "n_shared_experts": cfg.n_shared_experts,
+        "global_every": cfg.global_every,
         "global_layers": [i for i in range(cfg.n_layers) if cfg.is_global_layer(i)],
         "breakdown": c,
     }

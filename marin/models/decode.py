@@ -8,8 +8,10 @@ sequence. Its layout follows the attention pattern:
     local layers    [n_local,  B, W, kv, hd]     a ring of W = sliding_window slots: column c -> slot c % W
 
 so at long context the 3 of every 4 layers that are sliding-window layers keep only their window
-(the hero at 262K context: 12 global layers x 262K columns + 36 local layers x 1,024 slots, about a
-quarter of a full-length cache). Every slot also records the position of the token it holds
+(the hero at 262K context: 12 global layers x 262K columns + 36 local layers x 2,048 slots, about a
+quarter of a full-length cache). Each kind holds its own KV-head count: the hero's global layers
+cache 6 heads, its local layers 12, so its 262K cache is about an eighth of 12 heads everywhere.
+Every slot also records the position of the token it holds
 (``-1`` = empty or padding); the attention mask is computed from positions alone:
 
     key s visible from query t  iff  0 <= pos[s] <= pos[t]  and  pos[t] - pos[s] < window
@@ -55,14 +57,14 @@ def init_cache(cfg: MoEConfig, batch: int, max_len: int) -> dict:
     """An empty cache for ``batch`` rows of up to ``max_len`` positions (prompt + new tokens)."""
     glob, loc = cache_layout(cfg)
     dt = jnp.dtype(cfg.dtype)
-    kv, hd = cfg.n_kv_heads, cfg.head_dim
+    kv_global, kv_local, hd = cfg.kv_heads_global, cfg.n_kv_heads, cfg.head_dim
     ring = min(cfg.sliding_window, max_len)
     return {
-        "global_k": jnp.zeros((len(glob), batch, max_len, kv, hd), dt),
-        "global_v": jnp.zeros((len(glob), batch, max_len, kv, hd), dt),
+        "global_k": jnp.zeros((len(glob), batch, max_len, kv_global, hd), dt),
+        "global_v": jnp.zeros((len(glob), batch, max_len, kv_global, hd), dt),
         "global_pos": jnp.full((batch, max_len), -1, jnp.int32),
-        "local_k": jnp.zeros((len(loc), batch, ring, kv, hd), dt),
-        "local_v": jnp.zeros((len(loc), batch, ring, kv, hd), dt),
+        "local_k": jnp.zeros((len(loc), batch, ring, kv_local, hd), dt),
+        "local_v": jnp.zeros((len(loc), batch, ring, kv_local, hd), dt),
         "local_pos": jnp.full((batch, ring), -1, jnp.int32),
         "length": jnp.zeros((), jnp.int32),  # columns written so far (the same for every row)
     }
@@ -80,7 +82,7 @@ def decode_step(params, router_bias, cache: dict, tokens, positions, cfg: MoECon
     dt = jnp.dtype(cfg.dtype)
     transport = decode_transport(cfg, mesh)
     b, t = tokens.shape
-    h, kvh, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    h, hd = cfg.n_heads, cfg.head_dim
     glob, loc = cache_layout(cfg)
     start = cache["length"]
     rope_pos = jnp.maximum(positions, 0)
@@ -97,9 +99,10 @@ def decode_step(params, router_bias, cache: dict, tokens, positions, cfg: MoECon
     for i in range(cfg.n_layers):
         p = jax.tree.map(lambda a, i=i: a[i].astype(dt), params["blocks"])
         y = rmsnorm(x, p["attn_norm"], cfg.norm_eps)  # [B, T, d]
+        kvh = cfg.kv_heads_of(i)  # this layer's KV heads: the first kvh of the stored projection's
         q = rope((y @ p["wq"]).reshape(b, t, kvh, h // kvh, hd), rope_pos, cfg.rope_theta)  # [B, T, kv, g, hd]
-        k = rope((y @ p["wk"]).reshape(b, t, kvh, hd), rope_pos, cfg.rope_theta)  # [B, T, kv, hd]
-        v = (y @ p["wv"]).reshape(b, t, kvh, hd)  # [B, T, kv, hd]
+        k = rope((y @ p["wk"][:, :kvh * hd]).reshape(b, t, kvh, hd), rope_pos, cfg.rope_theta)  # [B, T, kv, hd]
+        v = (y @ p["wv"][:, :kvh * hd]).reshape(b, t, kvh, hd)  # [B, T, kv, hd]
         if i in glob:
             j = glob.index(i)
             ks = jax.lax.dynamic_update_slice(cache["global_k"][j], k, (0, start, 0, 0))  # [B, S, kv, hd]

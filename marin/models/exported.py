@@ -11,7 +11,8 @@ config.json says which) or float32, one per layer and leaf::
     lm_head                  [d, vocab]              (absent with tie_embeddings)
     layers.{i}.attn_norm     [d]
     layers.{i}.wq            [d, n_heads * head_dim]
-    layers.{i}.wk, .wv       [d, n_kv_heads * head_dim]
+    layers.{i}.wk, .wv       [d, kv_i * head_dim]        kv_i: n_kv_heads on local layers, n_kv_heads_global
+                                                        (when set) on global ones
     layers.{i}.wo            [n_heads * head_dim, d]
     layers.{i}.mlp_norm      [d]
     layers.{i}.shared_gate, .shared_up   [d, n_shared * shared_width]
@@ -25,7 +26,8 @@ config.json says which) or float32, one per layer and leaf::
 
 Matrices are applied as ``y = x @ W`` (input dimension first; PyTorch's ``nn.Linear`` stores the
 transpose). Routed experts are exported at their real ``expert_width``: the zero padding units a
-mesh may need (``stored_expert_width``) are dropped, and added back on load.
+mesh may need (``stored_expert_width``) are dropped, and added back on load; likewise each layer's
+K/V projections at its own KV-head count (``stored_kv_heads`` pads the smaller kind with zeros).
 
 This module needs numpy only, except :func:`load_exported` (JAX, imported there).
 """
@@ -89,15 +91,16 @@ class ExportFormatError(ValueError):
 def exported_shapes(cfg: MoEConfig) -> dict[str, tuple[int, ...]]:
     """Every exported tensor's name and shape, in file order."""
     d, V, E = cfg.d_model, cfg.vocab_size, cfg.n_experts
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    q = cfg.n_heads * cfg.head_dim
     lat, f, fs = cfg.latent_dim, cfg.expert_width, cfg.n_shared_experts * cfg.shared_width
-    layer = {"attn_norm": (d,), "wq": (d, q), "wk": (d, kv), "wv": (d, kv), "wo": (q, d), "mlp_norm": (d,),
+    layer = {"attn_norm": (d,), "wq": (d, q), "wo": (q, d), "mlp_norm": (d,),
              "shared_gate": (d, fs), "shared_up": (d, fs), "shared_down": (fs, d), "latent_down": (d, lat),
              "latent_up": (lat, d), "router": (lat, E), "router_bias": (E,), "expert_gate": (E, lat, f),
              "expert_up": (E, lat, f), "expert_down": (E, f, lat)}
     out: dict[str, tuple[int, ...]] = {"embed": (V, d)}
     for i in range(cfg.n_layers):
-        out.update({f"layers.{i}.{k}": layer[k] for k in LAYER_LEAVES})
+        kv = cfg.kv_heads_of(i) * cfg.head_dim
+        out.update({f"layers.{i}.{k}": layer[k] if k not in ("wk", "wv") else (d, kv) for k in LAYER_LEAVES})
     out["final_norm"] = (d,)
     if not cfg.tie_embeddings:
         out["lm_head"] = (d, V)
@@ -119,6 +122,8 @@ def exported_tensor(params, router_bias, cfg: MoEConfig, name: str) -> np.ndarra
         a = a[..., :f]
     elif leaf == "expert_down":
         a = a[:, :f, :]
+    elif leaf in ("wk", "wv"):
+        a = a[:, :cfg.kv_heads_of(i) * cfg.head_dim]
     # contiguous: a numpy view of the padded storage has strides safetensors would not honour
     return np.ascontiguousarray(np.asarray(a, np.float32))
 
@@ -128,6 +133,7 @@ def params_from_tensors(get: Callable[[str], np.ndarray], cfg: MoEConfig) -> tup
     (``get(name)``), stacked per layer and re-padded to ``stored_expert_width``."""
     shapes = exported_shapes(cfg)
     pad = cfg.stored_expert_width - cfg.expert_width
+    kv_stored = cfg.stored_kv_heads * cfg.head_dim
 
     def take(name):
         a = np.asarray(get(name), np.float32)
@@ -140,7 +146,11 @@ def params_from_tensors(get: Callable[[str], np.ndarray], cfg: MoEConfig) -> tup
     for leaf in LAYER_LEAVES:
         if leaf == "router_bias":
             continue
-        stacked = np.stack([take(f"layers.{i}.{leaf}") for i in range(cfg.n_layers)])
+        if leaf in ("wk", "wv"):  # each layer's own heads, zero-padded to the stored count
+            stacked = np.stack([np.pad(a, ((0, 0), (0, kv_stored - a.shape[1])))
+                                for a in (take(f"layers.{i}.{leaf}") for i in range(cfg.n_layers))])
+        else:
+            stacked = np.stack([take(f"layers.{i}.{leaf}") for i in range(cfg.n_layers)])
         if pad and leaf in ("expert_gate", "expert_up"):
             stacked = np.pad(stacked, ((0, 0), (0, 0), (0, 0), (0, pad)))
         elif pad and leaf == "expert_down":

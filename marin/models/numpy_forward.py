@@ -83,7 +83,8 @@ def swiglu(x, gate, up, down):
 
 def attention(x, t, i, c, window):
     b, length, _ = x.shape
-    h, kv, hd = c["n_heads"], c["n_kv_heads"], c["head_dim"]
+    h, hd = c["n_heads"], c["head_dim"]
+    kv = t[f"layers.{i}.wk"].shape[1] // hd  # this layer's KV heads (global layers may have fewer)
     q = rope((x @ t[f"layers.{i}.wq"]).reshape(b, length, h, hd), c["rope_theta"])
     k = rope((x @ t[f"layers.{i}.wk"]).reshape(b, length, kv, hd), c["rope_theta"])
     v = (x @ t[f"layers.{i}.wv"]).reshape(b, length, kv, hd)

@@ -21,8 +21,9 @@ import jax
 import jax.numpy as jnp
 
 from marin.models import router as rt
-from marin.models.blocked_attention import blocked_attention
+from marin.models.blocked_attention import blocked_attention, expand_kv_heads
 from marin.models.config import MoEConfig
+from marin.models.context_parallel import ContextParallel, check_split
 from marin.parallel.transports import moe_experts
 
 GLOBAL_WINDOW = 1 << 30  # "window" of a global layer
@@ -35,7 +36,7 @@ def init_params(cfg: MoEConfig, key: jax.Array) -> dict:
     1/sqrt(2 n_layers). Routed experts are drawn at ``expert_width`` and zero-padded to
     ``stored_expert_width`` (padding units exactly zero: the same function, the same draws as unpadded)."""
     L, d, E = cfg.n_layers, cfg.d_model, cfg.n_experts
-    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.stored_kv_heads * cfg.head_dim
     lat, f, fs = cfg.latent_dim, cfg.expert_width, cfg.n_shared_experts * cfg.shared_width
     pad = cfg.stored_expert_width - f
     keys = iter(jax.random.split(key, 16))
@@ -44,11 +45,14 @@ def init_params(cfg: MoEConfig, key: jax.Array) -> dict:
     def normal(shape, fan_in, scale=1.0):
         return jax.random.normal(next(keys), shape, jnp.float32) * (scale / math.sqrt(fan_in))
 
+    # a layer with fewer KV heads than stored uses the first ones; its other columns are zero
+    kv_used = (jnp.arange(kv_dim)[None, :] < jnp.array([cfg.kv_heads_of(i) * cfg.head_dim for i in range(L)])[:, None])
+    kv_used = kv_used[:, None, :].astype(jnp.float32)  # [L, 1, kv_dim]
     blocks = {
         "attn_norm": jnp.ones((L, d), jnp.float32),
         "wq": normal((L, d, q_dim), d),
-        "wk": normal((L, d, kv_dim), d),
-        "wv": normal((L, d, kv_dim), d),
+        "wk": normal((L, d, kv_dim), d) * kv_used,
+        "wv": normal((L, d, kv_dim), d) * kv_used,
         "wo": normal((L, q_dim, d), q_dim, out_scale),
         "mlp_norm": jnp.ones((L, d), jnp.float32),
         "shared_gate": normal((L, d, fs), d),
@@ -105,14 +109,32 @@ def attention_mask(seq_len: int, window, segment_ids=None):
     return mask
 
 
-def attention(x, p, window, segment_ids, cfg: MoEConfig):
+def layer_kv(k, v, window, cfg: MoEConfig):
+    """K and V [B, L, stored, hd] of a layer as its attention reads them: a global layer (``window``
+    = GLOBAL_WINDOW, traced inside the layer scan) with fewer KV heads than stored expands its own."""
+    stored = cfg.stored_kv_heads
+    for used, is_kind in ((cfg.kv_heads_global, window >= GLOBAL_WINDOW), (cfg.n_kv_heads, window < GLOBAL_WINDOW)):
+        if used != stored:
+            k = jnp.where(is_kind, expand_kv_heads(k, used, stored), k)
+            v = jnp.where(is_kind, expand_kv_heads(v, used, stored), v)
+    return k, v
+
+
+def attention(x, p, window, segment_ids, cfg: MoEConfig, positions=None, context=None):
+    """One attention layer: x [B, L, d] -> [B, L, d]. ``positions`` [B, L]: each row's token positions
+    (default 0..L-1); ``context``: a :class:`marin.models.context_parallel.ContextParallel` when each
+    row is one shard of a longer sequence split over devices."""
     b, l, _ = x.shape
-    h, kv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    h, kv, hd = cfg.n_heads, cfg.stored_kv_heads, cfg.head_dim
     q = (x @ p["wq"]).reshape(b, l, kv, h // kv, hd)  # [B, L, kv, g, hd]: g = h / kv query heads per kv head
     k = (x @ p["wk"]).reshape(b, l, kv, hd)  # [B, L, kv, hd]
     v = (x @ p["wv"]).reshape(b, l, kv, hd)  # [B, L, kv, hd]
-    pos = jnp.arange(l)
+    pos = jnp.arange(l) if positions is None else positions
     q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
+    if context is not None:
+        o = context.attention(q, k, v, window, segment_ids, cfg)  # [B, L, kv, g, hd]
+        return o.reshape(b, l, h * hd) @ p["wo"]
+    k, v = layer_kv(k, v, window, cfg)
     if cfg.attention_impl == "blocked":
         o = blocked_attention(q, k, v, window, segment_ids, block=cfg.attention_block)  # [B, L, kv, g, hd]
     else:
@@ -178,8 +200,10 @@ def _remat(fn, policy: str):
 
 # ---- the model ------------------------------------------------------------------------------
 def forward(params, router_bias, inputs, cfg: MoEConfig, *, mesh=None, transport: str | None = None,
-            segment_ids=None):
-    """inputs int [B, L] -> (logits f32 [B, L, V], stacked per-layer stats)."""
+            segment_ids=None, positions=None, context: ContextParallel | None = None):
+    """inputs int [B, L] -> (logits f32 [B, L, V], stacked per-layer stats). With ``context`` the
+    rows are context-parallel shards (:meth:`ContextParallel.rows`) and ``positions`` their tokens'
+    positions in their sequences."""
     transport = transport or cfg.transport
     dt = jnp.dtype(cfg.dtype)
     cast = lambda a: a.astype(dt)  # noqa: E731
@@ -188,7 +212,8 @@ def forward(params, router_bias, inputs, cfg: MoEConfig, *, mesh=None, transport
     def layer(x, xs):
         p, bias, window = xs
         p = jax.tree.map(cast, p)
-        x = x + attention(rmsnorm(x, p["attn_norm"], cfg.norm_eps), p, window, segment_ids, cfg)  # [B, L, d]
+        x = x + attention(rmsnorm(x, p["attn_norm"], cfg.norm_eps), p, window, segment_ids, cfg,
+                          positions, context)  # [B, L, d]
         y, stats = moe_block(rmsnorm(x, p["mlp_norm"], cfg.norm_eps), p, bias, cfg, mesh, transport)  # y [B, L, d]
         return x + y, stats
 
@@ -216,12 +241,20 @@ def loss_and_stats(params, router_bias, tokens, cfg: MoEConfig, *, mesh=None, tr
     router_bias is stop-gradient'ed. segment_ids [B, L+1] or [B, L] (document ids) masks attention
     across documents."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]  # [B, L] each
-    seq = inputs.shape[1]
+    b, seq = inputs.shape
     if segment_ids is not None:
         segment_ids = segment_ids[:, :seq]
     router_bias = jax.lax.stop_gradient(router_bias)
+    context = positions = None
+    if cfg.context_parallel > 1:  # each sequence split over context_parallel devices (the mean is the same)
+        if mesh is None:
+            raise ValueError("context_parallel > 1 needs a mesh to split the sequences over")
+        check_split(b, seq, cfg.context_parallel, mesh)
+        context = ContextParallel(mesh, cfg.context_parallel, cfg.attention_block)
+        inputs, targets, positions = context.rows(inputs), context.rows(targets), context.positions(b, seq)
+        segment_ids = None if segment_ids is None else context.rows(segment_ids)
     logits, layer_stats = forward(params, router_bias, inputs, cfg, mesh=mesh, transport=transport,
-                                  segment_ids=segment_ids)
+                                  segment_ids=segment_ids, positions=positions, context=context)
     lse = jax.nn.logsumexp(logits, axis=-1)  # [B, L]
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [B, L]
     ce = jnp.mean(lse - target_logit)  # scalar

@@ -99,7 +99,7 @@ def rung_model(target: MoEConfig, d_model: int, n_layers: int) -> MoEConfig:
     """``target`` at width ``d_model`` and depth ``n_layers``, every ratio kept (see module docstring).
 
     KV heads follow the GQA ratio (at least one, and a divisor of the query heads: 6 heads at a 4:1
-    ratio get one KV head).
+    ratio get one KV head), the local and the global layers' each by its own ratio.
 
     Raises :class:`RecipeError` when a ratio cannot be kept exactly (e.g. ``d_model`` not a multiple
     of the head size, or a latent width that would not be an integer)."""
@@ -116,13 +116,20 @@ def rung_model(target: MoEConfig, d_model: int, n_layers: int) -> MoEConfig:
     if d_model % target.head_dim:
         raise RecipeError(f"d_model {d_model} is not a multiple of the head size {target.head_dim}")
     n_heads = d_model // target.head_dim
-    group = target.n_heads // target.n_kv_heads
-    # as many KV heads as the target's GQA ratio allows, at least one, dividing the query heads
-    n_kv = max(1, n_heads // group)
-    while n_heads % n_kv:
-        n_kv -= 1
+
+    def kv_heads(target_kv: int, multiple_of: int = 1) -> int:
+        # as many KV heads as the target's GQA ratio allows, at least one, dividing the query heads
+        # (and dividing, or divided by, the other kind's count: one stored projection serves both)
+        n_kv = max(1, n_heads // (target.n_heads // target_kv))
+        while n_heads % n_kv or (multiple_of % n_kv and n_kv % multiple_of):
+            n_kv -= 1
+        return n_kv
+
+    n_kv = kv_heads(target.n_kv_heads)
+    n_kv_global = kv_heads(target.kv_heads_global, n_kv)
     return dataclasses.replace(
         target, d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv,
+        n_kv_heads_global=None if n_kv_global == n_kv else n_kv_global,
         latent_dim=scaled("latent_dim"), expert_width=scaled("expert_width"), shared_width=scaled("shared_width"),
     )
 

@@ -126,6 +126,11 @@ class TrainConfig:
         "the remat policy of some sequence-length phases, overriding the model's (((65536, 'full'),)): "
         "recomputation changes memory and speed, not what is computed (the same losses at rel 1e-5 in the tests)",
         default=())
+    context_parallel_by_seq_len: tuple[tuple[int, int], ...] = live(
+        "(seq_len, C): split each sequence of that phase over C devices of the expert axis "
+        "(marin.models.context_parallel), ((262144, 4),): how the work is spread, not what is computed (the "
+        "same losses within float summation order in the tests); a phase not listed: one device per sequence",
+        default=())
     # optimizer (AdamW with global-norm clipping)
     peak_lr: float = 3e-3
     warmup_steps: int = 10
@@ -203,7 +208,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         # one spelling of the schedules, whatever sequences the caller passed (the version encodes them)
         for name, kinds in (("seq_len_phases", (float, int)), ("transport_switches", (int, str)),
-                            ("remat_by_seq_len", (int, str)), ("lr_replans", (int, int))):
+                            ("remat_by_seq_len", (int, str)), ("lr_replans", (int, int)),
+                            ("context_parallel_by_seq_len", (int, int))):
             value = getattr(self, name)
             if isinstance(value, (list, tuple)):
                 object.__setattr__(self, name, tuple((kinds[0](a), kinds[1](b)) for a, b in value))
@@ -277,10 +283,19 @@ class TrainConfig:
 
 
 def model_at(config: TrainConfig, cfg: MoEConfig, seq_len: int) -> MoEConfig:
-    """The model one sequence-length phase runs: ``cfg`` with the phase's remat policy, if the run
-    sets one (``remat_by_seq_len``); the trainer and the memory planner both ask here."""
+    """The model one sequence-length phase runs: ``cfg`` with the phase's remat policy and context
+    parallelism, if the run sets them (``remat_by_seq_len``, ``context_parallel_by_seq_len``); the
+    trainer and the memory planner both ask here."""
     policy = dict((int(n), p) for n, p in config.remat_by_seq_len).get(int(seq_len))
-    return dataclasses.replace(cfg, remat_policy=policy) if policy and policy != cfg.remat_policy else cfg
+    if policy and policy != cfg.remat_policy:
+        cfg = dataclasses.replace(cfg, remat_policy=policy)
+    cp = context_parallel_at(config, seq_len)
+    return dataclasses.replace(cfg, context_parallel=cp) if cp != cfg.context_parallel else cfg
+
+
+def context_parallel_at(config: TrainConfig, seq_len: int) -> int:
+    """The context-parallel degree of one sequence-length phase (1: one device per sequence)."""
+    return int(dict((int(n), int(c)) for n, c in config.context_parallel_by_seq_len).get(int(seq_len), 1))
 
 
 def train_config_from_record(record: dict[str, Any]) -> TrainConfig:

@@ -39,9 +39,10 @@ def abstract_state(config: TrainConfig, cfg, mesh) -> tuple[Any, Any]:
     return state, shardings
 
 
-def abstract_batch(mesh, batch_size: int, seq_len: int) -> tuple[jax.ShapeDtypeStruct, ...]:
+def abstract_batch(mesh, batch_size: int, seq_len: int, context_parallel: int = 1) -> tuple[jax.ShapeDtypeStruct, ...]:
     """(tokens, segment_ids, lr) as the step receives them: [B, L+1] int32 split over the batch."""
-    tok = jax.ShapeDtypeStruct((batch_size, seq_len + 1), jnp.int32, sharding=batch_sharding(mesh))
+    tok = jax.ShapeDtypeStruct((batch_size, seq_len + 1), jnp.int32,
+                               sharding=batch_sharding(mesh, context_parallel))
     lr = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated(mesh))
     return tok, tok, lr
 
@@ -56,7 +57,7 @@ def lower_train_step(config: TrainConfig, cfg, mesh_shape: tuple[int, int], tran
     with lowering_for(platform):
         state, shardings = abstract_state(config, cfg, mesh)
         step = build_train_step(config, cfg, mesh, transport, shardings, microbatches)
-        traced = step.trace(state, *abstract_batch(mesh, batch_size, seq_len))
+        traced = step.trace(state, *abstract_batch(mesh, batch_size, seq_len, cfg.context_parallel))
         return traced.lower(lowering_platforms=(platform,))
 
 

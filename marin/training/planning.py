@@ -51,7 +51,14 @@ import math
 import os
 from typing import Any
 
-from marin.models.config import TRANSPORTS, MoEConfig, flops_per_token, mean_flops_per_token, param_shapes
+from marin.models.config import (
+    TRANSPORTS,
+    MoEConfig,
+    flops_per_token,
+    mean_attended_keys,
+    mean_flops_per_token,
+    param_shapes,
+)
 from marin.parallel.capacity import DROPPING_TRANSPORTS, buffer_rows_per_token, emulated_ragged_rows_per_token
 from marin.parallel.layout import (
     EXPERT,
@@ -79,7 +86,8 @@ DEVICE_MEMORY_BYTES: dict[str, int] = {
 }
 USABLE_FRACTION = 0.90
 DEFAULT_MFU = 0.21  # observed on the hero run after warm-up
-PARTS = ("params", "master_weights", "grads", "optimizer_state", "gathered", "activations", "all_to_all", "logits")
+PARTS = ("params", "master_weights", "grads", "optimizer_state", "gathered", "activations", "all_to_all", "logits",
+         "context_parallel")
 
 
 # Of host memory the training process may plan on (the OS, agents and page cache keep the rest).
@@ -181,7 +189,7 @@ def activation_bytes_per_token_layer(cfg: MoEConfig, seq_len: int, rows: float) 
     products, gathers, blocked attention's output); ``attention_workspace``: blocked attention's
     transient tiles and gradient buffers, live for one layer at a time whatever the remat policy."""
     c = _bytes(cfg.dtype)
-    d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.stored_kv_heads, cfg.head_dim  # K, V as trained: stored heads
     lat, f, k, E = cfg.latent_dim, cfg.stored_expert_width, cfg.top_k, cfg.n_experts  # as computed
     fs = cfg.n_shared_experts * cfg.shared_width
     dots_nobatch = c * (h * hd + 2 * kv * hd + d + 2 * fs + d + lat + E + d)
@@ -216,16 +224,17 @@ def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: i
     else:
         ep_eff = ep
     sequences = tokens_per_step // seq_len
+    cp = cfg.context_parallel
     if tokens_per_step % seq_len:
         unit = seq_len * n  # whole sequences, the same count on every device
         lower, upper = tokens_per_step // unit * unit, (tokens_per_step // unit + 1) * unit
         raise ValueError(f"tokens per step {tokens_per_step:,} is not a multiple of seq_len {seq_len} "
                          f"({tokens_per_step / seq_len:g} sequences): a step is whole sequences; "
                          + (f"{lower:,} or " if lower else "") + f"{upper:,} split evenly over {n} devices")
-    if sequences % (n * microbatches):
+    if (sequences * cp) % (n * microbatches):
         raise ValueError(f"{sequences} sequences of {seq_len} per step do not split over {n} devices x "
-                         f"{microbatches} microbatches")
-    tokens = tokens_per_step // (n * microbatches)  # per device and microbatch
+                         f"{microbatches} microbatches" + (f" at context parallelism {cp}" if cp > 1 else ""))
+    tokens = tokens_per_step // (n * microbatches)  # per device and microbatch (1/C of a sequence's under CP)
     c = _bytes(cfg.dtype)
     p = params_per_device(cfg, (data, ep), param_sharding)
     rows = expert_rows_per_token(cfg, transport, ep_eff, tokens)
@@ -259,6 +268,8 @@ def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: i
         # float32 gradients before the reduce-scatter: one layer at a time inside the layer scan, the
         # embedding or the head around it
         "gathered": (c + 4) * (p["layer_gathered"] + p["embed_head_gathered"]),
+        "context_parallel": context_parallel_bytes(cfg, seq_len, tokens // max(1, seq_len // cp))["total"] if cp > 1
+        else 0.0,
     }
     parts = {k: int(round(v)) for k, v in parts.items()}
     parts["total"] = sum(parts.values())
@@ -276,7 +287,7 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
     device_memory = device_memory if device_memory is not None else device_memory_bytes(pool)
     usable = int(device_memory * USABLE_FRACTION)
     sequences = tokens_per_step // seq_len
-    counts = valid_microbatches(sequences, pool.num_devices)
+    counts = valid_microbatches(sequences * cfg.context_parallel, pool.num_devices)
     chosen = microbatches
     fitting = None
     for m in counts:
@@ -300,6 +311,7 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
         "attention_impl": cfg.attention_impl,
         "dtype": cfg.dtype,
         "param_sharding": param_sharding,
+        "context_parallel": cfg.context_parallel,
         "microbatches": fitting,
         "planned_microbatches": chosen,
         "device_fits": mem["total"] <= usable,
@@ -372,6 +384,8 @@ def host_plan(cfg: MoEConfig, pool: PoolSpec, device_total: int, tokens_per_step
     per_host = checkpoint_bytes_per_host(cfg, pool, param_sharding)
     staging = max(per_host)
     rows = tokens_per_step // seq_len // pool.hosts
+    if cfg.context_parallel > 1:  # the batch splits over "data" only: every host holds its rack's rows
+        rows = tokens_per_step // seq_len // pool.mesh[0]
     parts = {
         "resident_state": device_total * pool.devices_per_host if pool.is_cpu else 0,
         "checkpoint_staging": staging,
@@ -393,6 +407,90 @@ def host_plan(cfg: MoEConfig, pool: PoolSpec, device_total: int, tokens_per_step
         "storage_bytes_per_s": storage_bytes_per_s,
         "checkpoint_save_s": staging / storage_bytes_per_s,
     }
+
+
+# ---- context parallelism -----------------------------------------------------------------------
+def context_parallel_bytes(cfg: MoEConfig, seq_len: int, rows: int = 1) -> dict[str, float]:
+    """Per-device bytes of the context-parallel attention buffers for ``rows`` shard rows (one layer
+    at a time: the layer scan runs one layer's attention at a time), by layer kind:
+
+    ``halo``      a local layer: each of the two chunks receives the ``window - 1`` keys and values
+                  before it (compute dtype), at the local KV heads
+    ``gathered``  a global layer: the whole sequence's K and V at the global KV heads (the all-gather),
+                  the copy expanded to the stored heads the kernel reads, and the backward's float32
+                  dK and dV over the whole sequence (then reduce-scattered back)
+    When the chunk is shorter than the window, local layers gather like global ones."""
+    c, hd, cp = _bytes(cfg.dtype), cfg.head_dim, cfg.context_parallel
+    chunk = seq_len // (2 * cp)
+    halo_keys = cfg.sliding_window - 1
+    gathered = rows * seq_len * hd * (2 * c * cfg.kv_heads_global + (2 * c + 8) * cfg.stored_kv_heads)
+    if 1 <= halo_keys <= chunk:
+        halo = rows * 2 * halo_keys * 2 * c * cfg.n_kv_heads * hd * 2  # 2 chunks, k and v, received + expanded
+    else:
+        halo = rows * seq_len * hd * (2 * c * cfg.n_kv_heads + (2 * c + 8) * cfg.stored_kv_heads)
+    return {"halo": halo, "gathered": gathered, "total": max(halo, gathered)}
+
+
+def causal_imbalance(degree: int, order: str = "zigzag") -> float:
+    """max / mean attention work of a global layer's shards under a causal mask (1.0 = balanced):
+    ``contiguous`` shards of one sequence (shard c sees (c + 1/2) x L/C keys on average: the last
+    one 2 - 1/C times the mean) or ``zigzag`` (chunks c and 2C-1-c: every shard the same)."""
+    if degree < 1:
+        raise ValueError(f"context parallelism must be >= 1, got {degree}")
+    if order == "contiguous":
+        work = [c + 0.5 for c in range(degree)]
+    elif order == "zigzag":
+        work = [(c + 0.5) + (2 * degree - 1 - c + 0.5) for c in range(degree)]
+    else:
+        raise ValueError(f"unknown shard order {order!r}; choose contiguous or zigzag")
+    return max(work) / (sum(work) / degree)
+
+
+def imbalance_cost(cfg: MoEConfig, seq_len: int, degree: int, order: str = "contiguous") -> float:
+    """The step time a shard order adds under context parallelism, as a fraction: the global
+    layers' attention FLOPs (their share of the step's FLOPs at ``seq_len``) run at the slowest
+    shard's pace. The hero at 262,144 tokens, C = 4, contiguous: about 0.33 (zig-zag: 0)."""
+    glob = sum(12.0 * cfg.n_heads * cfg.head_dim * mean_attended_keys(seq_len, None)
+               for w in cfg.layer_windows() if w is None)
+    share = glob / flops_per_token(cfg, seq_len)
+    return share * (causal_imbalance(degree, order) - 1.0)
+
+
+def context_parallel_degrees(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: int) -> list[int]:
+    """Context-parallel degrees a step could use on ``pool``, ascending: C divides the expert axis,
+    2C divides the sequence, and the step's sequences x C split over the devices."""
+    sequences = tokens_per_step // seq_len
+    ep = pool.mesh[1]
+    return [c for c in range(1, ep + 1) if ep % c == 0 and seq_len % (2 * c if c > 1 else 1) == 0
+            and (sequences * c) % pool.num_devices == 0]
+
+
+def plan_with_context_parallel(cfg: MoEConfig, pool: PoolSpec, *, context_parallel: int | None = None,
+                               tokens_per_step: int, seq_len: int, **kw) -> dict[str, Any]:
+    """:func:`plan` at ``context_parallel`` C, or, when None, at the smallest C that fits (C = 1 if it
+    fits; the plan says which C it chose and why in ``context_parallel_note``)."""
+    if context_parallel is not None:
+        if context_parallel < 1:
+            raise ValueError(f"--context-parallel must be >= 1, got {context_parallel}")
+        out = plan(cfg.replace(context_parallel=context_parallel), pool, tokens_per_step=tokens_per_step,
+                   seq_len=seq_len, **kw)
+        out["context_parallel_note"] = None
+        return out
+    degrees = context_parallel_degrees(cfg, pool, tokens_per_step, seq_len)
+    if not degrees:
+        return plan(cfg, pool, tokens_per_step=tokens_per_step, seq_len=seq_len, **kw)
+    last = None
+    for c in degrees:
+        last = plan(cfg.replace(context_parallel=c), pool, tokens_per_step=tokens_per_step, seq_len=seq_len, **kw)
+        if last["fits"]:
+            break
+    c = last["context_parallel"]
+    last["context_parallel_note"] = None if c == 1 else (
+        f"context parallelism {c} chosen: the smallest that "
+        + ("fits" if last["fits"] else "splits the step's sequences (none fits)")
+        + f" (each sequence over {c} devices of the expert axis; "
+        f"zig-zag shards: contiguous ones would cost {imbalance_cost(cfg, seq_len, c):.0%} more step time)")
+    return last
 
 
 # ---- compute ---------------------------------------------------------------------------------
@@ -433,7 +531,10 @@ def format_plan(p: dict[str, Any]) -> str:
              f"{p['mesh'][0]} x {p['mesh'][1]}), {p['tokens_per_step']:,} tokens/step at seq_len {p['seq_len']}, "
              f"transport {p['transport']}, remat {p['remat_policy']}, {p['attention_impl']} attention, {p['dtype']}, "
              f"params {p.get('param_sharding', 'replicated')}, "
-             f"{p['planned_microbatches']} microbatch(es)"]
+             f"{p['planned_microbatches']} microbatch(es)"
+             + (f", context parallelism {p['context_parallel']}" if p.get("context_parallel", 1) > 1 else "")]
+    if p.get("context_parallel_note"):
+        lines.append(f"  {p['context_parallel_note']}")
     rows: list[tuple[str, str, str]] = [(k, _gib(mem[k]), "") for k in PARTS]
     rows.append(("total", _gib(mem["total"]),
                  f"usable {_gib(p['usable_memory_bytes'])} of {_gib(p['device_memory_bytes'])}"))

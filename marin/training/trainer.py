@@ -280,7 +280,7 @@ def build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: 
         }
         return {"params": params, "opt_state": opt_state, "router_bias": bias, "rng": rng}, metrics
 
-    rep, batch = replicated(mesh), batch_sharding(mesh)
+    rep, batch = replicated(mesh), batch_sharding(mesh, cfg.context_parallel)
     return jax.jit(
         step, donate_argnums=(0,), in_shardings=(shardings, batch, batch, rep), out_shardings=(shardings, rep)
     )
@@ -493,11 +493,12 @@ def run_step(run: TrainRun) -> dict[str, Any]:
     if (seq_len, transport) not in run.micro:
         run.micro[seq_len, transport] = microbatches_for(config, phase_cfg, run.ctx.pool, seq_len, transport)
     n_micro = run.micro[seq_len, transport]
-    key = (transport, n_micro, phase_cfg.remat_policy)
+    key = (transport, n_micro, phase_cfg.remat_policy, phase_cfg.context_parallel)
     if key not in run.compiled:
         report_phase("compile")  # the first call compiles: the stall watchdog allows for it
         run.compiled[key] = make_train_step(config, phase_cfg, run.mesh, transport, run.shardings, n_micro)
-    tokens, segments = place_batch(run.batch_fn, batch_sharding(run.mesh), run.step, batch_size, seq_len)
+    tokens, segments = place_batch(run.batch_fn, batch_sharding(run.mesh, phase_cfg.context_parallel), run.step,
+                                   batch_size, seq_len)
     lr = lr_at(run.step, config.lr_schedule())
     new_state, m = run.compiled[key](run.state, tokens, segments, jnp.float32(lr))
     m = {k: float(v) for k, v in m.items()}  # waits for the step

@@ -26,7 +26,8 @@ def test_hero_matches_the_published_run(tmp_path):
     assert cfg.preset == "hero" and cfg.model.n_layers == 48 and cfg.pool == "gb200-11racks"
     assert cfg.train_steps == 390_139 and cfg.tokens_per_step == 11_264 * 4096 == 46_137_344
     assert round(cfg.train_steps * cfg.tokens_per_step / 1e12, 1) == 18.0  # steps x batch, not 18.75T
-    assert [s for _, s in cfg.seq_len_phases] == [4096, 8192, 65536]
+    assert [s for _, s in cfg.seq_len_phases] == [4096, 8192, 65536, 262144]
+    assert cfg.context_parallel_by_seq_len == ((262144, 4),)  # 176 sequences of 262K over 704 devices
     assert cfg.transport_switches == ((0, "fixed"), (81_716, "dropless"))
     assert len(cfg.data.stores) == 40  # one token store per K40 domain
 
@@ -47,7 +48,8 @@ def test_ladder_rungs_spend_their_published_budgets(tmp_path):
         assert model.replace(max_seq_len=rung.model.max_seq_len) == rung.model and model.d_model == int(rung.name[1:])
         spent = run_flops(model, cfg.train_steps, cfg.tokens_per_step, cfg.seq_len_phases)
         assert spent == pytest.approx(rung.flops_budget, rel=0.01)
-        assert cfg.seq_len_phases == ((0.0, 4096), (0.5, 8192), (0.95, 65536))  # the hero's schedule shape
+        # the hero's schedule shape
+        assert cfg.seq_len_phases == ((0.0, 4096), (0.5, 8192), (0.95, 65536), (0.99, 262144))
         # the quality-weighted stage starts at 30% of every rung, not at the hero's step 117,042
         [stage] = cfg.data.stages
         assert stage.start_fraction == 0.3 and stage.start_step is None

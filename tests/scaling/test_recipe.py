@@ -68,7 +68,7 @@ def test_published_ladder_numbers():
     assert HERO_FLOPS == pytest.approx(2.7e24, rel=0.03)  # "about 2.7e24"
     assert sum(r.flops for r in RUNGS) / HERO_FLOPS == pytest.approx(0.01, rel=0.05)  # "about 1%"
     table = format_ladder(RUNGS, HERO_FLOPS)
-    assert "1.02% of the hero's" in table and "(budget assumed)" in table
+    assert "1.00% of the hero's" in table and "(budget assumed)" in table
 
 
 def test_run_flops_is_phase_weighted():
@@ -90,5 +90,6 @@ def test_budget_from_tokens_per_param_and_schedule_shape():
     assert r.warmup_steps == round(2_000 / 390_139 * r.train_steps)
     assert r.shape.seq_len_phases == HERO_PHASES and r.tokens_per_step == 256 * 4096
     over = model_overrides(HERO, r.model)
-    assert set(over) == {"d_model", "n_layers", "n_heads", "n_kv_heads", "latent_dim", "expert_width", "shared_width"}
+    assert set(over) == {"d_model", "n_layers", "n_heads", "n_kv_heads", "n_kv_heads_global", "latent_dim",
+                         "expert_width", "shared_width"}
     assert count_params(HERO.replace(**over)) == count_params(r.model)

@@ -117,7 +117,7 @@ def test_hero_schedule_and_compute():
     # fsdp by default: the dense weights split 64 ways inside a rack (11 divides none of the hero's
     # dimensions), the routed experts, stored padded to 3080 = 11 x 280, 704 ways (expert x data)
     c = count_params(get_preset("hero"))
-    dense = c["total_params"] - c["routed_experts_total"]
+    dense = c["total_params"] - c["routed_experts_total"] + c["kv_padding"]  # K/V stored at 12 heads on every layer
     routed_stored = c["stored_params"] - dense
     assert routed_stored == 48 * 384 * 3 * 3072 * 3080
     assert p["param_sharding"] == "fsdp"

@@ -71,11 +71,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 HERO_STEPS = 390_139
 HERO_TOKENS_PER_STEP = 11_264 * 4096
 HERO_PLANNED_TOKENS = 18.75e12
-HERO_SEQ_LEN_PHASES = ((0.0, 4096), (0.5, 8192), (0.95, 65536))  # compute follows the schedule
+HERO_SEQ_LEN_PHASES = ((0.0, 4096), (0.5, 8192), (0.95, 65536), (0.99, 262144))  # compute follows the schedule
 # experiments/hero.py's transports (fixed, then the capacity-bounded ragged transport from step 81,716)
 # and its per-phase remat: `marin plan hero` plans every phase the run uses
 HERO_TRANSPORT_SWITCHES = ((0, "fixed"), (81_716, "ragged_capacity"))
-HERO_REMAT_BY_SEQ_LEN = ((65536, "full"),)
+HERO_REMAT_BY_SEQ_LEN = ((65536, "full"), (262144, "full"))
+HERO_CONTEXT_PARALLEL = ((262144, 4),)  # each 262K sequence over 4 devices of its rack's expert axis
 
 
 def run_phases(seq_len_phases, transport_switches) -> list[tuple[int, str]]:
@@ -132,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
             cfg, pool, tokens_per_step=tokens_per_step, microbatches=args.microbatches,
             param_sharding=args.param_sharding,
             phases=run_phases(HERO_SEQ_LEN_PHASES, HERO_TRANSPORT_SWITCHES) if whole_run else [(seq_len, transport)],
-            remat_by_seq_len=HERO_REMAT_BY_SEQ_LEN if whole_run and args.remat is None else ())
+            remat_by_seq_len=HERO_REMAT_BY_SEQ_LEN if whole_run and args.remat is None else (),
+            # a phase pinned by --seq-len: at the context parallelism the plan above chose or was given
+            context_parallel_by_seq_len=HERO_CONTEXT_PARALLEL if whole_run else ((seq_len, p["context_parallel"]),))
     except (KeyError, ValueError) as e:
         print(f"marin plan: error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
@@ -143,9 +146,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(p, sort_keys=True))
     else:
         print(format_plan(p))
+        print(format_phases(p["phases"]))
         if cfg.max_seq_len > preset.max_seq_len:
             print(f"  context: {cfg.max_seq_len:,} tokens, the longest sequence trained (the preset's max_seq_len is "
                   f"{preset.max_seq_len:,}; a training run raises it the same way and records it, so sample, eval "
                   f"and export of the run take up to {cfg.max_seq_len:,})")
-        print(format_phases(p["phases"]))
     return 0 if p["fits"] else 1

@@ -609,20 +609,25 @@ def check_train_config_fits(config, device_memory: int | None = None) -> list[di
 # ---- phases: one plan per (sequence length, transport) a run uses --------------------------------
 def phase_plans(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, phases, microbatches: int | None = None,
                 param_sharding: str = "replicated", device_memory: int | None = None,
-                remat_by_seq_len=()) -> list[dict[str, Any]]:
+                remat_by_seq_len=(), context_parallel_by_seq_len=()) -> list[dict[str, Any]]:
     """A short plan per phase of a run: ``phases`` is a sequence of (seq_len, transport), one per
     combination the run will use (any order, any count: a new sequence-length phase is one more
     entry). Each entry: ``seq_len``, ``transport``, ``remat_policy``, ``microbatches`` (the smallest
     count that fits, or the one asked for), ``total_bytes`` per device, ``fits``, and for a transport
     that can drop, ``largest_fitting_capacity_factor`` (how far a user who sees drops can raise the
-    factor before the phase stops fitting; None when even 1.0 does not fit)."""
+    factor before the phase stops fitting; None when even 1.0 does not fit). ``remat_by_seq_len`` and
+    ``context_parallel_by_seq_len``: the run's per-phase remat policy and context parallelism, as the
+    trainer applies them; each entry also says its ``context_parallel``."""
     remat = {int(n): p for n, p in remat_by_seq_len}
+    cp = {int(n): int(c) for n, c in context_parallel_by_seq_len}
     out = []
     for seq_len, transport in phases:
-        phase_cfg = cfg.replace(remat_policy=remat[int(seq_len)]) if int(seq_len) in remat else cfg
+        phase_cfg = cfg.replace(remat_policy=remat.get(int(seq_len), cfg.remat_policy),
+                                context_parallel=cp.get(int(seq_len), cfg.context_parallel))
         p = plan(phase_cfg, pool, tokens_per_step=tokens_per_step, seq_len=int(seq_len), microbatches=microbatches,
                  transport=transport, device_memory=device_memory, param_sharding=param_sharding)
         entry = {"seq_len": int(seq_len), "transport": transport, "remat_policy": phase_cfg.remat_policy,
+                 "context_parallel": phase_cfg.context_parallel,
                  "microbatches": p["planned_microbatches"], "total_bytes": p["bytes_per_device"]["total"],
                  "usable_memory_bytes": p["usable_memory_bytes"], "fits": p["fits"]}
         if transport in DROPPING_TRANSPORTS:
@@ -667,7 +672,8 @@ def format_phases(phases: list[dict[str, Any]]) -> str:
             note = (f"capacity factor {ph['capacity_factor']:g}; fits up to {best:g}" if best is not None
                     else f"capacity factor {ph['capacity_factor']:g}; does not fit even at 1.0")
         rows.append((f"{ph['seq_len']:,}", ph["transport"], ph["remat_policy"], str(ph["microbatches"]),
-                     _gib(ph["total_bytes"]), "fits" if ph["fits"] else "DOES NOT FIT", note))
-    table = format_table(("seq_len", "transport", "remat", "microbatches", "per device", "", ""), rows,
-                         right=(0, 3, 4), rule=False, indent="  ")
+                     str(ph.get("context_parallel", 1)), _gib(ph["total_bytes"]),
+                     "fits" if ph["fits"] else "DOES NOT FIT", note))
+    table = format_table(("seq_len", "transport", "remat", "microbatches", "context par.", "per device", "", ""),
+                         rows, right=(0, 3, 4, 5), rule=False, indent="  ")
     return "  phases of the run:\n" + table

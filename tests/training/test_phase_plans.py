@@ -8,7 +8,13 @@ import json
 import pytest
 
 from marin.cli import main
-from marin.commands.plan import HERO_REMAT_BY_SEQ_LEN, HERO_SEQ_LEN_PHASES, HERO_TRANSPORT_SWITCHES, run_phases
+from marin.commands.plan import (
+    HERO_CONTEXT_PARALLEL,
+    HERO_REMAT_BY_SEQ_LEN,
+    HERO_SEQ_LEN_PHASES,
+    HERO_TRANSPORT_SWITCHES,
+    run_phases,
+)
 from marin.models.config import get_preset
 from marin.monitoring.health import health
 from marin.training.planning import (
@@ -60,6 +66,7 @@ def test_plan_table_names_the_largest_fitting_factor(capsys):
     assert "phases of the run" in out and "ragged_capacity" in out and "fits up to" in out
 
 
+@pytest.mark.usefixtures("offline_k40")  # importing the hero imports the K40 experiment, which reads its root
 def test_the_hero_schedule_in_marin_plan_is_experiments_hero():
     from experiments.hero import HERO_TRAIN
     from marin.training.config import SyntheticDataConfig, TrainConfig
@@ -67,10 +74,11 @@ def test_the_hero_schedule_in_marin_plan_is_experiments_hero():
     assert tuple(HERO_TRAIN["transport_switches"]) == HERO_TRANSPORT_SWITCHES
     assert tuple(HERO_TRAIN["seq_len_phases"]) == HERO_SEQ_LEN_PHASES
     assert tuple(HERO_TRAIN["remat_by_seq_len"]) == HERO_REMAT_BY_SEQ_LEN
+    assert tuple(HERO_TRAIN["context_parallel_by_seq_len"]) == HERO_CONTEXT_PARALLEL
     assert HERO_TRAIN["memory_check"] == "error"
     # the declaration-time check plans the same phases
     keys = ("model", "pool", "train_steps", "tokens_per_step", "seq_len_phases", "compute_dtype",
-            "transport_switches", "param_sharding", "remat_by_seq_len")
+            "transport_switches", "param_sharding", "remat_by_seq_len", "context_parallel_by_seq_len")
     config = TrainConfig(output_path="", data=SyntheticDataConfig(), wandb_project=None,
                          **{k: HERO_TRAIN[k] for k in keys})
     plans = train_config_plans(config)

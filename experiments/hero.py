@@ -25,6 +25,8 @@ peak; see marin replan-lr), switch transport with ``transport_switches``.
 
 from __future__ import annotations
 
+import os
+
 from experiments.defaults import branch_from, default_health_report, default_train
 from experiments.harrier_k40 import harrier_k40_mixture
 from marin.execution import executor_main
@@ -41,6 +43,10 @@ HERO_CONTEXT_PARALLEL = ((262144, 4),)
 HERO_WARMUP_STEPS = 2_000
 FIXED_TO_RAGGED_STEP = 81_716
 # the early-cooldown branch: at about day 14 (~4,400 steps/day), ~1.5 days of linear decay to the final LR
+# the second checkpoint tier, as the published run has it: a rolling temporary checkpoint every hour to
+# fast region-local storage (one kept). Where that is depends on the cluster, so it is read from the
+# environment (e.g. s3://<region-local bucket>/marin-temp); unset, the run writes permanent checkpoints only
+HERO_TEMP_CHECKPOINT_PATH = os.environ.get("HERO_TEMP_CHECKPOINT_PATH") or None
 EARLY_COOLDOWN_AT_STEP = 60_000  # a multiple of keep_every_steps, so the main run keeps that checkpoint
 EARLY_COOLDOWN_STEPS = 6_600
 
@@ -60,6 +66,8 @@ HERO_TRAIN = dict(
     checkpoint_every_steps=500,
     checkpoint_every_minutes=30.0,
     keep_every_steps=10_000,
+    temp_checkpoint_every_minutes=60.0 if HERO_TEMP_CHECKPOINT_PATH else None,
+    temp_checkpoint_path=HERO_TEMP_CHECKPOINT_PATH,
     wandb_project="marin-hero",
     # weights, gradients and AdamW state split over the mesh (FSDP): dense weights 64 ways inside each
     # rack (11 divides none of their dimensions), routed experts 704 ways (the preset pads their

@@ -37,7 +37,7 @@ def test_hero_fits_every_phase_of_its_run():
     rc, p = _plan_json(["plan", "hero", "--pool", "gb200-11racks", "--json"])
     phases = p["phases"]
     assert [(ph["seq_len"], ph["transport"]) for ph in phases] == [
-        (n, t) for n in (4096, 8192, 65536) for t in ("fixed", "ragged_capacity")]
+        (n, t) for n in (4096, 8192, 65536, 262144) for t in ("fixed", "ragged_capacity")]
     usable = p["usable_memory_bytes"]
     assert usable == pytest.approx(166.5 * 2**30, rel=1e-3)
     for ph in phases:
@@ -49,12 +49,15 @@ def test_hero_fits_every_phase_of_its_run():
     for n in (4096, 8192, 65536):
         assert by[n, "ragged_capacity"]["total_bytes"] <= by[n, "fixed"]["total_bytes"] * 1.01
     assert by[65536, "fixed"]["remat_policy"] == "full" and by[4096, "fixed"]["remat_policy"] == "dots"
+    assert by[262144, "ragged_capacity"]["context_parallel"] == 4 and by[65536, "fixed"]["context_parallel"] == 1
     assert p["fits"] is True and rc == 0
 
 
 def test_top_level_fits_needs_every_phase():
-    """A pinned worst-case transport: its one phase does not fit, so neither does the plan."""
-    rc, p = _plan_json(["plan", "hero", "--pool", "gb200-11racks", "--json", "--transport", "dropless"])
+    """A pinned worst-case transport (and no context parallelism, which would spread its buffers): its
+    one phase does not fit, so neither does the plan."""
+    rc, p = _plan_json(["plan", "hero", "--pool", "gb200-11racks", "--json", "--transport", "dropless",
+                        "--context-parallel", "1"])
     assert [ph["transport"] for ph in p["phases"]] == ["dropless"]
     assert p["phases"][0]["fits"] is False and "largest_fitting_capacity_factor" not in p["phases"][0]
     assert p["fits"] is False and rc == 1

@@ -235,7 +235,8 @@ def test_host_memory_in_the_plan_and_the_hero_fits_on_both():
     # fsdp: the routed experts split over all 704 devices, written 1/176 by every host; the dense
     # weights split 64 ways inside a rack and replicated across the 11 racks, so one replica (rack
     # 0's 16 hosts) writes them; the norms (replicated) go to host 0, the busiest
-    dense = c["total_params"] - c["routed_experts_total"]
+    # (the dense weights as stored: the global layers' K/V columns padded to the local layers' heads)
+    dense = c["total_params"] - c["routed_experts_total"] + c["kv_padding"]
     routed = c["stored_params"] - dense
     assert p["checkpoint_bytes_per_host"] == pytest.approx(
         12 * (routed / 176 + (dense - c["norms"]) / 16 + c["norms"]), rel=1e-9)

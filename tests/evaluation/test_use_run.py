@@ -258,6 +258,7 @@ def test_harness_generation_is_greedy_decoding_cut_at_until(lm, run, tasks):
         assert s["resps"][0][0] == text.split(".")[0]
 
 
+@pytest.mark.slow  # 21 s through lm-eval's CLI; the adapter's cores: the harness tests above
 def test_marin_harness_cli_writes_lm_evals_results(capsys, trained_run, tasks, tmp_path):
     rc, out, err = _run(capsys, "harness", trained_run.output_path, "--tasks", "k40_mc,k40_ppl", "--include-path",
                         tasks, "--output-path", str(tmp_path / "res"), "--limit", "4")

@@ -43,6 +43,7 @@ def test_band_covers_95_percent_on_a_pure_power_law_ladder():
     assert 0.91 <= rate <= 0.99, rate
 
 
+@pytest.mark.slow  # 27 s; the band's coverage core: the pure power-law ladder above
 def test_band_covers_95_percent_on_a_saturating_ladder():
     """Six rungs of E + A C^-alpha with additive scatter; the rule picks the law, the band covers."""
     c = np.logspace(10, 12, 6)

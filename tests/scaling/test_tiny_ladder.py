@@ -59,6 +59,7 @@ def _check_outputs(steps, result):
     return fit, check
 
 
+@pytest.mark.slow  # 85 s end to end; the fits' cores: tests/scaling/test_ladder_fit.py, test_fit.py
 def test_reduced_tiny_ladder(ray_local, tmp_path):
     steps, result = _run("reduced", str(tmp_path))
     _check_outputs(steps, result)

@@ -34,6 +34,7 @@ def test_model_at_overrides_only_the_named_phase():
         _config("x", remat_by_seq_len=((32, "most"),))
 
 
+@pytest.mark.slow  # 26 s end to end; cores: the phase override and planner tests beside it
 def test_a_phase_recomputing_every_layer_trains_the_same_run(tmp_path):
     plain = _config(tmp_path / "plain")
     remat = _config(tmp_path / "remat", remat_by_seq_len=((32, "full"),))

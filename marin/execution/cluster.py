@@ -59,17 +59,50 @@ def ensure_ray(address: str | None) -> bool:
         return False
     quiet_default_token_notice()
     os.environ[FIXED_CLUSTER_ENV] = "1"  # before ray.init: its processes (and the steps) inherit it
-    try:
-        ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
-    except SystemExit:
-        # ray.init installs SIGTERM handlers that exit (after stopping what it started): a SIGTERM
-        # while the cluster starts is a stop like any other
-        raise RunStopped(signal.SIGTERM) from None
-    except BaseException:  # a signal (or an error) halfway through: stop whatever part of it started
-        if ray.is_initialized():
-            shutdown_local_ray()
-        raise
-    return True
+    attempt = 0
+    while True:
+        attempt += 1
+        before = set(descendants(os.getpid()))
+        try:
+            ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+            return True
+        except SystemExit:
+            # ray.init installs SIGTERM handlers that exit (after stopping what it started): a SIGTERM
+            # while the cluster starts is a stop like any other
+            raise RunStopped(signal.SIGTERM) from None
+        except Exception as e:
+            if not is_startup_timeout(e):
+                if ray.is_initialized():
+                    shutdown_local_ray()
+                raise
+            # the half-started node is not registered anywhere: stop the processes this call spawned
+            stop_processes([p for p in descendants(os.getpid()) if p not in before], grace_s=2.0)
+            if attempt == LOCAL_START_ATTEMPTS:
+                raise ExecutorError(local_start_failure(LOCAL_START_ATTEMPTS)) from None
+            logger.warning("the local Ray cluster did not come up within Ray's 30 s (attempt %d of %d); "
+                           "starting it again", attempt, LOCAL_START_ATTEMPTS)
+        except BaseException:  # a signal halfway through: stop whatever part of it started
+            if ray.is_initialized():
+                shutdown_local_ray()
+            raise
+
+
+LOCAL_START_ATTEMPTS = 3
+"""How often the executor starts a local cluster whose node misses Ray's startup deadline (30 s for
+the raylet to register, fixed in Ray): on an overloaded machine the first start can miss it and the
+next one succeed."""
+
+
+def is_startup_timeout(exc: BaseException) -> bool:
+    """Ray's error for a node whose raylet did not register with the GCS in time (a plain Exception)."""
+    return "timed out during startup" in str(exc)
+
+
+def local_start_failure(attempts: int) -> str:
+    load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores" if hasattr(os, "getloadavg") else ""
+    return (f"could not start a local Ray cluster: its node missed Ray's 30 s startup deadline {attempts} times"
+            f"{f' ({load})' if load else ''}; rerun when the machine is less busy, or start a cluster with "
+            "`ray start --head` and pass its address with --address")
 
 
 RAY_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
@@ -220,6 +253,12 @@ def shutdown_local_ray(grace_s: float = 5.0) -> None:
                 if info.process is not None:
                     owned += descendants(info.process.pid)
     ray.shutdown(wait_for_processes=True)
+    stop_processes(owned, grace_s)
+
+
+def stop_processes(owned: list[tuple[int, str]], grace_s: float) -> None:
+    """SIGTERM each process of ``owned`` (``(pid, start time)`` pairs) still running, then SIGKILL
+    what is left after ``grace_s``."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
         alive = [p for p in owned if still_running(p)]
         for pid, _ in alive:

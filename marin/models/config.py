@@ -11,7 +11,7 @@ The model (see docs/model.md):
 
 Parameters are counted as the published figures of the Marin 535B-A23B run count them (535.3B total,
 22.76B active): the model's weight arrays as the published model stores them. The K/V projections are
-stored at the larger KV-head count on every layer (upstream ``experiments/grug/moe_hero_ep/model.py``
+stored at the larger KV-head count on every layer (marin-community/marin ``experiments/grug/moe_hero_ep/model.py``
 keeps ``w_k``/``w_v`` at ``[d, stored_kv_heads x head_dim]`` and every layer multiplies by all of it), so
 they are counted at that width; routed experts count at ``expert_width`` (the published width; our
 padding for sharding is not in the published model). "Active" = what one token's forward multiplies

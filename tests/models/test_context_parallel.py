@@ -156,3 +156,30 @@ def test_context_parallel_train_step_lowers_for_cuda(seq_len):
     assert forbidden_ops(text) == []
     assert "stablehlo.collective_permute" in text  # the halo / K-V gather over the context-parallel group
     assert "ragged_all_to_all" in text  # the MoE's EP transport, unchanged
+
+
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_the_hero_attention_shape_at_a_tiny_width_lowers_for_cuda_with_context_parallelism(microbatches):
+    # the hero's attention (head dim 128, 4:1 KV heads on the local layers and 8:1 on the global
+    # ones, window 2,048: 8 heads, 2 and 1 KV heads) at width 1,024, one local and one global layer,
+    # C = 2 with 4,096-token chunks (the halo path) and gradient accumulation over the groups
+    from marin.training.config import SyntheticDataConfig, TrainConfig, model_at
+    from marin.training.lowering import forbidden_ops, lower_train_step
+    from marin.training.trainer import model_config
+
+    seq_len, degree = 16384, 2
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="hero",
+                         model_overrides={"n_layers": 2, "d_model": 1024, "n_heads": 8, "n_kv_heads": 2,
+                                          "n_kv_heads_global": 1, "latent_dim": 512, "expert_width": 512,
+                                          "shared_width": 512, "expert_width_multiple": 1},
+                         seq_len_phases=((0.0, seq_len),), wandb_project=None,
+                         context_parallel_by_seq_len=((seq_len, degree),))
+    cfg = model_at(config, model_config(config), seq_len)
+    assert (cfg.head_dim, cfg.n_heads // cfg.n_kv_heads, cfg.n_heads // cfg.kv_heads_global,
+            cfg.sliding_window, cfg.context_parallel) == (128, 4, 8, 2048, degree)
+    batch = 8 // degree * microbatches  # every microbatch: one sequence per group of 2 on a 1 x 8 mesh
+    text = lower_train_step(config, cfg, (1, 8), "ragged", batch_size=batch, seq_len=seq_len,
+                            microbatches=microbatches).as_text()
+    assert forbidden_ops(text) == []
+    assert "stablehlo.collective_permute" in text  # the halo and the K/V gather over the group
+    assert "ragged_all_to_all" in text

@@ -1,6 +1,7 @@
 """Context parallelism against single-device blocked attention on the same sequences: forward and
 gradients, local and global layers, packed documents, lengths 2C does not divide, C = 2 and 4; and
-a whole train step with context parallelism against the step without it."""
+a whole train step with context parallelism (with and without microbatches) against the step without
+it; and the context-parallel step lowered for CUDA."""
 
 from __future__ import annotations
 
@@ -158,8 +159,7 @@ def test_context_parallel_train_step_lowers_for_cuda(seq_len):
     assert "ragged_all_to_all" in text  # the MoE's EP transport, unchanged
 
 
-@pytest.mark.parametrize("microbatches", [1, 2])
-def test_the_hero_attention_shape_at_a_tiny_width_lowers_for_cuda_with_context_parallelism(microbatches):
+def test_the_hero_attention_shape_at_a_tiny_width_lowers_for_cuda_with_context_parallelism_and_microbatches():
     # the hero's attention (head dim 128, 4:1 KV heads on the local layers and 8:1 on the global
     # ones, window 2,048: 8 heads, 2 and 1 KV heads) at width 1,024, one local and one global layer,
     # C = 2 with 4,096-token chunks (the halo path) and gradient accumulation over the groups
@@ -177,6 +177,7 @@ def test_the_hero_attention_shape_at_a_tiny_width_lowers_for_cuda_with_context_p
     cfg = model_at(config, model_config(config), seq_len)
     assert (cfg.head_dim, cfg.n_heads // cfg.n_kv_heads, cfg.n_heads // cfg.kv_heads_global,
             cfg.sliding_window, cfg.context_parallel) == (128, 4, 8, 2048, degree)
+    microbatches = 2
     batch = 8 // degree * microbatches  # every microbatch: one sequence per group of 2 on a 1 x 8 mesh
     text = lower_train_step(config, cfg, (1, 8), "ragged", batch_size=batch, seq_len=seq_len,
                             microbatches=microbatches).as_text()

@@ -8,25 +8,30 @@ file of the same name and format holding its surviving records byte for byte (ev
 
 1. **signatures**, one task per input file: every document's words are normalised (NFKC, case
    folded, punctuation and whitespace dropped), its normalised text hashed (the exact-duplicate
-   key) and its word ``shingle_size``-grams MinHashed (``num_perm = bands x rows`` values, by
-   ``rensa``); the signature is cut into ``bands`` bands of ``rows`` values and each band hashed
-   into a 64-bit key. Keys are written partitioned by (band, key range), so phase 2 reads one
-   partition of one band from every file;
+   key), its word ``shingle_size``-grams hashed (vectorised, one 64-bit hash a shingle) and
+   MinHashed from those hashes (``num_perm = bands x rows`` values, by ``rensa``, one call per batch);
+   the signature is cut into ``bands`` bands of ``rows`` values and each band hashed into a 64-bit
+   key. Keys are written partitioned by (band, key range), so phase 2 reads one partition of one
+   band from every file; the shingle hashes (32 bits each) are kept to verify candidates;
 2. **candidate pairs**, one task per key partition: in each band, the keys of that slice of the
-   corpus are sorted; documents sharing a key are pairs (the exact-text hash is one more band). A
-   task holds one partition of every band (12 bytes per document per band): memory is bounded by
-   ``partition_bytes`` of input, never by the corpus;
-3. **clusters**: the pairs are joined into connected components (duplicate pairs only, a small
-   fraction of the documents); in each cluster the survivor is the document from the highest
+   corpus are sorted; documents sharing a key are candidates, and a candidate pair counts only if
+   the Jaccard similarity of its two shingle sets (computed from the stored hashes, not estimated
+   from the signatures) is at least ``threshold``; the exact-text hash is one more band, whose pairs
+   need no verification. A task holds one partition of every band (12 bytes per document per band)
+   and the shingle sets of its candidates: memory is bounded by ``partition_bytes`` of input, never
+   by the corpus;
+3. **clusters**: the verified pairs are joined into connected components (duplicate pairs only, a
+   small fraction of the documents); in each cluster the survivor is the document from the highest
    quality bucket (``q5`` before ``q1``), then the first by source name, file path and record
    number. Every other member is removed, as an ``exact_duplicate`` if some other document has the
    same normalised text, else as a ``near_duplicate``;
 4. **survivors**, one task per input file: the kept records written to the output.
 
 A document pair becomes a candidate with probability ``1 - (1 - J^rows)^bands`` at Jaccard
-similarity J of their shingle sets: the S-curve whose midpoint ``(1 / bands)^(1 / rows)`` is the
-threshold the parameters imply (0.72 for the defaults, 14 bands of 8 rows over 5-word shingles, the
-settings of datatrove's MinHash dedup).
+similarity J of their shingle sets. The defaults (20 bands of 5 rows over 5-word shingles) put the
+S-curve's midpoint at 0.55, well below the verified ``threshold`` of 0.7, so a pair at the threshold
+is a candidate with probability 0.975 and one at 0.8 with 0.9995; the extra candidates below the
+threshold cost one set comparison each, never a removal.
 
 Every task writes its outputs, then a ``.json`` marker; a rerun after a kill skips every finished
 task of every phase (a marker records the inputs' sizes and the parameters it was made with, and is

@@ -834,6 +834,10 @@ def key_members(keys: np.ndarray, ids: np.ndarray) -> list[np.ndarray]:
     return [d[a:b] for a, b in zip(starts.tolist(), ends.tolist()) if b - a > 1]
 
 
+MAX_REPRESENTATIVES = 64
+"""Representatives per band-key group at most (see :func:`verified_pairs`)."""
+
+
 def verified_pairs(groups: Iterable[np.ndarray], shingle_sets: Mapping[int, np.ndarray], threshold: float,
                    cache: dict[tuple[int, int], bool]) -> list[tuple[int, int]]:
     """The pairs of documents sharing a band key whose Jaccard similarity is at least ``threshold``.
@@ -841,8 +845,10 @@ def verified_pairs(groups: Iterable[np.ndarray], shingle_sets: Mapping[int, np.n
     In each group (sorted ids) every member is compared with the group's representatives in order,
     the first member being the first representative; a member similar to none becomes one more
     representative. So a group of k copies of one text costs k - 1 comparisons, and a group that
-    mixes unrelated documents still links each member to the one it is similar to. ``cache`` holds
-    the comparisons already made (a pair shares keys in several bands)."""
+    mixes unrelated documents still links each member to the one it is similar to. A group holds at
+    most ``MAX_REPRESENTATIVES`` (a key shared by very many mutually dissimilar documents would
+    otherwise cost a comparison per pair); later members are compared with those only. ``cache``
+    holds the comparisons already made (a pair shares keys in several bands)."""
     edges: list[tuple[int, int]] = []
     for g in groups:
         members = g.tolist()
@@ -856,7 +862,8 @@ def verified_pairs(groups: Iterable[np.ndarray], shingle_sets: Mapping[int, np.n
                     edges.append((r, m))
                     break
             else:
-                reps.append(m)
+                if len(reps) < MAX_REPRESENTATIVES:
+                    reps.append(m)
     return edges
 
 

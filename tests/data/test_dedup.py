@@ -108,6 +108,12 @@ def test_candidates_are_verified_by_their_jaccard_similarity():
     edges = verified_pairs([np.array([0, 1, 2, 3, 4], dtype=np.uint64)], sets, 0.7, cache)
     assert edges == [(0, 1), (2, 3)]
     assert verified_pairs([np.array([0, 1])], sets, 0.82, {}) == []  # 9/11 = 0.818 is below 0.82
+    # a group of mutually dissimilar documents keeps at most MAX_REPRESENTATIVES: bounded comparisons
+    many = {i: np.array([i], dtype=np.uint32) for i in range(200)}
+    big: dict = {}
+    assert verified_pairs([np.arange(200, dtype=np.uint64)], many, 0.7, big) == []
+    cap = dd.MAX_REPRESENTATIVES
+    assert len(big) == cap * (cap - 1) // 2 + (200 - cap) * cap
     # the same pair in another band is not compared again
     n = len(cache)
     assert verified_pairs([np.array([0, 1])], sets, 0.7, cache) == [(0, 1)] and len(cache) == n

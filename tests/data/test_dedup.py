@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,9 @@ def test_normalisation_ignores_case_spacing_and_punctuation():
                "a" * 3 + "_" + "B" * 2, "".join(chr(c) for c in range(128))]
     for t in samples:
         assert normalized_text(t) == " ".join(normalize_words(t)), repr(t)
+        assert [w for w, _, _ in word_spans(t)] == normalize_words(t), repr(t)  # cut mode sees the same words
+        if t.isascii():  # the byte path against the regular expression it replaces
+            assert normalize_words(t) == re.findall(r"\w+", t.lower()), repr(t)
 
 
 def _poly_hash_slow(shingle: str) -> int:

@@ -193,7 +193,7 @@ def read_pools_file(path: str) -> tuple[dict[str, PoolSpec], dict[str, int]]:
     (``[accelerators.NAME] device_memory_mib = ...``) of a pools file. Raises :class:`PoolsFileError`
     naming the file and the field."""
     import draccus  # draccus: only to read a user's pools file (the device machine's image has none)
-    from draccus.utils import DecodingError  # (the same)
+    from draccus.utils import DecodingError, ParsingError  # (the same)
 
     data = _read_toml(path)
     where = f"pools file {path}"
@@ -219,8 +219,9 @@ def read_pools_file(path: str) -> tuple[dict[str, PoolSpec], dict[str, int]]:
         except DecodingError as e:
             field = "".join(f".{k}" for k in e.key_path)
             raise PoolsFileError(f"{where}: pools.{name}{field}: {e.message}") from None
-        except ValueError as e:  # PoolSpec's own checks: "pool NAME: ..."
-            raise PoolsFileError(f"{where}: pools.{name}: {str(e).removeprefix(f'pool {name}: ')}") from None
+        except ParsingError as e:  # PoolSpec's own checks ("pool NAME: ..."), raised inside draccus
+            problem = str(e.__cause__) if isinstance(e.__cause__, ValueError) else str(e)
+            raise PoolsFileError(f"{where}: pools.{name}: {problem.removeprefix(f'pool {name}: ')}") from None
         known = {**ACCELERATOR_MEMORY_BYTES, **memory}
         if not spec.is_cpu and spec.device_memory_bytes is None and spec.accelerator not in known:
             raise PoolsFileError(f"{where}: pools.{name}.device_memory_bytes: needed for accelerator "

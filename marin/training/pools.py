@@ -261,15 +261,16 @@ def load_pools_file(path: str) -> list[PoolSpec]:
     return specs
 
 
-_env_read: list[str] = []
+ENV_FILES_READ: list[str] = []
+"""The pools files this process has declared (``MARIN_POOLS``' and ``--pools``'), each read once."""
 
 
 def load_env_pools() -> None:
     """Declare the pools of the files ``MARIN_POOLS`` names (each file once per process)."""
     for path in (p for p in os.environ.get(POOLS_ENV, "").split(os.pathsep) if p):
-        if path not in _env_read:
+        if path not in ENV_FILES_READ:
             load_pools_file(path)
-            _env_read.append(path)
+            ENV_FILES_READ.append(path)
 
 
 def use_pools_files(paths: Sequence[str]) -> list[PoolSpec]:
@@ -279,7 +280,7 @@ def use_pools_files(paths: Sequence[str]) -> list[PoolSpec]:
     specs: list[PoolSpec] = []
     for path in map(os.path.abspath, paths):
         specs += load_pools_file(path)
-        _env_read.append(path)
+        ENV_FILES_READ.append(path)
         current = [p for p in os.environ.get(POOLS_ENV, "").split(os.pathsep) if p]
         os.environ[POOLS_ENV] = os.pathsep.join([*current, path] if path not in current else current)
     return specs

@@ -42,13 +42,13 @@ MY_POOLS = textwrap.dedent(
 def pools_registry(monkeypatch):
     """POOLS and the accelerators as shipped, again after the test (declaring pools changes them)."""
     monkeypatch.delenv(P.POOLS_ENV, raising=False)
-    before, memory, read = dict(POOLS), dict(P.ACCELERATOR_MEMORY_BYTES), list(P._env_read)
+    before, memory, read = dict(POOLS), dict(P.ACCELERATOR_MEMORY_BYTES), list(P.ENV_FILES_READ)
     yield
     POOLS.clear()
     POOLS.update(before)
     P.ACCELERATOR_MEMORY_BYTES.clear()
     P.ACCELERATOR_MEMORY_BYTES.update(memory)
-    P._env_read[:] = read
+    P.ENV_FILES_READ[:] = read
 
 
 def test_the_shipped_file_reads_the_same_through_the_checked_path_and_keeps_the_numbers():

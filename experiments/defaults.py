@@ -39,7 +39,7 @@ from marin.scaling.isoflop import IsoFlopFitConfig, IsoFlopRun, RecipeSpace, iso
 from marin.scaling.ladder import LadderFitConfig, RungRun, ladder_fit_step
 from marin.training.config import InitFrom, SyntheticDataConfig, TrainConfig, resolve_model
 from marin.training.planning import StepDoesNotFit, check_train_config_fits
-from marin.training.pools import get_pool
+from marin.training.pools import PoolSpec, get_pool, pool_name
 from marin.training.steps import train
 
 StepOrPath = ExecutorStep | str
@@ -386,7 +386,8 @@ def default_train(
 ) -> ExecutorStep:
     """A training step: ``model`` preset (+ ``model_overrides``) on ``mixture``, a :class:`TrainConfig`
     built once with its defaults and ``overrides`` (any other TrainConfig field, as for
-    ``dataclasses.replace``: ``train_steps=``, ``peak_lr=``, ``pool=``, ``lr_replans=``, ...).
+    ``dataclasses.replace``: ``train_steps=``, ``peak_lr=``, ``pool=`` (a pool's name or a ``PoolSpec``),
+    ``lr_replans=``, ...).
 
     The step's version follows the rule TrainConfig declares field by field (see its definition and
     docs/training.md, "What is versioned"): the resolved model (every ``MoEConfig`` field after the
@@ -434,7 +435,7 @@ def default_train(
         fn=train,
         config=versioned_config(config),
         description=description or (f"train {model} for {config.train_steps} steps x {config.tokens_per_step} "
-                                    f"tokens on {config.pool}"),
+                                    f"tokens on {pool_name(config.pool)}"),
         # The step's own task only waits on the pool's placement group; it must not hold a CPU the
         # pool's hosts need.
         resources={"num_cpus": 0},
@@ -723,11 +724,11 @@ def default_validation_sets(mixture: MixtureConfig, name: str = "val") -> tuple[
     return mixture_validation_sets(mixture, name)
 
 
-def _pool_infra_retries(pool: str | None, train_step: ExecutorStep) -> int | None:
+def _pool_infra_retries(pool: str | PoolSpec | None, train_step: ExecutorStep) -> int | None:
     """An evaluation's infrastructure retries: those of the pool it runs on (``pool``, else the
     training step's); None when neither names one."""
     name = pool or getattr(train_step.config, "pool", None)
-    return get_pool(name).infra_retries if isinstance(name, str) else None
+    return get_pool(name).infra_retries if name is not None else None
 
 
 def default_eval(
@@ -735,7 +736,7 @@ def default_eval(
     train_step: ExecutorStep,
     eval_sets: Sequence[EvalSet] = (),
     checkpoint: str | int = "latest",
-    pool: str | None = None,
+    pool: str | PoolSpec | None = None,
     *,
     held_out: bool = False,
     seq_len: int | None = None,
@@ -750,7 +751,7 @@ def default_eval(
         eval_sets: named eval sets (see :func:`default_eval_suite`).
         checkpoint: ``"latest"``, a step number, or ``"all"`` (every retained checkpoint; ``eval.json``
             then also holds ``checkpoints``, one record each in step order).
-        pool: the device pool; None runs on the training step's pool.
+        pool: the device pool (a name or a PoolSpec); None runs on the training step's pool.
         held_out: also evaluate the training mixture's held-out split (one set per domain).
         seq_len: window length (default: the run's longest training sequence).
         stride: overlapping windows, so every token has at least ``seq_len - stride`` tokens of

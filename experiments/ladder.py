@@ -49,7 +49,8 @@ HERO = get_preset("hero")
 HERO_SHAPE = RunShape.of_run(HERO_SEQ_LEN_PHASES, HERO_WARMUP_STEPS, HERO_STEPS)
 HERO_FLOPS = run_flops(HERO, HERO_STEPS, HERO_BATCH_SEQUENCES * SEQ_LEN, HERO_SEQ_LEN_PHASES)
 
-POOLS = {768: "gb200-rack", 2048: "gb200-11racks", 3072: "gb200-11racks", 4096: "gb200-11racks"}
+RUNG_POOL = {768: "gb200-rack", 2048: "gb200-11racks", 3072: "gb200-11racks", 4096: "gb200-11racks"}
+"""The pool each rung trains on, by width (the pools themselves: marin.training.pools.POOLS)."""
 
 
 def _padded_for(model, pool: str):
@@ -68,7 +69,7 @@ RUNGS = ladder_rungs(
     budgets={768: 5.5e19, 2048: 9.2e21, 3072: 5.9e21, 4096: 1.18e22},
     published=(768, 2048),
 )
-RUNGS = [dataclasses.replace(r, model=_padded_for(r.model, POOLS[r.model.d_model])) for r in RUNGS]
+RUNGS = [dataclasses.replace(r, model=_padded_for(r.model, RUNG_POOL[r.model.d_model])) for r in RUNGS]
 
 
 def ladder_steps():
@@ -84,7 +85,7 @@ def ladder_steps():
             mixture=mixture,
             model="hero",
             model_overrides=model_overrides(HERO, rung.model),
-            pool=POOLS[rung.model.d_model],
+            pool=RUNG_POOL[rung.model.d_model],
             train_steps=rung.train_steps,
             tokens_per_step=rung.tokens_per_step,
             seq_len_phases=rung.shape.seq_len_phases,

@@ -13,11 +13,11 @@ import json
 
 import fsspec
 
-from marin.execution import ExecutorStep, executor_main, output_path_of, this_output_path, versioned
+from marin.execution import ExecutorStep, executor_main, output_path_of, this_output_path
 
 
 @dataclasses.dataclass(frozen=True)
-class WriteConfig:
+class WriteConfig:  # every field is part of the step's version (its hash) unless declared live("why")
     output_path: str  # this_output_path(): the step's own directory, {prefix}/{name}-{hash}
     n: int = 100
 
@@ -44,7 +44,7 @@ def sum_numbers(config: SumConfig) -> None:
 numbers = ExecutorStep(
     name="tutorial/numbers",
     fn=write_numbers,
-    config=WriteConfig(output_path=this_output_path(), n=versioned(1000)),
+    config=WriteConfig(output_path=this_output_path(), n=1000),
 )
 total = ExecutorStep(
     name="tutorial/sum",
@@ -52,7 +52,7 @@ total = ExecutorStep(
     config=SumConfig(
         input_path=output_path_of(numbers, "numbers.txt"),
         output_path=this_output_path(),
-        min_value=versioned(10),
+        min_value=10,
     ),
     description="Sum of the numbers >= 10",
     resources={"num_cpus": 1},

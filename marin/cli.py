@@ -1,13 +1,13 @@
 """The ``marin`` command: run experiments, review what their steps produced, plan and check runs.
 
-    marin run EXPERIMENT.py [executor flags]     same as `python EXPERIMENT.py [flags]`
+    marin run [--pools FILE] EXPERIMENT.py [executor flags]   same as `python EXPERIMENT.py [flags]`
     marin status [--prefix P] [EXPERIMENT.py]    table of steps: name, hash, status, lease holder, duration
     marin show STEP [--prefix P]                 config, version tree, dependencies, outputs, error
     marin explain EXPERIMENT.py [--prefix P]     which steps would run, and why
     marin report [EXPERIMENT.py] [--prefix P] [-o report.html]   one self-contained HTML report
     marin watch [--prefix P]                     live status (same as marin status --watch)
     marin model-info PRESET [--json]             parameter and FLOP counts of a model preset
-    marin plan PRESET --pool P [--json]          per-device memory of a train step, and its compute cost
+    marin plan PRESET --pool P [--pools FILE] [--json]   per-device memory of a train step, and its compute cost
     marin eval RUN_DIR [--data NAME=PATH ...]    bits per byte of a training run's checkpoint
     marin health RUN_DIR [--fit FIT] [--follow S]   health checklist of a training run (live or finished)
     marin replan-lr RUN_DIR --new-total-steps N  the lr_replans value that shortens or extends a run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 PREFIX_HELP = "output prefix (default: $MARIN_PREFIX, else ./local_store)"
 
@@ -19,6 +20,29 @@ def add_refresh(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     parser.add_argument("--count", type=int, default=None,
                         help="stop after this many refreshes (default: until Ctrl-C)")
+
+
+POOLS_HELP = ("a TOML file of your own device pools ([pools.NAME] tables of PoolSpec's fields, the form of "
+              "marin/training/pools.toml), known by name beside marin's; $MARIN_POOLS (FILE[:FILE...]) is read too; "
+              "may be given more than once")
+
+
+def add_pools(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pools", action="append", default=[], metavar="FILE", help=POOLS_HELP)
+
+
+def use_pools(args: argparse.Namespace, command: str) -> bool:
+    """Declare the pools of ``--pools`` (and ``$MARIN_POOLS``) in this process and the ones it starts;
+    False, with the one-line error printed, for a bad file (it names the file and the field)."""
+    # the pool inventory imports the training package: only the commands that take --pools pay for it
+    from marin.training.pools import PoolsFileError, use_pools_files
+
+    try:
+        use_pools_files(args.pools)
+    except PoolsFileError as e:
+        print(f"{command}: error: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 def positive_int(text: str) -> int:

@@ -8,6 +8,9 @@ device-hours and days at an MFU. For the hero (no --seq-len, --transport or --st
 published run uses, one per (sequence length, transport), each with its own microbatch count; for a
 transport that can drop, the largest capacity factor that still fits. Exit status 1 when the step
 or any phase does not fit (devices or hosts).
+
+The pool is one of marin's (``marin/training/pools.toml``) or one of your own, from a pools file named
+by ``--pools FILE`` or ``MARIN_POOLS``; a bad file is a one-line error naming it and the field.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import argparse
 import json
 import sys
 
-from marin.commands.options import fraction, positive_float, positive_int
+from marin.commands.options import add_pools, fraction, positive_float, positive_int, use_pools
 from marin.inference.planning import WEIGHT_DTYPES, format_inference_plan, inference_plan
 from marin.models.config import PRESETS, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
@@ -29,12 +32,15 @@ from marin.training.planning import (
     phase_plans,
     plan_with_context_parallel,
 )
-from marin.training.pools import POOLS, get_pool
+from marin.training.pools import SHIPPED_POOL_NAMES, get_pool
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset", choices=sorted(PRESETS), help="model preset")
-    p.add_argument("--pool", required=True, choices=sorted(POOLS), help="device pool")
+    p.add_argument("--pool", required=True,
+                   help=f"device pool: one of marin's ({', '.join(sorted(SHIPPED_POOL_NAMES))}) or one of a "
+                        "pools file's (--pools)")
+    add_pools(p)
     p.add_argument("--tokens-per-step", type=positive_int, default=None,
                    help="optimizer batch in tokens (default: the pool's devices x 16 sequences, or the hero's batch)")
     p.add_argument("--seq-len", type=positive_int, default=None,
@@ -100,6 +106,8 @@ def _run_inference(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not use_pools(args, "marin plan"):
+        return 2
     if args.inference:
         return _run_inference(args)
     overrides = {k: v for k, v in (("remat_policy", args.remat), ("dtype", args.dtype)) if v is not None}

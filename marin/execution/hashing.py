@@ -142,7 +142,8 @@ def _encode_leaf(value: Any, path: FieldPath) -> Any:
     raise UnhashableConfigError(
         f"config field {path.describe()} has type {type(value).__module__}.{type(value).__qualname__}, "
         "which has no canonical encoding; versioned values may be str, int, float, bool, None, enums, "
-        "pathlib paths, tuples, lists, sets, dicts or dataclasses of those"
+        "pathlib paths, tuples, lists, sets, dicts or dataclasses of those; a value that does not change what "
+        "the step writes goes in a dataclass field declared live(\"why\")"
     )
 
 

@@ -1,6 +1,7 @@
 """Planning: from declared steps to a DAG of versioned, path-named steps. Pure: no I/O.
 
-``plan_steps`` walks every config, collects dependencies (including steps reached only through
+``plan_steps`` walks every config (under the versioning rule of :mod:`marin.execution.versioning`:
+every value is versioned but a field declared live), collects dependencies (including steps reached only through
 dependencies), refuses cycles and non-step inputs, computes each step's version digest bottom-up,
 collapses identical declarations, and assigns output paths.
 """
@@ -18,6 +19,7 @@ from typing import Any, Iterator
 from marin.execution.hashing import HASH_CHARS, UnhashableConfigError, encode, key_text, version_digest
 from marin.execution.jsonable import to_jsonable
 from marin.execution.step import ExecutorStep, InputName, InvalidStepError, OutputName, VersionedValue
+from marin.execution.versioning import versioned_view
 from marin.execution.walker import DESCEND, ConfigStructureError, FieldPath, container_kind, walk
 
 
@@ -137,13 +139,16 @@ def _refuse_placeholders_in_object(obj: Any, path: FieldPath) -> None:
 
 
 def _inputs_of(step: ExecutorStep) -> list[tuple[str, Any]]:
+    """The placeholders of ``step``'s config as the versioning rule sees it (:func:`versioned_view`):
+    every value wrapped as versioned but a live field's. The config as declared is walked first, so a
+    cycle, a bare step or a placeholder the executor could not replace is refused before the rule reads it."""
     try:
-        found = walk_placeholders(step.config)
+        declared = walk_placeholders(step.config)
     except UnhashableConfigError as e:
         raise type(e)(f"step {step.name!r}: {e}") from None
     except PlanError as e:
         raise PlanError(f"step {step.name!r}: {e}") from None
-    for path, ph in found:
+    for path, ph in declared:
         where = f"step {step.name!r}, config field {path.describe()}"
         if isinstance(ph, ExecutorStep):
             raise PlanError(f"{where} holds the step {ph.name!r} itself; use output_path_of(step) to depend on it")
@@ -152,7 +157,10 @@ def _inputs_of(step: ExecutorStep) -> list[tuple[str, Any]]:
                 f"{where} is an input on {type(ph.step).__name__} ({ph.step!r:.80}), which is not an "
                 "ExecutorStep; inputs must come from output_path_of(step) of a declared step"
             )
-    return found
+    try:
+        return walk_placeholders(versioned_view(step.config))
+    except UnhashableConfigError as e:
+        raise type(e)(f"step {step.name!r}: {e}") from None
 
 
 def _topological(roots: list[ExecutorStep]) -> tuple[list[ExecutorStep], dict[int, list[tuple[str, Any]]]]:
@@ -290,7 +298,8 @@ def plan_steps(steps: list[ExecutorStep], prefix: str) -> Plan:
 
 
 def unversioned_view(step: ExecutorStep, by_id: dict[int, PlannedStep]) -> dict[str, str]:
-    """Field path -> rendered value of every leaf of ``step``'s config, placeholders by identity.
+    """Field path -> rendered value of every live leaf of ``step``'s config (a versioned one reads
+    ``<versioned>``), placeholders by identity.
 
     Two declarations of one step (same name and version) must agree on this view; otherwise they
     would share one output directory although they would write different things."""
@@ -311,7 +320,7 @@ def unversioned_view(step: ExecutorStep, by_id: dict[int, PlannedStep]) -> dict[
         leaves[path.describe()] = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(rendered))
         return None
 
-    walk(step.config, visit, lambda *_: None, key_text=key_text)
+    walk(versioned_view(step.config), visit, lambda *_: None, key_text=key_text)
     fn = step.fn
     leaves["<fn>"] = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
     return leaves
@@ -330,9 +339,9 @@ def _refuse_unversioned_difference(first: PlannedStep, again: ExecutorStep, by_i
     ]
     shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
     raise PlanError(
-        f"step {again.name!r} is declared twice with the same version ({first.hash}) but different unversioned "
-        f"config ({shown}); both would use {first.output_path} and only one would run. Wrap the field in "
-        "versioned(...) if it changes the output, or give the two steps different names"
+        f"step {again.name!r} is declared twice with the same version ({first.hash}) but different live "
+        f"(unversioned) config ({shown}); both would use {first.output_path} and only one would run. If that "
+        "field changes what the step writes, do not declare it live; else give the two steps different names"
     )
 
 

@@ -1,14 +1,15 @@
 """The experiment API: steps and the placeholders their configs may hold.
 
 An :class:`ExecutorStep` is a declaration, never a running thing: a name, a function, and a config.
-The config may hold three kinds of placeholder, which the executor replaces before calling ``fn``:
+Every value of the config is part of the step's identity (its hash) except a dataclass field declared
+``live("why")`` (:mod:`marin.execution.versioning` states the rule). The config may hold three kinds
+of placeholder, which the executor replaces before calling ``fn``:
 
-* ``versioned(x)`` marks ``x`` as part of the step's identity (its hash); unwrapped to ``x``.
+* ``versioned(x)``, upstream Marin's spelling, marks ``x`` as part of the step's identity, as the rule
+  already does: the version is the same as with a plain ``x``; unwrapped to ``x``.
 * ``output_path_of(step, "sub")`` (an :class:`InputName`) depends on another step; replaced by that
   step's output path (plus ``/sub``). Its upstream's version is part of this step's hash.
 * ``this_output_path("sub")`` (an :class:`OutputName`) is replaced by this step's own output path.
-
-Everything else in the config is passed through untouched and does not change the hash.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class VersionedValue(Generic[T]):
 
 def versioned(value: T) -> T:
     """Mark ``value`` as part of the step's identity: changing it changes the output path.
+
+    Every config value not declared live already is; this is upstream Marin's explicit spelling, kept
+    so its experiment files plan unchanged (``versioned(x)`` and ``x`` give the same version).
 
     Typed as returning ``T`` so configs keep their field types for type checkers; at run time the
     step's ``fn`` sees ``value`` itself.

@@ -19,9 +19,12 @@ field's metadata:
   (``model.n_layers``); None adds nothing. Any other nested dataclass is one versioned value.
 
 A field added to a config tomorrow is therefore in the version unless someone marks it live and
-says why. :func:`versioned_config` applies the rule; experiment builders call it instead of wrapping
-fields in ``versioned`` by hand. Values the caller already wrapped (``versioned(x)``) or that hold
-placeholders are walked into, never wrapped again, so applying the rule twice changes nothing.
+says why. The rule holds for every step's config: the planner hashes :func:`versioned_view` of it,
+so a plain ``ExecutorStep`` whose dataclass config gains a field has a new hash, as a builder's step
+does. :func:`versioned_config` applies the rule to one config (builders call it; applying it again,
+as the planner does, changes nothing). Values the caller already wrapped (``versioned(x)``, upstream
+Marin's spelling) or that hold placeholders are walked into, never wrapped again, so a config that
+wraps every field by hand has the version it has without wrapping.
 """
 
 from __future__ import annotations
@@ -127,6 +130,36 @@ def versioned_config(config: Any) -> Any:
             new = versioned(value)
         object.__setattr__(out, f.name, new)
     return out
+
+
+def versioned_view(config: Any) -> Any:
+    """``config`` as the executor versions it, the one rule for every step's config: every value is in
+    the version except a dataclass field declared :func:`live` (and the other kinds above: an input's
+    placeholder is versioned through its upstream, an ``added_later`` field only when set).
+
+    A dataclass config gets its class's rule (:func:`versioned_config`); a dict, list or tuple config has
+    every entry versioned (it has no fields to declare live: a value that stays out of the version goes
+    in a dataclass field declared ``live("why")``). ``versioned(x)`` is still accepted anywhere and is
+    the same version as ``x``, so configs written for the opt-in rule of upstream Marin plan the same.
+    The step's function still receives the config as declared, resolved; this view is only hashed."""
+    if config is None or isinstance(config, (VersionedValue, InputName, OutputName)):
+        return config
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return versioned_config(config)
+    if isinstance(config, dict):
+        return {k: _as_field(v) for k, v in config.items()}
+    if isinstance(config, (list, tuple)):
+        items = [_as_field(v) for v in config]
+        return type(config)(*items) if hasattr(config, "_fields") else type(config)(items)
+    return versioned(config)
+
+
+def _as_field(value: Any) -> Any:
+    """An entry of a dict or list config, versioned as a dataclass field is (one value, unless it holds
+    placeholders or versioned parts, which are walked into)."""
+    if isinstance(value, (VersionedValue, InputName, OutputName)):
+        return value
+    return _nested(value) if _marked(value) else versioned(value)
 
 
 def versioned_leaves(cls: type, prefix: str = "", nested: dict[str, type] | None = None) -> set[str]:

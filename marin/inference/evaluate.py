@@ -31,7 +31,7 @@ from marin.execution.versioning import by_field, input_field, live
 from marin.inference.run import load_verified_checkpoint
 from marin.training.checkpoint import checkpoint_path, load_model, read_metadata, select_steps
 from marin.training.config import train_config_from_record
-from marin.training.pools import HostContext, get_pool, launch, run_local
+from marin.training.pools import HostContext, PoolSpec, get_pool, launch, run_local
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class EvalConfig:
     sets: tuple[EvalSet, ...] = by_field("each eval set's fields are versioned leaves (sets[0].name)", default=())
     checkpoint: str | int = "latest"
     held_out: bool = False
-    pool: str | None = live("where the evaluation runs; the scores do not depend on it", default=None)
+    pool: str | PoolSpec | None = live("where the evaluation runs; the scores do not depend on it", default=None)
     seq_len: int | None = None
     stride: int | None = None
     tasks: dict[str, str] = field(default_factory=dict)

@@ -19,6 +19,7 @@ from marin.execution.versioning import by_field, input_field, live
 from marin.models.config import REMAT_POLICIES, MoEConfig, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
 from marin.training.checkpoint import CheckpointPolicy
+from marin.training.pools import PoolSpec
 from marin.training.schedule import (
     DEFAULT_FINAL_LR_FRACTION,
     LRSchedule,
@@ -107,8 +108,9 @@ class TrainConfig:
                                       default="tiny-ep")
     model_overrides: dict[str, Any] = live("applied to model when the config is built; model is versioned",
                                            default_factory=dict)
-    pool: str = live("where the run executes, not what it computes: a run may move to another pool and resume "
-                     "from its checkpoints", default="local-cpu")
+    pool: str | PoolSpec = live("where the run executes, not what it computes: a run may move to another pool and "
+                                "resume from its checkpoints", default="local-cpu")
+    """A pool's name (marin.training.pools.POOLS, a pools file's) or a PoolSpec itself."""
     seed: int = 0
     # horizon and batch
     train_steps: int = 100

@@ -70,20 +70,15 @@ from marin.parallel.layout import (
 from marin.textfmt import format_table
 from marin.training.config import model_at
 from marin.training.metrics import peak_flops_per_device
-from marin.training.pools import POOLS, PoolSpec, get_pool
+from marin.training.pools import ACCELERATOR_MEMORY_BYTES, POOLS, PoolSpec, get_pool, pool_name
 
 GiB = 1 << 30
 
-# Memory one device offers, bytes (what nvidia-smi reports for the part), and the share of it the
-# training step may plan on: XLA's allocator needs headroom for fragmentation and the runtime. JAX
-# preallocates XLA_PYTHON_CLIENT_MEM_FRACTION (0.75 by default) of the device: production images set
-# it to 0.90 (infra/Dockerfile).
-DEVICE_MEMORY_BYTES: dict[str, int] = {
-    "GB200": 189_471 * (1 << 20),
-    "B200": 183_359 * (1 << 20),
-    "H200": 143_771 * (1 << 20),
-    "H100": 81_559 * (1 << 20),
-}
+# Memory one device offers, bytes (what nvidia-smi reports for the part; the inventory in
+# marin/training/pools.toml), and the share of it the training step may plan on: XLA's allocator
+# needs headroom for fragmentation and the runtime. JAX preallocates XLA_PYTHON_CLIENT_MEM_FRACTION
+# (0.75 by default) of the device: production images set it to 0.90 (infra/Dockerfile).
+DEVICE_MEMORY_BYTES: dict[str, int] = ACCELERATOR_MEMORY_BYTES
 USABLE_FRACTION = 0.90
 DEFAULT_MFU = 0.21  # observed on the hero run after warm-up
 PARTS = ("params", "master_weights", "grads", "optimizer_state", "gathered", "activations", "all_to_all", "logits",
@@ -119,6 +114,8 @@ def host_memory_bytes(pool: PoolSpec) -> int:
 
 
 def device_memory_bytes(pool: PoolSpec) -> int:
+    if pool.device_memory_bytes is not None:
+        return int(pool.device_memory_bytes)
     if pool.is_cpu:
         return cpu_device_memory_bytes(pool.devices_per_host)
     try:
@@ -601,8 +598,9 @@ def check_train_config_fits(config, device_memory: int | None = None) -> list[di
     bad = [p for p in plans if not p["fits"]]
     if bad:
         raise StepDoesNotFit(
-            f"training step {config.preset or 'model'!r} on pool {config.pool!r} does not fit in device memory "
-            f"({len(bad)} of {len(plans)} phase/transport combinations):\n" + "\n".join(format_plan(p) for p in bad))
+            f"training step {config.preset or 'model'!r} on pool {pool_name(config.pool)!r} does not fit in device "
+            f"memory ({len(bad)} of {len(plans)} phase/transport combinations):\n"
+            + "\n".join(format_plan(p) for p in bad))
     return plans
 
 

@@ -15,6 +15,14 @@ Launch protocol (``launch``):
    With a stall rule, a pool whose hosts stop completing steps counts as failed too
    (:mod:`marin.training.stall`): a hung host never fails by itself.
 
+The site inventory is data: the pools marin ships with (this machine's CPU pools, a lent H200, the
+GB200 NVL72 racks) and the device memory of each accelerator are in ``pools.toml`` beside this module,
+with their sources. Your own pools are a file of the same form, named by ``--pools FILE`` (``marin
+plan``, ``marin run``) or ``MARIN_POOLS`` (:func:`load_pools_file`, :func:`use_pools_files`), or a
+:class:`PoolSpec` declared in an experiment file and passed where a pool name is accepted
+(``default_train(pool=...)``, ``default_eval(pool=...)``). :data:`POOLS` holds every pool known by
+name in this process; :func:`get_pool` turns a name, a spec or a recorded spec into a spec.
+
 This module imports Ray and JAX lazily: experiment files read the presets without either.
 """
 
@@ -27,8 +35,9 @@ import os
 import random
 import socket
 import time
+import tomllib
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from marin.execution import storage
@@ -44,10 +53,6 @@ from marin.training.stall import (
 )
 
 logger = logging.getLogger(__name__)
-
-# Node label that groups the nodes of one NVL72 rack (set per worker group in infra/).
-RACK_LABEL = "marin.io/rack"
-
 
 @dataclasses.dataclass(frozen=True)
 class PoolSpec:
@@ -85,6 +90,9 @@ class PoolSpec:
     (0: none; a relaunch may land on the same node); one more such node fails the step with their list."""
     host_memory_bytes: int | None = None
     """Host (CPU) memory of one host, bytes; None: this machine's (the CPU pools run here)."""
+    device_memory_bytes: int | None = None
+    """Memory of one device, bytes; None: the accelerator's, from :data:`ACCELERATOR_MEMORY_BYTES`
+    (set it for an accelerator marin does not list; a CPU pool shares this machine's memory)."""
 
     def __post_init__(self) -> None:
         data, expert = self.mesh
@@ -129,69 +137,176 @@ class PoolSpec:
         return b
 
 
-# GB200 NVL72: 18 compute trays x 4 GPUs; the hero uses 16 nodes x 4 GPUs per rack (EP 64).
-GB200_HOSTS_PER_RACK = 16
-GB200_GPUS_PER_HOST = 4
-# Host memory of one GB200 compute tray: two Grace CPUs with 480 GB LPDDR5X each (NVIDIA GB200 NVL72
-# specifications). The lent H200 machine has 128 GiB.
-GB200_HOST_MEMORY_BYTES = 960 * 10**9
-H200_LENT_HOST_MEMORY_BYTES = 128 * (1 << 30)
+SHIPPED_POOLS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pools.toml")
+"""The pools and accelerators marin ships with, with their sources."""
 
-POOLS: dict[str, PoolSpec] = {
-    # One process, 8 fake CPU devices: EP 4 x data 2. The default for local runs and the quickstart.
-    "local-cpu": PoolSpec("local-cpu", hosts=1, devices_per_host=8, accelerator="cpu", mesh=(2, 4)),
-    # One process, one device: the reference for equivalence tests and the CPU benchmark.
-    "local-cpu-1": PoolSpec("local-cpu-1", hosts=1, devices_per_host=1, accelerator="cpu", mesh=(1, 1)),
-    # One process, 8 fake devices, EP 8: the single-process twin of "local-2host" (same mesh).
-    "local-cpu-ep8": PoolSpec("local-cpu-ep8", hosts=1, devices_per_host=8, accelerator="cpu", mesh=(1, 8)),
-    # Two simulated hosts x 4 fake devices, EP 8 across the process boundary (tests use Ray's
-    # cluster utilities to give each simulated node one "fake_host" resource per device).
-    "local-2host": PoolSpec(
-        "local-2host", hosts=2, devices_per_host=4, accelerator="cpu", mesh=(1, 8), device_resource="fake_host"
-    ),
-    # One H200 (the lent device machine): the GPU benchmark.
-    "h200-1": PoolSpec("h200-1", hosts=1, devices_per_host=1, accelerator="H200", mesh=(1, 1), device_resource="GPU",
-                       infra_retries=2, host_memory_bytes=H200_LENT_HOST_MEMORY_BYTES),
-    # One GB200 NVL72 rack: the d768 ladder rung (published: 1 rack, batch 1,024).
-    "gb200-rack": PoolSpec(
-        "gb200-rack",
-        hosts=GB200_HOSTS_PER_RACK,
-        devices_per_host=GB200_GPUS_PER_HOST,
-        accelerator="GB200",
-        mesh=(1, 64),
-        racks=1,
-        cpus_per_host=8,
-        device_resource="GPU",
-        rack_label=RACK_LABEL,
-        max_retries=3,
-        infra_retries=2,
-        bad_node_limit=2,
-        host_memory_bytes=GB200_HOST_MEMORY_BYTES,
-    ),
-    # Eleven racks, ~704 GPUs: the d2048 rung and the hero (EP 64 x DP 11).
-    "gb200-11racks": PoolSpec(
-        "gb200-11racks",
-        hosts=11 * GB200_HOSTS_PER_RACK,
-        devices_per_host=GB200_GPUS_PER_HOST,
-        accelerator="GB200",
-        mesh=(11, 64),
-        racks=11,
-        cpus_per_host=8,
-        device_resource="GPU",
-        rack_label=RACK_LABEL,
-        max_retries=3,
-        infra_retries=2,
-        bad_node_limit=2 * 11,
-        host_memory_bytes=GB200_HOST_MEMORY_BYTES,
-    ),
-}
+POOLS_ENV = "MARIN_POOLS"
+"""Pools files every marin process reads (``os.pathsep``-separated): ``marin run --pools FILE`` sets
+it, so the processes a run starts (its Ray workers, the pool's hosts) know the same pools by name."""
 
 
-def get_pool(name: str) -> PoolSpec:
+class PoolsFileError(ValueError):
+    """A pools file that cannot be read, is not TOML, or holds a bad field: one line naming the file
+    and the field."""
+
+
+def _spec(name: str, fields: Mapping[str, Any]) -> PoolSpec:
+    """A PoolSpec from a pools file's table or a recorded spec (``mesh`` is a list in both)."""
+    fields = dict(fields)
+    if "mesh" in fields and isinstance(fields["mesh"], (list, tuple)):
+        fields["mesh"] = tuple(fields["mesh"])
+    return PoolSpec(**{**fields, "name": name})
+
+
+def _read_toml(path: str) -> dict[str, Any]:
     try:
-        return POOLS[name]
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise PoolsFileError(f"pools file {path}: cannot read it: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise PoolsFileError(f"pools file {path}: not TOML: {e}") from None
+
+
+def _shipped() -> tuple[dict[str, PoolSpec], dict[str, int]]:
+    """The shipped inventory, read without draccus (the device machine's image has none; a test reads
+    the same file through :func:`read_pools_file`'s checked path and compares)."""
+    data = _read_toml(SHIPPED_POOLS_FILE)
+    memory = {k: int(v["device_memory_mib"]) * (1 << 20) for k, v in data["accelerators"].items()}
+    return {name: _spec(name, table) for name, table in data["pools"].items()}, memory
+
+
+POOLS, ACCELERATOR_MEMORY_BYTES = _shipped()
+"""Every pool known by name in this process (the shipped ones, then those of pools files), and the
+memory of one device of each accelerator marin knows, bytes."""
+SHIPPED_POOL_NAMES = tuple(POOLS)
+
+# Node label that groups the nodes of one NVL72 rack (set per worker group in infra/); the shipped
+# GB200 pools name it as their rack_label.
+RACK_LABEL = POOLS["gb200-rack"].rack_label
+
+POOL_FILE_SECTIONS = ("pools", "accelerators")
+
+
+def read_pools_file(path: str) -> tuple[dict[str, PoolSpec], dict[str, int]]:
+    """The pools (``[pools.NAME]``: PoolSpec's fields, checked by draccus) and accelerators
+    (``[accelerators.NAME] device_memory_mib = ...``) of a pools file. Raises :class:`PoolsFileError`
+    naming the file and the field."""
+    import draccus  # draccus: only to read a user's pools file (the device machine's image has none)
+    from draccus.utils import DecodingError, ParsingError  # (the same)
+
+    data = _read_toml(path)
+    where = f"pools file {path}"
+    unknown = sorted(set(data) - set(POOL_FILE_SECTIONS))
+    if unknown:
+        raise PoolsFileError(f"{where}: unknown section [{unknown[0]}]; a pools file has "
+                             + " and ".join(f"[{s}.NAME]" for s in POOL_FILE_SECTIONS) + " tables")
+    memory: dict[str, int] = {}
+    for name, table in (data.get("accelerators") or {}).items():
+        mib = table.get("device_memory_mib") if isinstance(table, dict) else None
+        if isinstance(mib, bool) or not isinstance(mib, int) or mib <= 0 or set(table) != {"device_memory_mib"}:
+            raise PoolsFileError(f"{where}: accelerators.{name}: needs exactly device_memory_mib, a positive "
+                                 f"integer (MiB of one device), got {table!r:.80}")
+        memory[name] = mib * (1 << 20)
+    pools: dict[str, PoolSpec] = {}
+    for name, table in (data.get("pools") or {}).items():
+        if not isinstance(table, dict):
+            raise PoolsFileError(f"{where}: pools.{name}: a table of PoolSpec fields, got {table!r:.80}")
+        if table.get("name", name) != name:
+            raise PoolsFileError(f"{where}: pools.{name}.name: {table['name']!r} differs from the table's name")
+        try:
+            spec = draccus.decode(PoolSpec, {**table, "name": name})
+        except DecodingError as e:
+            field = "".join(f".{k}" for k in e.key_path)
+            raise PoolsFileError(f"{where}: pools.{name}{field}: {e.message}") from None
+        except ParsingError as e:  # PoolSpec's own checks ("pool NAME: ..."), raised inside draccus
+            problem = str(e.__cause__) if isinstance(e.__cause__, ValueError) else str(e)
+            raise PoolsFileError(f"{where}: pools.{name}: {problem.removeprefix(f'pool {name}: ')}") from None
+        known = {**ACCELERATOR_MEMORY_BYTES, **memory}
+        if not spec.is_cpu and spec.device_memory_bytes is None and spec.accelerator not in known:
+            raise PoolsFileError(f"{where}: pools.{name}.device_memory_bytes: needed for accelerator "
+                                 f"{spec.accelerator!r}, whose memory marin does not know (known: "
+                                 f"{', '.join(sorted(known))}; or add [accelerators.{spec.accelerator}])")
+        pools[name] = spec
+    return pools, memory
+
+
+def declare_pool(spec: PoolSpec) -> PoolSpec:
+    """Make ``spec`` known by its name in this process (:data:`POOLS`). A name already known with other
+    values is refused: one name, one pool. Other processes know it only through a pools file
+    (``--pools``, ``MARIN_POOLS``); to a step, pass the spec itself."""
+    known = POOLS.get(spec.name)
+    if known is not None and known != spec:
+        where = "marin's shipped pools" if spec.name in SHIPPED_POOL_NAMES else "an earlier declaration"
+        raise ValueError(f"pool {spec.name!r} is already declared, with other values, by {where}; give yours "
+                         "another name")
+    POOLS[spec.name] = spec
+    return spec
+
+
+def load_pools_file(path: str) -> list[PoolSpec]:
+    """Read a pools file (:func:`read_pools_file`) and declare its accelerators and pools here."""
+    pools, memory = read_pools_file(path)
+    for name, nbytes in memory.items():
+        if ACCELERATOR_MEMORY_BYTES.get(name, nbytes) != nbytes:
+            raise PoolsFileError(f"pools file {path}: accelerators.{name}: marin already knows it with "
+                                 f"{ACCELERATOR_MEMORY_BYTES[name] >> 20} MiB")
+    ACCELERATOR_MEMORY_BYTES.update(memory)
+    specs = []
+    for name, spec in pools.items():
+        try:
+            specs.append(declare_pool(spec))
+        except ValueError as e:
+            raise PoolsFileError(f"pools file {path}: pools.{name}: {e}") from None
+    return specs
+
+
+ENV_FILES_READ: list[str] = []
+"""The pools files this process has declared (``MARIN_POOLS``' and ``--pools``'), each read once."""
+
+
+def load_env_pools() -> None:
+    """Declare the pools of the files ``MARIN_POOLS`` names (each file once per process)."""
+    for path in (p for p in os.environ.get(POOLS_ENV, "").split(os.pathsep) if p):
+        if path not in ENV_FILES_READ:
+            load_pools_file(path)
+            ENV_FILES_READ.append(path)
+
+
+def use_pools_files(paths: Sequence[str]) -> list[PoolSpec]:
+    """``--pools FILE``: declare each file's pools here and add it to ``MARIN_POOLS``, so the
+    processes this one starts (a local Ray cluster's workers, a pool's hosts) know them too."""
+    load_env_pools()
+    specs: list[PoolSpec] = []
+    for path in map(os.path.abspath, paths):
+        specs += load_pools_file(path)
+        ENV_FILES_READ.append(path)
+        current = [p for p in os.environ.get(POOLS_ENV, "").split(os.pathsep) if p]
+        os.environ[POOLS_ENV] = os.pathsep.join([*current, path] if path not in current else current)
+    return specs
+
+
+def get_pool(pool: str | PoolSpec | Mapping[str, Any]) -> PoolSpec:
+    """The spec of ``pool``: a name (the shipped pools, then those of ``MARIN_POOLS``' files), a
+    :class:`PoolSpec` (itself), or a spec as a run's record holds it (a dict of its fields)."""
+    if isinstance(pool, PoolSpec):
+        return pool
+    if isinstance(pool, Mapping):
+        return _spec(pool["name"], pool)
+    if pool not in POOLS:
+        load_env_pools()
+    try:
+        return POOLS[pool]
     except KeyError:
-        raise KeyError(f"unknown pool {name!r}; known: {sorted(POOLS)}") from None
+        raise KeyError(f"unknown pool {pool!r}; known: {sorted(POOLS)} (a pool of your own: a pools file named by "
+                       f"--pools FILE or {POOLS_ENV}, or a PoolSpec passed itself)") from None
+
+
+def pool_name(pool: str | PoolSpec | Mapping[str, Any]) -> str:
+    """The name of a pool given as a name, a spec or a recorded spec (for messages and tables)."""
+    if isinstance(pool, PoolSpec):
+        return pool.name
+    return str(pool["name"]) if isinstance(pool, Mapping) else str(pool)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,7 +41,7 @@ def test_tutorial_runs_reruns_as_noop_and_explains_a_change(tmp_path):
 
     # The guide's suggested edit: a new min_value re-runs only the sum, and explain says why.
     edited = tmp_path / "tutorial.py"
-    edited.write_text((REPO / "experiments" / "tutorial.py").read_text().replace("versioned(10)", "versioned(20)"))
+    edited.write_text((REPO / "experiments" / "tutorial.py").read_text().replace("min_value=10,", "min_value=20,"))
     explain = subprocess.run([sys.executable, "-m", "marin.cli", "explain", str(edited), "--prefix", str(store)],
                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert explain.returncode == 0, explain.stderr[-2000:]

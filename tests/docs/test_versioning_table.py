@@ -15,8 +15,8 @@ HEADER = """# What is versioned
 
 A step's output path is its name and the hash of its version (docs/architecture.md). Which config
 fields enter the version is declared on each config dataclass, field by field
-(`marin/execution/versioning.py`), and applied by one builder (`versioned_config`, which every
-builder in `experiments/defaults.py` calls): a field is **versioned** unless it is marked **live**
+(`marin/execution/versioning.py`), and applied by the executor to every step's config, a builder's
+or a plain `ExecutorStep`'s (`versioned_view`): a field is **versioned** unless it is marked **live**
 (an operator may change it on a running step without changing what the step writes, so the step
 keeps its output path and resumes) or **input** (an upstream step's output, versioned through that
 step's hash, or this step's own output). **versioned by field**: a nested config whose own fields

@@ -23,6 +23,7 @@ from marin.execution import (
     versioned,
 )
 from marin.execution.jsonable import MASK, mask_leaves, mask_secrets, mask_text, to_jsonable
+from marin.execution.versioning import live
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,8 +73,20 @@ def test_versioned_value_under_a_key_without_canonical_form_is_refused_with_its_
         plan_steps([step], "/tmp/p")
     msg = str(e.value)
     assert "step 'a'" in msg and "weights[" in msg and "Opaque" in msg and "canonical" in msg
-    # an unversioned value under such a key is no problem: it is never named in a version
-    plan_steps([ExecutorStep("b", noop, {"weights": {key: 2}, "n": versioned(1)})], "/tmp/p")
+    # a plain value under such a key is versioned too (every value is), so it is refused the same way;
+    # in a field declared live it is never named in a version
+    with pytest.raises(UnhashableConfigError, match=r"step 'b'.*weights\["):
+        plan_steps([ExecutorStep("b", noop, {"weights": {key: 2}, "n": versioned(1)})], "/tmp/p")
+    plan_steps([ExecutorStep("b", noop, LiveClient(client={key: 2}))], "/tmp/p")
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveClient:
+    """A config with a live field: what stays out of the version (a client, a handle) goes here."""
+
+    client: object = live("a connection: how the step reaches its store, not what it writes", default=None)
+    n: int = 1
+    out: str = dataclasses.field(default_factory=this_output_path)
 
 
 # -------------------------------------------------------------------------------- deep nesting
@@ -122,14 +135,18 @@ def test_plain_object_holding_placeholders_is_refused_before_anything_runs(tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
-def test_plain_object_without_placeholders_is_passed_through(tmp_path):
+def test_plain_object_in_a_live_field_is_passed_through_and_elsewhere_refused_with_a_line(tmp_path):
     class Client:
         def __init__(self):
             self.me = self  # a cycle inside an opaque object is not the config's business
 
     client = Client()
-    plan = plan_steps([ExecutorStep("ok", noop, {"client": client, "out": this_output_path()})], str(tmp_path))
-    assert resolve_config(plan.steps[0], plan)["client"] is client
+    plan = plan_steps([ExecutorStep("ok", noop, LiveClient(client=client))], str(tmp_path))
+    assert resolve_config(plan.steps[0], plan).client is client
+    with pytest.raises(UnhashableConfigError) as e:  # not declared live: versioned, and it has no encoding
+        plan_steps([ExecutorStep("ok", noop, {"client": client, "out": this_output_path()})], str(tmp_path))
+    msg = str(e.value)
+    assert "step 'ok'" in msg and "client" in msg and "Client" in msg and 'live("why")' in msg and "\n" not in msg
 
 
 def test_placeholder_as_dict_key_is_refused():
@@ -220,17 +237,19 @@ def test_secrets_never_reach_info_records_or_logs(tmp_path):
 # -------------------------------------------------------------------------------- declared twice
 
 
-def test_same_step_declared_twice_with_different_unversioned_config_is_refused():
-    a1 = ExecutorStep("a", noop, {"n": versioned(1), "x": 1})
-    a2 = ExecutorStep("a", noop, {"n": versioned(1), "x": 2})
+def test_same_step_declared_twice_with_different_live_config_is_refused():
+    a1 = ExecutorStep("a", noop, LiveClient(client="x1"))
+    a2 = ExecutorStep("a", noop, LiveClient(client="x2"))
     with pytest.raises(PlanError) as e:
         plan_steps([a1, a2], "/tmp/p")
     msg = str(e.value)
-    assert "declared twice" in msg and "x: 1 vs 2" in msg and "versioned(...)" in msg
+    assert "declared twice" in msg and "client: 'x1' vs 'x2'" in msg and "live" in msg
+    # a plain value that differs is versioned: two steps, not one declared twice
+    assert len(plan_steps([ExecutorStep("a", noop, {"x": 1}), ExecutorStep("a", noop, {"x": 2})], "/tmp/p").steps) == 2
     # identical declarations (even as separate objects, with equal upstreams) are still one step
     up1, up2 = ExecutorStep("up", noop, {"k": versioned(1)}), ExecutorStep("up", noop, {"k": versioned(1)})
-    b1 = ExecutorStep("b", noop, {"in": output_path_of(up1), "x": [1, {"y": "z"}], "f": noop})
-    b2 = ExecutorStep("b", noop, {"in": output_path_of(up2), "x": [1, {"y": "z"}], "f": noop})
+    b1 = ExecutorStep("b", noop, {"in": output_path_of(up1), "x": [1, {"y": "z"}]})
+    b2 = ExecutorStep("b", noop, {"in": output_path_of(up2), "x": [1, {"y": "z"}]})
     assert [s.name for s in plan_steps([b1, b2], "/tmp/p").steps] == ["up", "b"]
 
 

@@ -89,13 +89,14 @@ def _hash(config, name="s", prefix="/p"):
     return plan_steps([ExecutorStep(name, noop, config)], prefix).steps[-1].hash
 
 
-def test_each_versioned_leaf_changes_the_hash_and_unversioned_fields_do_not():
-    base = {"a": versioned(1), "b": versioned("x"), "c": versioned([1.5, 2.5]), "free": 7}
+def test_each_leaf_changes_the_hash_wrapped_or_not():
+    """Every value of a config is versioned; ``versioned(x)`` (upstream Marin's spelling) is the same as ``x``."""
+    base = {"a": versioned(1), "b": versioned("x"), "c": versioned([1.5, 2.5]), "plain": 7}
     h = _hash(base)
-    for key, new in [("a", versioned(2)), ("b", versioned("y")), ("c", versioned([1.5, 2.0]))]:
+    for key, new in [("a", versioned(2)), ("b", versioned("y")), ("c", versioned([1.5, 2.0])), ("plain", 8)]:
         assert _hash({**base, key: new}) != h, key
-    assert _hash({**base, "free": 8}) == h
-    assert _hash({**base, "free": object()}) == h  # unversioned values may be anything
+    assert _hash({**base, "plain": versioned(7)}) == h
+    assert _hash({"a": 1, "b": "x", "c": [1.5, 2.5], "plain": 7}) == h
     assert _hash(base, name="t") != h
     assert len(h) >= 8 and int(h, 16) >= 0
 

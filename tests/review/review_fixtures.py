@@ -28,6 +28,7 @@ from marin.execution import lease as leases
 from marin.execution import status as st
 from marin.execution.executor import RunOptions, step_info, write_experiment_record
 from marin.execution.status import StepStatus
+from marin.execution.versioning import live
 
 
 def noop(config):  # the function every fixture step "ran"
@@ -40,8 +41,8 @@ class TrainLikeConfig:
     output_path: str
     train_steps: int
     peak_lr: float
-    wandb_api_key: str | None = None
-    log_every: int = 1
+    wandb_api_key: str | None = live("a credential: who logs, not what is written", default=None)
+    log_every: int = live("how often it logs, not what it computes", default=1)
 
 
 def _succeed(ps, plan, holder="fixture-host:1:abc"):

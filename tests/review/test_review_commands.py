@@ -27,8 +27,15 @@ def run(args, cwd, timeout=120):
 def _write_experiment(folder, body: str) -> str:
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "common.py"), "w") as f:
-        f.write("def config(x):\n    from marin.execution import this_output_path, versioned\n"
-                "    return {'n': versioned(3), 'x': x, 'out': this_output_path()}\n")
+        f.write("import dataclasses\n"
+                "from marin.execution import this_output_path\n"
+                "from marin.execution.versioning import live\n"
+                "@dataclasses.dataclass\n"
+                "class Config:\n"
+                "    x: int = live('a label the step does not use', default=0)\n"
+                "    n: int = 3\n"
+                "    out: str = dataclasses.field(default_factory=this_output_path)\n"
+                "def config(x):\n    return Config(x=x)\n")
     path = os.path.join(folder, "exp.py")
     with open(path, "w") as f:
         f.write(textwrap.dedent(body))
@@ -54,7 +61,7 @@ def _succeed_recorded(exp_path: str, prefix: str, recorded_config_x: int | None 
     """Mark the file's step SUCCESS as the executor records it (optionally as run with another x)."""
     steps, _ = load_experiment(exp_path)
     if recorded_config_x is not None:
-        steps[0].config["x"] = recorded_config_x  # unversioned: same hash, other recorded config
+        steps[0].config.x = recorded_config_x  # live: same hash, other recorded config
     plan = plan_steps(steps, prefix)
     [ps] = plan.steps
     os.makedirs(ps.output_path)

@@ -244,11 +244,17 @@ def plan_steps(steps: list[ExecutorStep], prefix: str) -> Plan:
     planned: list[PlannedStep] = []
     for step in order:
         leaves: dict[str, Any] = {}
+        names: dict[str, str] = {}  # version name -> field path (they differ inside a group)
         deps: dict[int, PlannedStep] = {}
         nonblocking: dict[int, PlannedStep] = {}
         for field, ph in inputs[id(step)]:
             try:
                 path = str(field)
+                name = field.version_name()
+                if names.setdefault(name, path) != path:
+                    raise PlanError(f"step {step.name!r}: config fields {names[name]} and {path} are both named "
+                                    f"{name!r} in the version (a group's fields are named as its parent's); "
+                                    "rename one of them")
                 if isinstance(ph, VersionedValue):
                     leaves[path] = encode(ph.value, field)
             except UnhashableConfigError as e:
@@ -265,7 +271,8 @@ def plan_steps(steps: list[ExecutorStep], prefix: str) -> Plan:
             if k in deps:
                 del nonblocking[k]
         dep_digests = {f"{d.name}-{d.digest}": d.digest for d in [*deps.values(), *nonblocking.values()]}
-        digest = version_digest(step.name, leaves, dep_digests)
+        # the hash names a group's fields as its parent's (docs/versioning.md, "Groups")
+        digest = version_digest(step.name, {n: leaves[p] for n, p in names.items()}, dep_digests)
         key = (step.name, digest)
         if key in by_key:  # the same step declared twice: one node, if nothing unversioned differs
             _refuse_unversioned_difference(by_key[key], step, by_id)
@@ -352,6 +359,21 @@ def resolve_config(ps: PlannedStep, plan: Plan) -> Any:
         return DESCEND if container_kind(value) is not None else value
 
     return walk(ps.step.config, visit, rebuild, key_text=key_text)
+
+
+def plain_config(config: Any) -> Any:
+    """``config`` with every versioned value unwrapped and its placeholders kept: a declared step's
+    config as its builder made it, before :func:`marin.execution.versioning.versioned_config` marked
+    it (what a builder reads back of another step, e.g. a ladder fit of its rungs' models)."""
+
+    def visit(value: Any, path: FieldPath) -> Any:
+        if isinstance(value, VersionedValue):
+            return walk(value.value, visit, rebuild, path, key_text)
+        if isinstance(value, (InputName, OutputName)):
+            return value
+        return DESCEND if container_kind(value) is not None else value
+
+    return walk(config, visit, rebuild, key_text=key_text)
 
 
 def rebuild(value: Any, kind: str, items: list[tuple[str, Any, Any]], path: FieldPath) -> Any:

@@ -31,8 +31,17 @@ certainly a mistake (or a cycle) and would otherwise end in a RecursionError."""
 DESCEND = object()
 """Returned by a visitor to say "walk into this container"."""
 
-# edge kinds of a field path
-ATTR, KEY, INDEX, MEMBER = "attr", "key", "index", "member"
+# edge kinds of a field path; GROUP: a dataclass field declared a group of its parent's fields
+ATTR, KEY, INDEX, MEMBER, GROUP = "attr", "key", "index", "member", "group"
+
+VERSIONING_RULE = "marin_versioning"
+"""The dataclass field-metadata key of the versioning rule (:mod:`marin.execution.versioning` sets it)."""
+
+
+def is_group(f: dataclasses.Field) -> bool:
+    """Whether ``f`` was declared with :func:`marin.execution.versioning.group`: a nested config whose
+    fields are spelled ``parent.group.field`` but named ``parent.field`` in a step's version."""
+    return (f.metadata.get(VERSIONING_RULE) or ("",))[0] == "group"
 
 
 class UnhashableConfigError(TypeError):
@@ -72,7 +81,7 @@ class FieldPath:
     @property
     def name(self) -> str:
         """The last component as a plain name (attribute or str key), else ``""``: what masking reads."""
-        if self.kind == ATTR or (self.kind == KEY and isinstance(self.key, str)):
+        if self.kind in (ATTR, GROUP) or (self.kind == KEY and isinstance(self.key, str)):
             return self.key
         return ""
 
@@ -80,6 +89,17 @@ class FieldPath:
         if self._text is None:
             self._text = _join(str(self.parent), self.kind, self.key, self.key_text)
         return self._text
+
+    def version_name(self) -> str:
+        """The path as a step's version names it: the text without the groups' own names
+        (``optimizer.peak_lr`` is named ``peak_lr``), so grouping fields of a config moves no hash."""
+        node, in_group = self, False
+        while node is not None and not in_group:
+            in_group, node = node.kind == GROUP, node.parent
+        if not in_group:
+            return str(self)
+        parent = self.parent.version_name()
+        return parent if self.kind == GROUP else _join(parent, self.kind, self.key, self.key_text)
 
     def describe(self) -> str:
         """The path for messages: never raises, ``<root>`` for the root, long paths shortened."""
@@ -152,7 +172,7 @@ def path_keys(text: str) -> tuple[Any, ...]:
 
 
 def _join(parent: str, kind: str, key: Any, key_text: "Callable[[Any], str] | None") -> str:
-    if kind == ATTR:
+    if kind in (ATTR, GROUP):
         return join_attr(parent, key)
     if kind == KEY and isinstance(key, str):
         return join_key(parent, key)
@@ -183,7 +203,7 @@ def container_kind(value: Any) -> str | None:
 def children(value: Any, kind: str) -> list[tuple[str, Any, Any]]:
     """``(edge kind, key, child)`` of a container, in a deterministic order (sets: by encoding later)."""
     if kind == "dataclass":
-        return [(ATTR, f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+        return [(GROUP if is_group(f) else ATTR, f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
     if kind == "dict":
         return [(KEY, k, v) for k, v in value.items()]
     if kind in ("list", "tuple"):

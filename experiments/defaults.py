@@ -465,6 +465,7 @@ def default_train(
                                ("parallelism", parallelism)) if v is not None}
     fields = regroup({"model": model, "seq_len_phases": seq_len_phases, **given, **deprecated},
                      where="default_train")
+    fields.pop("preset", None)  # a preset name given as model is its own preset
     if isinstance(model, str):
         preset = preset or model
     if "evaluation" in fields and fields["evaluation"].tasks:

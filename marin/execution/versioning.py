@@ -19,8 +19,9 @@ field's metadata:
   (``model.n_layers``); None adds nothing. Any other nested dataclass is one versioned value.
 * :func:`group` ``(reason)``: a nested config that groups fields of its parent by concept
   (``TrainConfig.optimizer``): versioned field by field like ``by_field``, but its fields are
-  named in the hash as the parent's own (``peak_lr``, not ``optimizer.peak_lr``), so moving fields
-  of a flat config into a group moves no hash. Records and messages spell the group
+  named in the hash as the parent's own (``peak_lr``, not ``optimizer.peak_lr``), after the group's
+  ``prefix`` if it has one (``evaluation.sets``: ``eval_sets``), so moving the fields of a flat
+  config into a group moves no hash. Records and messages spell the group
   (``optimizer.peak_lr``); two versioned fields with one name in the hash are refused at planning.
 
 A field added to a config tomorrow is therefore in the version unless someone marks it live and
@@ -36,6 +37,7 @@ from typing import Any
 
 from marin.execution.hashing import VERSIONING_RULE
 from marin.execution.step import InputName, OutputName, VersionedValue, versioned
+from marin.execution.walker import GROUP_PREFIX
 
 RULE = VERSIONING_RULE
 """The field-metadata key; its value is ``("live", reason)``, ``("input", reason)`` or ``("by_field", reason)``."""
@@ -74,12 +76,13 @@ def by_field(reason: str, **field_kwargs: Any) -> Any:
     return dataclasses.field(metadata={RULE: ("by_field", reason)}, **field_kwargs)
 
 
-def group(reason: str, **field_kwargs: Any) -> Any:
+def group(reason: str, *, prefix: str = "", **field_kwargs: Any) -> Any:
     """A ``dataclasses.field`` holding a group of the parent's fields (see the module doc); it needs a
-    ``default_factory`` (the group's defaults)."""
+    ``default_factory`` (the group's defaults). ``prefix``: what its fields' names in the hash start
+    with (``"eval_"``: ``evaluation.sets`` is named ``eval_sets``, as the field was before it was grouped)."""
     if "default_factory" not in field_kwargs:
         raise ValueError("a group field needs a default_factory (the group with its defaults)")
-    return dataclasses.field(metadata={RULE: ("group", reason)}, **field_kwargs)
+    return dataclasses.field(metadata={RULE: ("group", reason), GROUP_PREFIX: prefix}, **field_kwargs)
 
 
 def rule(f: dataclasses.Field) -> tuple[str, str]:
@@ -147,7 +150,7 @@ def versioned_leaves(cls: type, prefix: str = "", nested: dict[str, type] | None
     whose fields hold plain values (placeholders in input fields): every field not live and not an
     input, with a ``by_field`` field expanded into its class's leaves. ``nested`` names the class of
     a ``by_field`` (or marked) field's value, by field name; without it the field is one leaf. A
-    ``group`` field is expanded into its default's class, named as in the hash (without the group).
+    ``group`` field is expanded into its default's class (``optimizer.peak_lr``).
     Tests derive the expected version of every config from this, so they follow the metadata."""
     out: set[str] = set()
     for f in dataclasses.fields(cls):
@@ -155,8 +158,8 @@ def versioned_leaves(cls: type, prefix: str = "", nested: dict[str, type] | None
         path = f"{prefix}.{f.name}" if prefix else f.name
         if kind in ("live", "input", "added_later"):  # added_later: a leaf only when set
             continue
-        if kind == "group":
-            out |= versioned_leaves(type(f.default_factory()), prefix)
+        if kind == "group":  # spelled with the group's name (the hash names them without it)
+            out |= versioned_leaves(type(f.default_factory()), path)
             continue
         sub = (nested or {}).get(f.name)
         out |= versioned_leaves(sub, path) if sub is not None else {path}

@@ -364,9 +364,10 @@ class TrainConfig:
     checkpoint: CheckpointPolicy = group("when state is saved and kept: every field live",
                                          default_factory=CheckpointPolicy)
     stall: StallRule = group("the pool launcher's stall watchdog (marin.training.stall): every field live",
-                             default_factory=StallRule)
-    evaluation: TrainEvalConfig = group("evaluation during training: every field live (telemetry)",
-                                        default_factory=TrainEvalConfig)
+                             default_factory=StallRule, prefix="stall_")
+    evaluation: TrainEvalConfig = group("evaluation during training: every field live (telemetry); the sets' and "
+                                        "tasks' upstream steps are versioned dependencies (as eval_sets, eval_tasks)",
+                                        default_factory=TrainEvalConfig, prefix="eval_")
     telemetry: TelemetryConfig = group("metrics, W&B and progress lines: every field live",
                                        default_factory=TelemetryConfig)
     parallelism: ParallelismConfig = group("how the work is spread over the devices: every field live",

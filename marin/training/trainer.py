@@ -154,7 +154,7 @@ def model_config(config: TrainConfig, vocab_size: int | None = None):
     if vocab_size is not None and cfg.vocab_size < vocab_size:
         raise ValueError(
             f"model {config.preset or 'config'!r} has vocab_size {cfg.vocab_size} but the data's tokenizer has "
-            f"{vocab_size}; pass model_overrides={{'vocab_size': {vocab_size}}} (or a larger value)"
+            f"{vocab_size}; pass model=<the model>.replace(vocab_size={vocab_size}) (or a larger value)"
         )
     return cfg
 

@@ -37,6 +37,9 @@ class PlannedStep:
     """Upstream steps this step waits for (blocking inputs)."""
     nonblocking_dependencies: list["PlannedStep"]
     """Upstream steps that are part of the hash but not waited for."""
+    spelled: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Leaf name -> the field path as the config spells it, where they differ (a group's fields:
+    ``peak_lr`` is spelled ``optimizer.peak_lr``), so review tools can mark a recorded field versioned."""
 
     @property
     def name(self) -> str:
@@ -49,12 +52,15 @@ class PlannedStep:
     def version(self) -> dict[str, Any]:
         """The version tree one level deep: this step's leaves plus each upstream's name and hash."""
         deps = self.dependencies + self.nonblocking_dependencies
-        return {
+        out = {
             "name": self.name,
             "hash": self.hash,
             "config": self.config_leaves,
             "dependencies": {d.output_path: {"name": d.name, "hash": d.hash} for d in deps},
         }
+        if self.spelled:  # only grouped configs have it, so every other record is as it was
+            out["spelled"] = dict(self.spelled)
+        return out
 
     def __repr__(self) -> str:
         return f"PlannedStep({self.name}-{self.hash})"
@@ -244,16 +250,16 @@ def plan_steps(steps: list[ExecutorStep], prefix: str) -> Plan:
     planned: list[PlannedStep] = []
     for step in order:
         leaves: dict[str, Any] = {}
-        names: dict[str, str] = {}  # version name -> field path (they differ inside a group)
+        names: dict[str, str] = {}  # version name -> field path as spelled (they differ inside a group)
         deps: dict[int, PlannedStep] = {}
         nonblocking: dict[int, PlannedStep] = {}
         for field, ph in inputs[id(step)]:
             try:
-                path = str(field)
-                name = field.version_name()
-                if names.setdefault(name, path) != path:
-                    raise PlanError(f"step {step.name!r}: config fields {names[name]} and {path} are both named "
-                                    f"{name!r} in the version (a group's fields are named as its parent's); "
+                spelled = str(field)
+                path = field.version_name()  # a group's fields are named as its parent's (versioning.group)
+                if names.setdefault(path, spelled) != spelled:
+                    raise PlanError(f"step {step.name!r}: config fields {names[path]} and {spelled} are both named "
+                                    f"{path!r} in the version (a group's fields are named as its parent's); "
                                     "rename one of them")
                 if isinstance(ph, VersionedValue):
                     leaves[path] = encode(ph.value, field)
@@ -271,8 +277,7 @@ def plan_steps(steps: list[ExecutorStep], prefix: str) -> Plan:
             if k in deps:
                 del nonblocking[k]
         dep_digests = {f"{d.name}-{d.digest}": d.digest for d in [*deps.values(), *nonblocking.values()]}
-        # the hash names a group's fields as its parent's (docs/versioning.md, "Groups")
-        digest = version_digest(step.name, {n: leaves[p] for n, p in names.items()}, dep_digests)
+        digest = version_digest(step.name, leaves, dep_digests)
         key = (step.name, digest)
         if key in by_key:  # the same step declared twice: one node, if nothing unversioned differs
             _refuse_unversioned_difference(by_key[key], step, by_id)
@@ -283,6 +288,7 @@ def plan_steps(steps: list[ExecutorStep], prefix: str) -> Plan:
             digest=digest,
             output_path=_output_path(prefix, step, digest[:HASH_CHARS]),
             config_leaves=leaves,
+            spelled={n: p for n, p in names.items() if n != p},
             dependencies=list(deps.values()),
             nonblocking_dependencies=list(nonblocking.values()),
         )

@@ -150,7 +150,8 @@ def versioned_leaves(cls: type, prefix: str = "", nested: dict[str, type] | None
     whose fields hold plain values (placeholders in input fields): every field not live and not an
     input, with a ``by_field`` field expanded into its class's leaves. ``nested`` names the class of
     a ``by_field`` (or marked) field's value, by field name; without it the field is one leaf. A
-    ``group`` field is expanded into its default's class (``optimizer.peak_lr``).
+    ``group`` field is expanded into its default's class, named as in the version (``peak_lr``,
+    ``eval_sets``).
     Tests derive the expected version of every config from this, so they follow the metadata."""
     out: set[str] = set()
     for f in dataclasses.fields(cls):
@@ -158,8 +159,9 @@ def versioned_leaves(cls: type, prefix: str = "", nested: dict[str, type] | None
         path = f"{prefix}.{f.name}" if prefix else f.name
         if kind in ("live", "input", "added_later"):  # added_later: a leaf only when set
             continue
-        if kind == "group":  # spelled with the group's name (the hash names them without it)
-            out |= versioned_leaves(type(f.default_factory()), path)
+        if kind == "group":  # named as the parent's own fields, after the group's prefix
+            named = (f.metadata.get(GROUP_PREFIX, "") + leaf for leaf in versioned_leaves(type(f.default_factory())))
+            out |= {f"{prefix}.{leaf}" if prefix else leaf for leaf in named}
             continue
         sub = (nested or {}).get(f.name)
         out |= versioned_leaves(sub, path) if sub is not None else {path}

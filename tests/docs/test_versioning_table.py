@@ -52,8 +52,8 @@ def config_classes() -> list[type]:
     from marin.scaling.ladder import LadderFitConfig, RungRun
     from marin.training.config import GROUPS, SyntheticDataConfig, TrainConfig
 
-    return [TrainConfig, *GROUPS.values(), MoEConfig, SyntheticDataConfig, SyntheticK40Config, TrainTokenizerConfig, DedupConfig,
-            DecontaminateConfig, TokenizeConfig, MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet,
+    return [TrainConfig, *GROUPS.values(), MoEConfig, SyntheticDataConfig, SyntheticK40Config, TrainTokenizerConfig,
+            DedupConfig, DecontaminateConfig, TokenizeConfig, MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet,
             DomainTaskConfig, HarnessConfig, HealthReportConfig, LadderFitConfig, RungRun, IsoFlopFitConfig,
             ReportConfig]
 

@@ -25,6 +25,7 @@ from marin.execution.plan import PlanError, plan_steps, walk_placeholders
 from marin.execution.versioning import group, versioned_config
 from marin.execution.walker import leaves
 from marin.models.config import MoEConfig, get_preset
+from marin.review.explain import is_versioned
 from marin.training.config import (
     FLAT_NAMES,
     GROUPS,
@@ -188,11 +189,17 @@ def test_grouping_moved_no_hash():
     assert plan_steps([grouped], "/p").steps[-1].hash == hashes["h/src"]
 
 
-def test_records_and_messages_spell_the_group_and_the_hash_names_the_flat_field():
+def test_records_spell_the_group_and_the_version_names_the_flat_field():
     src, _, _ = _hash_steps()
     ps = plan_steps([src], "/p").steps[-1]
-    assert "optimizer.peak_lr" in ps.config_leaves and "peak_lr" not in ps.config_leaves
-    assert 'evaluation.tasks["k40"]' in ps.config_leaves  # a dependency, named as it is spelled
+    # the recorded version names the leaves as before the grouping (old and new runs compare leaf by
+    # leaf); "spelled" says how the config spells them, so review marks the recorded fields versioned
+    assert "peak_lr" in ps.config_leaves and 'eval_tasks["k40"]' in ps.config_leaves  # a dependency
+    assert ps.version()["spelled"]["peak_lr"] == "optimizer.peak_lr"
+    versioned = [*ps.config_leaves, *ps.spelled.values()]
+    assert is_versioned("optimizer.peak_lr", versioned) and is_versioned('evaluation.tasks["k40"]', versioned)
+    assert not is_versioned("checkpoint.every_steps", versioned)
+    assert "spelled" not in plan_steps([default_tokenize("h/tok", "/c", "/t.json")], "/p").steps[0].version()
     paths = {str(p): p for p, _ in walk_placeholders(src.config)}  # the versioned leaves, as planning finds them
     assert paths["optimizer.peak_lr"].version_name() == "peak_lr"
     assert paths["evaluation.sets[0].store"].version_name() == "eval_sets[0].store"

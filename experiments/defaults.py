@@ -52,7 +52,6 @@ from marin.training.config import (
     TrainConfig,
     TrainEvalConfig,
     regroup,
-    resolve_model,
 )
 from marin.training.planning import StepDoesNotFit, check_train_config_fits
 from marin.training.pools import get_pool
@@ -470,7 +469,6 @@ def default_train(
         preset = preset or model
     if "evaluation" in fields and fields["evaluation"].tasks:
         fields["evaluation"] = dataclasses.replace(fields["evaluation"], tasks=_task_paths(fields["evaluation"].tasks))
-    fields["model"] = resolve_model(fields["model"], seq_len_phases=tuple(seq_len_phases))
     config = TrainConfig(output_path=this_output_path(), data=mixture, preset=preset, pool=pool, seed=seed,
                          train_steps=train_steps, tokens_per_step=tokens_per_step, init_from=init_from, **fields)
     get_pool(config.pool)  # fail at declaration time on a typo, not inside a Ray task

@@ -328,9 +328,9 @@ class TrainConfig:
 
     ``data`` is a ``marin.data.mixture.MixtureConfig`` for real runs (the trainer reads it with
     ``MixtureLoader``) or a :class:`SyntheticDataConfig`. ``model`` is the :class:`MoEConfig` the run
-    trains; a preset name is accepted too and resolved at construction (``max_seq_len`` raised to the
-    longest sequence phase, see :func:`resolve_model`), after which ``preset`` keeps the name for
-    readability. ``train_steps`` is the original horizon; ``optimizer.lr_replans`` moves it later on.
+    trains (its ``max_seq_len`` raised to the longest sequence phase, see :func:`resolve_model`); a
+    preset name is accepted too and resolved at construction, after which ``preset`` keeps the name
+    for readability. ``train_steps`` is the original horizon; ``optimizer.lr_replans`` moves it later on.
     The rest is grouped by concept, each group a dataclass with its own defaults and checks:
     ``optimizer`` (AdamW and the LR schedule), ``checkpoint`` (when state is saved and kept),
     ``stall`` (the pool launcher's watchdog), ``evaluation`` (in training), ``telemetry`` and
@@ -389,9 +389,10 @@ class TrainConfig:
                              "local or region-local prefix for the temporary checkpoint)")
         if isinstance(self.model, str):
             object.__setattr__(self, "preset", self.preset or self.model)
-            object.__setattr__(self, "model", resolve_model(self.model, seq_len_phases=tuple(self.seq_len_phases)))
         elif not isinstance(self.model, MoEConfig):
             raise TypeError(f"TrainConfig.model must be a preset name or a MoEConfig, got {type(self.model).__name__}")
+        # the longest phase fits the model, whether it came as a preset name or a MoEConfig
+        object.__setattr__(self, "model", resolve_model(self.model, seq_len_phases=tuple(self.seq_len_phases)))
 
     def lr_schedule(self) -> LRSchedule:
         return self.optimizer.lr_schedule(self.train_steps)

@@ -1,12 +1,17 @@
 """The training step's configuration (JAX-free, so experiment files and the CLI import it cheaply).
 
 A :class:`TrainConfig` is what ``default_train`` puts into the executor step; everything the run needs
-is in it. Every field is part of the run's version unless it is declared live below, with why
-(:mod:`marin.execution.versioning`): what an operator may change on a running run (the pool, horizon
-re-plans, the transport switch, checkpoint cadence, telemetry) keeps its output path, so the step
-resumes from its checkpoints. The model is carried fully resolved
-(every :class:`~marin.models.config.MoEConfig` field after preset, overrides and compute dtype), so
-editing a preset changes the version of every run that uses it; the trainer builds exactly that model.
+is in it, grouped by concept: the run itself (model, data, seed, horizon, batch, sequence phases),
+then ``optimizer``, ``checkpoint``, ``stall``, ``evaluation``, ``telemetry`` and ``parallelism``,
+each a frozen dataclass with its own defaults and checks (``CheckpointPolicy`` and ``StallRule`` are
+the checkpoint manager's and the stall watchdog's own, importable from here). Every field is part of
+the run's version unless it is declared live, with why (:mod:`marin.execution.versioning`): what an
+operator may change on a running run (the pool, horizon re-plans, the transport switch, checkpoint
+cadence, telemetry) keeps its output path, so the step resumes from its checkpoints. In the hash a
+group's fields keep the names they had before TrainConfig was grouped (``peak_lr``, ``eval_sets``),
+so grouping moved no step's hash. The model is carried as a :class:`~marin.models.config.MoEConfig`
+(every field versioned), so editing a preset changes the version of every run that uses it; the
+trainer builds exactly that model.
 """
 
 from __future__ import annotations
@@ -190,8 +195,8 @@ class TelemetryConfig:
     progress_every_s: float = live("telemetry only", default=10.0)
 
     def __post_init__(self) -> None:
-        if self.log_every < 1 or self.progress_every_s <= 0:
-            raise ValueError(f"telemetry: need log_every >= 1 and progress_every_s > 0, got {self.log_every}, "
+        if self.log_every < 1 or self.progress_every_s < 0:
+            raise ValueError(f"telemetry: need log_every >= 1 and progress_every_s >= 0, got {self.log_every}, "
                              f"{self.progress_every_s}")
 
 

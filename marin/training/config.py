@@ -415,6 +415,17 @@ class TrainConfig:
     def transport_schedule(self, default: str) -> TransportSchedule:
         return self.parallelism.transport_schedule(default)
 
+    def checkpoint_policy(self) -> CheckpointPolicy:
+        """Deprecated: the policy is the ``checkpoint`` group itself."""
+        warnings.warn("TrainConfig.checkpoint_policy() is deprecated; read config.checkpoint", DeprecationWarning,
+                      stacklevel=2)
+        return self.checkpoint
+
+    def stall_rule(self) -> StallRule:
+        """Deprecated: the rule is the ``stall`` group itself."""
+        warnings.warn("TrainConfig.stall_rule() is deprecated; read config.stall", DeprecationWarning, stacklevel=2)
+        return self.stall
+
 
 _dataclass_init = TrainConfig.__init__
 

@@ -261,3 +261,12 @@ def test_a_ladder_rung_reaches_the_trainer_as_the_moeconfig_it_was_built_as():
         assert type(model) is MoEConfig and model == rung.model, rung.name
         assert ps.config_leaves["model.d_model"] == rung.model.d_model  # versioned field by field
         assert train_config_from_dict(json.loads(json.dumps(to_jsonable(config)))).model == rung.model
+
+
+def test_the_lr_schedule_reads_either_spelling_of_a_record():
+    """marin replan-lr and the health report read a run's schedule from its record, old or new."""
+    from marin.training.schedule import schedule_from_config
+
+    config = _grouped_like_the_flat_record()
+    assert schedule_from_config(json.loads(FLAT_RECORD.read_text())) == config.lr_schedule()
+    assert schedule_from_config(to_jsonable(config)) == config.lr_schedule()

@@ -50,14 +50,16 @@ def pool_environment(pool_name: str):
 def train_setup(args: argparse.Namespace) -> dict[str, Any]:
     """Config, resolved model, synthetic data, mesh, initial host state and shardings for ``args``."""
     pool = pool_environment(args.pool)  # before anything imports jax
+    from marin.models.config import get_preset
     from marin.parallel.mesh import batch_sharding, make_mesh
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.config import SyntheticDataConfig, TelemetryConfig, TrainConfig
     from marin.training.trainer import init_host_state, model_config, state_shardings
 
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(vocab_size=512), model=args.model,
-                         model_overrides=parse_overrides(args.override), pool=args.pool,
+    dtype = {} if args.dtype is None else {"dtype": args.dtype}
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(vocab_size=512), preset=args.model,
+                         model=get_preset(args.model, **{**parse_overrides(args.override), **dtype}), pool=args.pool,
                          tokens_per_step=args.tokens_per_step, seq_len_phases=((0.0, args.seq_len),),
-                         compute_dtype=args.dtype, wandb_project=None)
+                         telemetry=TelemetryConfig(wandb_project=None))
     cfg = model_config(config)
     mesh = make_mesh(*pool.mesh)
     host_state = init_host_state(config, cfg)

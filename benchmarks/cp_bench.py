@@ -28,8 +28,15 @@ import jax  # noqa: E402  (after the fake device count)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from marin.models.config import get_preset  # noqa: E402
 from marin.parallel.mesh import batch_sharding, make_mesh, place_host_arrays  # noqa: E402
-from marin.training.config import SyntheticDataConfig, TrainConfig, model_at  # noqa: E402
+from marin.training.config import (  # noqa: E402
+    ParallelismConfig,
+    SyntheticDataConfig,
+    TelemetryConfig,
+    TrainConfig,
+    model_at,
+)
 from marin.training.trainer import (  # noqa: E402
     build_train_step,
     init_host_state,
@@ -45,10 +52,11 @@ MODEL = {"vocab_size": 512, "d_model": 256, "n_layers": 2, "n_heads": 4, "n_kv_h
 
 
 def measure(seq_len: int, degree: int, reps: int) -> dict:
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(vocab_size=512), model="tiny",
-                         model_overrides=MODEL, tokens_per_step=seq_len, seq_len_phases=((0.0, seq_len),),
-                         wandb_project=None,
-                         context_parallel_by_seq_len=((seq_len, degree),) if degree > 1 else ())
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(vocab_size=512), model=get_preset("tiny", **MODEL),
+                         preset="tiny", tokens_per_step=seq_len, seq_len_phases=((0.0, seq_len),),
+                         telemetry=TelemetryConfig(wandb_project=None),
+                         parallelism=ParallelismConfig(
+                             context_parallel_by_seq_len=((seq_len, degree),) if degree > 1 else ()))
     cfg = model_at(config, model_config(config), seq_len)
     mesh = make_mesh(1, degree)
     host = init_host_state(config, cfg)

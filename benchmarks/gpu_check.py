@@ -57,9 +57,9 @@ def run_transport(transport: str, cpu_smoke: bool) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from marin.models.config import flops_per_token
+    from marin.models.config import flops_per_token, get_preset
     from marin.parallel.mesh import batch_sharding, make_mesh, place_host_arrays
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.config import SyntheticDataConfig, TelemetryConfig, TrainConfig
     from marin.training.metrics import mfu, peak_flops_per_device
     from marin.training.planning import memory_plan
     from marin.training.pools import get_pool
@@ -74,9 +74,10 @@ def run_transport(transport: str, cpu_smoke: bool) -> dict:
 
     model, overrides, pool_name, tokens_per_step, seq_len, dtype, steps = CPU_CASE if cpu_smoke else GPU_CASE
     pool = get_pool(pool_name)
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model=model, model_overrides=overrides,
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), preset=model,
+                         model=get_preset(model, **{**overrides, **({} if dtype is None else {"dtype": dtype})}),
                          pool=pool_name, tokens_per_step=tokens_per_step, seq_len_phases=((0.0, seq_len),),
-                         compute_dtype=dtype, wandb_project=None)
+                         telemetry=TelemetryConfig(wandb_project=None))
     cfg = model_config(config)
     n_micro = microbatches_for(config, cfg, pool, seq_len, transport)  # what the trainer would pick
     data = SyntheticDataConfig(vocab_size=cfg.vocab_size)

@@ -29,15 +29,30 @@ from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
 from marin.evaluation.multiple_choice import DomainTaskConfig, write_domain_task
 from marin.evaluation.sets import EvalSet, mixture_validation_sets
 from marin.execution import ExecutorStep, output_path_of, this_output_path, versioned
-from marin.execution.step import VersionedValue
+from marin.execution.plan import plain_config
 from marin.execution.versioning import versioned_config
 from marin.inference.evaluate import EvalConfig, evaluate
 from marin.inference.harness import HarnessConfig, harness_eval, task_files_fingerprint
+from marin.models.config import MoEConfig
 from marin.monitoring.health import HealthReportConfig, health_report_step
 from marin.review.report import ReportConfig, report_step
 from marin.scaling.isoflop import IsoFlopFitConfig, IsoFlopRun, RecipeSpace, isoflop_fit_step
 from marin.scaling.ladder import LadderFitConfig, RungRun, ladder_fit_step
-from marin.training.config import InitFrom, SyntheticDataConfig, TrainConfig, resolve_model
+from marin.training.config import (
+    FLAT_NAMES,
+    GROUPS,
+    MODEL_KEYWORDS,
+    CheckpointPolicy,
+    InitFrom,
+    OptimizerConfig,
+    ParallelismConfig,
+    StallRule,
+    SyntheticDataConfig,
+    TelemetryConfig,
+    TrainConfig,
+    TrainEvalConfig,
+    regroup,
+)
 from marin.training.planning import StepDoesNotFit, check_train_config_fits
 from marin.training.pools import PoolSpec, get_pool, pool_name
 from marin.training.steps import train
@@ -96,9 +111,8 @@ def default_dedup(
     exact: bool = True,
     fuzzy: bool = True,
     shingle_size: int = 5,
-    bands: int = 20,
-    rows: int = 5,
-    threshold: float = 0.7,
+    bands: int = 14,
+    rows: int = 8,
     seed: int = 1,
     scope: str = "corpus",
     text_field: str = "text",
@@ -117,10 +131,8 @@ def default_dedup(
         exact: remove documents whose normalised text equals another's.
         fuzzy: remove near-duplicates by MinHash LSH (``bands * rows`` permutations).
         shingle_size: words per shingle.
-        bands, rows: LSH banding: a pair of Jaccard similarity J becomes a candidate with
-            probability ``1 - (1 - J ** rows) ** bands`` (0.975 at J = 0.7 for 20 x 5).
-        threshold: a candidate is a near-duplicate when the Jaccard similarity of its shingle sets
-            (computed from the shingle hashes, not estimated) is at least this.
+        bands, rows: LSH banding; the implied Jaccard threshold is ``(1 / bands) ** (1 / rows)``
+            (0.72 for 14 x 8).
         seed: seed of the MinHash permutations.
         scope: ``"corpus"`` (duplicates within and across domains), ``"domain"`` or ``"source"``.
         text_field: the field of each record that holds the document text.
@@ -142,14 +154,13 @@ def default_dedup(
             num_perm=bands * rows,
             bands=bands,
             rows=rows,
-            threshold=threshold,
             seed=seed,
             scope=scope,
             on_corrupt=on_corrupt,
             max_corrupt_fraction=max_corrupt_fraction,
         )),
         description=f"dedup {name}: exact + MinHash LSH {bands}x{rows} over {shingle_size}-word shingles "
-                    f"(Jaccard >= {threshold}, verified)",
+                    f"(Jaccard >= {(1 / bands) ** (1 / rows):.2f})",
         resources={"num_cpus": 1},
     )
 
@@ -377,72 +388,104 @@ def default_train(
     name: str,
     *,
     mixture: MixtureConfig | SyntheticDataConfig,
-    model: str = "tiny-ep",
-    model_overrides: Mapping[str, Any] | None = None,
-    compute_dtype: str | None = None,
+    model: MoEConfig | str = "tiny-ep",
+    preset: str | None = None,
+    pool: str | PoolSpec = "local-cpu",
+    seed: int = 0,
+    train_steps: int = 100,
+    tokens_per_step: int = 4096,
+    seq_len_phases: Sequence[tuple[float, int]] = ((0.0, 64),),
+    optimizer: OptimizerConfig | None = None,
+    checkpoint: CheckpointPolicy | None = None,
+    stall: StallRule | None = None,
+    evaluation: TrainEvalConfig | None = None,
+    telemetry: TelemetryConfig | None = None,
+    parallelism: ParallelismConfig | None = None,
+    init_from: InitFrom | None = None,
     description: str | None = None,
     memory_check: str = "error",
-    **overrides: Any,
+    **deprecated: Any,
 ) -> ExecutorStep:
-    """A training step: ``model`` preset (+ ``model_overrides``) on ``mixture``, a :class:`TrainConfig`
-    built once with its defaults and ``overrides`` (any other TrainConfig field, as for
-    ``dataclasses.replace``: ``train_steps=``, ``peak_lr=``, ``pool=`` (a pool's name or a ``PoolSpec``),
-    ``lr_replans=``, ...).
+    """A training step: ``model`` on ``mixture``, one :class:`TrainConfig` built from these arguments
+    (a group left out, e.g. ``checkpoint``, keeps its class's defaults).
 
     The step's version follows the rule TrainConfig declares field by field (see its definition and
-    docs/training.md, "What is versioned"): the resolved model (every ``MoEConfig`` field after the
-    preset, ``model_overrides`` and ``compute_dtype``), so editing a preset re-runs the steps that use
-    it, the data, the seed, the batch and the original schedule are versioned; what an operator may
-    change on a live run (the pool, horizon re-plans, the transport switch, checkpoint cadence,
-    telemetry, in-training evaluation, microbatches, parameter sharding, remat by sequence length)
-    is not, so changing it keeps the output path and its checkpoints.
+    docs/training.md, "What is versioned"): the resolved model (every ``MoEConfig`` field), so editing
+    a preset re-runs the steps that use it, the data, the seed, the batch, the original schedule and
+    the optimizer are versioned; what an operator may change on a live run (the pool, horizon
+    re-plans, the transport switch, checkpoint cadence, the stall watchdog, telemetry, in-training
+    evaluation, how the work is spread) is not, so changing it keeps the output path and its
+    checkpoints.
 
     Args:
         name: step name.
         mixture: a ``default_mixture`` config (or a ``SyntheticDataConfig`` for tests).
-        model: a preset of ``marin.models.config.PRESETS``.
-        model_overrides: MoEConfig fields to change, e.g. z-loss weight, router-bias update and rate,
-            capacity factor, dtype, remat policy.
-        compute_dtype: e.g. ``"bfloat16"`` (float32 master weights); None keeps the preset's dtype.
+        model: a :class:`MoEConfig` (e.g. a ladder rung's, or ``get_preset("tiny", z_loss_weight=...)``)
+            or the name of a preset of ``marin.models.config.PRESETS``; ``max_seq_len`` is raised to
+            the longest sequence phase.
+        preset: the preset the model derives from (versioned; read by ``marin plan`` and the report);
+            a preset name given as ``model`` is its own.
+        pool: the device pool (``marin.training.pools``): a pool's name or a ``PoolSpec``; live.
+        seed: initialisation and data-order seed.
+        train_steps, tokens_per_step, seq_len_phases: the horizon as planned, the batch in tokens, and
+            ``(start fraction, seq_len)`` phases at that batch.
+        optimizer: AdamW and the LR schedule (:class:`OptimizerConfig`; ``lr_replans`` is live).
+        checkpoint: when state is saved and kept, the temporary tier, the preemption grace
+            (:class:`~marin.training.checkpoint.CheckpointPolicy`).
+        stall: the pool launcher's stall watchdog (:class:`~marin.training.stall.StallRule`).
+        evaluation: in-training evaluation (:class:`TrainEvalConfig`): ``every_steps=``, ``sets=`` (see
+            :func:`default_eval_suite`) and ``tasks={name: a default_domain_task step or a jsonl
+            path}``, multiple-choice tasks scored at each eval as :func:`default_eval` scores them
+            (a step is a dependency).
+        telemetry: metrics, W&B project and run name, progress lines (:class:`TelemetryConfig`).
+        parallelism: microbatches, parameter sharding, remat and context parallelism by sequence
+            length, the EP transport by step (:class:`ParallelismConfig`).
+        init_from: ``branch_from(step, N)`` starts from another training step's committed checkpoint
+            instead of a fresh state (the source's version and the checkpoint step become part of
+            this step's version).
         description: a line for ``marin status`` and the report.
         memory_check: ``"error"``, ``"warn"`` or ``"off"``: what to do at declaration time when the
             planner says a phase of the run does not fit its pool's device memory.
-        overrides: TrainConfig fields (``final_lr_fraction=None`` means the default, 5% of peak);
-            an unknown name is refused with the list of fields. ``init_from=branch_from(step, N)``
-            starts from another training step's committed checkpoint instead of a fresh state (the
-            source's version and the checkpoint step become part of this step's version).
-            In-training evaluation: ``eval_every_steps=``, ``eval_sets=`` (see :func:`default_eval_suite`)
-            and ``eval_tasks={name: a default_domain_task step or a jsonl path}``, multiple-choice
-            tasks scored at each eval as :func:`default_eval` scores them (a step is a dependency).
+        deprecated: the flat keywords of before (``peak_lr=``, ``checkpoint_every_steps=``,
+            ``eval_every_steps=``, ..., and ``model_overrides=`` / ``compute_dtype=``), accepted for
+            one release with a DeprecationWarning naming the new spelling; an unknown name is
+            refused with the list of arguments.
     """
-    settable = [f.name for f in dataclasses.fields(TrainConfig)
-                if f.name not in ("output_path", "data", "model", "model_overrides", "compute_dtype", "preset")]
-    unknown = sorted(set(overrides) - set(settable))
+    unknown = sorted(set(deprecated) - set(FLAT_NAMES) - set(MODEL_KEYWORDS))
     if unknown:
-        raise TypeError(f"default_train() got unknown TrainConfig field(s) {', '.join(unknown)}; "
-                        f"the fields are: {', '.join(settable)}")
-    if overrides.get("final_lr_fraction", 0.0) is None:
-        del overrides["final_lr_fraction"]
-    if "eval_tasks" in overrides:
-        overrides["eval_tasks"] = _task_paths(overrides["eval_tasks"])
-    phases = TrainConfig(output_path="", data=None, **overrides).seq_len_phases
-    config = TrainConfig(output_path=this_output_path(), data=mixture, preset=model,
-                         model=resolve_model(model, dict(model_overrides or {}), compute_dtype, phases), **overrides)
+        groups = "; ".join(f"{g} ({cls.__name__}: {', '.join(f.name for f in dataclasses.fields(cls))})"
+                           for g, cls in GROUPS.items())
+        raise TypeError(f"default_train() got unknown TrainConfig field(s) {', '.join(unknown)}; the fields are: "
+                        f"pool, seed, train_steps, tokens_per_step, seq_len_phases, init_from; {groups}")
+    if deprecated.get("final_lr_fraction", 0.0) is None:  # the flat spelling's "the default"
+        del deprecated["final_lr_fraction"]
+    given = {g: v for g, v in (("optimizer", optimizer), ("checkpoint", checkpoint), ("stall", stall),
+                               ("evaluation", evaluation), ("telemetry", telemetry),
+                               ("parallelism", parallelism)) if v is not None}
+    fields = regroup({"model": model, "seq_len_phases": seq_len_phases, **given, **deprecated},
+                     where="default_train")
+    fields.pop("preset", None)  # a preset name given as model is its own preset
+    if isinstance(model, str):
+        preset = preset or model
+    if "evaluation" in fields and fields["evaluation"].tasks:
+        fields["evaluation"] = dataclasses.replace(fields["evaluation"], tasks=_task_paths(fields["evaluation"].tasks))
+    config = TrainConfig(output_path=this_output_path(), data=mixture, preset=preset, pool=pool, seed=seed,
+                         train_steps=train_steps, tokens_per_step=tokens_per_step, init_from=init_from, **fields)
     get_pool(config.pool)  # fail at declaration time on a typo, not inside a Ray task
     _check_train_memory(memory_check, config)
     return ExecutorStep(
         name=name,
         fn=train,
         config=versioned_config(config),
-        description=description or (f"train {model} for {config.train_steps} steps x {config.tokens_per_step} "
-                                    f"tokens on {pool_name(config.pool)}"),
+        description=description or (f"train {preset or f'd{config.model.d_model}'} for {config.train_steps} steps "
+                                    f"x {config.tokens_per_step} tokens on {pool_name(config.pool)}"),
         # The step's own task only waits on the pool's placement group; it must not hold a CPU the
         # pool's hosts need.
         resources={"num_cpus": 0},
         # it resumes from its checkpoints: an infrastructure failure is retried where its pool says so,
         # and a stop signal to the driver leaves it the grace period for a final checkpoint
         infra_retries=get_pool(config.pool).infra_retries,
-        stop_grace_s=config.preemption_grace_s,
+        stop_grace_s=config.checkpoint.preemption_grace_s,
     )
 
 
@@ -540,23 +583,18 @@ def default_report(name: str, steps: Sequence[ExecutorStep], description: str | 
 
 def _rung_run(name: str, train_step: ExecutorStep, eval_step: ExecutorStep | None = None, *,
               with_outputs: bool = True) -> RungRun:
-    """What a ladder fit needs to know about a training step: its resolved model and schedule
-    (read from the step's config at declaration time) and, ``with_outputs``, where its outputs are.
-    A target read without outputs is not a dependency of the fit. The model is the one the step
-    trains, not the preset's name (RungRun versions it as one value)."""
-    def v(x):
-        return x.value if isinstance(x, VersionedValue) else x
-
-    c = train_step.config
-    # default_train versions the resolved model field by field; unwrap it to the model itself
-    model = dataclasses.replace(c.model, **{f.name: v(getattr(c.model, f.name)) for f in dataclasses.fields(c.model)})
+    """What a ladder fit needs to know about a training step: its model and schedule (read from the
+    step's config at declaration time) and, ``with_outputs``, where its outputs are. A target read
+    without outputs is not a dependency of the fit. The model is the one the step trains, not the
+    preset's name (RungRun versions it as one value)."""
+    c = plain_config(train_step.config)  # the TrainConfig as built, before the rule marked its fields
     return RungRun(
         name=name,
-        model=model,
-        train_steps=int(v(c.train_steps)),
-        tokens_per_step=int(v(c.tokens_per_step)),
-        seq_len_phases=tuple((float(f), int(n)) for f, n in v(c.seq_len_phases)),
-        warmup_steps=int(v(c.warmup_steps)),
+        model=c.model,
+        train_steps=c.train_steps,
+        tokens_per_step=c.tokens_per_step,
+        seq_len_phases=c.seq_len_phases,
+        warmup_steps=c.optimizer.warmup_steps,
         run_path=output_path_of(train_step) if with_outputs else None,
         eval_path=output_path_of(eval_step) if with_outputs and eval_step is not None else None,
     )

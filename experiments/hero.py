@@ -25,11 +25,14 @@ peak; see marin replan-lr), switch transport with ``transport_switches``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from experiments.defaults import branch_from, default_health_report, default_train
 from experiments.harrier_k40 import harrier_k40_mixture
 from marin.execution import executor_main
+from marin.models.config import get_preset
+from marin.training.config import CheckpointPolicy, OptimizerConfig, ParallelismConfig, TelemetryConfig
 
 HERO_STEPS = 390_139
 HERO_BATCH_SEQUENCES = 11_264
@@ -47,36 +50,41 @@ FIXED_TO_RAGGED_STEP = 81_716
 # fast region-local storage (one kept). Where that is depends on the cluster, so it is read from the
 # environment (e.g. s3://<region-local bucket>/marin-temp); unset, the run writes permanent checkpoints only
 HERO_TEMP_CHECKPOINT_PATH = os.environ.get("HERO_TEMP_CHECKPOINT_PATH") or None
-EARLY_COOLDOWN_AT_STEP = 60_000  # a multiple of keep_every_steps, so the main run keeps that checkpoint
+EARLY_COOLDOWN_AT_STEP = 60_000  # a multiple of checkpoint.keep_every, so the main run keeps that checkpoint
 EARLY_COOLDOWN_STEPS = 6_600
 
+HERO_OPTIMIZER = OptimizerConfig(peak_lr=2.2e-4, warmup_steps=HERO_WARMUP_STEPS)
+HERO_CHECKPOINT = CheckpointPolicy(
+    every_steps=500,
+    every_minutes=30.0,
+    keep_every=10_000,
+    temp_every_minutes=60.0 if HERO_TEMP_CHECKPOINT_PATH else None,
+    temp_path=HERO_TEMP_CHECKPOINT_PATH,
+)
 HERO_TRAIN = dict(
     mixture=harrier_k40_mixture(),
-    model="hero",
+    model=get_preset("hero", dtype="bfloat16"),  # bf16 compute, float32 master weights
+    preset="hero",
     pool="gb200-11racks",
     train_steps=HERO_STEPS,
     tokens_per_step=HERO_TOKENS_PER_STEP,
     seq_len_phases=HERO_SEQ_LEN_PHASES,
-    peak_lr=2.2e-4,
-    warmup_steps=HERO_WARMUP_STEPS,
-    compute_dtype="bfloat16",
-    # both transports bound their buffers by the model's capacity_factor (1.15); ragged_capacity pools it
-    # over each chunk of a device's local experts (the model's expert_chunks: 2 chunks of 3)
-    transport_switches=((0, "fixed"), (FIXED_TO_RAGGED_STEP, "ragged_capacity")),
-    checkpoint_every_steps=500,
-    checkpoint_every_minutes=30.0,
-    keep_every_steps=10_000,
-    temp_checkpoint_every_minutes=60.0 if HERO_TEMP_CHECKPOINT_PATH else None,
-    temp_checkpoint_path=HERO_TEMP_CHECKPOINT_PATH,
-    wandb_project="marin-hero",
-    # weights, gradients and AdamW state split over the mesh (FSDP): dense weights 64 ways inside each
-    # rack (11 divides none of their dimensions), routed experts 704 ways (the preset pads their
-    # width to 3080 = 11 x 280)
-    param_sharding="fsdp",
-    # the 65K phase (one sequence per device) recomputes every layer: under the model's `dots`
-    # policy its activations would not fit a GB200; nor would the 262K phase's
-    remat_by_seq_len=((65536, "full"), (262144, "full")),
-    context_parallel_by_seq_len=HERO_CONTEXT_PARALLEL,
+    optimizer=HERO_OPTIMIZER,
+    checkpoint=HERO_CHECKPOINT,
+    telemetry=TelemetryConfig(wandb_project="marin-hero"),
+    parallelism=ParallelismConfig(
+        # both transports bound their buffers by the model's capacity_factor (1.15); ragged_capacity pools it
+        # over each chunk of a device's local experts (the model's expert_chunks: 2 chunks of 3)
+        transport_switches=((0, "fixed"), (FIXED_TO_RAGGED_STEP, "ragged_capacity")),
+        # weights, gradients and AdamW state split over the mesh (FSDP): dense weights 64 ways inside each
+        # rack (11 divides none of their dimensions), routed experts 704 ways (the preset pads their
+        # width to 3080 = 11 x 280)
+        param_sharding="fsdp",
+        # the 65K phase (one sequence per device) recomputes every layer: under the model's `dots`
+        # policy its activations would not fit a GB200; nor would the 262K phase's
+        remat_by_seq_len=((65536, "full"), (262144, "full")),
+        context_parallel_by_seq_len=HERO_CONTEXT_PARALLEL,
+    ),
     # every phase (each sequence length on each transport) fits a GB200: `marin plan hero --pool gb200-11racks`
     memory_check="error",
 )
@@ -88,8 +96,10 @@ hero = default_train("hero/moe-535b-a23b", **HERO_TRAIN,
 # is untouched.
 hero_early_cooldown = default_train(
     "hero/moe-535b-a23b-early-cooldown",
-    **{**HERO_TRAIN, "keep_every_steps": None},
-    lr_replans=((EARLY_COOLDOWN_AT_STEP, EARLY_COOLDOWN_AT_STEP + EARLY_COOLDOWN_STEPS),),
+    **{**HERO_TRAIN,
+       "checkpoint": dataclasses.replace(HERO_CHECKPOINT, keep_every=None),
+       "optimizer": dataclasses.replace(
+           HERO_OPTIMIZER, lr_replans=((EARLY_COOLDOWN_AT_STEP, EARLY_COOLDOWN_AT_STEP + EARLY_COOLDOWN_STEPS),))},
     init_from=branch_from(hero, EARLY_COOLDOWN_AT_STEP),
     description=f"hero early cooldown: {EARLY_COOLDOWN_STEPS:,} steps of decay from step {EARLY_COOLDOWN_AT_STEP:,}",
 )

@@ -39,9 +39,9 @@ from marin.scaling.recipe import (
     RunShape,
     format_ladder,
     ladder_rungs,
-    model_overrides,
     run_flops,
 )
+from marin.training.config import CheckpointPolicy, OptimizerConfig, ParallelismConfig, TelemetryConfig
 from marin.training.pools import get_pool
 
 SEQ_LEN = 4096
@@ -83,22 +83,21 @@ def ladder_steps():
         train = default_train(
             f"ladder/{rung.name}",
             mixture=mixture,
-            model="hero",
-            model_overrides=model_overrides(HERO, rung.model),
+            model=rung.model.replace(dtype="bfloat16"),  # bf16 compute, float32 master weights, as the hero
+            preset="hero",
             pool=RUNG_POOL[rung.model.d_model],
             train_steps=rung.train_steps,
             tokens_per_step=rung.tokens_per_step,
             seq_len_phases=rung.shape.seq_len_phases,
-            peak_lr=3e-4,
-            warmup_steps=rung.warmup_steps,
-            compute_dtype="bfloat16",
-            transport_switches=((0, "fixed"),),
-            checkpoint_every_steps=1000,
-            keep_every_steps=10_000,
-            wandb_project="marin-ladder",
-            param_sharding="fsdp",  # weights, gradients and AdamW state split over the mesh, as the hero
-            remat_by_seq_len=((65536, "full"), (262144, "full")),  # as the hero: its long phases recompute every layer
-            context_parallel_by_seq_len=HERO_CONTEXT_PARALLEL,  # as the hero: 262K sequences over 4 devices
+            optimizer=OptimizerConfig(peak_lr=3e-4, warmup_steps=rung.warmup_steps),
+            checkpoint=CheckpointPolicy(every_steps=1000, keep_every=10_000),
+            telemetry=TelemetryConfig(wandb_project="marin-ladder"),
+            parallelism=ParallelismConfig(
+                transport_switches=((0, "fixed"),),
+                param_sharding="fsdp",  # weights, gradients and AdamW state split over the mesh, as the hero
+                remat_by_seq_len=((65536, "full"), (262144, "full")),  # as the hero: its long phases recompute
+                context_parallel_by_seq_len=HERO_CONTEXT_PARALLEL,  # as the hero: 262K sequences over 4 devices
+            ),
             # every phase of every rung fits its pool (`marin plan`): the default memory check refuses
             # a change that breaks that when the file is read
             description=f"ladder rung {rung.name}: {rung.train_steps:,} steps, {rung.flops:.2g} FLOPs"

@@ -36,6 +36,7 @@ from experiments.defaults import (
     default_train,
 )
 from marin.execution import executor_main
+from marin.training.config import CheckpointPolicy, OptimizerConfig, ParallelismConfig, TelemetryConfig
 
 TRAIN_STEPS = 60
 
@@ -64,11 +65,10 @@ train = default_train(
     train_steps=TRAIN_STEPS,
     tokens_per_step=4096,
     seq_len_phases=((0.0, 64), (0.5, 128)),  # 64 tokens per sequence, then 128 at half the batch
-    warmup_steps=5,
-    peak_lr=1e-2,
-    transport_switches=((0, "fixed"), (40, "dropless")),
-    checkpoint_every_steps=20,
-    wandb_project="marin-quickstart",
+    optimizer=OptimizerConfig(peak_lr=1e-2, warmup_steps=5),
+    checkpoint=CheckpointPolicy(every_steps=20),
+    telemetry=TelemetryConfig(wandb_project="marin-quickstart"),
+    parallelism=ParallelismConfig(transport_switches=((0, "fixed"), (40, "dropless"))),
 )
 health = default_health_report("quickstart/health", train, total_steps=TRAIN_STEPS)
 evaluation = default_eval("quickstart/eval", train, held_out=True)  # the mixture's held-out documents

@@ -39,15 +39,13 @@ from experiments.defaults import (
     default_mixture,
     default_tokenize,
     default_tokenizer,
-    default_train,
 )
-from experiments.tiny_ladder import PEAK_LR, QUALITY_WEIGHTS, STAGE2_FRACTION, TARGET
+from experiments.tiny_ladder import QUALITY_WEIGHTS, STAGE2_FRACTION, TARGET, train_rung
 from marin.data.mixture import MixtureStage
 from marin.execution import executor_main
 from marin.execution.main import parse_executor_args
-from marin.models.config import get_preset
 from marin.scaling.isoflop import RecipeSpace, predict_optimal_config, surface_from_json
-from marin.scaling.recipe import Rung, RunShape, ladder_rungs, model_overrides
+from marin.scaling.recipe import Rung, RunShape, ladder_rungs
 
 # One sequence length: a phase switch is one more compilation per run, most of a small run's cost.
 SHAPE = RunShape(seq_len_phases=((0.0, 64),), warmup_fraction=0.05)
@@ -89,22 +87,8 @@ def data():
 
 
 def train_and_eval(rung: Rung, mixture, task, budget: float):
-    train = default_train(
-        f"{P}/{rung.name}",
-        mixture=mixture,
-        model="tiny",
-        model_overrides=model_overrides(get_preset("tiny"), rung.model),
-        pool="local-cpu-1",
-        train_steps=rung.train_steps,
-        tokens_per_step=rung.tokens_per_step,
-        seq_len_phases=rung.shape.seq_len_phases,
-        peak_lr=PEAK_LR,
-        warmup_steps=rung.warmup_steps,
-        checkpoint_every_steps=rung.train_steps,
-        checkpoint_every_minutes=None,
-        wandb_project=None,
-        description=f"tiny isoflop {rung.name}: {rung.train_steps} steps, {rung.flops:.3g} FLOPs (budget {budget:.3g})",
-    )
+    train = train_rung(f"{P}/{rung.name}", rung, mixture, f"tiny isoflop {rung.name}: {rung.train_steps} steps, "
+                                                         f"{rung.flops:.3g} FLOPs (budget {budget:.3g})")
     evaluation = default_eval(f"{P}/{rung.name}-eval", train, held_out=True, tasks={"k40_domains": task})
     return train, evaluation
 

@@ -41,7 +41,8 @@ from experiments.defaults import (
 from marin.data.mixture import MixtureStage
 from marin.execution import executor_main
 from marin.models.config import get_preset
-from marin.scaling.recipe import RunShape, ladder_rungs, model_overrides
+from marin.scaling.recipe import Rung, RunShape, ladder_rungs
+from marin.training.config import CheckpointPolicy, OptimizerConfig, TelemetryConfig
 
 # The K40 stage-2 quality weights and start (as a fraction of each run), as in the hero's mixture.
 QUALITY_WEIGHTS = {"q1": 0.25, "q2": 0.5, "q3": 1.0, "q4": 2.0, "q5": 4.0}
@@ -64,6 +65,25 @@ SIZES = {
 # The reduced ladder keeps one sequence length: a phase switch is one more compilation per rung,
 # which is most of its cost.
 REDUCED_SHAPE = RunShape(seq_len_phases=((0.0, 64),), warmup_fraction=0.05)
+
+
+def train_rung(name: str, rung: Rung, mixture, description: str):
+    """A tiny rung's training step (the tiny ladder's and the tiny IsoFLOP grid's): the rung's model,
+    batch and schedule on one CPU, one checkpoint at the end, no W&B."""
+    return default_train(
+        name,
+        mixture=mixture,
+        model=rung.model,
+        preset="tiny",
+        pool="local-cpu-1",
+        train_steps=rung.train_steps,
+        tokens_per_step=rung.tokens_per_step,
+        seq_len_phases=rung.shape.seq_len_phases,
+        optimizer=OptimizerConfig(peak_lr=PEAK_LR, warmup_steps=rung.warmup_steps),
+        checkpoint=CheckpointPolicy(every_steps=rung.train_steps, every_minutes=None),
+        telemetry=TelemetryConfig(wandb_project=None),
+        description=description,
+    )
 
 
 def tiny_ladder(size: str = "full"):
@@ -90,22 +110,8 @@ def tiny_ladder(size: str = "full"):
     )
     trains, evals = {}, {}
     for rung in rungs:
-        trains[rung.name] = default_train(
-            f"{p}/{rung.name}",
-            mixture=mixture,
-            model="tiny",
-            model_overrides=model_overrides(get_preset("tiny"), rung.model),
-            pool="local-cpu-1",
-            train_steps=rung.train_steps,
-            tokens_per_step=rung.tokens_per_step,
-            seq_len_phases=rung.shape.seq_len_phases,
-            peak_lr=PEAK_LR,
-            warmup_steps=rung.warmup_steps,
-            checkpoint_every_steps=rung.train_steps,
-            checkpoint_every_minutes=None,
-            wandb_project=None,
-            description=f"tiny ladder rung {rung.name}: {rung.train_steps} steps, {rung.flops:.3g} FLOPs",
-        )
+        about = f"tiny ladder rung {rung.name}: {rung.train_steps} steps, {rung.flops:.3g} FLOPs"
+        trains[rung.name] = train_rung(f"{p}/{rung.name}", rung, mixture, about)
         # bits per byte of the final checkpoint on the mixture's held-out split (40 domains: macro bpb)
         evals[rung.name] = default_eval(f"{p}/{rung.name}-eval", trains[rung.name], held_out=True) if evaluate else None
     val_name = f"d{val_width}"

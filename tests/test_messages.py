@@ -65,9 +65,9 @@ def test_explain_shows_an_added_lr_replan_whole():
 
     before = TrainConfig(output_path="/x", data=SyntheticDataConfig(vocab_size=512), model="tiny")
     after = dataclasses.replace(before, lr_replans=((60, 100),))
-    assert unversioned_changes(to_jsonable(before), after, []) == ["lr_replans: [] -> [[60, 100]]"]
+    assert unversioned_changes(to_jsonable(before), after, []) == ["optimizer.lr_replans: [] -> [[60, 100]]"]
     again = dataclasses.replace(before, lr_replans=((60, 90),))
-    assert unversioned_changes(to_jsonable(after), again, []) == ["lr_replans[0][1]: 100 -> 90"]
+    assert unversioned_changes(to_jsonable(after), again, []) == ["optimizer.lr_replans[0][1]: 100 -> 90"]
 
 
 def test_explain_words_a_field_added_removed_or_changed():

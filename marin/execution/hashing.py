@@ -41,9 +41,10 @@ import math
 import pathlib
 from typing import Any
 
-from marin.execution.walker import (  # noqa: F401  (join_* and the errors are re-exported)
+from marin.execution.walker import (  # noqa: F401  (join_*, the errors and the rule's key are re-exported)
     DESCEND,
     KEY,
+    VERSIONING_RULE,
     ConfigStructureError,
     FieldPath,
     UnhashableConfigError,
@@ -55,10 +56,6 @@ from marin.execution.walker import (  # noqa: F401  (join_* and the errors are r
 
 HASH_CHARS = 10
 """Number of hex characters of the SHA-256 used in output directory names."""
-
-
-VERSIONING_RULE = "marin_versioning"
-"""The dataclass field-metadata key of the versioning rule (:mod:`marin.execution.versioning` sets it)."""
 
 
 def is_added_later(f: dataclasses.Field) -> bool:

@@ -39,6 +39,9 @@ class PlannedStep:
     """Upstream steps this step waits for (blocking inputs)."""
     nonblocking_dependencies: list["PlannedStep"]
     """Upstream steps that are part of the hash but not waited for."""
+    spelled: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Leaf name -> the field path as the config spells it, where they differ (a group's fields:
+    ``peak_lr`` is spelled ``optimizer.peak_lr``), so review tools can mark a recorded field versioned."""
 
     @property
     def name(self) -> str:
@@ -51,12 +54,15 @@ class PlannedStep:
     def version(self) -> dict[str, Any]:
         """The version tree one level deep: this step's leaves plus each upstream's name and hash."""
         deps = self.dependencies + self.nonblocking_dependencies
-        return {
+        out = {
             "name": self.name,
             "hash": self.hash,
             "config": self.config_leaves,
             "dependencies": {d.output_path: {"name": d.name, "hash": d.hash} for d in deps},
         }
+        if self.spelled:  # only grouped configs have it, so every other record is as it was
+            out["spelled"] = dict(self.spelled)
+        return out
 
     def __repr__(self) -> str:
         return f"PlannedStep({self.name}-{self.hash})"
@@ -252,11 +258,17 @@ def plan_steps(steps: list[ExecutorStep], prefix: str) -> Plan:
     planned: list[PlannedStep] = []
     for step in order:
         leaves: dict[str, Any] = {}
+        names: dict[str, str] = {}  # version name -> field path as spelled (they differ inside a group)
         deps: dict[int, PlannedStep] = {}
         nonblocking: dict[int, PlannedStep] = {}
         for field, ph in inputs[id(step)]:
             try:
-                path = str(field)
+                spelled = str(field)
+                path = field.version_name()  # a group's fields are named as its parent's (versioning.group)
+                if names.setdefault(path, spelled) != spelled:
+                    raise PlanError(f"step {step.name!r}: config fields {names[path]} and {spelled} are both named "
+                                    f"{path!r} in the version (a group's fields are named as its parent's); "
+                                    "rename one of them")
                 if isinstance(ph, VersionedValue):
                     leaves[path] = encode(ph.value, field)
             except UnhashableConfigError as e:
@@ -284,6 +296,7 @@ def plan_steps(steps: list[ExecutorStep], prefix: str) -> Plan:
             digest=digest,
             output_path=_output_path(prefix, step, digest[:HASH_CHARS]),
             config_leaves=leaves,
+            spelled={n: p for n, p in names.items() if n != p},
             dependencies=list(deps.values()),
             nonblocking_dependencies=list(nonblocking.values()),
         )
@@ -361,6 +374,21 @@ def resolve_config(ps: PlannedStep, plan: Plan) -> Any:
         return DESCEND if container_kind(value) is not None else value
 
     return walk(ps.step.config, visit, rebuild, key_text=key_text)
+
+
+def plain_config(config: Any) -> Any:
+    """``config`` with every versioned value unwrapped and its placeholders kept: a declared step's
+    config as its builder made it, before :func:`marin.execution.versioning.versioned_config` marked
+    it (what a builder reads back of another step, e.g. a ladder fit of its rungs' models)."""
+
+    def visit(value: Any, path: FieldPath) -> Any:
+        if isinstance(value, VersionedValue):
+            return walk(value.value, visit, rebuild, path, key_text)
+        if isinstance(value, (InputName, OutputName)):
+            return value
+        return DESCEND if container_kind(value) is not None else value
+
+    return walk(config, visit, rebuild, key_text=key_text)
 
 
 def rebuild(value: Any, kind: str, items: list[tuple[str, Any, Any]], path: FieldPath) -> Any:

@@ -17,6 +17,12 @@ field's metadata:
 * :func:`by_field` ``(reason)``: a nested config (or a container of them) versioned field by field
   by its own class's rule, so that ``marin explain`` names the nested field that changed
   (``model.n_layers``); None adds nothing. Any other nested dataclass is one versioned value.
+* :func:`group` ``(reason)``: a nested config that groups fields of its parent by concept
+  (``TrainConfig.optimizer``): versioned field by field like ``by_field``, but its fields are
+  named in the hash as the parent's own (``peak_lr``, not ``optimizer.peak_lr``), after the group's
+  ``prefix`` if it has one (``evaluation.sets``: ``eval_sets``), so moving the fields of a flat
+  config into a group moves no hash. Records and messages spell the group
+  (``optimizer.peak_lr``); two versioned fields with one name in the hash are refused at planning.
 
 A field added to a config tomorrow is therefore in the version unless someone marks it live and
 says why. The rule holds for every step's config: the planner hashes :func:`versioned_view` of it,
@@ -34,6 +40,7 @@ from typing import Any
 
 from marin.execution.hashing import VERSIONING_RULE
 from marin.execution.step import InputName, OutputName, VersionedValue, versioned
+from marin.execution.walker import GROUP_PREFIX
 
 RULE = VERSIONING_RULE
 """The field-metadata key; its value is ``("live", reason)``, ``("input", reason)`` or ``("by_field", reason)``."""
@@ -70,6 +77,15 @@ def _default(f: dataclasses.Field) -> Any:
 def by_field(reason: str, **field_kwargs: Any) -> Any:
     """A ``dataclasses.field`` holding a nested config versioned field by field (see the module doc)."""
     return dataclasses.field(metadata={RULE: ("by_field", reason)}, **field_kwargs)
+
+
+def group(reason: str, *, prefix: str = "", **field_kwargs: Any) -> Any:
+    """A ``dataclasses.field`` holding a group of the parent's fields (see the module doc); it needs a
+    ``default_factory`` (the group's defaults). ``prefix``: what its fields' names in the hash start
+    with (``"eval_"``: ``evaluation.sets`` is named ``eval_sets``, as the field was before it was grouped)."""
+    if "default_factory" not in field_kwargs:
+        raise ValueError("a group field needs a default_factory (the group with its defaults)")
+    return dataclasses.field(metadata={RULE: ("group", reason), GROUP_PREFIX: prefix}, **field_kwargs)
 
 
 def rule(f: dataclasses.Field) -> tuple[str, str]:
@@ -124,7 +140,7 @@ def versioned_config(config: Any) -> Any:
             new = value  # as every step recorded before the field existed
         elif kind == "input":
             new = value if value is None or _marked(value) else versioned(value)
-        elif kind == "by_field" or _marked(value):
+        elif kind in ("by_field", "group") or _marked(value):
             new = _nested(value)
         else:
             new = versioned(value)
@@ -166,7 +182,9 @@ def versioned_leaves(cls: type, prefix: str = "", nested: dict[str, type] | None
     """The field paths :func:`versioned_config` makes versioned leaves of, for an instance of ``cls``
     whose fields hold plain values (placeholders in input fields): every field not live and not an
     input, with a ``by_field`` field expanded into its class's leaves. ``nested`` names the class of
-    a ``by_field`` (or marked) field's value, by field name; without it the field is one leaf.
+    a ``by_field`` (or marked) field's value, by field name; without it the field is one leaf. A
+    ``group`` field is expanded into its default's class, named as in the version (``peak_lr``,
+    ``eval_sets``).
     Tests derive the expected version of every config from this, so they follow the metadata."""
     out: set[str] = set()
     for f in dataclasses.fields(cls):
@@ -174,14 +192,18 @@ def versioned_leaves(cls: type, prefix: str = "", nested: dict[str, type] | None
         path = f"{prefix}.{f.name}" if prefix else f.name
         if kind in ("live", "input", "added_later"):  # added_later: a leaf only when set
             continue
+        if kind == "group":  # named as the parent's own fields, after the group's prefix
+            named = (f.metadata.get(GROUP_PREFIX, "") + leaf for leaf in versioned_leaves(type(f.default_factory())))
+            out |= {f"{prefix}.{leaf}" if prefix else leaf for leaf in named}
+            continue
         sub = (nested or {}).get(f.name)
         out |= versioned_leaves(sub, path) if sub is not None else {path}
     return out
 
 
 def rule_table(cls: type) -> list[tuple[str, str, str]]:
-    """``(field, "versioned" | "live" | "input" | "by field", reason)`` for each field of ``cls``, in
+    """``(field, "versioned" | "live" | "input" | "by field" | "group", reason)`` for each field of ``cls``, in
     declaration order: the docs' "what is versioned" table is this, for every config."""
     names = {"versioned": "versioned", "live": "live", "input": "input", "by_field": "versioned by field",
-             "added_later": "versioned when set"}
+             "added_later": "versioned when set", "group": "group"}
     return [(f.name, names[rule(f)[0]], rule(f)[1]) for f in dataclasses.fields(cls)]

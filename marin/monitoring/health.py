@@ -381,7 +381,8 @@ def format_prediction_report(report: dict[str, Any]) -> str:
             f"to {c['new_total_steps']:,} steps from step {c['at_step']:,}"
         )
         if "lr_replans" in c:
-            lines.append(f"    default_train(..., lr_replans={tuple(tuple(r) for r in c['lr_replans'])}): the LR still "
+            lines.append(f"    default_train(..., optimizer=OptimizerConfig(..., lr_replans="
+                         f"{tuple(tuple(r) for r in c['lr_replans'])})): the LR still "
                          f"decays linearly to 5% of peak, now at step {c['new_total_steps']:,}")
         if "note" in c:
             lines.append(f"    {c['note']}")
@@ -407,7 +408,7 @@ def run_schedule(run_path: str) -> tuple[Any, int, int | None]:
             config = read_metadata(mgr.path_for(latest))["config"] if latest is not None else None
         except Exception:  # noqa: BLE001
             config = None
-    if not config or "peak_lr" not in config:
+    if not config or "peak_lr" not in (config.get("optimizer") or config):  # grouped or flat (older runs)
         return None, 0, None
     sched = schedule_from_config(config)
     return sched, int(config.get("tokens_per_step", 0)), sched.final_total_steps

@@ -18,7 +18,7 @@ from marin.execution.jsonable import to_jsonable
 from marin.execution.plan import Plan, PlannedStep, plan_steps, resolve_config
 from marin.execution.prefix import resolve_prefix
 from marin.execution.status import StepStatus
-from marin.execution.walker import FieldPath, leaves, path_keys
+from marin.execution.walker import GROUP, FieldPath, leaves, path_keys
 from marin.review.experiment_file import load_experiment
 from marin.review.steps import marked_dirs, step_state
 
@@ -51,15 +51,18 @@ def unversioned_changes(recorded: Any, current: Any, versioned: Iterable[str]) -
     new = {path.keys(): (spelled.get(path.keys(), str(path)), v) for path, v in recorded_leaves(current)}
     out = []
     # a field whose shape changed (an element added to lr_replans, a tuple emptied) reads as one
-    # change of the whole field, old value -> new value, not as scattered leaves
+    # change of the whole field, old value -> new value, not as scattered leaves; a field of a group
+    # (marin.execution.versioning.group) is a field of its own (optimizer.lr_replans)
     current_json = to_jsonable(current)
-    reshaped = sorted({k[0] for k in set(old) ^ set(new) if k and not any(k[:len(v)] == v for v in versioned_keys)},
+    groups = {node.keys() for path, _ in leaves(current, key_text) for node in _nodes(path) if node.kind == GROUP}
+    reshaped = sorted({_field_of(k, groups) for k in set(old) ^ set(new)
+                       if k and not any(k[:len(v)] == v for v in versioned_keys)},
                       key=str) if isinstance(recorded, dict) and isinstance(current_json, dict) else []
     for field in reshaped:
-        out.append(_change(spelled.get((field,), str(field)), recorded.get(field), current_json.get(field),
-                           was=field in recorded, now=field in current_json))
+        (was, a), (now, b) = _at(recorded, field), _at(current_json, field)
+        out.append(_change(spelled.get(field, ".".join(map(str, field))), a, b, was=was, now=now))
     for keys in sorted(set(old) | set(new), key=lambda k: (new.get(k) or old[k])[0]):
-        if any(keys[:len(v)] == v for v in versioned_keys) or (keys and keys[0] in reshaped):
+        if any(keys[:len(v)] == v for v in versioned_keys) or any(keys[:len(f)] == f for f in reshaped):
             continue
         name, a = old.get(keys, (None, None))
         name, b = new.get(keys, (name, None))
@@ -67,6 +70,31 @@ def unversioned_changes(recorded: Any, current: Any, versioned: Iterable[str]) -
             continue
         out.append(_change(name, a, b, was=keys in old, now=keys in new))
     return out
+
+
+def _at(tree: Any, keys: tuple[Any, ...]) -> tuple[bool, Any]:
+    """``(present, value)`` at ``keys`` of a JSON config."""
+    for k in keys:
+        if not isinstance(tree, dict) or k not in tree:
+            return False, None
+        tree = tree[k]
+    return True, tree
+
+
+def _nodes(path: FieldPath) -> list[FieldPath]:
+    out, node = [], path
+    while node is not None:
+        out.append(node)
+        node = node.parent
+    return out
+
+
+def _field_of(keys: tuple[Any, ...], groups: set[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The field a leaf path belongs to: its first part, or within a group its group's field."""
+    n = 1
+    while n < len(keys) and keys[:n] in groups:
+        n += 1
+    return keys[:n]
 
 
 def recorded_leaves(config: Any) -> list[tuple[FieldPath, Any]]:
@@ -182,8 +210,9 @@ def explain(experiment: str, prefix: str | None = None) -> list[dict[str, Any]]:
                     changes = version_changes(prev["version"], ps, plan)
                     reasons.extend(changes or ["hash changed (previous run at " + str(prev.get("output_path")) + ")"])
         if info and "config" in info:
+            recorded = info.get("version") or {}
             changed = unversioned_changes(info["config"], resolve_config(ps, plan),
-                                          (info.get("version") or {}).get("config") or {})
+                                          [*(recorded.get("config") or {}), *(recorded.get("spelled") or {}).values()])
             reasons.extend(f"not versioned, reused: {c}" for c in changed)
         if info:
             msg = drift(info.get("code_fingerprint"), code_fingerprint(ps.step.fn))

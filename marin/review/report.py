@@ -561,7 +561,8 @@ def _config(step: Step) -> str:
     config = step.config
     if config is None:
         return "<p class=muted>no recorded config</p>"
-    versioned = list(step.versioned_fields)
+    # a grouped config's fields are recorded as spelled (optimizer.peak_lr) and versioned by leaf name
+    versioned = [*step.versioned_fields, *(step.version.get("spelled") or {}).values()]
     rows = []
     for path, value in config_leaves(config):
         v = is_versioned(path, versioned)

@@ -134,12 +134,6 @@ def rung_model(target: MoEConfig, d_model: int, n_layers: int) -> MoEConfig:
     )
 
 
-def model_overrides(base: MoEConfig, model: MoEConfig) -> dict:
-    """The fields of ``model`` that differ from ``base``: what ``default_train(model_overrides=...)`` takes."""
-    return {f.name: getattr(model, f.name) for f in dataclasses.fields(MoEConfig)
-            if getattr(model, f.name) != getattr(base, f.name)}
-
-
 def run_flops(model: MoEConfig, train_steps: int, tokens_per_step: int,
               seq_len_phases: Sequence[tuple[float, int]]) -> float:
     """Training FLOPs of a run: its tokens x FLOPs per token over its phases, as the trainer places them."""

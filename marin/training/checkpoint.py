@@ -55,6 +55,7 @@ import fsspec
 import numpy as np
 
 from marin.execution.retry import StorageUnavailable, call_with_retry
+from marin.execution.versioning import live
 
 logger = logging.getLogger(__name__)
 
@@ -103,13 +104,30 @@ class CheckpointPolicy:
     published hero run checkpoints: permanent ones to the durable root, sparse, and a temporary one
     every hour to region-local storage, so a fault costs at most an hour
     (marin-community/marin, ``experiments/grug/moe_hero_ep/README.md``).
+
+    ``temp_path`` is where a training run's temporary store is (the trainer hands it to the manager);
+    ``preemption_grace_s`` the seconds between a scheduler's SIGTERM and its SIGKILL, used for a
+    final checkpoint (:mod:`marin.training.preemption`). As ``TrainConfig.checkpoint`` every field
+    is live: when state is saved and what is kept, not what is computed.
     """
 
-    every_steps: int = 100
-    every_minutes: float | None = None
-    keep_last: int = 2
-    keep_every: int | None = None
-    temp_every_minutes: float | None = None
+    every_steps: int = live("when state is saved, not what is computed", default=100)
+    every_minutes: float | None = live("when state is saved, not what is computed", default=30.0)
+    keep_last: int = live("which checkpoints are kept, not what is computed", default=2)
+    keep_every: int | None = live("which checkpoints are kept, not what is computed", default=None)
+    temp_every_minutes: float | None = live(
+        "when state is saved, not what is computed: a rolling temporary checkpoint every this many minutes of "
+        "wall time (None: none), so a fault costs at most this long while permanent checkpoints stay sparse",
+        default=None)
+    temp_path: str | None = live(
+        "where the temporary checkpoint goes (a fast local or region-local prefix; the run writes under "
+        "<prefix>/<run directory name>-<hash of its output path>/checkpoints, one kept), not what is computed: "
+        "a run may move to another region and resume from its permanent checkpoints", default=None)
+    preemption_grace_s: float = live(
+        "seconds between the scheduler's SIGTERM and its SIGKILL (Kubernetes: terminationGracePeriodSeconds); "
+        "> 0: a SIGTERM ends training at the next step with a final checkpoint where the grace allows "
+        "(marin.training.preemption); 0 leaves SIGTERM alone (tiny runs). When state is saved, not what is "
+        "computed", default=0.0)
 
     def __post_init__(self) -> None:
         if self.every_steps <= 0:
@@ -120,6 +138,10 @@ class CheckpointPolicy:
             raise ValueError(f"keep_every must be > 0, got {self.keep_every}")
         if self.temp_every_minutes is not None and self.temp_every_minutes <= 0:
             raise ValueError(f"temp_checkpoint_every_minutes must be > 0, got {self.temp_every_minutes}")
+        if self.every_minutes is not None and self.every_minutes <= 0:
+            raise ValueError(f"every_minutes must be > 0 (or None: by steps only), got {self.every_minutes}")
+        if self.preemption_grace_s < 0:
+            raise ValueError(f"preemption_grace_s must be >= 0, got {self.preemption_grace_s}")
 
 
 PERMANENT = "permanent"

@@ -1,21 +1,29 @@
 """The training step's configuration (JAX-free, so experiment files and the CLI import it cheaply).
 
 A :class:`TrainConfig` is what ``default_train`` puts into the executor step; everything the run needs
-is in it. Every field is part of the run's version unless it is declared live below, with why
-(:mod:`marin.execution.versioning`): what an operator may change on a running run (the pool, horizon
-re-plans, the transport switch, checkpoint cadence, telemetry) keeps its output path, so the step
-resumes from its checkpoints. The model is carried fully resolved
-(every :class:`~marin.models.config.MoEConfig` field after preset, overrides and compute dtype), so
-editing a preset changes the version of every run that uses it; the trainer builds exactly that model.
+is in it, grouped by concept: the run itself (model, data, seed, horizon, batch, sequence phases),
+then ``optimizer``, ``checkpoint``, ``stall``, ``evaluation``, ``telemetry`` and ``parallelism``,
+each a frozen dataclass with its own defaults and checks (``CheckpointPolicy`` and ``StallRule`` are
+the checkpoint manager's and the stall watchdog's own, importable from here). Every field is part of
+the run's version unless it is declared live, with why (:mod:`marin.execution.versioning`): what an
+operator may change on a running run (the pool, horizon re-plans, the transport switch, checkpoint
+cadence, telemetry) keeps its output path, so the step resumes from its checkpoints. In the hash a
+group's fields keep the names they had before TrainConfig was grouped (``peak_lr``, ``eval_sets``),
+so grouping moved no step's hash. The model is carried as a :class:`~marin.models.config.MoEConfig`
+(every field versioned), so editing a preset changes the version of every run that uses it; the
+trainer builds exactly that model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import warnings
 from typing import Any
 
 from marin.data.mixture import MixtureConfig
-from marin.execution.versioning import by_field, input_field, live
+from marin.evaluation.sets import EvalSet
+from marin.execution.versioning import by_field, group, input_field, live
 from marin.models.config import REMAT_POLICIES, MoEConfig, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
 from marin.training.checkpoint import CheckpointPolicy
@@ -68,18 +76,24 @@ class InitFrom:
 
 
 def resolve_model(
-    preset: str,
+    model: MoEConfig | str,
     overrides: dict[str, Any] | None = None,
     compute_dtype: str | None = None,
     seq_len_phases: tuple[tuple[float, int], ...] = (),
 ) -> MoEConfig:
-    """The model a run trains: ``preset`` + ``overrides`` (+ ``compute_dtype``), with ``max_seq_len``
-    raised to the longest sequence phase. Resolved once, when the config is built, so the version of a
-    step names the model itself rather than a preset name whose meaning can change."""
+    """The model a run trains: ``model`` (a preset name or a :class:`MoEConfig`) with ``overrides``
+    (+ ``compute_dtype``), and ``max_seq_len`` raised to the longest sequence phase. Resolved once,
+    when the config is built, so the version of a step names the model itself rather than a preset
+    name whose meaning can change."""
     overrides = dict(overrides or {})
     if compute_dtype is not None:
         overrides["dtype"] = compute_dtype
-    cfg = get_preset(preset, **overrides)
+    if isinstance(model, MoEConfig):
+        cfg = model.replace(**overrides) if overrides else model
+    elif isinstance(model, str):
+        cfg = get_preset(model, **overrides)
+    else:
+        raise TypeError(f"model must be a preset name or a MoEConfig, got {type(model).__name__}")
     longest = max((int(n) for _, n in seq_len_phases), default=0)
     return cfg.replace(max_seq_len=longest) if cfg.max_seq_len < longest else cfg
 
@@ -87,39 +101,115 @@ def resolve_model(
 EVAL_IS_TELEMETRY = "in-training evaluation is telemetry: it reads the weights, never writes them"
 
 
+def _pairs(value: Any, kinds: tuple[type, type]) -> Any:
+    """One spelling of a schedule given as pairs (the version encodes it): a tuple of typed tuples."""
+    if isinstance(value, (list, tuple)):
+        return tuple((kinds[0](a), kinds[1](b)) for a, b in value)
+    return value
+
+
+# --- the groups of a TrainConfig, one per concept ---------------------------------------------------
+# Each is versioned field by field by its own rule; in a step's hash its fields are named as
+# TrainConfig's own (peak_lr, not optimizer.peak_lr: marin.execution.versioning.group), so the
+# hashes of runs declared before TrainConfig was grouped did not move.
+
+
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """One training run.
+class OptimizerConfig:
+    """AdamW with global-norm gradient clipping, and its learning-rate schedule: linear warmup to
+    ``peak_lr`` over ``warmup_steps``, linear decay to ``final_lr_fraction`` x peak at the horizon
+    (``TrainConfig.train_steps``); ``lr_replans`` moves the horizon of a running run
+    (:class:`marin.training.schedule.LRSchedule`, built by :meth:`lr_schedule`)."""
 
-    ``data`` is a ``marin.data.mixture.MixtureConfig`` for real runs (the trainer reads it with
-    ``MixtureLoader``) or a :class:`SyntheticDataConfig`. ``model`` is the resolved
-    :class:`MoEConfig` the run trains; a preset name is accepted too and resolved at construction
-    (with ``model_overrides`` and ``compute_dtype`` applied, see :func:`resolve_model`), after which
-    ``preset`` keeps the name for readability. ``train_steps`` is the original horizon;
-    ``lr_replans`` moves it later on.
-    """
+    peak_lr: float = 3e-3
+    warmup_steps: int = 10
+    final_lr_fraction: float = DEFAULT_FINAL_LR_FRACTION
+    lr_replans: tuple[tuple[int, int], ...] = live(
+        "(at_step, new_total_steps): moving the horizon of a running run; the schedule before the re-plan point "
+        "is unchanged and the run resumes from its checkpoints", default=())
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0
 
-    output_path: str = input_field()
-    data: Any = dataclasses.field()
-    """A ``MixtureConfig`` (versioned field by field, its stores through their tokenize steps' hashes)
-    or a ``SyntheticDataConfig`` (one versioned value)."""
-    model: MoEConfig | str = by_field("every resolved MoEConfig field is its own leaf (model.n_layers), so "
-                                      "editing a preset moves the hash and marin explain names the field",
-                                      default="tiny-ep")
-    model_overrides: dict[str, Any] = live("applied to model when the config is built; model is versioned",
-                                           default_factory=dict)
-    pool: str | PoolSpec = live("where the run executes, not what it computes: a run may move to another pool and "
-                                "resume from its checkpoints", default="local-cpu")
-    """A pool's name (marin.training.pools.POOLS, a pools file's) or a PoolSpec itself."""
-    seed: int = 0
-    # horizon and batch
-    train_steps: int = 100
-    """The horizon as planned (``lr_replans`` moves it later on)."""
-    tokens_per_step: int = 4096
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lr_replans", _pairs(self.lr_replans, (int, int)))
+        if not self.peak_lr > 0:
+            raise ValueError(f"optimizer.peak_lr must be > 0, got {self.peak_lr}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.final_lr_fraction <= 1.0:
+            raise ValueError(f"optimizer.final_lr_fraction must be in [0, 1], got {self.final_lr_fraction}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"optimizer.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.weight_decay < 0 or self.adam_eps <= 0 or self.grad_clip <= 0:
+            raise ValueError(f"optimizer: need weight_decay >= 0, adam_eps > 0 and grad_clip > 0, got "
+                             f"{self.weight_decay}, {self.adam_eps}, {self.grad_clip}")
+
+    def lr_schedule(self, train_steps: int) -> LRSchedule:
+        """The schedule over a run of ``train_steps`` planned steps (re-plans included)."""
+        return LRSchedule(peak_lr=self.peak_lr, warmup_steps=self.warmup_steps, total_steps=train_steps,
+                          final_fraction=self.final_lr_fraction,
+                          replans=tuple(Replan(int(a), int(t)) for a, t in self.lr_replans))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainEvalConfig:
+    """Evaluation during training: every ``every_steps`` steps and at the last step, bits per byte on
+    ``sets`` (:class:`marin.evaluation.sets.EvalSet`) plus, when ``held_out`` and the data is a
+    mixture, its held-out split, and the multiple-choice ``tasks``, as records with kind ``"eval"``
+    in ``metrics.jsonl``. ``every_steps=None``: no evaluation."""
+
+    every_steps: int | None = live(EVAL_IS_TELEMETRY, default=None)
+    sets: tuple[Any, ...] = live(
+        "in-training evaluation is telemetry (the sets' tokenize steps are dependencies, which are versioned, "
+        "and so are the names default_eval_suite marks)", default=())
+    held_out: bool = live(EVAL_IS_TELEMETRY, default=True)
+    tasks: dict[str, str] = live(
+        "in-training evaluation is telemetry (a task written by a step is a dependency, which is versioned)",
+        default_factory=dict)
+    """Multiple-choice tasks, name -> jsonl path (marin.evaluation.multiple_choice), scored at each
+    in-training eval as the eval step scores them; their accuracy, byte-normalised accuracy and task
+    loss go into the eval records as ``eval/task/{name}/acc``, ``.../acc_norm`` and ``.../gold_bpb``."""
+    stride: int | None = live(EVAL_IS_TELEMETRY, default=None)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sets, list):
+            object.__setattr__(self, "sets", tuple(self.sets))
+        if self.tasks and self.every_steps is None:
+            raise ValueError(f"evaluation.tasks {sorted(self.tasks)} are scored by the in-training eval, which "
+                             "evaluation.every_steps=None turns off; set evaluation.every_steps")
+        if self.every_steps is not None and self.every_steps <= 0:
+            raise ValueError(f"evaluation.every_steps must be > 0 (or None: no evaluation), got {self.every_steps}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TelemetryConfig:
+    """What the run reports and where: ``metrics.jsonl`` every ``log_every`` steps, W&B under
+    ``wandb_project`` (None: off) as ``run_name``, a progress line every ``progress_every_s``."""
+
+    log_every: int = live("telemetry only", default=1)
+    wandb_project: str | None = live("telemetry only", default="marin")
+    run_name: str | None = live("telemetry only", default=None)
+    progress_every_s: float = live("telemetry only", default=10.0)
+
+    def __post_init__(self) -> None:
+        if self.log_every < 1 or self.progress_every_s < 0:
+            raise ValueError(f"telemetry: need log_every >= 1 and progress_every_s >= 0, got {self.log_every}, "
+                             f"{self.progress_every_s}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelismConfig:
+    """How the work is spread over the pool's devices: none of it changes what is computed beyond
+    float summation order (and the capacity-bounded transports' dropped tokens), so every field is
+    live and a run resumes into another layout from its checkpoints."""
+
     microbatches: int | None = live(
         "gradient accumulation count (None: the smallest the memory planner says fits); it changes only the "
         "float summation order", default=None)
-    seq_len_phases: tuple[tuple[float, int], ...] = ((0.0, 64),)
     param_sharding: str = live(
         "where weights, gradients and AdamW moments live (replicated or fsdp): the same math, only where partial "
         "sums are added changes (float reassociation, within 2e-5 on the loss in the tests); a checkpoint "
@@ -133,127 +223,186 @@ class TrainConfig:
         "(marin.models.context_parallel), ((262144, 4),): how the work is spread, not what is computed (the "
         "same losses within float summation order in the tests); a phase not listed: one device per sequence",
         default=())
-    # optimizer (AdamW with global-norm clipping)
-    peak_lr: float = 3e-3
-    warmup_steps: int = 10
-    final_lr_fraction: float = DEFAULT_FINAL_LR_FRACTION
-    lr_replans: tuple[tuple[int, int], ...] = live(
-        "(at_step, new_total_steps): moving the horizon of a running run; the schedule before the re-plan point "
-        "is unchanged and the run resumes from its checkpoints", default=())
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    adam_eps: float = 1e-8
-    grad_clip: float = 1.0
-    compute_dtype: str | None = live(
-        "applied to model when the config is built ('bfloat16': bf16 compute, float32 master weights); "
-        "model.dtype is versioned", default=None)
     transport_switches: tuple[tuple[int, str], ...] = live(
         "EP transport by step, e.g. ((0, 'fixed'), (81716, 'ragged_capacity')): a throughput decision taken on a "
         "live run; the transports compute the same model, except that capacity-bounded buffers drop the tokens "
         "that overflow them (logged as drop_frac_send / drop_frac_recv), so a switch changes the weights slightly "
         "but must not restart the run", default=())
-    # checkpoints
-    checkpoint_every_steps: int = live("when state is saved, not what is computed", default=100)
-    checkpoint_every_minutes: float | None = live("when state is saved, not what is computed", default=30.0)
-    keep_last_checkpoints: int = live("which checkpoints are kept, not what is computed", default=2)
-    keep_every_steps: int | None = live("which checkpoints are kept, not what is computed", default=None)
-    # the second tier: a rolling temporary checkpoint on fast storage, beside the permanent ones above
-    temp_checkpoint_every_minutes: float | None = live(
-        "when state is saved, not what is computed: a rolling temporary checkpoint every this many minutes of "
-        "wall time (None: none), so a fault costs at most this long while permanent checkpoints stay sparse",
-        default=None)
-    temp_checkpoint_path: str | None = live(
-        "where the temporary checkpoint goes (a fast local or region-local prefix; the run writes under "
-        "<prefix>/<run directory name>-<hash of its output path>/checkpoints, one kept), not what is computed: "
-        "a run may move to another region and resume from its permanent checkpoints", default=None)
-    # the stall watchdog of the pool launcher (marin.training.stall)
-    stall_timeout_s: float | None = live(
-        "when a hung pool is killed and relaunched from its last checkpoint, not what is computed; an operator "
-        "tunes it on a live run. None: 10 x the median measured step time, at least 600 s", default=None)
-    stall_startup_s: float = live(
-        "the stall watchdog's allowance before the first step of an attempt (checkpoint restore, compilation) "
-        "and during a new phase's compilation, an in-training eval or a checkpoint wait; not what is computed",
-        default=3600.0)
-    preemption_grace_s: float = live(
-        "seconds between the scheduler's SIGTERM and its SIGKILL (Kubernetes: terminationGracePeriodSeconds); "
-        "> 0: a SIGTERM ends training at the next step with a final checkpoint where the grace allows "
-        "(marin.training.preemption); 0 leaves SIGTERM alone (tiny runs). When state is saved, not what is "
-        "computed", default=0.0)
-    # telemetry
-    log_every: int = live("telemetry only", default=1)
-    wandb_project: str | None = live("telemetry only", default="marin")
-    run_name: str | None = live("telemetry only", default=None)
-    progress_every_s: float = live("telemetry only", default=10.0)
-    # evaluation during training: every eval_every_steps steps and at the last step, bits per byte on
-    # eval_sets (marin.evaluation.sets.EvalSet) plus, when eval_held_out and the data is a mixture, its
-    # held-out split, and the multiple-choice eval_tasks, as records with kind "eval" in metrics.jsonl.
-    # None: no evaluation.
-    eval_every_steps: int | None = live(EVAL_IS_TELEMETRY, default=None)
-    eval_sets: tuple[Any, ...] = live(
-        "in-training evaluation is telemetry (the sets' tokenize steps are dependencies, which are versioned, "
-        "and so are the names default_eval_suite marks)", default=())
-    eval_held_out: bool = live(EVAL_IS_TELEMETRY, default=True)
-    eval_tasks: dict[str, str] = live(
-        "in-training evaluation is telemetry (a task written by a step is a dependency, which is versioned)",
-        default_factory=dict)
-    """Multiple-choice tasks, name -> jsonl path (marin.evaluation.multiple_choice), scored at each
-    in-training eval as the eval step scores them; their accuracy, byte-normalised accuracy and task
-    loss go into the eval records as ``eval/task/{name}/acc``, ``.../acc_norm`` and ``.../gold_bpb``."""
-    eval_stride: int | None = live(EVAL_IS_TELEMETRY, default=None)
-    preset: str | None = None
-    """The preset ``model`` was resolved from (readability: ``model``, versioned field by field, is what is trained)."""
-    init_from: InitFrom | None = by_field(
-        "a branch's source: the source run's output (a placeholder: versioned through its hash), the checkpoint "
-        "step and what is taken from it are versioned; None (a fresh start) adds nothing", default=None)
 
     def __post_init__(self) -> None:
-        # one spelling of the schedules, whatever sequences the caller passed (the version encodes them)
-        for name, kinds in (("seq_len_phases", (float, int)), ("transport_switches", (int, str)),
-                            ("remat_by_seq_len", (int, str)), ("lr_replans", (int, int)),
-                            ("context_parallel_by_seq_len", (int, int))):
-            value = getattr(self, name)
-            if isinstance(value, (list, tuple)):
-                object.__setattr__(self, name, tuple((kinds[0](a), kinds[1](b)) for a, b in value))
-        if isinstance(self.eval_sets, list):
-            object.__setattr__(self, "eval_sets", tuple(self.eval_sets))
-        if self.eval_tasks and self.eval_every_steps is None:
-            raise ValueError(f"eval_tasks {sorted(self.eval_tasks)} are scored by the in-training eval, which "
-                             "eval_every_steps=None turns off; set eval_every_steps")
-        if self.eval_tasks and isinstance(self.data, SyntheticDataConfig):
-            raise ValueError("eval_tasks need a run on tokenized text; synthetic tokens have no tokenizer")
-        if self.temp_checkpoint_every_minutes is not None and not self.temp_checkpoint_path:
-            raise ValueError("temp_checkpoint_every_minutes needs temp_checkpoint_path (a fast local or region-local "
-                             "prefix for the temporary checkpoint)")
+        for name, kinds in (("remat_by_seq_len", (int, str)), ("context_parallel_by_seq_len", (int, int)),
+                            ("transport_switches", (int, str))):
+            object.__setattr__(self, name, _pairs(getattr(self, name), kinds))
         if self.param_sharding not in PARAM_SHARDINGS:
             raise ValueError(f"unknown param_sharding {self.param_sharding!r}; choose from {PARAM_SHARDINGS}")
         for _, policy in self.remat_by_seq_len:
             if policy not in REMAT_POLICIES:
                 raise ValueError(f"remat_by_seq_len: unknown remat policy {policy!r}; choose from {REMAT_POLICIES}")
-        if isinstance(self.model, str):
-            object.__setattr__(self, "preset", self.preset or self.model)
-            object.__setattr__(self, "model", resolve_model(self.model, self.model_overrides, self.compute_dtype,
-                                                            tuple(self.seq_len_phases)))
-        elif self.model_overrides or self.compute_dtype is not None:
+        if self.microbatches is not None and self.microbatches < 1:
+            raise ValueError(f"parallelism.microbatches must be >= 1 (or None: planned), got {self.microbatches}")
+
+    def transport_schedule(self, default: str) -> TransportSchedule:
+        """The EP transport by step (``default`` throughout when no switch is set)."""
+        if not self.transport_switches:
+            return TransportSchedule.constant(default)
+        return TransportSchedule(tuple((int(s), str(t)) for s, t in self.transport_switches))
+
+
+GROUPS: dict[str, type] = {"optimizer": OptimizerConfig, "checkpoint": CheckpointPolicy, "stall": StallRule,
+                           "evaluation": TrainEvalConfig, "telemetry": TelemetryConfig,
+                           "parallelism": ParallelismConfig}
+"""TrainConfig's groups: field name -> class."""
+
+FLAT_NAMES: dict[str, tuple[str, str]] = {
+    **{n: ("optimizer", n) for n in ("peak_lr", "warmup_steps", "final_lr_fraction", "lr_replans", "weight_decay",
+                                     "beta1", "beta2", "adam_eps", "grad_clip")},
+    "checkpoint_every_steps": ("checkpoint", "every_steps"),
+    "checkpoint_every_minutes": ("checkpoint", "every_minutes"),
+    "keep_last_checkpoints": ("checkpoint", "keep_last"),
+    "keep_every_steps": ("checkpoint", "keep_every"),
+    "temp_checkpoint_every_minutes": ("checkpoint", "temp_every_minutes"),
+    "temp_checkpoint_path": ("checkpoint", "temp_path"),
+    "preemption_grace_s": ("checkpoint", "preemption_grace_s"),
+    "stall_timeout_s": ("stall", "timeout_s"),
+    "stall_startup_s": ("stall", "startup_s"),
+    **{n: ("telemetry", n) for n in ("log_every", "wandb_project", "run_name", "progress_every_s")},
+    **{f"eval_{n}": ("evaluation", n) for n in ("every_steps", "sets", "held_out", "tasks", "stride")},
+    **{n: ("parallelism", n) for n in ("microbatches", "param_sharding", "remat_by_seq_len",
+                                       "context_parallel_by_seq_len", "transport_switches")},
+}
+"""The flat spellings of TrainConfig's fields before it was grouped -> (group, field): still accepted
+as keywords for one release (with a DeprecationWarning naming the new spelling), and read from the
+configs that runs recorded before."""
+
+MODEL_KEYWORDS = ("model_overrides", "compute_dtype")
+"""Keywords TrainConfig took before a model was passed as a MoEConfig (deprecated; applied to the model)."""
+
+
+def new_spelling(flat: str) -> str:
+    """How a flat TrainConfig keyword is spelled now: ``peak_lr`` -> ``optimizer=OptimizerConfig(peak_lr=...)``."""
+    group, name = FLAT_NAMES[flat]
+    return f"{group}={GROUPS[group].__name__}({name}=...)"
+
+
+def regroup(kwargs: dict[str, Any], *, warn: bool = True, where: str = "TrainConfig", stacklevel: int = 3,
+            ) -> dict[str, Any]:
+    """``kwargs`` of a TrainConfig with the flat spellings (:data:`FLAT_NAMES`) moved into their groups
+    (a given group is updated, else its defaults), and the deprecated ``model_overrides`` /
+    ``compute_dtype`` applied to the model. ``warn``: a DeprecationWarning per flat name, naming
+    the new spelling (off for reading recorded configs, which are data, not code)."""
+    out = dict(kwargs)
+    moved: dict[str, dict[str, Any]] = {}
+    for flat in [k for k in out if k in FLAT_NAMES]:
+        group, name = FLAT_NAMES[flat]
+        moved.setdefault(group, {})[name] = out.pop(flat)
+        if warn:
+            warnings.warn(f"{where}({flat}=...) is deprecated; use {new_spelling(flat)} "
+                          f"(read it as config.{group}.{name})", DeprecationWarning, stacklevel=stacklevel)
+    for group, fields in moved.items():
+        base = out.get(group)
+        if base is None:
+            out[group] = GROUPS[group](**fields)
+        elif isinstance(base, dict):
+            out[group] = GROUPS[group](**{**base, **fields})
+        else:
+            out[group] = dataclasses.replace(base, **fields)
+    overrides, dtype = dict(out.pop("model_overrides", None) or {}), out.pop("compute_dtype", None)
+    if overrides or dtype is not None:
+        if warn:
+            warnings.warn(f"{where}(model_overrides=..., compute_dtype=...) is deprecated; pass the model as a "
+                          "MoEConfig: model=get_preset(name, **overrides, dtype=...)", DeprecationWarning,
+                          stacklevel=stacklevel)
+        model = out.get("model", "tiny-ep")
+        if isinstance(model, str):
+            out.setdefault("preset", model)
+            phases = out.get("seq_len_phases", ((0.0, 64),))
+            out["model"] = resolve_model(model, overrides, dtype, tuple(phases))
+        else:
             # e.g. dataclasses.replace(config, model_overrides=...) on a resolved config: never ignore it
-            wanted = dict(self.model_overrides)
-            if self.compute_dtype is not None:
-                wanted["dtype"] = self.compute_dtype
-            differ = {k: v for k, v in wanted.items() if getattr(self.model, k, v) != v}
+            wanted = {**overrides, **({"dtype": dtype} if dtype is not None else {})}
+            differ = {k: v for k, v in wanted.items() if getattr(model, k, v) != v}
             if differ:
                 raise ValueError(
                     f"model_overrides/compute_dtype {differ} disagree with the resolved model; the model is "
-                    "resolved once, so pass model=<preset name> (or a MoEConfig with these values) to change it"
-                )
+                    "resolved once, so pass model=<preset name> (or a MoEConfig with these values) to change it")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """One training run.
+
+    ``data`` is a ``marin.data.mixture.MixtureConfig`` for real runs (the trainer reads it with
+    ``MixtureLoader``) or a :class:`SyntheticDataConfig`. ``model`` is the :class:`MoEConfig` the run
+    trains (its ``max_seq_len`` raised to the longest sequence phase, see :func:`resolve_model`); a
+    preset name is accepted too and resolved at construction, after which ``preset`` keeps the name
+    for readability. ``train_steps`` is the original horizon; ``optimizer.lr_replans`` moves it later on.
+    The rest is grouped by concept, each group a dataclass with its own defaults and checks:
+    ``optimizer`` (AdamW and the LR schedule), ``checkpoint`` (when state is saved and kept),
+    ``stall`` (the pool launcher's watchdog), ``evaluation`` (in training), ``telemetry`` and
+    ``parallelism`` (how the work is spread). The flat keywords of before (``peak_lr=``,
+    ``checkpoint_every_steps=``, ...; :data:`FLAT_NAMES`) still work for one release, with a
+    DeprecationWarning naming the new spelling.
+    """
+
+    output_path: str = input_field()
+    data: Any = dataclasses.field()
+    """A ``MixtureConfig`` (versioned field by field, its stores through their tokenize steps' hashes)
+    or a ``SyntheticDataConfig`` (one versioned value)."""
+    model: MoEConfig | str = by_field("every resolved MoEConfig field is its own leaf (model.n_layers), so "
+                                      "editing a preset moves the hash and marin explain names the field",
+                                      default="tiny-ep")
+    pool: str | PoolSpec = live("where the run executes, not what it computes: a run may move to another pool and "
+                                "resume from its checkpoints", default="local-cpu")
+    """A pool's name (marin.training.pools.POOLS, a pools file's) or a PoolSpec itself."""
+    seed: int = 0
+    # horizon and batch
+    train_steps: int = 100
+    """The horizon as planned (``optimizer.lr_replans`` moves it later on)."""
+    tokens_per_step: int = 4096
+    seq_len_phases: tuple[tuple[float, int], ...] = ((0.0, 64),)
+    preset: str | None = None
+    """The preset ``model`` was resolved from (readability: ``model``, versioned field by field, is what is trained)."""
+    init_from: InitFrom | None = by_field(
+        "a branch's source: the source run's output (a placeholder: versioned through its hash), the checkpoint "
+        "step and what is taken from it are versioned; None (a fresh start) adds nothing", default=None)
+    optimizer: OptimizerConfig = group("AdamW and the LR schedule: versioned field by field (lr_replans is live)",
+                                       default_factory=OptimizerConfig)
+    checkpoint: CheckpointPolicy = group("when state is saved and kept: every field live",
+                                         default_factory=CheckpointPolicy)
+    stall: StallRule = group("the pool launcher's stall watchdog (marin.training.stall): every field live",
+                             default_factory=StallRule, prefix="stall_")
+    evaluation: TrainEvalConfig = group("evaluation during training: every field live (telemetry); the sets' and "
+                                        "tasks' upstream steps are versioned dependencies (as eval_sets, eval_tasks)",
+                                        default_factory=TrainEvalConfig, prefix="eval_")
+    telemetry: TelemetryConfig = group("metrics, W&B and progress lines: every field live",
+                                       default_factory=TelemetryConfig)
+    parallelism: ParallelismConfig = group("how the work is spread over the devices: every field live",
+                                           default_factory=ParallelismConfig)
+
+    def __post_init__(self) -> None:
+        # one spelling of the schedule, whatever sequence the caller passed (the version encodes it)
+        object.__setattr__(self, "seq_len_phases", _pairs(self.seq_len_phases, (float, int)))
+        for name, cls in GROUPS.items():
+            value = getattr(self, name)
+            if isinstance(value, dict):  # a group spelled as a dict (a parsed command line, a record)
+                object.__setattr__(self, name, cls(**value))
+            elif not isinstance(value, cls):
+                raise TypeError(f"TrainConfig.{name} must be a {cls.__name__}, got {type(value).__name__}")
+        if self.evaluation.tasks and isinstance(self.data, SyntheticDataConfig):
+            raise ValueError("eval_tasks need a run on tokenized text; synthetic tokens have no tokenizer")
+        if self.checkpoint.temp_every_minutes is not None and not self.checkpoint.temp_path:
+            raise ValueError("temp_checkpoint_every_minutes needs temp_checkpoint_path (checkpoint.temp_path: a fast "
+                             "local or region-local prefix for the temporary checkpoint)")
+        if isinstance(self.model, str):
+            object.__setattr__(self, "preset", self.preset or self.model)
+        elif not isinstance(self.model, MoEConfig):
+            raise TypeError(f"TrainConfig.model must be a preset name or a MoEConfig, got {type(self.model).__name__}")
+        # the longest phase fits the model, whether it came as a preset name or a MoEConfig
+        object.__setattr__(self, "model", resolve_model(self.model, seq_len_phases=tuple(self.seq_len_phases)))
 
     def lr_schedule(self) -> LRSchedule:
-        return LRSchedule(
-            peak_lr=self.peak_lr,
-            warmup_steps=self.warmup_steps,
-            total_steps=self.train_steps,
-            final_fraction=self.final_lr_fraction,
-            replans=tuple(Replan(int(a), int(t)) for a, t in self.lr_replans),
-        )
+        return self.optimizer.lr_schedule(self.train_steps)
 
     @property
     def total_steps(self) -> int:
@@ -266,29 +415,52 @@ class TrainConfig:
         )
 
     def transport_schedule(self, default: str) -> TransportSchedule:
-        if not self.transport_switches:
-            return TransportSchedule.constant(default)
-        return TransportSchedule(tuple((int(s), str(t)) for s, t in self.transport_switches))
+        return self.parallelism.transport_schedule(default)
 
     def checkpoint_policy(self) -> CheckpointPolicy:
-        return CheckpointPolicy(
-            every_steps=self.checkpoint_every_steps,
-            every_minutes=self.checkpoint_every_minutes,
-            keep_last=self.keep_last_checkpoints,
-            keep_every=self.keep_every_steps,
-            temp_every_minutes=self.temp_checkpoint_every_minutes,
-        )
+        """Deprecated: the policy is the ``checkpoint`` group itself."""
+        warnings.warn("TrainConfig.checkpoint_policy() is deprecated; read config.checkpoint", DeprecationWarning,
+                      stacklevel=2)
+        return self.checkpoint
 
     def stall_rule(self) -> StallRule:
-        """When the pool launcher counts this run's pool as hung (marin.training.stall)."""
-        return StallRule(timeout_s=self.stall_timeout_s, startup_s=self.stall_startup_s)
+        """Deprecated: the rule is the ``stall`` group itself."""
+        warnings.warn("TrainConfig.stall_rule() is deprecated; read config.stall", DeprecationWarning, stacklevel=2)
+        return self.stall
+
+
+_dataclass_init = TrainConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _train_config_init(self: TrainConfig, *args: Any, **kwargs: Any) -> None:
+    # the flat keywords of before (TrainConfig(peak_lr=...), dataclasses.replace(config, peak_lr=...))
+    _dataclass_init(self, *args, **regroup(kwargs))
+
+
+TrainConfig.__init__ = _train_config_init  # type: ignore[method-assign]
+
+
+def _flat_property(flat: str) -> property:
+    group, name = FLAT_NAMES[flat]
+
+    def get(self: TrainConfig) -> Any:
+        warnings.warn(f"TrainConfig.{flat} is deprecated; read config.{group}.{name}", DeprecationWarning,
+                      stacklevel=2)
+        return getattr(getattr(self, group), name)
+
+    return property(get, doc=f"Deprecated: ``{group}.{name}``.")
+
+
+for _flat in FLAT_NAMES:
+    setattr(TrainConfig, _flat, _flat_property(_flat))
 
 
 def model_at(config: TrainConfig, cfg: MoEConfig, seq_len: int) -> MoEConfig:
     """The model one sequence-length phase runs: ``cfg`` with the phase's remat policy and context
-    parallelism, if the run sets them (``remat_by_seq_len``, ``context_parallel_by_seq_len``); the
+    parallelism, if the run sets them (``parallelism.remat_by_seq_len``, ``.context_parallel_by_seq_len``); the
     trainer and the memory planner both ask here."""
-    policy = dict((int(n), p) for n, p in config.remat_by_seq_len).get(int(seq_len))
+    policy = dict((int(n), p) for n, p in config.parallelism.remat_by_seq_len).get(int(seq_len))
     if policy and policy != cfg.remat_policy:
         cfg = dataclasses.replace(cfg, remat_policy=policy)
     cp = context_parallel_at(config, seq_len)
@@ -297,15 +469,20 @@ def model_at(config: TrainConfig, cfg: MoEConfig, seq_len: int) -> MoEConfig:
 
 def context_parallel_at(config: TrainConfig, seq_len: int) -> int:
     """The context-parallel degree of one sequence-length phase (1: one device per sequence)."""
-    return int(dict((int(n), int(c)) for n, c in config.context_parallel_by_seq_len).get(int(seq_len), 1))
+    return int(dict((int(n), int(c)) for n, c in config.parallelism.context_parallel_by_seq_len).get(int(seq_len), 1))
 
 
-def train_config_from_record(record: dict[str, Any]) -> TrainConfig:
-    """A :class:`TrainConfig` with the model, schedule and data of a checkpoint's config record (what
-    evaluating, sampling or exporting a run needs of it; telemetry and cadence keep their defaults)."""
-    model = record["model"]
+def train_config_from_dict(record: dict[str, Any]) -> TrainConfig:
+    """The :class:`TrainConfig` a run recorded (its config as JSON, in checkpoint metadata and the
+    step's records), in either spelling: grouped (``{"optimizer": {"peak_lr": ...}}``, what runs
+    record now) or flat (``{"peak_lr": ...}``, what they recorded before TrainConfig was grouped;
+    :data:`FLAT_NAMES`). Keys that no TrainConfig field or flat spelling names are left out (a
+    record of a newer version, a field since removed), and so are values masked as secrets."""
+    record = dict(record)
+    model = record.get("model", "tiny-ep")
     if isinstance(model, dict):  # the resolved model the run trained (older records hold a preset name)
-        model = MoEConfig(**model)
+        names = {f.name for f in dataclasses.fields(MoEConfig)}
+        model = MoEConfig(**{k: v for k, v in model.items() if k in names})
     data = record.get("data") or {}
     if "stores" in data:
         data = MixtureConfig(stores=tuple(data["stores"]), validation_fraction=data["validation_fraction"],
@@ -313,9 +490,20 @@ def train_config_from_record(record: dict[str, Any]) -> TrainConfig:
                              validation_max_documents=data["validation_max_documents"])
     elif data:
         data = SyntheticDataConfig(**data)
-    return TrainConfig(
-        output_path=record["output_path"], data=data, model=model, preset=record.get("preset"),
-        model_overrides=dict(record.get("model_overrides") or {}), pool=record["pool"],
-        tokens_per_step=int(record["tokens_per_step"]), compute_dtype=record.get("compute_dtype"),
-        seq_len_phases=tuple((float(f), int(n)) for f, n in record["seq_len_phases"]),
-    )
+    top = {f.name for f in dataclasses.fields(TrainConfig)} - {"model", "data"} - set(GROUPS)
+    kwargs: dict[str, Any] = {k: record[k] for k in top if k in record}
+    if isinstance(kwargs.get("init_from"), dict):
+        kwargs["init_from"] = InitFrom(**kwargs["init_from"])
+    for name, cls in GROUPS.items():
+        known = {f.name for f in dataclasses.fields(cls)}
+        given = {k: v for k, v in (record.get(name) or {}).items() if k in known}
+        given.update({field: record[flat] for flat, (g, field) in FLAT_NAMES.items() if g == name and flat in record})
+        if name == "evaluation" and given.get("sets"):
+            given["sets"] = tuple(EvalSet(**s) if isinstance(s, dict) else s for s in given["sets"])
+        kwargs[name] = cls(**given)
+    kwargs.update({k: record[k] for k in MODEL_KEYWORDS if k in record})
+    return TrainConfig(**regroup({"data": data, "model": model, **kwargs}, warn=False))
+
+
+train_config_from_record = train_config_from_dict
+"""What evaluating, sampling or exporting a run reads of its checkpoint's config record."""

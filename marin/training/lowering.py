@@ -34,7 +34,7 @@ def abstract_state(config: TrainConfig, cfg, mesh) -> tuple[Any, Any]:
     """(state as ShapeDtypeStructs carrying their shardings, the shardings tree): the shapes of
     the sharded init (trainer.init_state) without allocating them (the hero's 535B parameters included)."""
     shapes = state_shapes(config, cfg)
-    shardings = state_shardings(shapes, mesh, config.param_sharding)
+    shardings = state_shardings(shapes, mesh, config.parallelism.param_sharding)
     state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
     return state, shardings
 

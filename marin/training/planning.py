@@ -578,15 +578,15 @@ def train_config_plans(config, device_memory: int | None = None) -> list[dict[st
     cfg = config.model  # resolved when the TrainConfig was built (preset, overrides and compute dtype)
     pool = get_pool(config.pool)
     seq_lens = sorted({int(n) for _, n in config.seq_len_phases})
-    transports = sorted({t for _, t in config.transport_switches}) or [cfg.transport]
+    transports = sorted({t for _, t in config.parallelism.transport_switches}) or [cfg.transport]
     plans = []
     for L in seq_lens:
         for t in transports:
             p = plan(model_at(config, cfg, L), pool, tokens_per_step=config.tokens_per_step, seq_len=L,
-                     microbatches=getattr(config, "microbatches", None), transport=t,
+                     microbatches=config.parallelism.microbatches, transport=t,
                      train_steps=config.train_steps, device_memory=device_memory,
                      seq_len_phases=config.seq_len_phases,
-                     param_sharding=getattr(config, "param_sharding", "replicated"))
+                     param_sharding=config.parallelism.param_sharding)
             p["model"] = config.preset or f"d{cfg.d_model}"
             plans.append(p)
     return plans

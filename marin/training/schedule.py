@@ -69,13 +69,16 @@ class LRSchedule:
 
 def schedule_from_config(config: dict) -> LRSchedule:
     """The LR schedule of a run from its recorded config (the step's status record or a checkpoint's
-    metadata): peak, warmup, original horizon, final fraction and the re-plans already made."""
+    metadata): peak, warmup, original horizon, final fraction and the re-plans already made. Either
+    spelling of the record: grouped (``config["optimizer"]["peak_lr"]``) or flat, as runs recorded it
+    before TrainConfig was grouped (``config["peak_lr"]``)."""
+    opt = config.get("optimizer") or config
     return LRSchedule(
-        peak_lr=float(config["peak_lr"]),
-        warmup_steps=int(config["warmup_steps"]),
+        peak_lr=float(opt["peak_lr"]),
+        warmup_steps=int(opt["warmup_steps"]),
         total_steps=int(config["train_steps"]),
-        final_fraction=float(config.get("final_lr_fraction", DEFAULT_FINAL_LR_FRACTION)),
-        replans=tuple(Replan(int(a), int(t)) for a, t in config.get("lr_replans", ())),
+        final_fraction=float(opt.get("final_lr_fraction", DEFAULT_FINAL_LR_FRACTION)),
+        replans=tuple(Replan(int(a), int(t)) for a, t in opt.get("lr_replans", ())),
     )
 
 

@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from marin.execution.failures import InfrastructureFailure
+from marin.execution.versioning import live
 
 logger = logging.getLogger(__name__)
 
@@ -70,10 +71,15 @@ class StallRule:
     the median reacts sooner on small runs, the floor keeps a slow storage hiccup from killing a pool.
     """
 
-    timeout_s: float | None = None
-    startup_s: float = 3600.0
-    factor: float = 10.0
-    floor_s: float = 600.0
+    timeout_s: float | None = live(
+        "when a hung pool is killed and relaunched from its last checkpoint, not what is computed; an operator "
+        "tunes it on a live run. None: factor x the median measured step time, at least floor_s", default=None)
+    startup_s: float = live(
+        "the stall watchdog's allowance before the first step of an attempt (checkpoint restore, compilation) "
+        "and during a new phase's compilation, an in-training eval or a checkpoint wait; not what is computed",
+        default=3600.0)
+    factor: float = live("when a hung pool is killed, not what is computed", default=10.0)
+    floor_s: float = live("when a hung pool is killed, not what is computed", default=600.0)
 
     def __post_init__(self) -> None:
         if self.timeout_s is not None and self.timeout_s <= 0:

@@ -154,7 +154,7 @@ def model_config(config: TrainConfig, vocab_size: int | None = None):
     if vocab_size is not None and cfg.vocab_size < vocab_size:
         raise ValueError(
             f"model {config.preset or 'config'!r} has vocab_size {cfg.vocab_size} but the data's tokenizer has "
-            f"{vocab_size}; pass model_overrides={{'vocab_size': {vocab_size}}} (or a larger value)"
+            f"{vocab_size}; pass model=<the model>.replace(vocab_size={vocab_size}) (or a larger value)"
         )
     return cfg
 
@@ -169,9 +169,9 @@ def _decay_mask(params: Any) -> Any:
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     """AdamW direction with clipping; the LR is applied in the step so the schedule stays on the host."""
     return optax.chain(
-        optax.clip_by_global_norm(config.grad_clip),
-        optax.scale_by_adam(b1=config.beta1, b2=config.beta2, eps=config.adam_eps),
-        optax.add_decayed_weights(config.weight_decay, mask=_decay_mask),
+        optax.clip_by_global_norm(config.optimizer.grad_clip),
+        optax.scale_by_adam(b1=config.optimizer.beta1, b2=config.optimizer.beta2, eps=config.optimizer.adam_eps),
+        optax.add_decayed_weights(config.optimizer.weight_decay, mask=_decay_mask),
     )
 
 
@@ -216,8 +216,9 @@ def init_state(config: TrainConfig, cfg, mesh, shardings: dict[str, Any]) -> dic
     makes every random bit a function of the key and the element's global index only."""
     if not jax.config.jax_threefry_partitionable:
         raise RuntimeError("sharded init needs jax_threefry_partitionable=True (JAX's default); it was turned off")
-    key = (config.seed, config.beta1, config.beta2, config.adam_eps, config.weight_decay, config.grad_clip, cfg,
-           mesh, jax.tree_util.tree_structure(shardings), tuple(jax.tree_util.tree_leaves(shardings)))
+    o = config.optimizer
+    key = (config.seed, o.beta1, o.beta2, o.adam_eps, o.weight_decay, o.grad_clip, cfg, mesh,
+           jax.tree_util.tree_structure(shardings), tuple(jax.tree_util.tree_leaves(shardings)))
     if key not in _INIT_CACHE:
         _INIT_CACHE[key] = jax.jit(lambda: fresh_state(config, cfg), out_shardings=shardings)
     return _INIT_CACHE[key]()
@@ -238,7 +239,8 @@ def make_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: d
     Memoised per process on everything the traced program depends on, so a resumed or repeated run
     in the same process (tests, benchmarks, a pool retry) reuses the compiled executable.
     """
-    key = (config.beta1, config.beta2, config.adam_eps, config.weight_decay, config.grad_clip, cfg, mesh, transport,
+    o = config.optimizer
+    key = (o.beta1, o.beta2, o.adam_eps, o.weight_decay, o.grad_clip, cfg, mesh, transport,
            jax.tree_util.tree_structure(shardings), tuple(jax.tree_util.tree_leaves(shardings)), microbatches)
     if key not in _STEP_CACHE:
         _STEP_CACHE[key] = build_train_step(config, cfg, mesh, transport, shardings, microbatches)
@@ -289,10 +291,10 @@ def build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: 
 def microbatches_for(config: TrainConfig, cfg, pool, seq_len: int, transport: str) -> int:
     """The run's microbatch count, or the smallest the memory planner says fits this phase (1 when
     none does: the step then fails with the device's own out-of-memory error)."""
-    if config.microbatches is not None:
-        return int(config.microbatches)
+    if config.parallelism.microbatches is not None:
+        return int(config.parallelism.microbatches)
     p = plan(cfg, pool, tokens_per_step=config.tokens_per_step, seq_len=seq_len, transport=transport,
-             param_sharding=config.param_sharding)
+             param_sharding=config.parallelism.param_sharding)
     return p["microbatches"] or 1
 
 
@@ -333,11 +335,11 @@ class _InTrainingEval:
 
     def __init__(self, config: TrainConfig, cfg, mesh):
         self.cfg, self.mesh = cfg, mesh
-        sets = run_eval_sets(config, config.eval_sets, config.eval_held_out)
+        sets = run_eval_sets(config, config.evaluation.sets, config.evaluation.held_out)
         self.suite = None  # a run may score tasks only; with neither, prepare_run_suite says "nothing to evaluate"
-        if sets or not config.eval_tasks:
-            self.suite = prepare_run_suite(config, sets, mesh, config.eval_stride)
-        self.tasks = prepare_run_tasks(config, config.eval_tasks, mesh)
+        if sets or not config.evaluation.tasks:
+            self.suite = prepare_run_suite(config, sets, mesh, config.evaluation.stride)
+        self.tasks = prepare_run_tasks(config, config.evaluation.tasks, mesh)
 
     def record(self, state: dict[str, Any], step: int, tokens: int) -> dict[str, Any]:
         params, bias = state["params"], state["router_bias"]
@@ -408,7 +410,7 @@ def restore_or_init(ctx: HostContext, config: TrainConfig, cfg, mesh, ckpts: Che
     restored straight into this pool's shardings (whatever pool wrote it), or else the fresh state
     created sharded (:func:`init_state`). Neither path builds the state on the host."""
     shapes = state_shapes(config, cfg)
-    shardings = state_shardings(shapes, mesh, config.param_sharding)
+    shardings = state_shardings(shapes, mesh, config.parallelism.param_sharding)
     if ctx.process_id == 0:
         ckpts.clear_uncommitted()  # a crashed save's leftovers; no save of this attempt races this
     try:
@@ -464,19 +466,19 @@ def setup_run(ctx: HostContext, config: TrainConfig) -> TrainRun:
     cfg = model_config(config, vocab)
     mesh = make_mesh(*ctx.pool.mesh)
     is_writer = ctx.process_id == 0
-    ckpts = CheckpointManager(config.output_path, config.checkpoint_policy(), is_writer=is_writer,
-                              temp_path=config.temp_checkpoint_path)
+    ckpts = CheckpointManager(config.output_path, config.checkpoint, is_writer=is_writer,
+                              temp_path=config.checkpoint.temp_path)
     state, shardings, start, tokens_seen = restore_or_init(ctx, config, cfg, mesh, ckpts)
     run = TrainRun(ctx=ctx, config=config, cfg=cfg, mesh=mesh, batch_fn=batch_fn, shardings=shardings, state=state,
                    ckpts=ckpts, metrics_out=MetricsWriter(config.output_path, resume_step=start, is_writer=is_writer),
                    step=start or 0, tokens_seen=tokens_seen, resumed_from=start)
-    if is_writer and config.wandb_project:
-        run_name = config.run_name or config.output_path.rstrip("/").rsplit("/", 1)[-1]
-        run.tracker = WandbTracker(project=config.wandb_project, name=run_name, config=_config_record(config),
+    if is_writer and config.telemetry.wandb_project:
+        run_name = config.telemetry.run_name or config.output_path.rstrip("/").rsplit("/", 1)[-1]
+        run.tracker = WandbTracker(project=config.telemetry.wandb_project, name=run_name, config=_config_record(config),
                                    output_path=config.output_path, run_id=_run_id(config.output_path))
     if is_writer:
-        run.progress = ProgressLine(run.total, every_s=config.progress_every_s)
-    if config.eval_every_steps:
+        run.progress = ProgressLine(run.total, every_s=config.telemetry.progress_every_s)
+    if config.evaluation.every_steps:
         run.evaluator = _InTrainingEval(config, cfg, mesh)
     return run
 
@@ -535,13 +537,13 @@ def after_step(run: TrainRun, record: dict[str, Any]) -> None:
     """Log the step, run the in-training eval and start a checkpoint when they are due."""
     config, step, total = run.config, run.step, run.total
     run.last = record
-    if step % config.log_every == 0 or step == total:
+    if step % config.telemetry.log_every == 0 or step == total:
         run.metrics_out.log(record)
         if run.tracker:
             run.tracker.log(record)
         if run.progress:
             run.progress.update(record, force=step == total)
-    if run.evaluator is not None and (step % config.eval_every_steps == 0 or step == total):
+    if run.evaluator is not None and (step % config.evaluation.every_steps == 0 or step == total):
         report_phase("eval")
         eval_record = run.evaluator.record(run.state, step, run.tokens_seen)
         run.metrics_out.log(eval_record)
@@ -550,7 +552,7 @@ def after_step(run: TrainRun, record: dict[str, Any]) -> None:
         run.t_prev = time.perf_counter()  # evaluation time is not training throughput
     run.ckpts.check()  # a background save that failed stops the run here, before more work is lost
     tier = PERMANENT if step == total else run.ckpts.due(step)
-    if config.checkpoint_every_minutes is not None or config.temp_checkpoint_every_minutes is not None:
+    if config.checkpoint.every_minutes is not None or config.checkpoint.temp_every_minutes is not None:
         tier = _agree_tier(tier, run.ctx)  # wall time differs per host
     meta = {"tokens": run.tokens_seen, "data_step": step, "seq_len": record["seq_len"],
             "transport": record["transport"], "config": _config_record(config)}
@@ -597,7 +599,7 @@ def train_on_host(ctx: HostContext, config: TrainConfig) -> dict[str, Any]:
     exit_code = 1
     # SIGTERM, or the driver's stop request in the step directory (process 0 looks for all): a flag,
     # checked between steps
-    run.preemption = PreemptionWatch(config.preemption_grace_s,
+    run.preemption = PreemptionWatch(config.checkpoint.preemption_grace_s,
                                      step_dir=config.output_path if ctx.process_id == 0 else None).start()
     try:
         summary = train_loop(run)
@@ -629,6 +631,6 @@ def run_training(config: TrainConfig, *, use_ray: bool | None = None) -> dict[st
 
     pool = get_pool(config.pool)
     if use_ray if use_ray is not None else ray.is_initialized():
-        return launch(pool, train_on_host, (config,), step_dir=config.output_path, stall=config.stall_rule(),
+        return launch(pool, train_on_host, (config,), step_dir=config.output_path, stall=config.stall,
                       stall_log=f"{config.output_path.rstrip('/')}/{STALLS_FILE}")[0]
     return run_local(pool, train_on_host, (config,))

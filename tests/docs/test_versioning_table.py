@@ -22,7 +22,11 @@ keeps its output path and resumes) or **input** (an upstream step's output, vers
 step's hash, or this step's own output). **versioned by field**: a nested config whose own fields
 are the version's leaves (`model.n_layers`), so `marin explain` names the one that changed.
 **versioned when set**: a field added after steps were recorded (`added_later(default=...)`), in the
-version only when it differs from its default, so adding it renames no recorded step.
+version only when it differs from its default, so adding it renames no recorded step. **group**: a
+nested config that groups fields of its parent by concept (`TrainConfig.optimizer`), each field by
+its own class's rule (listed below the parent); in the hash its fields are named as the parent's own
+(`peak_lr`, not `optimizer.peak_lr`), so grouping a flat config moved no step's hash. Two versioned
+fields with one name in the hash are refused when the experiment is planned.
 
 This page is generated from that metadata (`python tests/docs/test_versioning_table.py`); a test
 keeps it equal to the code.
@@ -46,10 +50,10 @@ def config_classes() -> list[type]:
     from marin.review.report import ReportConfig
     from marin.scaling.isoflop import IsoFlopFitConfig
     from marin.scaling.ladder import LadderFitConfig, RungRun
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.config import GROUPS, SyntheticDataConfig, TrainConfig
 
-    return [TrainConfig, MoEConfig, SyntheticDataConfig, SyntheticK40Config, TrainTokenizerConfig, DedupConfig,
-            DecontaminateConfig, TokenizeConfig, MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet,
+    return [TrainConfig, *GROUPS.values(), MoEConfig, SyntheticDataConfig, SyntheticK40Config, TrainTokenizerConfig,
+            DedupConfig, DecontaminateConfig, TokenizeConfig, MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet,
             DomainTaskConfig, HarnessConfig, HealthReportConfig, LadderFitConfig, RungRun, IsoFlopFitConfig,
             ReportConfig]
 

@@ -218,8 +218,8 @@ def test_in_training_tasks_are_telemetry_and_a_task_step_is_a_dependency():
     plan, with_step = _plan(train(eval_tasks={"k40": task}))
     assert with_step.hash != plain.hash and plan.planned(task) in with_step.dependencies
     assert resolve_config(with_step, plan).eval_tasks == {"k40": f"{plan.planned(task).output_path}/task.jsonl"}
-    with pytest.raises(ValueError, match=r"eval_tasks \['k40'\] are scored by the in-training eval, which "
-                                         r"eval_every_steps=None turns off"):
+    with pytest.raises(ValueError, match=r"evaluation.tasks \['k40'\] are scored by the in-training eval, which "
+                                         r"evaluation.every_steps=None turns off"):
         default_train("c/train", mixture=_mixture(), eval_tasks={"k40": "/tasks/k40.jsonl"})
     with pytest.raises(ValueError, match="eval_tasks need a run on tokenized text; synthetic tokens have no tokenizer"):
         default_train("c/train", mixture=SyntheticDataConfig(), eval_every_steps=5, eval_tasks={"k40": "/t.jsonl"})

@@ -12,7 +12,6 @@ from marin.scaling.recipe import (
     RunShape,
     format_ladder,
     ladder_rungs,
-    model_overrides,
     phase_steps,
     run_flops,
     rung_model,
@@ -89,7 +88,8 @@ def test_budget_from_tokens_per_param_and_schedule_shape():
     assert r.tokens / r.active_params == pytest.approx(800, rel=0.01)
     assert r.warmup_steps == round(2_000 / 390_139 * r.train_steps)
     assert r.shape.seq_len_phases == HERO_PHASES and r.tokens_per_step == 256 * 4096
-    over = model_overrides(HERO, r.model)
+    over = {f.name: getattr(r.model, f.name) for f in dataclasses.fields(r.model)
+            if getattr(r.model, f.name) != getattr(HERO, f.name)}
     assert set(over) == {"d_model", "n_layers", "n_heads", "n_kv_heads", "n_kv_heads_global", "latent_dim",
                          "expert_width", "shared_width"}
     assert count_params(HERO.replace(**over)) == count_params(r.model)

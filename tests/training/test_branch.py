@@ -130,7 +130,7 @@ def test_the_hero_declares_its_early_cooldown_branch(fresh_experiment_modules):
     plan = plan_steps([hero.hero_early_cooldown], "/tmp/p")
     p = plan.planned(hero.hero_early_cooldown)
     assert p.config_leaves["init_from.step"] == hero.EARLY_COOLDOWN_AT_STEP
-    assert hero.EARLY_COOLDOWN_AT_STEP % hero.HERO_TRAIN["keep_every_steps"] == 0  # the main run keeps it
+    assert hero.EARLY_COOLDOWN_AT_STEP % hero.HERO_TRAIN["checkpoint"].keep_every == 0  # the main run keeps it
     assert [d.name for d in p.nonblocking_dependencies] == ["hero/moe-535b-a23b"]
     cfg = hero.hero_early_cooldown.config
     assert cfg.lr_replans == ((60_000, 66_600),)

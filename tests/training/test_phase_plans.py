@@ -74,16 +74,15 @@ def test_the_hero_schedule_in_marin_plan_is_experiments_hero():
     from experiments.hero import HERO_TRAIN
     from marin.training.config import SyntheticDataConfig, TrainConfig
 
-    assert tuple(HERO_TRAIN["transport_switches"]) == HERO_TRANSPORT_SWITCHES
+    par = HERO_TRAIN["parallelism"]
+    assert tuple(par.transport_switches) == HERO_TRANSPORT_SWITCHES
     assert tuple(HERO_TRAIN["seq_len_phases"]) == HERO_SEQ_LEN_PHASES
-    assert tuple(HERO_TRAIN["remat_by_seq_len"]) == HERO_REMAT_BY_SEQ_LEN
-    assert tuple(HERO_TRAIN["context_parallel_by_seq_len"]) == HERO_CONTEXT_PARALLEL
+    assert tuple(par.remat_by_seq_len) == HERO_REMAT_BY_SEQ_LEN
+    assert tuple(par.context_parallel_by_seq_len) == HERO_CONTEXT_PARALLEL
     assert HERO_TRAIN["memory_check"] == "error"
     # the declaration-time check plans the same phases
-    keys = ("model", "pool", "train_steps", "tokens_per_step", "seq_len_phases", "compute_dtype",
-            "transport_switches", "param_sharding", "remat_by_seq_len", "context_parallel_by_seq_len")
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(), wandb_project=None,
-                         **{k: HERO_TRAIN[k] for k in keys})
+    keys = ("model", "pool", "train_steps", "tokens_per_step", "seq_len_phases", "parallelism")
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), **{k: HERO_TRAIN[k] for k in keys})
     plans = train_config_plans(config)
     assert sorted((p["seq_len"], p["transport"]) for p in plans) == sorted(
         run_phases(HERO_SEQ_LEN_PHASES, HERO_TRANSPORT_SWITCHES))

@@ -150,7 +150,7 @@ def test_bf16_compute_keeps_fp32_master_weights(tmp_path):
     flat, meta = read_checkpoint(f"{cfg.output_path}/checkpoints/step-00000003")
     params = {k: v for k, v in flat.items() if k.startswith("['params']")}
     assert params and all(v.dtype == np.float32 for v in params.values())
-    assert meta["config"]["compute_dtype"] == "bfloat16"
+    assert meta["config"]["model"]["dtype"] == "bfloat16"  # the model as trained, bf16 compute
 
 
 def test_a_run_hot_switches_its_transport_and_extends_its_sequences(tmp_path):

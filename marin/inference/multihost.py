@@ -22,7 +22,7 @@ from marin.inference.run import RunLoadError, committed_run_steps, load_verified
 from marin.models.sampling import Sampling, check_prompts
 from marin.training.checkpoint import checkpoint_path, load_model, model_config_of, read_metadata
 from marin.training.config import train_config_from_record
-from marin.training.pools import HostContext, PoolSpec, launch
+from marin.training.pools import HostContext, PoolSpec, get_pool, run_on_pool
 
 
 @dataclass(frozen=True)
@@ -59,14 +59,28 @@ def sample_on_host(ctx: HostContext, run_dir: str, step: int | None, request: Sa
     return PoolSamples(step, tokens) if ctx.process_id == 0 else None
 
 
+def run_pool(run_dir: str, step: int | None, pool: str | None) -> PoolSpec:
+    """The pool a command uses ``run_dir``'s model on: ``pool`` if given, else the one the run
+    trained on (one device for a run that recorded none). One-line errors for an unknown pool and
+    for a directory without committed checkpoints."""
+    if pool is None:
+        steps = committed_run_steps(run_dir)
+        record = read_metadata(checkpoint_path(run_dir, step if step in steps else steps[-1])).get("config") or {}
+        pool = record.get("pool") or "local-cpu-1"
+    try:
+        return get_pool(pool)
+    except KeyError as e:
+        raise ValueError(e.args[0]) from None
+
+
 def sample_text_on_pool(run_dir: str, step: int | None, pool: PoolSpec, prompts: list[str], *,
                         max_new_tokens: int, sampling: Sampling, stop_at_eos: bool = True,
-                        launcher: Callable = launch) -> tuple[int, list[str], list[list[int]]]:
+                        address: str | None = None,
+                        say: Callable[[str], None] | None = None) -> tuple[int, list[str], list[list[int]]]:
     """``(step, continuations, their token ids)`` of text ``prompts`` decoded on every host of
-    ``pool`` (needs an initialised Ray that can place the pool, see
-    :func:`marin.training.pools.simulated_cluster`). The prompts are refused here, before any host
-    starts, in the same one line as on one host. ``launcher``: :func:`marin.training.pools.launch`,
-    or :func:`marin.training.pools.run_local` for a single-host pool in this process."""
+    ``pool``, on the Ray cluster at ``address`` or on simulated nodes
+    (:func:`marin.training.pools.run_on_pool`). The prompts are refused here, before any host
+    starts, in the same one line as on one host."""
     steps = committed_run_steps(run_dir)
     if step is not None and step not in steps:
         raise RunLoadError(f"{run_dir} has no committed checkpoint at step {step}; committed: {steps}")
@@ -79,6 +93,5 @@ def sample_text_on_pool(run_dir: str, step: int | None, pool: PoolSpec, prompts:
     check_prompts(ids, model_config_of({"config": record}), max_new_tokens)
     stops = (tok.eos_id,) if stop_at_eos else ()
     request = SampleRequest(tuple(tuple(p) for p in ids), max_new_tokens, sampling, stops)
-    result = launcher(pool, sample_on_host, (run_dir, step, request))
-    result = result[0] if isinstance(result, list) else result
+    result = run_on_pool(pool, sample_on_host, (run_dir, step, request), address=address, say=say)
     return result.step, decode_completions(tok, result.tokens, stop_at_eos), result.tokens

@@ -16,9 +16,11 @@ import json
 import sys
 
 from marin.commands import options
+from marin.execution.errors import ExecutorError
 from marin.inference import generate_with_ids, load_run
 from marin.inference.multihost import run_pool, sample_text_on_pool
 from marin.models.sampling import Sampling  # JAX-free: a bad setting is refused before JAX starts
+from marin.training.pools import PoolLaunchError
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,9 +50,13 @@ def run(args: argparse.Namespace) -> int:
                         seed=args.seed)  # refused here, before JAX starts
     pool = run_pool(args.run, args.step, args.pool)
     if pool.hosts > 1:
-        step, texts, tokens = sample_text_on_pool(args.run, args.step, pool, args.prompt,
-                                                  max_new_tokens=args.max_new_tokens, sampling=sampling,
-                                                  address=args.address, say=_note)
+        try:
+            step, texts, tokens = sample_text_on_pool(args.run, args.step, pool, args.prompt,
+                                                      max_new_tokens=args.max_new_tokens, sampling=sampling,
+                                                      address=args.address, say=_note)
+        except (PoolLaunchError, ExecutorError) as e:  # the pool's own message, whose first line says why
+            print(f"marin: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+            return 2
     else:
         loaded = load_run(args.run, args.step, pool.name)
         step = loaded.step

@@ -249,6 +249,26 @@ def stop_processes(owned: list[tuple[int, str]], grace_s: float = 5.0) -> None:
         owned = alive
 
 
+NODE_START_ATTEMPTS = 3
+"""Ray gives a starting node a fixed 30 s to register; a busy machine can miss that, so a node that
+did not start is started again (its half-started processes stopped) before the command gives up."""
+
+
+def add_node_retrying(cluster, spec: Mapping[str, Any]) -> None:
+    """``cluster.add_node(**spec)``, again after a node that timed out starting (see
+    :data:`NODE_START_ATTEMPTS`); an :class:`ExecutorError` in one line when none started."""
+    for attempt in range(1, NODE_START_ATTEMPTS + 1):
+        try:
+            cluster.add_node(**dict(spec))
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for a node that did not start
+            if attempt == NODE_START_ATTEMPTS:
+                raise ExecutorError(f"could not start a simulated Ray node in {NODE_START_ATTEMPTS} attempts "
+                                    f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); is this "
+                                    "machine overloaded?") from None
+            logger.warning("a simulated Ray node did not start (attempt %d/%d): %s", attempt, NODE_START_ATTEMPTS, e)
+
+
 @contextlib.contextmanager
 def local_cluster_with_nodes(nodes: Sequence[Mapping[str, Any]], *, grace_s: float = 5.0) -> Iterator[str]:
     """A fresh local Ray cluster of this machine's head node plus one simulated node per entry of
@@ -267,11 +287,11 @@ def local_cluster_with_nodes(nodes: Sequence[Mapping[str, Any]], *, grace_s: flo
     quiet_default_token_notice()
     before = os.environ.get(FIXED_CLUSTER_ENV)
     os.environ[FIXED_CLUSTER_ENV] = "1"  # before the nodes start: their workers (the pool's hosts) inherit it
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": os.cpu_count() or 1})
+    cluster = Cluster()
     owned: list[tuple[int, str]] = []
     try:
-        for spec in nodes:
-            cluster.add_node(**dict(spec))
+        for spec in [{"num_cpus": os.cpu_count() or 1, "include_dashboard": False}, *nodes]:
+            add_node_retrying(cluster, spec)
         ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=True)
         cluster.wait_for_nodes()
         yield cluster.address

@@ -84,7 +84,7 @@ def sample_text_on_pool(run_dir: str, step: int | None, pool: PoolSpec, prompts:
     steps = committed_run_steps(run_dir)
     if step is not None and step not in steps:
         raise RunLoadError(f"{run_dir} has no committed checkpoint at step {step}; committed: {steps}")
-    record = read_metadata(checkpoint_path(run_dir, step or steps[-1])).get("config") or {}
+    record = read_metadata(checkpoint_path(run_dir, steps[-1] if step is None else step)).get("config") or {}
     tok = load_run_tokenizer(train_config_from_record(record).data)
     if tok is None:
         raise ValueError(f"{run_dir} was trained on synthetic tokens (no tokenizer): it cannot read or write text; "

@@ -91,6 +91,15 @@ def test_a_pool_this_machine_cannot_simulate_is_refused_in_one_line(capsys, text
     assert "gb200-rack runs on 16 GB200 host(s), which this machine cannot simulate: pass --address" in err
 
 
+def test_eval_on_a_real_clusters_pool_refuses_documents_only_this_process_can_read(capsys, text_run, tmp_path):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"text": "Council note"}\n')
+    rc, out, err = _cli(capsys, "eval", text_run, "--pool", "local-2host", "--address", "10.0.0.1:6379",
+                        "--data", f"mine={docs}")
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert "--data must name token stores every host can read" in err
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--pool", "gb200-rack"], "which this machine cannot simulate"),
     (["--pool", "no-such-pool"], "unknown pool 'no-such-pool'"),
@@ -143,3 +152,71 @@ def test_two_host_sample_and_eval_from_the_command_line_equal_one_device(capsys,
         # the same sums, split over 8 devices and two processes instead of one: float32 reassociation
         assert got["sets"][name]["loss"] == pytest.approx(m["loss"], rel=1e-5)
     assert got["macro_bpb"] == pytest.approx(want["macro_bpb"], rel=1e-5)
+
+
+TWO_HOST_EXPERIMENT = '''
+"""One step on local-2host: each host contributes its process id + 1 to a sum over the pool."""
+import json
+from dataclasses import dataclass
+
+from marin.execution import ExecutorStep, executor_main, this_output_path
+
+
+def host_sum(ctx):
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return int(np.sum(multihost_utils.process_allgather(np.asarray(ctx.process_id + 1))))
+
+
+@dataclass(frozen=True)
+class SumConfig:
+    output_path: str
+
+
+def pool_sum(config):
+    from marin.training.pools import get_pool, launch
+
+    with open(f"{config.output_path}/sum.json", "w") as f:
+        json.dump(launch(get_pool("local-2host"), host_sum), f)
+
+
+# like a training step, the step's own task holds no CPU the pool's hosts need
+step = ExecutorStep(name="two/sum", fn=pool_sum, config=SumConfig(this_output_path()), resources={"num_cpus": 0})
+if __name__ == "__main__":
+    executor_main(steps=[step])
+'''
+
+
+@pytest.mark.slow
+def test_marin_run_with_a_two_host_pool_starts_and_stops_its_simulated_nodes(tmp_path):
+    """`marin run --pool local-2host EXP.py` without --address: the step's launch finds two nodes
+    (each host a process of its own, joined by jax.distributed), and the run ends with them stopped."""
+    exp = tmp_path / "two_host.py"
+    exp.write_text(TWO_HOST_EXPERIMENT)
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "RAY_ADDRESS")}
+    env.update(PYTHONPATH=REPO, RAY_USAGE_STATS_ENABLED="0")
+    proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", "--pool", "local-2host", str(exp),
+                             "--prefix", str(tmp_path / "store"), "--progress", "false"], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr[-4000:]
+    assert stderr.startswith("marin run: starting 2 simulated host(s) of pool local-2host"), stderr[:500]
+    [out] = (tmp_path / "store" / "two").glob("sum-*/sum.json")
+    assert json.loads(out.read_text()) == [3, 3]  # both hosts saw both processes: 1 + 2
+    assert _processes_of_ray_session_started_by(proc.pid) == []  # every node and agent was stopped
+
+
+def _processes_of_ray_session_started_by(pid: int) -> list[str]:
+    """Command lines of live processes of the Ray session that process ``pid`` started (Ray names a
+    session folder ``session_<date>_<time>_<pid of the starter>``)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if f"_{pid}/" in cmd and "session_" in cmd:
+            found.append(cmd[:200])
+    return found

@@ -27,6 +27,7 @@ import logging
 import os
 import random
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -705,25 +706,23 @@ def pool_cluster(pool: PoolSpec, address: str | None = None,
     A pool of several hosts joins ``address`` (or ``RAY_ADDRESS``, or the cluster this process is
     already in); without one, a CPU pool's hosts are simulated on this machine (nodes started for
     the block and stopped after it, said in one line through ``say``), and any other pool is refused
-    in one line (its hosts are machines only a real cluster has)."""
+    in one line (its hosts are machines only a real cluster has). What the hosts print (Ray
+    forwards it to this process) goes to stderr for the block, so a command's stdout holds only its
+    result (``--json``)."""
     if pool.hosts == 1:
         yield False
         return
     ray = import_ray_for_the_driver()
-    if ray.is_initialized():
-        yield True
-        return
     address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ensure_ray(address)
-        try:
-            yield True
-        finally:
-            ray.shutdown()  # leaves the cluster; it is not ours to stop
-        return
-    nodes = simulated_nodes(pool)
-    (say or logger.warning)(simulated_pool_note(pool))
-    with local_cluster_with_nodes(nodes):
+    with contextlib.ExitStack() as stack:
+        if not ray.is_initialized() and address:
+            ensure_ray(address)
+            stack.callback(ray.shutdown)  # leaves the cluster; it is not ours to stop
+        elif not ray.is_initialized():
+            nodes = simulated_nodes(pool)
+            (say or logger.warning)(simulated_pool_note(pool))
+            stack.enter_context(local_cluster_with_nodes(nodes))
+        stack.enter_context(contextlib.redirect_stdout(sys.stderr))
         yield True
 
 

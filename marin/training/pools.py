@@ -715,6 +715,8 @@ def pool_cluster(pool: PoolSpec, address: str | None = None,
     ray = import_ray_for_the_driver()
     address = address or os.environ.get("RAY_ADDRESS")
     with contextlib.ExitStack() as stack:
+        # first in, last out: lines forwarded while the cluster stops go to stderr too
+        stack.enter_context(contextlib.redirect_stdout(sys.stderr))
         if not ray.is_initialized() and address:
             ensure_ray(address)
             stack.callback(ray.shutdown)  # leaves the cluster; it is not ours to stop
@@ -722,7 +724,6 @@ def pool_cluster(pool: PoolSpec, address: str | None = None,
             nodes = simulated_nodes(pool)
             (say or logger.warning)(simulated_pool_note(pool))
             stack.enter_context(local_cluster_with_nodes(nodes))
-        stack.enter_context(contextlib.redirect_stdout(sys.stderr))
         yield True
 
 

@@ -96,8 +96,9 @@ def default_dedup(
     exact: bool = True,
     fuzzy: bool = True,
     shingle_size: int = 5,
-    bands: int = 14,
-    rows: int = 8,
+    bands: int = 20,
+    rows: int = 5,
+    threshold: float = 0.7,
     seed: int = 1,
     scope: str = "corpus",
     text_field: str = "text",
@@ -116,8 +117,10 @@ def default_dedup(
         exact: remove documents whose normalised text equals another's.
         fuzzy: remove near-duplicates by MinHash LSH (``bands * rows`` permutations).
         shingle_size: words per shingle.
-        bands, rows: LSH banding; the implied Jaccard threshold is ``(1 / bands) ** (1 / rows)``
-            (0.72 for 14 x 8).
+        bands, rows: LSH banding: a pair of Jaccard similarity J becomes a candidate with
+            probability ``1 - (1 - J ** rows) ** bands`` (0.975 at J = 0.7 for 20 x 5).
+        threshold: a candidate is a near-duplicate when the Jaccard similarity of its shingle sets
+            (computed from the shingle hashes, not estimated) is at least this.
         seed: seed of the MinHash permutations.
         scope: ``"corpus"`` (duplicates within and across domains), ``"domain"`` or ``"source"``.
         text_field: the field of each record that holds the document text.
@@ -139,13 +142,14 @@ def default_dedup(
             num_perm=bands * rows,
             bands=bands,
             rows=rows,
+            threshold=threshold,
             seed=seed,
             scope=scope,
             on_corrupt=on_corrupt,
             max_corrupt_fraction=max_corrupt_fraction,
         )),
         description=f"dedup {name}: exact + MinHash LSH {bands}x{rows} over {shingle_size}-word shingles "
-                    f"(Jaccard >= {(1 / bands) ** (1 / rows):.2f})",
+                    f"(Jaccard >= {threshold}, verified)",
         resources={"num_cpus": 1},
     )
 

@@ -5,14 +5,18 @@
 1. generate a K40-shaped miniature corpus (40 domains x 5 quality buckets, deterministic)
 2. train a byte-level BPE tokenizer on it
 3. remove exact and near-duplicate documents (MinHash LSH, within and across domains; the output
-   keeps the K40 layout, and ``dedup_manifest.json`` says what was removed and why)
-4. tokenize the deduplicated corpus into a token store (one Ray task per file, resumable per shard)
-5. report the mixture's effective token shares
-6. train a tiny MoE (8 experts, top-2, shared expert, latent projection) with expert parallelism
+   keeps the K40 layout, and ``dedup_manifest.json`` says what was removed and why). The evaluation
+   below holds out the last documents of every source, so a near-copy of a held-out document in the
+   training part would leak it: this step removes such copies
+4. decontaminate: remove documents sharing a 13-gram with the scaling experiments' task (the
+   IsoFLOP experiment's multiple-choice questions); ``decontamination_manifest.json`` counts matches
+5. tokenize the clean corpus into a token store (one Ray task per file, resumable per shard)
+6. report the mixture's effective token shares
+7. train a tiny MoE (8 experts, top-2, shared expert, latent projection) with expert parallelism
    over 8 fake CPU devices: fixed-buffer all-to-all first, dropless after a hot switch, and a
    sequence-length extension half way at constant tokens per step
-7. check the run's health (loss falling, drops under 8%, grad-norm peak)
-8. evaluate the final checkpoint: bits per byte on the K40 held-out split, per domain and macro
+8. check the run's health (loss falling, drops under 8%, grad-norm peak)
+9. evaluate the final checkpoint: bits per byte on the K40 held-out split, per domain and macro
 
 Run it twice: the second run finds every step's SUCCESS and does nothing. Change a versioned value
 below (say the mixture weights) and only the steps downstream of it run again: `marin explain
@@ -20,6 +24,7 @@ experiments/quickstart.py` tells you which and why.
 """
 
 from experiments.defaults import (
+    default_decontaminate,
     default_dedup,
     default_eval,
     default_health_report,
@@ -37,7 +42,8 @@ TRAIN_STEPS = 60
 corpus = default_k40_miniature("quickstart/k40-mini", total_bytes=1_000_000, seed=0)
 tokenizer = default_tokenizer("quickstart/tokenizer", corpus, vocab_size=512)
 deduped = default_dedup("quickstart/dedup", corpus)
-tokenized = default_tokenize("quickstart/tokenized", deduped, tokenizer)
+clean = default_decontaminate("quickstart/decontaminate", deduped)  # against the IsoFLOP experiment's task
+tokenized = default_tokenize("quickstart/tokenized", clean, tokenizer)
 
 # the largest published K40 domains only (a domain missing from domain_weights gets weight 0),
 # cleaner buckets preferred
@@ -76,6 +82,7 @@ def review_hints(plan) -> str:
         f"  marin show {train.name} --prefix {plan.prefix}\n"
         f"  marin show {health.name} --prefix {plan.prefix}\n"
         f"  marin show {deduped.name} --prefix {plan.prefix}\n"
+        f"  marin show {clean.name} --prefix {plan.prefix}\n"
         f"  marin eval {plan.planned(train).output_path}\n"
         f"  marin report --prefix {plan.prefix} -o report.html\n"
         f"  marin health {plan.planned(train).output_path}"
@@ -85,7 +92,7 @@ def review_hints(plan) -> str:
 if __name__ == "__main__":
     result = executor_main(
         steps=[mixture_report, health, evaluation],
-        description="Quickstart: K40 miniature -> tokenizer, dedup -> tokens -> tiny MoE",
+        description="Quickstart: K40 miniature -> tokenizer, dedup, decontamination -> tokens -> tiny MoE",
     )
     import json
 

@@ -36,17 +36,15 @@ from marin.data.dedup import (
     InputFile,
     check_documents,
     check_file_failures,
+    file_task,
     fingerprint,
     finish,
     mix64,
     normalize_words,
     plan_files,
-    read_marker,
     run_tasks,
     summarize,
-    task_error,
     word_spans,
-    write_json,
     write_kept_records,
 )
 from marin.data.readers import (
@@ -227,63 +225,56 @@ def _table(path: str) -> tuple[np.ndarray, np.ndarray]:
 
 def decontaminate_file(task: DeconTask) -> dict:
     """One corpus file: find documents sharing an n-gram with the table; write the rest (or the cut text)."""
+    return file_task(task.file, f"{task.work}/written/{task.file.key}.json", task.marker_fp,
+                     lambda: decontaminate_records(task))
+
+
+def decontaminate_records(task: DeconTask) -> dict:
     f = task.file
-    marker = f"{task.work}/written/{f.key}.json"
-    result = {"index": f.index, "source": f.source, "url": f.url, "error": None, "corrupt": False}
-    try:
-        done = read_marker(marker)
-        if done and done.get("fingerprint") == task.marker_fp:
-            return {**result, **done}
-        table, masks = _table(task.table_path)
-        drop: list[int] = []
-        replace: dict[int, str] = {}
-        skipped: Counter = Counter()
-        per_set = [0] * task.n_sets
-        n_in = bytes_in = bytes_out = 0
-        removed = removed_bytes = cut = cut_bytes = 0
-        sample = []
-        for rec in iter_documents(f.url, task.text_field, task.max_doc_bytes):
-            if rec.skip is not None:
-                skipped[rec.skip] += 1
-                drop.append(rec.index)
-                continue
-            n_in += 1
-            bytes_in += rec.nbytes
-            spans = word_spans(rec.text) if task.mode == "cut" else None
-            words = [w for w, _, _ in spans] if spans is not None else normalize_words(rec.text)
-            hit, bits = ngram_hits(ngram_hashes(words, task.ngram), table, masks)
-            if not hit.size:
-                bytes_out += rec.nbytes
-                continue
-            for b in range(task.n_sets):
-                per_set[b] += (bits >> b) & 1
-            if len(sample) < 3:
-                first = int(hit[0])
-                sample.append({"record": rec.index, "sets": bits,
-                               "ngram": " ".join(words[first:first + task.ngram])})
-            if task.mode == "cut":
-                kept = cut_spans(rec.text, [(spans[i][1], spans[i + task.ngram - 1][2]) for i in hit.tolist()])
-                if normalize_words(kept):
-                    replace[rec.index] = kept
-                    nb = len(kept.encode("utf-8"))
-                    cut += 1
-                    cut_bytes += rec.nbytes - nb
-                    bytes_out += nb
-                    continue
+    table, masks = _table(task.table_path)
+    drop: list[int] = []
+    replace: dict[int, str] = {}
+    skipped: Counter = Counter()
+    per_set = [0] * task.n_sets
+    n_in = bytes_in = bytes_out = 0
+    removed = removed_bytes = cut = cut_bytes = 0
+    sample = []
+    for rec in iter_documents(f.url, task.text_field, task.max_doc_bytes):
+        if rec.skip is not None:
+            skipped[rec.skip] += 1
             drop.append(rec.index)
-            removed += 1
-            removed_bytes += rec.nbytes
-        write_kept_records(f.url, f.output, drop, task.text_field, replace)
-        meta = {"fingerprint": task.marker_fp, "documents_in": n_in, "bytes_in": bytes_in,
-                "documents_out": n_in - removed, "bytes_out": bytes_out,
-                "removed": {REASON_CONTAMINATED: removed}, "removed_bytes": {REASON_CONTAMINATED: removed_bytes},
-                "cut_documents": cut, "cut_bytes": cut_bytes, "skipped": dict(skipped), "per_set": per_set,
-                "sample": sample}
-        write_json(marker, meta)
-        return {**result, **meta}
-    except Exception as e:  # noqa: BLE001 - reported per file, raised by the step with every file named
-        result["error"], result["corrupt"] = task_error(e)
-        return result
+            continue
+        n_in += 1
+        bytes_in += rec.nbytes
+        spans = word_spans(rec.text) if task.mode == "cut" else None
+        words = [w for w, _, _ in spans] if spans is not None else normalize_words(rec.text)
+        hit, bits = ngram_hits(ngram_hashes(words, task.ngram), table, masks)
+        if not hit.size:
+            bytes_out += rec.nbytes
+            continue
+        for b in range(task.n_sets):
+            per_set[b] += (bits >> b) & 1
+        if len(sample) < 3:
+            first = int(hit[0])
+            sample.append({"record": rec.index, "sets": bits,
+                           "ngram": " ".join(words[first:first + task.ngram])})
+        if task.mode == "cut":
+            kept = cut_spans(rec.text, [(spans[i][1], spans[i + task.ngram - 1][2]) for i in hit.tolist()])
+            if normalize_words(kept):
+                replace[rec.index] = kept
+                nb = len(kept.encode("utf-8"))
+                cut += 1
+                cut_bytes += rec.nbytes - nb
+                bytes_out += nb
+                continue
+        drop.append(rec.index)
+        removed += 1
+        removed_bytes += rec.nbytes
+    write_kept_records(f.url, f.output, drop, task.text_field, replace)
+    return {"documents_in": n_in, "bytes_in": bytes_in, "documents_out": n_in - removed, "bytes_out": bytes_out,
+            "removed": {REASON_CONTAMINATED: removed}, "removed_bytes": {REASON_CONTAMINATED: removed_bytes},
+            "cut_documents": cut, "cut_bytes": cut_bytes, "skipped": dict(skipped), "per_set": per_set,
+            "sample": sample}
 
 
 def read_eval_texts(location: str, text_field: str) -> list[str]:

@@ -62,17 +62,50 @@ def ensure_ray(address: str | None) -> bool:
         return False
     quiet_default_token_notice()
     os.environ[FIXED_CLUSTER_ENV] = "1"  # before ray.init: its processes (and the steps) inherit it
-    try:
-        ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
-    except SystemExit:
-        # ray.init installs SIGTERM handlers that exit (after stopping what it started): a SIGTERM
-        # while the cluster starts is a stop like any other
-        raise RunStopped(signal.SIGTERM) from None
-    except BaseException:  # a signal (or an error) halfway through: stop whatever part of it started
-        if ray.is_initialized():
-            shutdown_local_ray()
-        raise
-    return True
+    attempt = 0
+    while True:
+        attempt += 1
+        before = set(descendants(os.getpid()))
+        try:
+            ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+            return True
+        except SystemExit:
+            # ray.init installs SIGTERM handlers that exit (after stopping what it started): a SIGTERM
+            # while the cluster starts is a stop like any other
+            raise RunStopped(signal.SIGTERM) from None
+        except Exception as e:
+            if not is_startup_timeout(e):
+                if ray.is_initialized():
+                    shutdown_local_ray()
+                raise
+            # the half-started node is not registered anywhere: stop the processes this call spawned
+            stop_processes([p for p in descendants(os.getpid()) if p not in before], grace_s=2.0)
+            if attempt == LOCAL_START_ATTEMPTS:
+                raise ExecutorError(local_start_failure(LOCAL_START_ATTEMPTS)) from None
+            logger.warning("the local Ray cluster did not come up within Ray's 30 s (attempt %d of %d); "
+                           "starting it again", attempt, LOCAL_START_ATTEMPTS)
+        except BaseException:  # a signal halfway through: stop whatever part of it started
+            if ray.is_initialized():
+                shutdown_local_ray()
+            raise
+
+
+LOCAL_START_ATTEMPTS = 3
+"""How often the executor starts a local cluster whose node misses Ray's startup deadline (30 s for
+the raylet to register, fixed in Ray): on an overloaded machine the first start can miss it and the
+next one succeed."""
+
+
+def is_startup_timeout(exc: BaseException) -> bool:
+    """Ray's error for a node whose raylet did not register with the GCS in time (a plain Exception)."""
+    return "timed out during startup" in str(exc)
+
+
+def local_start_failure(attempts: int) -> str:
+    load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores" if hasattr(os, "getloadavg") else ""
+    return (f"could not start a local Ray cluster: its node missed Ray's 30 s startup deadline {attempts} times"
+            f"{f' ({load})' if load else ''}; rerun when the machine is less busy, or start a cluster with "
+            "`ray start --head` and pass its address with --address")
 
 
 RAY_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
@@ -231,8 +264,9 @@ def node_descendants(node) -> list[tuple[int, str]]:
     return owned
 
 
-def stop_processes(owned: list[tuple[int, str]], grace_s: float = 5.0) -> None:
-    """SIGTERM the processes of ``owned`` still running, SIGKILL those left after ``grace_s``."""
+def stop_processes(owned: list[tuple[int, str]], grace_s: float) -> None:
+    """SIGTERM each process of ``owned`` (``(pid, start time)`` pairs) still running, then SIGKILL
+    what is left after ``grace_s``."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
         alive = [p for p in owned if still_running(p)]
         for pid, _ in alive:
@@ -249,24 +283,23 @@ def stop_processes(owned: list[tuple[int, str]], grace_s: float = 5.0) -> None:
         owned = alive
 
 
-NODE_START_ATTEMPTS = 3
-"""Ray gives a starting node a fixed 30 s to register; a busy machine can miss that, so a node that
-did not start is started again (its half-started processes stopped) before the command gives up."""
-
-
 def add_node_retrying(cluster, spec: Mapping[str, Any]) -> None:
-    """``cluster.add_node(**spec)``, again after a node that timed out starting (see
-    :data:`NODE_START_ATTEMPTS`); an :class:`ExecutorError` in one line when none started."""
-    for attempt in range(1, NODE_START_ATTEMPTS + 1):
+    """``cluster.add_node(**spec)``, started again after a node that missed Ray's startup deadline
+    (as :func:`ensure_ray` does, :data:`LOCAL_START_ATTEMPTS` times, stopping what the failed start
+    spawned); an :class:`ExecutorError` in one line when none started."""
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        before = set(descendants(os.getpid()))
         try:
             cluster.add_node(**dict(spec))
             return
-        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for a node that did not start
-            if attempt == NODE_START_ATTEMPTS:
-                raise ExecutorError(f"could not start a simulated Ray node in {NODE_START_ATTEMPTS} attempts "
-                                    f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); is this "
-                                    "machine overloaded?") from None
-            logger.warning("a simulated Ray node did not start (attempt %d/%d): %s", attempt, NODE_START_ATTEMPTS, e)
+        except Exception as e:
+            if not is_startup_timeout(e):
+                raise
+            stop_processes([p for p in descendants(os.getpid()) if p not in before], grace_s=2.0)
+            if attempt == LOCAL_START_ATTEMPTS:
+                raise ExecutorError(local_start_failure(LOCAL_START_ATTEMPTS)) from None
+            logger.warning("a simulated Ray node did not come up within Ray's 30 s (attempt %d of %d); starting it "
+                           "again", attempt, LOCAL_START_ATTEMPTS)
 
 
 @contextlib.contextmanager

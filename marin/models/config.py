@@ -9,10 +9,16 @@ The model (see docs/model.md):
              + latent down-projection d -> latent, router on the latent, top-k of n_experts routed
                SwiGLU experts computed in the latent space, combine, latent up-projection latent -> d.
 
-"Active" parameters are those a token touches in the transformer blocks: attention, norms, router,
-latent projections, shared experts and top_k of the routed experts. The input embedding and the
-output head are NOT in "active" (the published 535.3B-A22.76B and ladder figures only reconcile that
-way); `active_params_with_head` is also reported.
+Parameters are counted as the published figures of the Marin 535B-A23B run count them (535.3B total,
+22.76B active): the model's weight arrays as the published model stores them. The K/V projections are
+stored at the larger KV-head count on every layer (marin-community/marin ``experiments/grug/moe_hero_ep/model.py``
+keeps ``w_k``/``w_v`` at ``[d, stored_kv_heads x head_dim]`` and every layer multiplies by all of it), so
+they are counted at that width; routed experts count at ``expert_width`` (the published width; our
+padding for sharding is not in the published model). "Active" = what one token's forward multiplies
+through in the transformer blocks: attention, norms, router, latent projections, shared experts and
+top_k of the routed experts; the input embedding and the output head are in the total, NOT in
+"active" (the published hero and ladder figures reconcile only that way; d768's head alone exceeds its
+published 61M active). docs/model.md reconciles the hero's counts with the published ones.
 """
 
 from __future__ import annotations
@@ -228,15 +234,18 @@ def get_preset(name: str, **overrides) -> MoEConfig:
 
 # ---- accounting -----------------------------------------------------------------------------
 def count_params(cfg: MoEConfig) -> dict:
-    """Exact parameter counts of the model (router bias excluded: it is training state, not a
-    parameter). These are the model's real parameters: routed experts at ``expert_width``. The pytree
-    transformer.init_params builds stores ``stored_expert_width`` (zero padding units, see
-    MoEConfig.stored_expert_width); ``stored_params`` counts that pytree (what memory holds)."""
+    """Exact parameter counts (router bias excluded: it is training state, not a parameter), as the
+    published figures count them (module docstring): ``total_params`` and ``active_params`` hold the
+    K/V projections at ``stored_kv_heads`` on every layer, ``kv_padding`` of which are the columns a
+    layer with fewer KV heads never reads (zero, and kept at zero). Routed experts count at
+    ``expert_width``; ``stored_params`` counts the pytree transformer.init_params builds, experts at
+    ``stored_expert_width`` (zero padding units, see MoEConfig.stored_expert_width): what memory holds."""
     d, L = cfg.d_model, cfg.n_layers
-    # q, o, k, v of each layer (local and global layers may have different KV-head counts)
+    # q, o, k, v of each layer at its own KV-head count (what the layer's attention reads)
     attn_layers = [d * cfg.n_heads * cfg.head_dim * 2 + d * cfg.kv_heads_of(i) * cfg.head_dim * 2 for i in range(L)]
-    attn = sum(attn_layers) / L  # per layer, on average
+    # the stored K/V columns the layers with fewer KV heads leave unread
     kv_padding = sum(2 * d * (cfg.stored_kv_heads - cfg.kv_heads_of(i)) * cfg.head_dim for i in range(L))
+    attn_stored = sum(attn_layers) + kv_padding
     norms = 2 * d  # attn_norm, mlp_norm
     router = cfg.latent_dim * cfg.n_experts
     latent = 2 * d * cfg.latent_dim  # down + up
@@ -251,28 +260,27 @@ def count_params(cfg: MoEConfig) -> dict:
     rest_total = norms + router + latent + shared + routed_total
     rest_active = norms + router + latent + shared + routed_active
     routed_padding = 3 * cfg.latent_dim * (cfg.stored_expert_width - cfg.expert_width) * cfg.n_experts
-    total = sum(attn_layers) + L * rest_total + embed + head + final_norm
-    active = sum(attn_layers) + L * rest_active + final_norm
-    per_layer_total = round(attn) + rest_total
-    per_layer_active = round(attn) + rest_active
+    total = attn_stored + L * rest_total + embed + head + final_norm
+    active = attn_stored + L * rest_active + final_norm
     return {
         "total_params": total,
-        "stored_params": total + L * routed_padding + kv_padding,
+        "stored_params": total + L * routed_padding,
         "active_params": active,
         "active_params_with_head": active + cfg.vocab_size * d,
-        # the stored layout's K/V projections at stored_kv_heads on every layer (zero columns included)
+        # of the two counts above: the stored K/V columns no layer reads (the hero's global layers
+        # store 12 KV heads and read 6); multiplied on the device, so not in the model FLOPs
         "kv_padding": kv_padding,
         "embedding": embed,
         "lm_head": head,
-        "attention": sum(attn_layers),
+        "attention": attn_stored,
         "norms": L * norms + final_norm,
         "router": L * router,
         "latent_proj": L * latent,
         "shared_experts": L * shared,
         "routed_experts_total": L * routed_total,
         "routed_experts_active": L * routed_active,
-        "per_layer_total": per_layer_total,
-        "per_layer_active": per_layer_active,
+        "per_layer_total": round(attn_stored / L) + rest_total,
+        "per_layer_active": round(attn_stored / L) + rest_active,
     }
 
 
@@ -306,14 +314,17 @@ def mean_attended_keys(seq_len: int, window: int | None) -> float:
 
 def flops_per_token(cfg: MoEConfig, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward = 3 x forward):
-    6 x (active matmul params + output head) + attention scores/values term
+    6 x (active_params - kv_padding - norms + output head) + the attention scores/values term
     12 x n_heads x head_dim x mean attended keys, per layer (causal mask and windows counted).
 
-    Model FLOPs, the usual convention for MFU: routed experts count at ``expert_width``, not at the
-    padded ``stored_expert_width`` the device really multiplies (the zero units do no useful work;
-    counting them would make a padded run look more efficient than the same model unpadded)."""
+    Model FLOPs, the usual convention for MFU: the matmuls the model's function needs. The device also
+    multiplies by two kinds of zero columns, the routed experts' units past ``expert_width`` (padding
+    to ``stored_expert_width``) and the K/V columns a layer with fewer KV heads never reads
+    (``kv_padding``); they do no useful work, and counting them would make a padded run look more
+    efficient than the same model unpadded, so N here is ``active_params`` less ``kv_padding``. The
+    planner, the trainer's MFU and the scaling recipe all take their FLOPs from here."""
     c = count_params(cfg)
-    matmul_active = c["active_params"] - c["norms"] + cfg.vocab_size * cfg.d_model  # + lm head matmul
+    matmul_active = c["active_params"] - c["kv_padding"] - c["norms"] + cfg.vocab_size * cfg.d_model  # + lm head
     dense = 6.0 * matmul_active
     attn = 0.0
     for w in cfg.layer_windows():

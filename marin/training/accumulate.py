@@ -30,18 +30,25 @@ from marin.parallel.mesh import DATA, EXPERT, TOKEN_AXES
 _SUMMED = ("expert_load", "bias_hist")
 
 
-def split_microbatches(x, microbatches: int, mesh) -> jax.Array:
+def split_microbatches(x, microbatches: int, mesh, context_parallel: int = 1) -> jax.Array:
     """[B, ...] split over the token axes -> [M, B / M, ...]; microbatch m holds the m-th slice of
-    every device's rows, so each microbatch is again spread over all devices."""
-    shards = mesh.shape[DATA] * mesh.shape[EXPERT]
+    every device's rows, so each microbatch is again spread over all devices.
+
+    With context parallelism C > 1 a sequence spans a group of C devices (the batch is split over
+    "data" only, marin.parallel.mesh.batch_sharding) and the group's sequences are its rows: the
+    slices are taken per group of C devices, so each microbatch still gives every group the same
+    number of whole sequences (marin.models.context_parallel's layout) and no token moves."""
+    shards = mesh.shape[DATA] * mesh.shape[EXPERT] // context_parallel  # devices, or groups of C
     b = x.shape[0]
     if b % (shards * microbatches):
-        raise ValueError(f"batch of {b} sequences does not split into {microbatches} microbatches over "
-                         f"{shards} devices")
+        where = f"{shards} devices" if context_parallel == 1 else \
+            f"{shards} groups of {context_parallel} context-parallel devices"
+        raise ValueError(f"batch of {b} sequences does not split into {microbatches} microbatches over {where}")
     per = b // (shards * microbatches)
     y = x.reshape((shards, microbatches, per) + x.shape[1:])
     y = jnp.swapaxes(y, 0, 1).reshape((microbatches, shards * per) + x.shape[1:])
-    return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P(None, TOKEN_AXES)))
+    rows = TOKEN_AXES if context_parallel == 1 else DATA  # as batch_sharding places the whole batch
+    return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P(None, rows)))
 
 
 def aggregate_stats(total: dict[str, Any], microbatches: int, router_bias, top_k: int, tokens: int) -> dict[str, Any]:
@@ -56,12 +63,13 @@ def aggregate_stats(total: dict[str, Any], microbatches: int, router_bias, top_k
 
 
 def accumulate(grad_fn: Callable, params, router_bias, tokens, segment_ids, *, microbatches: int, mesh,
-               top_k: int):
+               top_k: int, context_parallel: int = 1):
     """``grad_fn(params, tokens, segment_ids) -> ((loss, stats), grads)`` over the whole batch in
-    ``microbatches`` sequential pieces (a lax.scan: one microbatch's activations live at a time)."""
+    ``microbatches`` sequential pieces (a lax.scan: one microbatch's activations live at a time);
+    ``context_parallel`` is the model's (how the batch's sequences are laid over the devices)."""
     if microbatches == 1:
         return grad_fn(params, tokens, segment_ids)
-    xs = (split_microbatches(tokens, microbatches, mesh), split_microbatches(segment_ids, microbatches, mesh))
+    xs = tuple(split_microbatches(x, microbatches, mesh, context_parallel) for x in (tokens, segment_ids))
     (loss_shape, stats_shape), grads_shape = jax.eval_shape(grad_fn, params, xs[0][0], xs[1][0])
     zeros = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
     init = (jax.tree.map(zeros, grads_shape), zeros(loss_shape),

@@ -259,7 +259,7 @@ def build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: 
         # microbatches > 1: gradient accumulation (marin.training.accumulate), same step up to float order
         (loss, stats), grads = accumulate(jax.value_and_grad(loss_fn, has_aux=True), state["params"],
                                           state["router_bias"], tokens, segment_ids, microbatches=microbatches,
-                                          mesh=mesh, top_k=step_cfg.top_k)
+                                          mesh=mesh, top_k=step_cfg.top_k, context_parallel=step_cfg.context_parallel)
         grad_norm = optax.global_norm(grads)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = jax.tree.map(lambda p, u: (p - lr * u).astype(p.dtype), state["params"], updates)

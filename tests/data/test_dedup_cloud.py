@@ -88,3 +88,39 @@ def test_ray_tasks_write_what_one_process_writes(tmp_path):
     for name, kw in (("ray", {"min_task_bytes": 0}), ("local", {"use_ray": False})):
         dedup(DedupConfig(str(tmp_path / "corpus"), str(tmp_path / name), show_progress=False, **kw))
     assert _files(str(tmp_path / "ray")) == _files(str(tmp_path / "local"))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_local")
+def test_the_quickstart_data_steps_on_an_s3_prefix_are_cached_and_resume(s3_bucket):
+    """The quickstart's data part (miniature corpus -> dedup -> decontamination against the IsoFLOP
+    experiment's task) through the executor under an s3:// prefix: a run that stops after dedup
+    leaves it finished, the next run does only what is missing, and a third finds everything cached."""
+    from experiments.defaults import default_decontaminate, default_dedup, default_k40_miniature
+    from marin.execution import ExecutorMainConfig, executor_main
+
+    corpus = default_k40_miniature("qs/k40-mini", total_bytes=60_000, seed=0)
+    deduped = default_dedup("qs/dedup", corpus)
+    clean = default_decontaminate("qs/decontaminate", deduped)
+    prefix = f"{s3_bucket}/run"
+
+    def run(**flags):
+        result = executor_main(ExecutorMainConfig(prefix=prefix, progress=False, **flags), steps=[clean])
+        by_path = {s.output_path: s.name for s in result.plan.steps}
+        return result, {by_path[p]: o for p, o in result.outcome.items()}
+
+    _, first = run(run_only=["qs/dedup"])
+    assert first == {"qs/k40-mini": "succeeded", "qs/dedup": "succeeded", "qs/decontaminate": "not_selected",
+                     "tiny-isoflop/task": "not_selected"}
+    second, outcome = run()
+    assert outcome["qs/dedup"] == "cached" and outcome["qs/decontaminate"] == "succeeded"
+    assert set(run()[1].values()) == {"cached"}
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    out = second.plan.planned(clean).output_path
+    with fsspec.open(f"{out}/decontamination_manifest.json") as f:
+        man = json.load(f)
+    assert list(man["against"]) == ["k40_domains"] and man["totals"]["documents_in"] > 0
+    with fsspec.open(f"{second.plan.planned(deduped).output_path}/dedup_manifest.json") as f:
+        assert json.load(f)["params"]["threshold"] == 0.7
+    assert list_document_files(out)  # the K40 layout, for tokenize

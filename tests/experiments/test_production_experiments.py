@@ -33,7 +33,10 @@ def test_hero_matches_the_published_run(tmp_path):
 
     [stage] = cfg.data.stages  # stage 2 at 30% of the run: step 117,042 of the hero's 390,139
     assert stage.resolved_start(cfg.train_steps) == 117_042
-    assert len(plan.steps) == 1 + 40 + 1 + 1  # tokenizer, 40 tokenize steps, train, health
+    # tokenizer, dedup, decontamination and the task it protects, 40 tokenize steps, train, health
+    assert len(plan.steps) == 1 + 3 + 40 + 1 + 1
+    names = [s.name for s in plan.steps]
+    assert {"data/harrier_k40/dedup", "data/harrier_k40/decontaminate", "tiny-isoflop/task"} <= set(names)
 
 
 def test_ladder_rungs_spend_their_published_budgets(tmp_path):

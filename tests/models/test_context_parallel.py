@@ -1,6 +1,7 @@
 """Context parallelism against single-device blocked attention on the same sequences: forward and
 gradients, local and global layers, packed documents, lengths 2C does not divide, C = 2 and 4; and
-a whole train step with context parallelism against the step without it."""
+a whole train step with context parallelism (with and without microbatches) against the step without
+it; and the context-parallel step lowered for CUDA."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def test_forward_and_gradients_equal_single_device(degree, length):
             np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-4)
 
 
-def _train(context_parallel: int, steps: int = 2):
+def _train(context_parallel: int, steps: int = 2, microbatches: int = 1):
     from marin.parallel.mesh import batch_sharding, place_host_arrays
     from marin.training.config import SyntheticDataConfig, TrainConfig
     from marin.training.trainer import init_host_state, make_train_step, model_config, state_shardings, synthetic_batch
@@ -101,7 +102,7 @@ def _train(context_parallel: int, steps: int = 2):
     host = init_host_state(config, cfg)
     shardings = state_shardings(host, mesh)
     state = place_host_arrays(host, shardings)
-    step = make_train_step(config, cfg, mesh, "local", shardings)
+    step = make_train_step(config, cfg, mesh, "local", shardings, microbatches)
     out = []
     for i in range(steps):
         b = synthetic_batch(config.data, i, 8, 32)
@@ -124,6 +125,22 @@ def test_a_train_step_with_context_parallelism_equals_the_step_without():
         np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # ~25 s: two train programs compiled; the split's layout keeps a fast test (test_accumulation)
+def test_microbatches_with_context_parallelism_equal_the_whole_batch_step_without():
+    # 8 sequences, C = 2 on a 2 x 4 mesh: 4 groups of 2 devices, each group's 2 sequences in 2
+    # microbatches of one (each microbatch again fills every device: 4 sequences x 2 shards)
+    ref, s_ref = _train(1)
+    got, s_got = _train(2, microbatches=2)
+    for a, b in zip(ref, got):
+        for key in ("loss", "ce_loss", "z_loss", "grad_norm", "expert_load_max", "router_bias_spread"):
+            # float order only: the "local" transport drops nothing, so the microbatches' mean loss and
+            # gradient are the whole batch's (equal token counts), and the router's histograms add up
+            np.testing.assert_allclose(b[key], a[key], rtol=2e-5, atol=1e-6, err_msg=key)
+    for x, y in zip(jax.tree.leaves(s_ref["params"]), jax.tree.leaves(s_got["params"])):
+        # as above: AdamW's per-element normalisation amplifies float reordering of near-zero gradients
+        np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("seq_len", [16384, 1024])  # chunks of 2,048 (halo) and of 128 (< window: gathered)
 def test_context_parallel_train_step_lowers_for_cuda(seq_len):
     from marin.training.config import SyntheticDataConfig, TrainConfig
@@ -140,3 +157,30 @@ def test_context_parallel_train_step_lowers_for_cuda(seq_len):
     assert forbidden_ops(text) == []
     assert "stablehlo.collective_permute" in text  # the halo / K-V gather over the context-parallel group
     assert "ragged_all_to_all" in text  # the MoE's EP transport, unchanged
+
+
+def test_the_hero_attention_shape_at_a_tiny_width_lowers_for_cuda_with_context_parallelism_and_microbatches():
+    # the hero's attention (head dim 128, 4:1 KV heads on the local layers and 8:1 on the global
+    # ones, window 2,048: 8 heads, 2 and 1 KV heads) at width 1,024, one local and one global layer,
+    # C = 2 with 4,096-token chunks (the halo path) and gradient accumulation over the groups
+    from marin.training.config import SyntheticDataConfig, TrainConfig, model_at
+    from marin.training.lowering import forbidden_ops, lower_train_step
+    from marin.training.trainer import model_config
+
+    seq_len, degree = 16384, 2
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="hero",
+                         model_overrides={"n_layers": 2, "d_model": 1024, "n_heads": 8, "n_kv_heads": 2,
+                                          "n_kv_heads_global": 1, "latent_dim": 512, "expert_width": 512,
+                                          "shared_width": 512, "expert_width_multiple": 1},
+                         seq_len_phases=((0.0, seq_len),), wandb_project=None,
+                         context_parallel_by_seq_len=((seq_len, degree),))
+    cfg = model_at(config, model_config(config), seq_len)
+    assert (cfg.head_dim, cfg.n_heads // cfg.n_kv_heads, cfg.n_heads // cfg.kv_heads_global,
+            cfg.sliding_window, cfg.context_parallel) == (128, 4, 8, 2048, degree)
+    microbatches = 2
+    batch = 8 // degree * microbatches  # every microbatch: one sequence per group of 2 on a 1 x 8 mesh
+    text = lower_train_step(config, cfg, (1, 8), "ragged", batch_size=batch, seq_len=seq_len,
+                            microbatches=microbatches).as_text()
+    assert forbidden_ops(text) == []
+    assert "stablehlo.collective_permute" in text  # the halo and the K/V gather over the group
+    assert "ragged_all_to_all" in text

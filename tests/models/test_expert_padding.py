@@ -55,8 +55,8 @@ def test_counts_are_the_models_and_storage_is_the_padded_pytree(capsys):
     unpadded = cfg.replace(expert_width_multiple=1)
     c, c0 = count_params(cfg), count_params(unpadded)
     assert c == {**c0, "stored_params": c["stored_params"]}  # every model count is the unpadded one
-    assert c0["stored_params"] == c0["total_params"] + c0["kv_padding"]  # K/V stored at 12 heads everywhere
-    assert c["stored_params"] - c["total_params"] - c["kv_padding"] == 48 * 384 * 3 * 3072 * 8
+    assert c0["stored_params"] == c0["total_params"]  # K/V counted as stored (12 heads everywhere)
+    assert c["stored_params"] - c["total_params"] == 48 * 384 * 3 * 3072 * 8
     assert sum(int(np.prod(s)) for s in param_shapes(cfg).values()) == c["stored_params"]
     assert param_shapes(cfg)["blocks/expert_down"] == (48, 384, 3080, 3072)
     from marin.models.config import flops_per_token

@@ -43,7 +43,7 @@ def test_readme_review_commands_run_on_a_finished_quickstart(tmp_path):
         assert r.returncode == 0, f"{line}\n{r.stdout[-1500:]}\n{r.stderr[-3000:]}"
         assert "Traceback" not in r.stderr, f"{line}\n{r.stderr[-3000:]}"
         if line.startswith("marin status"):
-            assert r.stdout.rstrip().endswith("8 SUCCESS")  # the quickstart's 8 steps
+            assert r.stdout.rstrip().endswith("10 SUCCESS")  # the quickstart's 10 steps
         if line.startswith("marin explain"):
             assert "0 of 8 steps would run" in r.stdout
         if line.startswith("marin report"):

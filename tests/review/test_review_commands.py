@@ -94,7 +94,7 @@ def test_dry_run_from_the_command_line_ends_the_file_after_the_plan(tmp_path):
 def test_quickstart_dry_run_succeeds(tmp_path):
     r = run([sys.executable, "experiments/quickstart.py", "--dry_run", "true", "--prefix", str(tmp_path / "x")], REPO)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "8 of 8 steps would run" in r.stdout and "Traceback" not in r.stderr
+    assert "10 of 10 steps would run" in r.stdout and "Traceback" not in r.stderr
 
 
 def test_executor_main_twice_in_one_file_is_refused(tmp_path):

@@ -98,3 +98,23 @@ def test_microbatches_must_split_the_batch():
     mesh = make_mesh(2, 4)
     with pytest.raises(ValueError, match="does not split into 3 microbatches over 8 devices"):
         split_microbatches(jnp.zeros((16, 5), jnp.int32), 3, mesh)
+
+
+def test_microbatches_with_context_parallelism_keep_each_group_its_sequences():
+    # C = 2 on a 2 x 4 mesh: 4 groups of 2 devices; 8 sequences = 2 per group, one per microbatch.
+    # Microbatch m must give group g the m-th of group g's own sequences (no token moves between
+    # devices), laid out as the whole batch is (split over "data" only), so that each microbatch is
+    # again a context-parallel batch: every group the same number of whole sequences.
+    mesh, degree, m = make_mesh(2, 4), 2, 2
+    groups = mesh.size // degree
+    tokens = np.arange(8)[:, None] * 100 + np.arange(5)[None, :]  # row i starts with 100 i
+    x = place_host_arrays(tokens.astype(np.int32), batch_sharding(mesh, degree))
+    y = jax.jit(lambda t: split_microbatches(t, m, mesh, degree))(x)
+    assert tuple(y.sharding.spec)[:2] == (None, "data")  # [M, B / M, L]: rows over "data", as the batch
+    per, per_mb = 8 // groups, 8 // groups // m
+    for mb in range(m):
+        for g in range(groups):
+            got = np.asarray(y[mb, g * per_mb:(g + 1) * per_mb, 0]) // 100
+            assert list(got) == [g * per + mb * per_mb + j for j in range(per_mb)]
+    with pytest.raises(ValueError, match="does not split into 4 microbatches over 4 groups of 2 context-parallel"):
+        split_microbatches(jnp.zeros((8, 5), jnp.int32), 4, mesh, degree)

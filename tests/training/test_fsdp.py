@@ -167,7 +167,7 @@ def test_fsdp_plan_shrinks_the_state_and_pays_a_gathered_layer():
     assert rep["gathered"] == 0 < fsdp["gathered"]
     # the dense weights' moments split 64 ways (11 racks divide none of d2048's dimensions)
     c = count_params(cfg)
-    dense = c["total_params"] - c["routed_experts_total"] + c["kv_padding"]  # as stored (K/V padded)
+    dense = c["total_params"] - c["routed_experts_total"]  # as stored (K/V padded)
     norms = cfg.n_layers * 2 * cfg.d_model + cfg.d_model  # replicated
     assert rep["optimizer_state"] - fsdp["optimizer_state"] == pytest.approx(8 * (dense - norms) * 63 / 64)
     assert fsdp["activations"] == rep["activations"]

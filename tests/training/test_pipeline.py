@@ -1,5 +1,5 @@
-"""The README's main job end to end (experiments/quickstart.py): miniature K40 -> tokenizer, dedup ->
-tokenize -> mixture -> a tiny MoE training run on local Ray with EP over fake CPU devices -> health.
+"""The README's main job end to end (experiments/quickstart.py): miniature K40 -> tokenizer, dedup,
+decontamination -> tokenize -> mixture -> a tiny MoE training run on local Ray with EP over fake CPU devices -> health.
 Loss falls, the transport hot-switches, the sequence length extends, metrics.jsonl and W&B files
 are written, and the health report is clear."""
 
@@ -13,7 +13,7 @@ from marin.execution import ExecutorMainConfig, executor_main
 from marin.training.metrics import read_metrics
 
 
-@pytest.mark.slow  # the README's quickstart, 7 steps and 60 training steps on local Ray; its cores run in the
+@pytest.mark.slow  # the README's quickstart, 10 steps and 60 training steps on local Ray; its cores run in the
 # default set: test_trainer.py (learning, W&B, sequence-length phases, the transport switch), the eval step
 # (tests/evaluation/test_eval_step.py), health (tests/monitoring), caching (tests/execution/test_executor.py)
 def test_quickstart_pipeline(ray_local, tmp_path):
@@ -22,12 +22,16 @@ def test_quickstart_pipeline(ray_local, tmp_path):
     result = executor_main(ExecutorMainConfig(prefix=str(tmp_path), progress=False),
                            steps=[qs.mixture_report, qs.health, qs.evaluation])
     assert set(result.outcome.values()) == {"succeeded"}, result.errors
-    assert len(result.outcome) == 8
-    # the dedup step's output is what was tokenized: its survivors, document for document
+    assert len(result.outcome) == 10
+    # dedup -> decontamination -> tokenize: what was tokenized is what survived both, document for document
     with open(os.path.join(result.plan.planned(qs.deduped).output_path, "dedup_manifest.json")) as f:
         dedup = json.load(f)
+    with open(os.path.join(result.plan.planned(qs.clean).output_path, "decontamination_manifest.json")) as f:
+        decon = json.load(f)
+    assert decon["totals"]["documents_in"] == dedup["totals"]["documents_out"] > 0
+    assert list(decon["against"]) == ["k40_domains"]
     with open(os.path.join(result.plan.planned(qs.tokenized).output_path, "manifest.json")) as f:
-        assert json.load(f)["totals"]["documents"] == dedup["totals"]["documents_out"] > 0
+        assert json.load(f)["totals"]["documents"] == decon["totals"]["documents_out"] > 0
     path = result.plan.planned(qs.train).output_path
     records = read_metrics(path)
     assert [r["step"] for r in records] == list(range(1, qs.TRAIN_STEPS + 1))

@@ -117,7 +117,7 @@ def test_hero_schedule_and_compute():
     # fsdp by default: the dense weights split 64 ways inside a rack (11 divides none of the hero's
     # dimensions), the routed experts, stored padded to 3080 = 11 x 280, 704 ways (expert x data)
     c = count_params(get_preset("hero"))
-    dense = c["total_params"] - c["routed_experts_total"] + c["kv_padding"]  # K/V stored at 12 heads on every layer
+    dense = c["total_params"] - c["routed_experts_total"]  # K/V as stored: 12 heads on every layer
     routed_stored = c["stored_params"] - dense
     assert routed_stored == 48 * 384 * 3 * 3072 * 3080
     assert p["param_sharding"] == "fsdp"
@@ -236,7 +236,7 @@ def test_host_memory_in_the_plan_and_the_hero_fits_on_both():
     # weights split 64 ways inside a rack and replicated across the 11 racks, so one replica (rack
     # 0's 16 hosts) writes them; the norms (replicated) go to host 0, the busiest
     # (the dense weights as stored: the global layers' K/V columns padded to the local layers' heads)
-    dense = c["total_params"] - c["routed_experts_total"] + c["kv_padding"]
+    dense = c["total_params"] - c["routed_experts_total"]
     routed = c["stored_params"] - dense
     assert p["checkpoint_bytes_per_host"] == pytest.approx(
         12 * (routed / 176 + (dense - c["norms"]) / 16 + c["norms"]), rel=1e-9)

@@ -1,14 +1,17 @@
 """Bits per byte of a training run's checkpoint on text you point it at.
 
     marin eval RUN_DIR [--data NAME=PATH_OR_GLOB ...] [--task NAME=PATH ...] [--held-out]
-                       [--checkpoint latest|N] [--stride S] [--pool POOL] [--json]
+                       [--checkpoint latest|N] [--stride S] [--pool POOL] [--address ADDR] [--json]
 
 RUN_DIR is a training step's output directory. Each ``--data`` is a file, directory or glob of
 jsonl / jsonl.gz / jsonl.zst / parquet documents (any fsspec path), tokenized here with the run's
 tokenizer, or an existing token store (checked against the run's tokenizer). Each ``--task`` is a
 multiple-choice jsonl file (context, choices, gold). Without ``--data`` and ``--task`` (or with
 ``--held-out``) the run's mixture held-out split is evaluated too. The checkpoint is evaluated
-in this process on the run's pool (one host) unless ``--pool`` names another.
+on the run's pool unless ``--pool`` names another: in this process on a pool of one host; on a pool
+of several hosts one JAX process per host (the pool launcher training uses), each reading only its
+own slices of the checkpoint, on the Ray cluster at ``--address`` (or ``$RAY_ADDRESS``) or, for a
+local CPU pool, on simulated nodes started on this machine for the command.
 """
 
 from __future__ import annotations
@@ -23,14 +26,16 @@ from typing import Any
 
 import fsspec
 
+from marin.commands import options
 from marin.data.store import MANIFEST, TokenStore
 from marin.data.tokenize import TokenizeConfig, TokenizeError, tokenize
 from marin.evaluation.sets import EvalSet
+from marin.execution.errors import ExecutorError
 from marin.inference.evaluate import EvalConfig, run_eval
 from marin.textfmt import format_table
 from marin.training.checkpoint import checkpoint_path, read_metadata, select_steps
 from marin.training.config import train_config_from_record
-from marin.training.pools import get_pool, host_env
+from marin.training.pools import PoolLaunchError, get_pool, host_env, pool_cluster
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default="latest", help="'latest' (default) or a step number")
     p.add_argument("--stride", type=int, default=None, help="window stride in tokens (default: disjoint windows)")
     p.add_argument("--pool", default=None, help="device pool to evaluate on (default: the run's)")
+    options.add_address(p)
     p.add_argument("--text-field", default="text", help="document field holding the text (default: text)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -61,9 +67,9 @@ def _parse_data(items: list[str], flag: str = "--data") -> list[tuple[str, str]]
 
 def _tokenize_set(name: str, path: str, tokenizer: str, text_field: str, workdir: str) -> str:
     """A token store of the documents at ``path`` (tokenized here), or ``path`` itself if it is one."""
-    fs, p = fsspec.core.url_to_fs(path)
-    if fs.isfile(f"{p.rstrip('/')}/{MANIFEST}"):
+    if _is_store(path):
         return path
+    fs, p = fsspec.core.url_to_fs(path)
     parts = path.rstrip("/").split("/")
     glob_at = next((i for i, x in enumerate(parts) if any(c in x for c in "*?[")), None)
     base, loc = (path, "") if glob_at is None else ("/".join(parts[:glob_at]), "/".join(parts[glob_at:]))
@@ -100,10 +106,11 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     record = read_metadata(checkpoint_path(args.run, steps[-1]))["config"]
     train_config = train_config_from_record(record)
     pool = get_pool(args.pool or record["pool"])
-    if pool.hosts != 1:
-        raise ValueError(f"pool {pool.name} has {pool.hosts} hosts; evaluate it with an eval step (default_eval) "
-                         "or pass --pool with a single-host pool")
-    if "jax" not in sys.modules:  # fake CPU devices must be requested before JAX starts
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    if pool.hosts > 1 and address and any(not _is_store(path) for _, path in _parse_data(args.data)):
+        raise ValueError(f"pool {pool.name} has {pool.hosts} hosts on the cluster at {address}: --data must name token "
+                         "stores every host can read (tokenize the documents with an experiment's tokenize step)")
+    if pool.hosts == 1 and "jax" not in sys.modules:  # fake CPU devices must be requested before JAX starts
         for k, v in host_env(pool).items():
             os.environ.setdefault(k, v)
     data = _parse_data(args.data)
@@ -117,7 +124,17 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         config = EvalConfig(args.run, "", sets=sets, checkpoint=checkpoint,
                             held_out=args.held_out or not (data or tasks), pool=pool.name, stride=args.stride,
                             tasks=tasks)
-        return run_eval(config, use_ray=False)
+        with pool_cluster(pool, args.address, _note) as on_ray:
+            return run_eval(config, use_ray=on_ray)
+
+
+def _is_store(path: str) -> bool:
+    fs, p = fsspec.core.url_to_fs(path)
+    return fs.isfile(f"{p.rstrip('/')}/{MANIFEST}")
+
+
+def _note(line: str) -> None:
+    print(f"marin eval: {line}", file=sys.stderr, flush=True)
 
 
 def _step(x: str) -> int:
@@ -168,7 +185,7 @@ def _sets_table(result: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         result = evaluate(args)
-    except (FileNotFoundError, ValueError, KeyError, TokenizeError) as e:
+    except (FileNotFoundError, ValueError, KeyError, TokenizeError, PoolLaunchError, ExecutorError) as e:
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
         print(f"marin eval: error: {msg.splitlines()[0] if msg else type(e).__name__}", file=sys.stderr)
         return 2

@@ -16,6 +16,12 @@ def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output (one JSON document)")
 
 
+def add_address(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", default=None,
+                        help="Ray cluster to run a pool of several hosts on (default: $RAY_ADDRESS; without one, a "
+                             "local CPU pool's hosts are simulated as nodes on this machine)")
+
+
 def add_refresh(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     parser.add_argument("--count", type=int, default=None,

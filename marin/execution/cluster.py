@@ -9,12 +9,15 @@ submits the first step and :func:`shutdown_local_ray` when a cluster it started 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from types import ModuleType
+from typing import Any
 
 from marin.execution.errors import ExecutorError
 from marin.execution.signals import RunStopped
@@ -246,14 +249,19 @@ def shutdown_local_ray(grace_s: float = 5.0) -> None:
     import ray  # Ray only when a cluster is joined or stopped
 
     node = getattr(ray._private.worker, "_global_node", None)
-    owned: list[tuple[int, str]] = []
-    if node is not None:
-        for name in ("raylet", "gcs_server"):
-            for info in node.all_processes.get(name, []):
-                if info.process is not None:
-                    owned += descendants(info.process.pid)
+    owned = node_descendants(node) if node is not None else []
     ray.shutdown(wait_for_processes=True)
     stop_processes(owned, grace_s)
+
+
+def node_descendants(node) -> list[tuple[int, str]]:
+    """``(pid, start time)`` of every process below a Ray node's raylet and GCS (its agents)."""
+    owned: list[tuple[int, str]] = []
+    for name in ("raylet", "gcs_server"):
+        for info in node.all_processes.get(name, []):
+            if info.process is not None:
+                owned += descendants(info.process.pid)
+    return owned
 
 
 def stop_processes(owned: list[tuple[int, str]], grace_s: float) -> None:
@@ -273,3 +281,62 @@ def stop_processes(owned: list[tuple[int, str]], grace_s: float) -> None:
         if not alive:
             return
         owned = alive
+
+
+def add_node_retrying(cluster, spec: Mapping[str, Any]) -> None:
+    """``cluster.add_node(**spec)``, started again after a node that missed Ray's startup deadline
+    (as :func:`ensure_ray` does, :data:`LOCAL_START_ATTEMPTS` times, stopping what the failed start
+    spawned); an :class:`ExecutorError` in one line when none started."""
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        before = set(descendants(os.getpid()))
+        try:
+            cluster.add_node(**dict(spec))
+            return
+        except Exception as e:
+            if not is_startup_timeout(e):
+                raise
+            stop_processes([p for p in descendants(os.getpid()) if p not in before], grace_s=2.0)
+            if attempt == LOCAL_START_ATTEMPTS:
+                raise ExecutorError(local_start_failure(LOCAL_START_ATTEMPTS)) from None
+            logger.warning("a simulated Ray node did not come up within Ray's 30 s (attempt %d of %d); starting it "
+                           "again", attempt, LOCAL_START_ATTEMPTS)
+
+
+@contextlib.contextmanager
+def local_cluster_with_nodes(nodes: Sequence[Mapping[str, Any]], *, grace_s: float = 5.0) -> Iterator[str]:
+    """A fresh local Ray cluster of this machine's head node plus one simulated node per entry of
+    ``nodes`` (each: ``num_cpus``, ``resources``, ``labels``, as :meth:`ray.cluster_utils.Cluster.add_node`
+    takes them), joined by this process for the ``with`` block and stopped completely after it
+    (agents included); yields its address. Like the local cluster :func:`ensure_ray` starts, it
+    never grows (:data:`FIXED_CLUSTER_ENV`). Each simulated node is a raylet of its own on this
+    machine, so a pool's hosts land on distinct nodes as on a real cluster; Ray's own cluster
+    utilities start them (about 10 s a node on a small machine)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray = import_ray_for_the_driver()
+    if ray.is_initialized():
+        raise ExecutorError("a Ray cluster is already joined in this process: simulated nodes need a fresh one")
+    from ray.cluster_utils import Cluster  # Ray only when a cluster is started (see above)
+
+    quiet_default_token_notice()
+    before = os.environ.get(FIXED_CLUSTER_ENV)
+    os.environ[FIXED_CLUSTER_ENV] = "1"  # before the nodes start: their workers (the pool's hosts) inherit it
+    cluster = Cluster()
+    owned: list[tuple[int, str]] = []
+    try:
+        for spec in [{"num_cpus": os.cpu_count() or 1, "include_dashboard": False}, *nodes]:
+            add_node_retrying(cluster, spec)
+        ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=True)
+        cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        for node in [*cluster.worker_nodes, cluster.head_node]:
+            if node is not None:
+                owned += node_descendants(node)
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+        stop_processes(owned, grace_s)
+        if before is None:
+            os.environ.pop(FIXED_CLUSTER_ENV, None)
+        else:
+            os.environ[FIXED_CLUSTER_ENV] = before

@@ -3,7 +3,7 @@
 eval step (:mod:`marin.inference.evaluate`) and run lm-evaluation-harness tasks on it
 (:mod:`marin.inference.harness`). Sits above training, evaluation, scaling and monitoring and below
 review; decoding itself is model code (:mod:`marin.models.decode`)."""
-from marin.inference.generate import generate
+from marin.inference.generate import generate, generate_with_ids
 from marin.inference.run import LoadedRun, RunLoadError, load_run
 
-__all__ = ["LoadedRun", "RunLoadError", "generate", "load_run"]
+__all__ = ["LoadedRun", "RunLoadError", "generate", "generate_with_ids", "load_run"]

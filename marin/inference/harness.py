@@ -17,23 +17,32 @@ import fsspec
 
 from marin.evaluation.suite import eval_seq_len
 from marin.execution.versioning import input_field, live
-from marin.inference.run import load_run, single_host_pool
+from marin.inference.multihost import run_pool
+from marin.inference.run import load_run
 from marin.training.config import train_config_from_record
 
 RESULTS_FILE = "harness.json"  # in the harness step's directory; the report reads it
+
+ONE_HOST_ONLY = ("pool {pool} has {hosts} hosts, and lm-evaluation-harness drives the model from one Python "
+                 "process (its request loop would have to run in lockstep on every host, which it does not "
+                 "promise): pass --pool with a single-host pool (local-cpu, h200-1), or score multiple-choice "
+                 "tasks on this pool with `marin eval --task`")
+"""Why ``marin harness`` and the harness step refuse a pool of several hosts, in one line."""
 
 
 def run_harness(run_dir: str, tasks: list[str], *, step: int | None = None, pool: str | None = None,
                 include_path: str | None = None, output_path: str | None = None,
                 limit: int | None = None) -> dict[str, Any]:
-    """lm_eval results of ``tasks`` on ``run_dir``'s checkpoint (``step``: None = the latest)."""
-    if pool is not None:
-        single_host_pool(pool)  # refused before lm_eval (slow to import) is loaded
+    """lm_eval results of ``tasks`` on ``run_dir``'s checkpoint (``step``: None = the latest), on
+    ``pool`` (None: the run's), which must have one host (see :data:`ONE_HOST_ONLY`)."""
+    spec = run_pool(run_dir, step, pool)
+    if spec.hosts > 1:  # refused before lm_eval (slow to import) is loaded
+        raise ValueError(ONE_HOST_ONLY.format(pool=spec.name, hosts=spec.hosts))
     # lm_eval is an optional extra: imported when a harness runs, not when an experiment file loads
     from marin.evaluation.harness import MarinLM, check_tasks, evaluate_tasks
 
     check_tasks(tasks, include_path)  # bad task files fail before the model is loaded
-    run = load_run(run_dir, step, pool)
+    run = load_run(run_dir, step, spec.name)
     seq_len = eval_seq_len(train_config_from_record(run.record))
     lm = MarinLM(run.params, run.router_bias, run.cfg, run.require_tokenizer(), run.mesh, seq_len=seq_len)
     results = evaluate_tasks(lm, tasks, include_path=include_path, limit=limit, output_path=output_path)

@@ -161,10 +161,19 @@ def _step(params, router_bias, cache, tokens, positions, cfg, mesh):
     return logits[:, -1], cache
 
 
-@functools.partial(jax.jit, static_argnames=("sampling",))
-def _choose(logits, step, sampling):
+@functools.partial(jax.jit, static_argnames=("sampling", "mesh"))
+def _choose(logits, step, sampling, mesh=None):
+    """The next token of every row; on a mesh replicated on every device, since every process of a
+    pool (one per host) feeds all rows back and decides when decoding stops: a few bytes per row."""
     key = jax.random.fold_in(jax.random.PRNGKey(sampling.seed), step)
-    return next_tokens(logits, key, sampling)
+    tok = next_tokens(logits, key, sampling)
+    return tok if mesh is None else jax.lax.with_sharding_constraint(tok, replicated(mesh))
+
+
+def tokens_to_host(tok) -> np.ndarray:
+    """The chosen tokens in this process: its own copy of a replicated array (which works where the
+    array spans several processes, unlike reading the global value)."""
+    return np.asarray(tok if tok.is_fully_addressable else tok.addressable_data(0))
 
 
 def prompt_width(longest: int, limit: int) -> int:
@@ -184,7 +193,9 @@ def generate_tokens(params, router_bias, cfg: MoEConfig, prompts: list[list[int]
 
     A row stops after emitting one of ``stop_ids`` (which is kept, so callers see why it stopped);
     generation ends when every row stopped or after ``max_new_tokens``. On a ``mesh`` the rows are
-    padded to a multiple of its devices (the tokens are split over every device)."""
+    padded to a multiple of its devices (the tokens are split over every device); a mesh may span
+    several processes (a pool's hosts), each of which calls this with the same arguments and gets
+    the same tokens."""
     check_prompts(prompts, cfg, max_new_tokens)
     n = len(prompts)
     rows = n if mesh is None else -(-n // mesh.size) * mesh.size
@@ -206,8 +217,8 @@ def generate_tokens(params, router_bias, cfg: MoEConfig, prompts: list[list[int]
     done = np.zeros(n, bool)
     stops = set(int(s) for s in stop_ids)
     for step in range(max_new_tokens):
-        tok = _choose(logits, step, sampling)
-        host = np.asarray(tok)
+        tok = _choose(logits, step, sampling, mesh)
+        host = tokens_to_host(tok)
         for r in range(n):
             if not done[r]:
                 out[r].append(int(host[r]))

@@ -54,6 +54,7 @@ from typing import Any
 import fsspec
 import numpy as np
 
+from marin.execution.jsonable import from_jsonable
 from marin.execution.retry import StorageUnavailable, call_with_retry
 
 logger = logging.getLogger(__name__)
@@ -1085,11 +1086,13 @@ def checkpoint_path(run_path: str, step: int) -> str:
     return CheckpointManager(run_path, CheckpointPolicy()).path_for(step)
 
 
-def select_steps(run_path: str, checkpoint: str | int | None = "latest") -> list[int]:
+def select_steps(run_path: str, checkpoint: str | int | None = "latest", *,
+                 steps: list[int] | None = None) -> list[int]:
     """The committed checkpoints of the run at ``run_path`` that ``checkpoint`` names, ascending:
     "latest" (or None) the newest, "all" every retained one, or a step number; FileNotFoundError
-    saying what is there when the run has none, or none at that step."""
-    steps = committed_steps(run_path)
+    saying what is there when the run has none, or none at that step. ``steps``: the run's committed
+    steps when the caller has listed them already."""
+    steps = committed_steps(run_path) if steps is None else steps
     if not steps:
         raise FileNotFoundError(f"{run_path} has no committed checkpoint (is it a training step's output directory?)")
     if checkpoint is None or checkpoint == "latest":
@@ -1119,7 +1122,7 @@ def model_config_of(metadata: Mapping[str, Any]) -> Any:
     if not isinstance(model, dict):
         raise ValueError(f"the checkpoint's config names model {model!r} without its fields; it predates recorded "
                          "model configs and cannot be loaded by itself")
-    return MoEConfig(**model)
+    return from_jsonable(MoEConfig, model)
 
 
 def load_model(run_path: str, mesh: Any = None, *, step: int | None = None,

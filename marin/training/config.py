@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from marin.data.mixture import MixtureConfig
+from marin.execution.jsonable import from_jsonable
 from marin.execution.versioning import by_field, input_field, live
 from marin.models.config import REMAT_POLICIES, MoEConfig, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
@@ -299,21 +300,19 @@ def context_parallel_at(config: TrainConfig, seq_len: int) -> int:
 
 
 def train_config_from_record(record: dict[str, Any]) -> TrainConfig:
-    """A :class:`TrainConfig` with the model, schedule and data of a checkpoint's config record (what
-    evaluating, sampling or exporting a run needs of it; telemetry and cadence keep their defaults)."""
-    model = record["model"]
-    if isinstance(model, dict):  # the resolved model the run trained (older records hold a preset name)
-        model = MoEConfig(**model)
-    data = record.get("data") or {}
-    if "stores" in data:
-        data = MixtureConfig(stores=tuple(data["stores"]), validation_fraction=data["validation_fraction"],
-                             validation_min_documents=data["validation_min_documents"],
-                             validation_max_documents=data["validation_max_documents"])
-    elif data:
-        data = SyntheticDataConfig(**data)
-    return TrainConfig(
-        output_path=record["output_path"], data=data, model=model, preset=record.get("preset"),
-        model_overrides=dict(record.get("model_overrides") or {}), pool=record["pool"],
-        tokens_per_step=int(record["tokens_per_step"]), compute_dtype=record.get("compute_dtype"),
-        seq_len_phases=tuple((float(f), int(n)) for f, n in record["seq_len_phases"]),
-    )
+    """The :class:`TrainConfig` a run recorded (a checkpoint's config record, or the step's), every
+    field read back by the one generic reader (:func:`marin.execution.jsonable.from_jsonable`), so
+    a field added to the config comes back without a change here. Masked secrets read back as
+    ``***``; fields the config no longer has are skipped. ValueError naming the field otherwise."""
+    # the eval sets' reader brings the tokenizer stack: only once a run's record is read
+    from marin.evaluation.sets import EvalSet
+
+    types = {"data": MixtureConfig | SyntheticDataConfig, "eval_sets": tuple[EvalSet, ...]}
+    return from_jsonable(TrainConfig, train_record_in_current_spelling(record), types=types, ignore_unknown=True)
+
+
+def train_record_in_current_spelling(record: dict[str, Any]) -> dict[str, Any]:
+    """A recorded TrainConfig in today's field names. Records and TrainConfig spell their fields
+    alike today, so it is the record itself; where a field moves (into a nested group), records
+    written before still read through the function that accepts both spellings, called here."""
+    return record

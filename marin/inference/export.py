@@ -36,7 +36,7 @@ import numpy as np
 
 from marin.data.tokenizer import tokenizer_json_path
 from marin.evaluation.sets import run_tokenizer_path
-from marin.execution.executor import experiment_record_paths, read_experiment_record
+from marin.execution.experiment_record import experiment_record_paths, read_experiment_record
 from marin.inference.run import load_verified_checkpoint
 from marin.models import numpy_forward
 from marin.models.config import count_params

@@ -29,7 +29,7 @@ from marin.inference.export import (
 from marin.inference.run import load_verified_checkpoint
 from marin.models.exported import EXPORT_DTYPES
 from marin.textfmt import format_bytes
-from marin.training.checkpoint import read_index
+from marin.training.checkpoint.format import read_index
 from marin.training.run import Run
 
 

@@ -48,7 +48,9 @@ from marin.models.exported import (
     exported_tensor,
     to_export_dtype,
 )
-from marin.training.checkpoint import model_config_of, open_leaves, read_index
+from marin.training.checkpoint.format import read_index
+from marin.training.checkpoint.loading import model_config_of
+from marin.training.checkpoint.restore import open_leaves
 from marin.training.run import Run
 
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3

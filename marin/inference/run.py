@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from marin.evaluation.sets import load_run_tokenizer
-from marin.training.checkpoint import CorruptCheckpointError
+from marin.training.checkpoint.format import CorruptCheckpointError
 from marin.training.config import TrainConfig, train_config_from_record
 from marin.training.pools import get_pool, host_env
 from marin.training.run import Run

@@ -19,7 +19,7 @@ from marin.execution.jsonable import from_jsonable
 from marin.execution.versioning import by_field, input_field, live
 from marin.models.config import REMAT_POLICIES, MoEConfig, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
-from marin.training.checkpoint import CheckpointPolicy
+from marin.training.checkpoint.manager import CheckpointPolicy
 from marin.training.schedule import (
     DEFAULT_FINAL_LR_FRACTION,
     LRSchedule,

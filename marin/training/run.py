@@ -19,14 +19,10 @@ from typing import Any
 import fsspec
 
 from marin.execution.status import read_info
-from marin.training.checkpoint import (
-    CheckpointManager,
-    CheckpointPolicy,
-    LoadedModel,
-    load_model,
-    read_metadata,
-    select_steps,
-)
+from marin.training.checkpoint.discovery import select_steps
+from marin.training.checkpoint.format import read_metadata
+from marin.training.checkpoint.loading import LoadedModel, load_model
+from marin.training.checkpoint.manager import CheckpointManager, CheckpointPolicy
 from marin.training.config import TrainConfig, train_config_from_record
 from marin.training.metrics import read_metrics
 

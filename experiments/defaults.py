@@ -24,7 +24,7 @@ from marin.data.dedup import DedupConfig, dedup
 from marin.data.mixture import MixtureConfig, MixtureStage
 from marin.data.mixture_report import MixtureReportConfig, mixture_report
 from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
-from marin.data.tokenize import TokenizeConfig, tokenize
+from marin.data.tokenize import TokenizeConfig, split_glob, tokenize
 from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
 from marin.evaluation.multiple_choice import DomainTaskConfig, write_domain_task
 from marin.evaluation.sets import EvalSet, mixture_validation_sets
@@ -747,13 +747,7 @@ def default_eval_suite(suite: Mapping[str, str], tokenizer: StepOrPath, text_fie
     """
     out = []
     for name, path in suite.items():
-        path = str(path)
-        parts = path.rstrip("/").split("/")
-        glob_at = next((i for i, p in enumerate(parts) if any(c in p for c in "*?[")), None)
-        if glob_at is None:  # a file or a directory: the whole location is the one source
-            base, loc = path, ""
-        else:
-            base, loc = "/".join(parts[:glob_at]), "/".join(parts[glob_at:])
+        base, loc = split_glob(str(path))
         step = default_tokenize(f"{prefix}/{name}", base, tokenizer, sources={name: loc}, text_field=text_field)
         # only the name is marked here (EvalSet's other fields stay plain): default_eval versions every
         # field by EvalSet's rule, and a training step's in-training sets keep the version they had

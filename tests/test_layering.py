@@ -8,6 +8,7 @@ reaches for another module's private names.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"training"},
     {"scaling"},
     {"monitoring"},
-    {"inference", "export"},
+    {"inference"},
     {"review"},
     {"cli", "commands"},
 ]
@@ -182,6 +183,20 @@ def test_imports_inside_functions_stay_few():
                 total += 1
                 inside += id(node) in local
     assert inside / total < 0.12, f"{inside} of {total} imports are inside functions"
+
+
+def test_every_floor_names_a_package_that_exists():
+    missing = [p for layer in LAYERS for p in sorted(layer)
+               if not (REPO / "marin" / p).is_dir() and not (REPO / "marin" / f"{p}.py").is_file()]
+    assert not missing, f"floors name packages that do not exist: {missing} (remove them here and in the doc)"
+
+
+def test_the_floor_table_of_the_architecture_doc_is_this_layering():
+    """docs/architecture.md's floor table names exactly these packages, floor by floor."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    floors = [set(re.findall(r"`([a-z_]+)`", m.group(2)))
+              for m in re.finditer(r"^\| (\d+) \| ([^|]*) \|", text, re.MULTILINE)]
+    assert floors == LAYERS, f"the floor table says {floors}, the layering {LAYERS}"
 
 
 def test_the_layering_is_stated_in_the_architecture_doc():

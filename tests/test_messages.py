@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from marin.execution import ExecutorStep, InvalidStepError
-from marin.execution.executor import merged_outcomes
+from marin.execution.experiment_record import merged_outcomes
 from marin.review.explain import unversioned_changes
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from marin.inference.run import committed_run_steps
-from marin.training.checkpoint import convert_legacy
+from marin.training.checkpoint.legacy import convert_legacy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

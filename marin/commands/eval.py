@@ -28,14 +28,14 @@ import fsspec
 
 from marin.commands import options
 from marin.data.store import MANIFEST, TokenStore
-from marin.data.tokenize import TokenizeConfig, TokenizeError, tokenize
+from marin.data.tokenize import TokenizeConfig, TokenizeError, split_glob, tokenize
 from marin.evaluation.sets import EvalSet
 from marin.execution.errors import ExecutorError
 from marin.inference.evaluate import EvalConfig, run_eval
+from marin.inference.run import prepare_devices
 from marin.textfmt import format_table
-from marin.training.checkpoint import checkpoint_path, read_metadata, select_steps
-from marin.training.config import train_config_from_record
-from marin.training.pools import PoolLaunchError, get_pool, host_env, pool_cluster
+from marin.training.pools import PoolLaunchError, get_pool, pool_cluster
+from marin.training.run import Run
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,10 +70,8 @@ def _tokenize_set(name: str, path: str, tokenizer: str, text_field: str, workdir
     if _is_store(path):
         return path
     fs, p = fsspec.core.url_to_fs(path)
-    parts = path.rstrip("/").split("/")
-    glob_at = next((i for i, x in enumerate(parts) if any(c in x for c in "*?[")), None)
-    base, loc = (path, "") if glob_at is None else ("/".join(parts[:glob_at]), "/".join(parts[glob_at:]))
-    if glob_at is None and not fs.exists(p):
+    base, loc = split_glob(path)
+    if not loc and not fs.exists(p):
         raise FileNotFoundError(f"--data {name}: no such file or directory: {path}")
     out = os.path.join(workdir, name.replace("/", "__"))
     try:
@@ -98,21 +96,19 @@ def _tokenize_reason(message: str, workdir: str) -> str:
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     checkpoint: str | int = args.checkpoint if args.checkpoint == "latest" else _step(args.checkpoint)
 
-    fs, run_path = fsspec.core.url_to_fs(args.run)
-    if not fs.exists(run_path):
+    run = Run(args.run)
+    if not run.exists:
         raise FileNotFoundError(f"no training run at {args.run}: the path does not exist (pass a training step's "
                                 "output directory; `marin status` lists them)")
-    steps = select_steps(args.run, checkpoint)
-    record = read_metadata(checkpoint_path(args.run, steps[-1]))["config"]
-    train_config = train_config_from_record(record)
-    pool = get_pool(args.pool or record["pool"])
+    steps = run.select(checkpoint)
+    train_config = run.config(steps[-1])
+    pool = get_pool(args.pool or train_config.pool)
     address = args.address or os.environ.get("RAY_ADDRESS")
     if pool.hosts > 1 and address and any(not _is_store(path) for _, path in _parse_data(args.data)):
         raise ValueError(f"pool {pool.name} has {pool.hosts} hosts on the cluster at {address}: --data must name token "
                          "stores every host can read (tokenize the documents with an experiment's tokenize step)")
-    if pool.hosts == 1 and "jax" not in sys.modules:  # fake CPU devices must be requested before JAX starts
-        for k, v in host_env(pool).items():
-            os.environ.setdefault(k, v)
+    if pool.hosts == 1:
+        prepare_devices(pool)  # fake CPU devices must be requested before JAX starts
     data = _parse_data(args.data)
     tasks = dict(_parse_data(args.task, "--task"))
     stores = getattr(train_config.data, "stores", None)

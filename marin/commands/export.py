@@ -29,7 +29,8 @@ from marin.inference.export import (
 from marin.inference.run import load_verified_checkpoint
 from marin.models.exported import EXPORT_DTYPES
 from marin.textfmt import format_bytes
-from marin.training.checkpoint import checkpoint_path, read_index
+from marin.training.checkpoint.format import read_index
+from marin.training.run import Run
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _dry_run(args: argparse.Namespace) -> int:
     def estimate(step: int) -> tuple[int, dict[str, int]]:
-        path = checkpoint_path(args.run, step)
+        path = Run(args.run).checkpoint_path(step)
         cfg = model_readers(path)[0]
         remote = "://" in args.output and not args.output.startswith("file://")
         return step, export_estimate(cfg, read_index(path)["leaves"], dtype=args.dtype,

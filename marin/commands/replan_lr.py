@@ -18,7 +18,7 @@ from typing import Any
 
 from marin.execution import status as st
 from marin.textfmt import format_table
-from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, read_metadata
+from marin.training.run import Run
 from marin.training.schedule import replan_horizon, schedule_from_config
 
 
@@ -36,12 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    mgr = CheckpointManager(args.step_dir, CheckpointPolicy())
-    latest = mgr.latest_step()
+    run = Run(args.step_dir)
+    latest = run.latest_step
     if latest is None:
         print(f"marin replan-lr: error: no committed checkpoint under {args.step_dir}", file=sys.stderr)
         return 2
-    meta = read_metadata(mgr.path_for(latest))
     at = latest if args.at_step is None else args.at_step
     if args.new_total_steps <= at:
         print(f"marin replan-lr: error: --new-total-steps {args.new_total_steps} is not after step {at}, where the "
@@ -49,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
               f"must lie after it: pass --new-total-steps greater than {at}", file=sys.stderr)
         return 2
     try:
-        out = replan(meta["config"], at, args.new_total_steps)
+        out = replan(run.record(latest), at, args.new_total_steps)
     except ValueError as e:  # the schedule's own rule (after warmup, in step order, ...)
         print(f"marin replan-lr: error: {e}", file=sys.stderr)
         return 2

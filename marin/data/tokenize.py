@@ -123,6 +123,18 @@ def _relative_to(f: str, base: str) -> str:
     return p[len(b) + 1:] if p.startswith(b + "/") else p.rsplit("/", 1)[-1]
 
 
+def split_glob(path: str) -> tuple[str, str]:
+    """``(input path, source location)`` of a file, directory or glob of documents, as
+    :class:`TokenizeConfig` takes them: a path with a glob splits before its first part holding one
+    (``gs://b/web/*/part-*.jsonl`` -> ``("gs://b/web", "*/part-*.jsonl")``, so file keys stay
+    relative to the literal prefix); a file or a directory is the input path itself, location ``""``."""
+    parts = path.rstrip("/").split("/")
+    glob_at = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), None)
+    if glob_at is None:
+        return path, ""
+    return "/".join(parts[:glob_at]), "/".join(parts[glob_at:])
+
+
 def discover_sources(input_path: str, sources: Mapping[str, str] | None = None) -> dict[str, list[tuple[str, str]]]:
     """Source name -> [(file url, file path relative to the source location)] in a stable order."""
     root = input_path.rstrip("/")
@@ -145,10 +157,7 @@ def discover_sources(input_path: str, sources: Mapping[str, str] | None = None) 
         if not files:
             raise TokenizeError(f"source {name!r}: no document files at {where}")
         # file keys are paths relative to the pattern's literal prefix, so they stay unique
-        base = where
-        if any(c in loc for c in "*?["):
-            parts = where.split("/")
-            base = "/".join(parts[: next(i for i, p in enumerate(parts) if any(c in p for c in "*?["))])
+        base = split_glob(where)[0]
         out[name] = [(f, _relative_to(f, base)) for f in files]
     for name, files in out.items():  # shard names derive from these keys: two files must never share one
         keys = [_file_key(rel) for _, rel in files]

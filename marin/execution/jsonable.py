@@ -1,4 +1,5 @@
-"""Turn configs into JSON for step info, experiment records, logs and W&B, masking secrets.
+"""Turn configs into JSON for step info, experiment records, logs and W&B, masking secrets, and
+read such a record back into its dataclass (:func:`from_jsonable`).
 
 This is for humans and review tools, not for hashing (see :mod:`marin.execution.hashing`): any value
 is accepted and unknown types fall back to ``repr``. It walks configs with the same traversal as
@@ -22,15 +23,22 @@ The masking rule, the one used everywhere a config or an error message leaves th
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import pathlib
 import re
-from typing import Any
+import types as types_module
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from marin.execution.hashing import key_text
+from marin.execution.step import VersionedValue
 from marin.execution.walker import DESCEND, FieldPath, container_kind, walk
 from marin.execution.walker import UnhashableConfigError as _Unencodable
+
+T = TypeVar("T")
 
 MASK = "***"
 _SECRET_WORDS = {"key", "secret", "token", "password", "passwd", "apikey", "credential", "credentials",
@@ -199,3 +207,169 @@ def mask_argv(argv: list[str]) -> list[str]:
             continue
         out.append(mask_text(arg, flag if eq else ""))
     return out
+
+
+# ---- reading a rendered config back -------------------------------------------------------------------
+class ConfigRecordError(ValueError):
+    """A recorded config that does not read back as its dataclass (one line naming the field)."""
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """``cls``'s field types, resolved from their string annotations once per class."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def from_jsonable(cls: type[T], data: Any, *, types: Mapping[str, Any] | None = None,
+                  ignore_unknown: bool = False) -> T:
+    """The inverse of :func:`to_jsonable` for a dataclass: ``cls`` built from a recorded config
+    (a dict as JSON holds it), field by field, led by the field types.
+
+    One reader for every recorded config, so a field added to a config is read back without a
+    reader to keep in step with it. Nested dataclasses, ``X | None``, unions (a dict picks the
+    dataclass member whose fields it names; a scalar the member of its type), ``tuple[X, ...]`` and
+    fixed tuples (JSON lists), lists, sets, dicts (non-str keys read back from their text), enums
+    (``Name.MEMBER`` as rendered, or the member's name or value), floats rendered as ``'nan'`` /
+    ``'inf'``, and paths; a :class:`~marin.execution.step.VersionedValue` anywhere is unwrapped (an
+    experiment's declared config reads as the step's function sees it), and a dataclass instance
+    reads like its fields. A missing field takes its default. ``types``: the type to read a field as
+    where its annotation says too little (``Any``), by dotted field path (``{"data": MixtureConfig |
+    SyntheticDataConfig}``).
+    ``ignore_unknown``: skip recorded fields ``cls`` no longer has (a record of an older version of
+    the config), else refuse them. Masked secrets read back as the mask (``***``): a record never
+    holds them. Raises :class:`ConfigRecordError` naming the field path."""
+    return _read(cls, data, "", dict(types or {}), ignore_unknown)
+
+
+def _where(path: str) -> str:
+    return f"field {path}" if path else "the record"
+
+
+def _read(tp: Any, value: Any, path: str, types: dict[str, Any], ignore_unknown: bool) -> Any:
+    while isinstance(value, VersionedValue):
+        value = value.value
+    if tp is Any or tp is object:
+        return value
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union or origin is types_module.UnionType:
+        return _read_union(args, value, path, types, ignore_unknown)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return _read_dataclass(tp, value, path, types, ignore_unknown)
+    if origin in (tuple, list, set, frozenset) or tp in (tuple, list, set, frozenset):
+        if not isinstance(value, (list, tuple, set, frozenset)):
+            raise ConfigRecordError(f"{_where(path)}: expected a list, got {value!r}")
+        items = list(value)
+        kind = origin or tp
+        if kind is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+            if len(args) != len(items):
+                raise ConfigRecordError(f"{_where(path)}: expected {len(args)} items, got {len(items)}")
+            return tuple(_read(a, v, f"{path}[{i}]", types, ignore_unknown)
+                         for i, (a, v) in enumerate(zip(args, items)))
+        item = args[0] if args else Any
+        return kind(_read(item, v, f"{path}[{i}]", types, ignore_unknown) for i, v in enumerate(items))
+    if origin in (dict, Mapping) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigRecordError(f"{_where(path)}: expected a mapping, got {value!r}")
+        key_tp, value_tp = args if args else (Any, Any)
+        return {_read_key(key_tp, k, path): _read(value_tp, v, f"{path}[{k!r}]", types, ignore_unknown)
+                for k, v in value.items()}
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigRecordError(f"{_where(path)}: expected one of {list(args)}, got {value!r}")
+        return value
+    if tp is type(None):
+        if value is not None:
+            raise ConfigRecordError(f"{_where(path)}: expected None, got {value!r}")
+        return None
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _read_enum(tp, value, path)
+    if tp is float:
+        if isinstance(value, str) and value in ("nan", "inf", "-inf"):
+            return float(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is int or tp is bool or tp is str:
+        if type(value) is tp or (tp is int and isinstance(value, int) and not isinstance(value, bool)):
+            return value
+    elif isinstance(tp, type) and issubclass(tp, pathlib.PurePath):
+        if isinstance(value, (str, pathlib.PurePath)):
+            return tp(value)
+    elif isinstance(tp, type) and isinstance(value, tp):
+        return value
+    name = getattr(tp, "__name__", str(tp))
+    raise ConfigRecordError(f"{_where(path)}: expected {name}, got {value!r}")
+
+
+def _read_union(args: tuple[Any, ...], value: Any, path: str, types: dict[str, Any], ignore_unknown: bool) -> Any:
+    if value is None and type(None) in args:
+        return None
+    members = [a for a in args if a is not type(None)]
+    if isinstance(value, Mapping):  # the dataclass whose fields the record names, before any other
+        classes = [a for a in members if dataclasses.is_dataclass(a)]
+        exact = [c for c in classes if set(value) <= {f.name for f in dataclasses.fields(c)}]
+        members = exact + [m for m in members if m not in exact]
+    errors = []
+    for member in members:
+        try:
+            return _read(member, value, path, types, ignore_unknown)
+        except ConfigRecordError as e:
+            errors.append(str(e))
+    names = [getattr(m, "__name__", str(m)) for m in members]
+    raise ConfigRecordError(errors[0] if len(errors) == 1 else f"{_where(path)}: {value!r} reads as none of {names}")
+
+
+def _read_dataclass(cls: type, value: Any, path: str, types: dict[str, Any], ignore_unknown: bool) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if not isinstance(value, Mapping):
+        raise ConfigRecordError(f"{_where(path)}: expected {cls.__name__} fields, got {value!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(value) - set(fields))
+    if unknown and not ignore_unknown:
+        raise ConfigRecordError(f"{_where(path)}: {cls.__name__} has no field {unknown[0]!r}")
+    hints = _hints(cls)
+    kwargs = {}
+    for name, f in fields.items():
+        sub = f"{path}.{name}" if path else name
+        if name in value:
+            kwargs[name] = _read(types.get(sub, hints.get(name, Any)), value[name], sub, types, ignore_unknown)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigRecordError(f"{_where(sub)}: missing from the record ({cls.__name__} has no default for it)")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigRecordError(f"{_where(path)}: {cls.__name__} refused the record: {e}") from None
+
+
+def _read_key(tp: Any, key: Any, path: str) -> Any:
+    if tp in (Any, str) or isinstance(key, tp if isinstance(tp, type) else ()):
+        return key
+    if tp is int:
+        try:
+            return int(key)
+        except ValueError:
+            pass
+    elif tp is float:
+        try:
+            return float(key)
+        except ValueError:
+            pass
+    raise ConfigRecordError(f"{_where(path)}: key {key!r} does not read as {getattr(tp, '__name__', tp)}")
+
+
+def _read_enum(cls: type[enum.Enum], value: Any, path: str) -> enum.Enum:
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        name = value.removeprefix(f"{cls.__name__}.")
+        if name in cls.__members__:
+            return cls[name]
+    try:
+        return cls(value)
+    except ValueError:
+        raise ConfigRecordError(f"{_where(path)}: {value!r} is no {cls.__name__} "
+                                f"(one of {list(cls.__members__)})") from None

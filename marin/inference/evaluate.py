@@ -1,6 +1,6 @@
 """The eval step: committed checkpoints of a training step scored on eval sets and tasks (``eval.json``).
 
-It restores the run's checkpoints (:func:`marin.training.checkpoint.load_model`) and runs on the
+It restores the run's checkpoints (:meth:`marin.training.run.Run.load`) and runs on the
 run's pool (or another) through :mod:`marin.training.pools`, so it sits above training, like the
 harness step (:mod:`marin.inference.harness`). The suite is the one the in-training eval scores
 (:mod:`marin.evaluation.suite`), so an in-training record at step N and this step's record of
@@ -29,9 +29,8 @@ from marin.evaluation.sets import EvalSet
 from marin.evaluation.suite import prepare_run_suite, run_eval_sets
 from marin.execution.versioning import by_field, input_field, live
 from marin.inference.run import load_verified_checkpoint
-from marin.training.checkpoint import checkpoint_path, load_model, read_metadata, select_steps
-from marin.training.config import train_config_from_record
 from marin.training.pools import HostContext, PoolSpec, get_pool, launch, run_local
+from marin.training.run import Run
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +64,8 @@ def evaluate_checkpoints_on_host(ctx: HostContext, config: EvalConfig, steps: li
     from marin.evaluation.evaluator import evaluate_prepared
     from marin.parallel.mesh import make_mesh  # JAX (see above)
 
-    train_config = train_config_from_record(read_metadata(checkpoint_path(config.run_path, steps[-1]))["config"])
+    run = Run(config.run_path)
+    train_config = run.config(steps[-1])
     mesh = make_mesh(*ctx.pool.mesh)
     sets = run_eval_sets(train_config, config.sets, config.held_out)
     suite = prepare_run_suite(train_config, sets, mesh, config.stride, config.seq_len) if sets else None
@@ -77,7 +77,7 @@ def evaluate_checkpoints_on_host(ctx: HostContext, config: EvalConfig, steps: li
         # exactly the model the run trained (its record); "latest" is the newest checkpoint that verifies
         wanted = None if config.checkpoint in ("latest", None) else step
         step, model = load_verified_checkpoint(config.run_path, wanted,
-                                               lambda s: load_model(config.run_path, mesh, step=s),
+                                               lambda s: run.load(s, mesh),
                                                flag="--checkpoint", agree=every_process_agrees(ctx))
         rec = {"step": step, "checkpoint": model.path, "train_tokens": int(model.metadata.get("tokens", 0))}
         if suite is not None:
@@ -110,8 +110,9 @@ def run_eval(config: EvalConfig, *, use_ray: bool | None = None) -> dict[str, An
     """Evaluate on the configured (or the run's) pool; returns the eval.json object (not written)."""
     import ray  # Ray: only to launch on a pool; declaring an eval step must not import it
 
-    steps = select_steps(config.run_path, config.checkpoint)
-    pool = get_pool(config.pool or read_metadata(checkpoint_path(config.run_path, steps[-1]))["config"]["pool"])
+    run = Run(config.run_path)
+    steps = run.select(config.checkpoint)
+    pool = get_pool(config.pool or run.record(steps[-1])["pool"])
     if use_ray if use_ray is not None else ray.is_initialized():
         return launch(pool, evaluate_checkpoints_on_host, (config, steps), step_dir=config.output_path)[0]
     return run_local(pool, evaluate_checkpoints_on_host, (config, steps))

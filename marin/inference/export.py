@@ -36,8 +36,7 @@ import numpy as np
 
 from marin.data.tokenizer import tokenizer_json_path
 from marin.evaluation.sets import run_tokenizer_path
-from marin.execution.executor import experiment_record_paths, read_experiment_record
-from marin.execution.status import read_info
+from marin.execution.experiment_record import experiment_record_paths, read_experiment_record
 from marin.inference.run import load_verified_checkpoint
 from marin.models import numpy_forward
 from marin.models.config import count_params
@@ -49,8 +48,10 @@ from marin.models.exported import (
     exported_tensor,
     to_export_dtype,
 )
-from marin.training.checkpoint import checkpoint_path, model_config_of, open_leaves, read_index
-from marin.training.metrics import read_metrics
+from marin.training.checkpoint.format import read_index
+from marin.training.checkpoint.loading import model_config_of
+from marin.training.checkpoint.restore import open_leaves
+from marin.training.run import Run
 
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 DEFAULT_DTYPE = "bfloat16"
@@ -316,7 +317,7 @@ def export_checkpoint(run_dir: str, out_dir: str, *, step: int | None = None, dt
 
 def _export_step(run_dir: str, step: int, out_dir: str, dtype: str, max_shard_bytes: int, processes: int,
                  invocation: str) -> dict[str, Any]:
-    ckpt = checkpoint_path(run_dir, step)
+    ckpt = Run(run_dir).checkpoint_path(step)
     cfg, _, _, meta = model_readers(ckpt)  # records verified (a missing part fails here, before any write)
     fs, root = fsspec.core.url_to_fs(out_dir)
     root = root.rstrip("/")
@@ -402,7 +403,8 @@ def checkpoint_lineage(run_dir: str, step: int, metadata: dict[str, Any]) -> dic
     run_dir = absolute_run_dir(run_dir)
     base = os.path.basename(run_dir)
     name, _, step_hash = base.rpartition("-")
-    info = read_info(run_dir) or {}
+    run = Run(run_dir)
+    info = run.info or {}
     record = metadata.get("config") or {}
     data = record.get("data") or {}
     lineage: dict[str, Any] = {
@@ -412,7 +414,7 @@ def checkpoint_lineage(run_dir: str, step: int, metadata: dict[str, Any]) -> dic
         "pool": record.get("pool"), "data": data if "stores" in data else {"synthetic": data},
     }
     try:
-        evals = read_metrics(f"{run_dir}/metrics.jsonl", kind="eval")
+        evals = run.metrics("eval")
     except (FileNotFoundError, OSError):
         evals = []
     if evals:

@@ -19,7 +19,6 @@ from marin.evaluation.suite import eval_seq_len
 from marin.execution.versioning import input_field, live
 from marin.inference.multihost import run_pool
 from marin.inference.run import load_run
-from marin.training.config import train_config_from_record
 
 RESULTS_FILE = "harness.json"  # in the harness step's directory; the report reads it
 
@@ -43,7 +42,7 @@ def run_harness(run_dir: str, tasks: list[str], *, step: int | None = None, pool
 
     check_tasks(tasks, include_path)  # bad task files fail before the model is loaded
     run = load_run(run_dir, step, spec.name)
-    seq_len = eval_seq_len(train_config_from_record(run.record))
+    seq_len = eval_seq_len(run.train_config)
     lm = MarinLM(run.params, run.router_bias, run.cfg, run.require_tokenizer(), run.mesh, seq_len=seq_len)
     results = evaluate_tasks(lm, tasks, include_path=include_path, limit=limit, output_path=output_path)
     results["marin"] = {"run": run_dir, "step": run.step, "checkpoint": run.checkpoint, "seq_len": seq_len}

@@ -20,9 +20,9 @@ from marin.inference.evaluate import every_process_agrees
 from marin.inference.generate import decode_completions, encode_prompts
 from marin.inference.run import RunLoadError, committed_run_steps, load_verified_checkpoint
 from marin.models.sampling import Sampling, check_prompts
-from marin.training.checkpoint import checkpoint_path, load_model, model_config_of, read_metadata
-from marin.training.config import train_config_from_record
+from marin.training.checkpoint import load_model, model_config_of
 from marin.training.pools import HostContext, PoolSpec, get_pool, run_on_pool
+from marin.training.run import Run
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,7 @@ def run_pool(run_dir: str, step: int | None, pool: str | None) -> PoolSpec:
     for a directory without committed checkpoints."""
     if pool is None:
         steps = committed_run_steps(run_dir)
-        record = read_metadata(checkpoint_path(run_dir, step if step in steps else steps[-1])).get("config") or {}
-        pool = record.get("pool") or "local-cpu-1"
+        pool = Run(run_dir).record(step if step in steps else steps[-1]).get("pool") or "local-cpu-1"
     try:
         return get_pool(pool)
     except KeyError as e:
@@ -84,8 +83,9 @@ def sample_text_on_pool(run_dir: str, step: int | None, pool: PoolSpec, prompts:
     steps = committed_run_steps(run_dir)
     if step is not None and step not in steps:
         raise RunLoadError(f"{run_dir} has no committed checkpoint at step {step}; committed: {steps}")
-    record = read_metadata(checkpoint_path(run_dir, steps[-1] if step is None else step)).get("config") or {}
-    tok = load_run_tokenizer(train_config_from_record(record).data)
+    run = Run(run_dir)
+    record = run.record(steps[-1] if step is None else step)
+    tok = load_run_tokenizer(run.config(steps[-1] if step is None else step).data)
     if tok is None:
         raise ValueError(f"{run_dir} was trained on synthetic tokens (no tokenizer): it cannot read or write text; "
                          "pass token ids instead")

@@ -2,8 +2,8 @@
 
 Everything that uses a trained model in this process (``marin sample``, ``marin export``,
 ``marin harness``) calls :func:`load_run`; it and the eval step (:mod:`marin.inference.evaluate`,
-every process of a pool) restore through :func:`marin.training.checkpoint.load_model`, so when
-checkpoints change format only that function changes.
+every process of a pool) open the run as a :class:`marin.training.run.Run` and restore through
+:meth:`Run.load <marin.training.run.Run.load>`, so when checkpoints change format only that changes.
 """
 
 from __future__ import annotations
@@ -15,18 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import fsspec
-
 from marin.evaluation.sets import load_run_tokenizer
-from marin.training.checkpoint import (
-    CorruptCheckpointError,
-    checkpoint_path,
-    committed_steps,
-    load_model,
-    read_metadata,
-)
-from marin.training.config import train_config_from_record
+from marin.training.checkpoint.format import CorruptCheckpointError
+from marin.training.config import TrainConfig, train_config_from_record
 from marin.training.pools import get_pool, host_env
+from marin.training.run import Run
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +34,11 @@ class RunLoadError(FileNotFoundError):
 def committed_run_steps(run_dir: str) -> list[int]:
     """The committed checkpoint steps of ``run_dir``, ascending; :class:`RunLoadError` saying which
     is the case for a directory that does not exist and for one without a committed checkpoint."""
-    fs, path = fsspec.core.url_to_fs(run_dir)
-    if not fs.exists(path):
+    run = Run(run_dir)
+    if not run.exists:
         raise RunLoadError(f"no such directory: {run_dir} (pass a training step's output directory; "
                            "`marin status` lists them)")
-    steps = committed_steps(run_dir)
+    steps = run.committed_steps
     if not steps:
         raise RunLoadError(f"{run_dir} has no committed checkpoint (is it a training step's output directory?)")
     return steps
@@ -67,6 +60,7 @@ def load_verified_checkpoint(run_dir: str, step: int | None, load: Callable[[int
     process reads only its own slices and a damaged chunk may be one host's alone. ``say``: where the
     warning line goes (default: this module's logger)."""
     steps = committed_run_steps(run_dir)
+    checkpoint_path = Run(run_dir).checkpoint_path
     if step is not None and step not in steps:
         raise RunLoadError(f"{run_dir} has no committed checkpoint at step {step}; committed: {steps}")
     candidates = [step] if step is not None else list(reversed(steps))
@@ -77,19 +71,19 @@ def load_verified_checkpoint(run_dir: str, step: int | None, load: Callable[[int
         except CorruptCheckpointError as e:
             result, problem = None, e
         if agree is not None and not agree(problem is None):
-            problem = problem or CorruptCheckpointError(f"{checkpoint_path(run_dir, s)}: another process of the "
+            problem = problem or CorruptCheckpointError(f"{checkpoint_path(s)}: another process of the "
                                                         "pool could not read its part")
         if problem is None:
             if damaged:
                 line = f"{'; '.join(damaged)}; using step {s}, the newest checkpoint that verifies"
                 (say or logger.warning)(line)
             return s, result
-        reason = str(problem).removeprefix(f"{checkpoint_path(run_dir, s)}: ")
-        damaged.append(f"checkpoint {checkpoint_path(run_dir, s)} is damaged ({reason}) and was skipped")
+        reason = str(problem).removeprefix(f"{checkpoint_path(s)}: ")
+        damaged.append(f"checkpoint {checkpoint_path(s)} is damaged ({reason}) and was skipped")
         if step is not None:
             older = [x for x in steps if x < step]
             hint = f"pass {flag} {older[-1]} for the one before it" if older else "it is the run's only checkpoint"
-            raise RunLoadError(f"checkpoint {checkpoint_path(run_dir, s)} is damaged ({reason}); {hint}")
+            raise RunLoadError(f"checkpoint {checkpoint_path(s)} is damaged ({reason}); {hint}")
     raise RunLoadError(f"no checkpoint of {run_dir} verifies: " + "; ".join(d.removesuffix(" and was skipped")
                                                                            for d in damaged))
 
@@ -113,6 +107,11 @@ class LoadedRun:
         """The training config the run recorded (what ``marin show`` prints)."""
         return self.metadata.get("config") or {}
 
+    @property
+    def train_config(self) -> TrainConfig:
+        """The :class:`TrainConfig` that wrote this checkpoint, read back from its record."""
+        return train_config_from_record(self.record)
+
     def require_tokenizer(self):
         if self.tokenizer is None:
             raise ValueError(f"{self.run_dir} was trained on synthetic tokens (no tokenizer): it cannot read or "
@@ -130,7 +129,7 @@ def single_host_pool(name: str):
     return spec
 
 
-def _prepare_devices(pool) -> None:
+def prepare_devices(pool) -> None:
     """Fake CPU devices must be requested before JAX starts (a no-op once it has)."""
     if "jax" in sys.modules:
         return
@@ -151,25 +150,23 @@ def load_run(run_dir: str, step: int | None = None, pool: str | None = None, *,
 
 
 def _load_step(run_dir: str, step: int, pool: str | None) -> LoadedRun:
-    path = checkpoint_path(run_dir, step)
-    record = read_metadata(path).get("config") or {}
-    pool_spec = single_host_pool(pool or record.get("pool") or "local-cpu-1")
-    _prepare_devices(pool_spec)
+    run = Run(run_dir)
+    pool_spec = single_host_pool(pool or run.record(step).get("pool") or "local-cpu-1")
+    prepare_devices(pool_spec)
     # JAX only now, after the pool's (fake) device count is set
     import jax
 
     from marin.parallel.mesh import make_mesh  # JAX (see above)
 
-    train_config = train_config_from_record(record)
     mesh = make_mesh(*pool_spec.mesh)
     if mesh.size == 1:
         # one device: read the model whole (it has to fit that device anyway) and put it there
-        model = load_model(run_dir, None, step=step)
+        model = run.load(step)
         mesh = None
         params, bias = jax.device_put(model.params), jax.device_put(model.router_bias)
     else:
         # each device gets only its slices, whatever pool wrote the checkpoint
-        model = load_model(run_dir, mesh, step=step)
+        model = run.load(step, mesh)
         params, bias = model.params, model.router_bias
-    return LoadedRun(run_dir, step, path, model.config, params, bias, model.metadata,
-                     load_run_tokenizer(train_config.data), mesh)
+    return LoadedRun(run_dir, step, model.path, model.config, params, bias, model.metadata,
+                     load_run_tokenizer(run.config(step).data), mesh)

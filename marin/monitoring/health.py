@@ -19,10 +19,10 @@ from typing import Any
 import fsspec
 
 from marin.evaluation.suite import TASK_KEY
-from marin.execution.status import read_info
 from marin.execution.versioning import input_field
 from marin.scaling.ladder import GRAD_NORM_SMOOTH, read_fit, window_mean
 from marin.training.metrics import phase_summary, read_metrics
+from marin.training.run import Run
 from marin.training.schedule import replan_horizon, schedule_from_config
 
 HEALTHY_DROP = 0.08
@@ -392,22 +392,10 @@ def format_prediction_report(report: dict[str, Any]) -> str:
 def run_schedule(run_path: str) -> tuple[Any, int, int | None]:
     """(LR schedule, tokens per step, final horizon) of a run from its recorded config (the step's
     status record), or from its latest checkpoint's metadata; (None, 0, None) when neither is there yet."""
-    config = None
     try:
-        info = read_info(run_path.rstrip("/"))
-        config = (info or {}).get("config")
-    except Exception:  # noqa: BLE001 - a run outside the executor has no step record
+        config = Run(run_path).recorded_config
+    except Exception:  # noqa: BLE001 - a damaged checkpoint record: the report says what it can without it
         config = None
-    if not config:
-        try:
-            # the checkpoint reader's storage backends are only needed for a run without a step record
-            from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, read_metadata
-
-            mgr = CheckpointManager(run_path, CheckpointPolicy())
-            latest = mgr.latest_step()
-            config = read_metadata(mgr.path_for(latest))["config"] if latest is not None else None
-        except Exception:  # noqa: BLE001
-            config = None
     if not config or "peak_lr" not in (config.get("optimizer") or config):  # grouped or flat (older runs)
         return None, 0, None
     sched = schedule_from_config(config)

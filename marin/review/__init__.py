@@ -31,7 +31,7 @@ from typing import Any
 
 from marin.execution import status as st
 from marin.execution import storage
-from marin.execution.executor import experiment_record_path, experiment_record_paths, read_experiment_record
+from marin.execution.experiment_record import experiment_record_path, experiment_record_paths, read_experiment_record
 from marin.execution.jsonable import mask_leaves, to_jsonable
 from marin.execution.plan import plan_steps, resolve_config
 from marin.execution.prefix import resolve_prefix

@@ -14,12 +14,13 @@ import json
 from typing import Any
 
 from marin.execution.hashing import plain
+from marin.execution.jsonable import from_jsonable
 from marin.models.config import MoEConfig, flops_per_token
 from marin.review import Step
 from marin.review.plots import line_plot
 from marin.review.steps import train_horizon
 from marin.textfmt import format_table
-from marin.training.checkpoint import latest_checkpoint, read_metadata
+from marin.training.run import Run
 
 CURVES = (("loss", "loss", "train"), ("bpb (macro, eval)", "eval/macro_bpb", "eval"),
           ("grad norm", "grad_norm", "train"), ("drop fraction (send)", "drop_frac_send", "train"))
@@ -66,13 +67,12 @@ def _flops_per_token(step: Step):
     """``seq_len -> training FLOPs per token`` of the step's model, or None without a model config."""
     model = step.config.get("model") if isinstance(step.config, dict) else None
     if not isinstance(model, dict):  # a run started without the executor: its checkpoints record it
-        ckpt = latest_checkpoint(step.output_path)
-        model = (read_metadata(ckpt).get("config") or {}).get("model") if ckpt else None
+        model = (Run(step.output_path).recorded_config or {}).get("model")
     if not isinstance(model, dict):
         return None
     try:
-        cfg = MoEConfig(**model)
-    except (TypeError, ValueError):
+        cfg = from_jsonable(MoEConfig, model)
+    except ValueError:  # a model record this version cannot read: no FLOP axis, the rest still compares
         return None
     cache: dict[int, float] = {}
     return lambda n: cache.setdefault(int(n), flops_per_token(cfg, int(n)))

@@ -23,10 +23,11 @@ from typing import Any
 
 from marin.data.mixture import MixtureConfig
 from marin.evaluation.sets import EvalSet
+from marin.execution.jsonable import from_jsonable
 from marin.execution.versioning import by_field, group, input_field, live
 from marin.models.config import REMAT_POLICIES, MoEConfig, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
-from marin.training.checkpoint import CheckpointPolicy
+from marin.training.checkpoint.manager import CheckpointPolicy
 from marin.training.pools import PoolSpec
 from marin.training.schedule import (
     DEFAULT_FINAL_LR_FRACTION,
@@ -472,38 +473,27 @@ def context_parallel_at(config: TrainConfig, seq_len: int) -> int:
     return int(dict((int(n), int(c)) for n, c in config.parallelism.context_parallel_by_seq_len).get(int(seq_len), 1))
 
 
-def train_config_from_dict(record: dict[str, Any]) -> TrainConfig:
-    """The :class:`TrainConfig` a run recorded (its config as JSON, in checkpoint metadata and the
-    step's records), in either spelling: grouped (``{"optimizer": {"peak_lr": ...}}``, what runs
-    record now) or flat (``{"peak_lr": ...}``, what they recorded before TrainConfig was grouped;
-    :data:`FLAT_NAMES`). Keys that no TrainConfig field or flat spelling names are left out (a
-    record of a newer version, a field since removed), and so are values masked as secrets."""
-    record = dict(record)
-    model = record.get("model", "tiny-ep")
-    if isinstance(model, dict):  # the resolved model the run trained (older records hold a preset name)
-        names = {f.name for f in dataclasses.fields(MoEConfig)}
-        model = MoEConfig(**{k: v for k, v in model.items() if k in names})
-    data = record.get("data") or {}
-    if "stores" in data:
-        data = MixtureConfig(stores=tuple(data["stores"]), validation_fraction=data["validation_fraction"],
-                             validation_min_documents=data["validation_min_documents"],
-                             validation_max_documents=data["validation_max_documents"])
-    elif data:
-        data = SyntheticDataConfig(**data)
-    top = {f.name for f in dataclasses.fields(TrainConfig)} - {"model", "data"} - set(GROUPS)
-    kwargs: dict[str, Any] = {k: record[k] for k in top if k in record}
-    if isinstance(kwargs.get("init_from"), dict):
-        kwargs["init_from"] = InitFrom(**kwargs["init_from"])
-    for name, cls in GROUPS.items():
-        known = {f.name for f in dataclasses.fields(cls)}
-        given = {k: v for k, v in (record.get(name) or {}).items() if k in known}
-        given.update({field: record[flat] for flat, (g, field) in FLAT_NAMES.items() if g == name and flat in record})
-        if name == "evaluation" and given.get("sets"):
-            given["sets"] = tuple(EvalSet(**s) if isinstance(s, dict) else s for s in given["sets"])
-        kwargs[name] = cls(**given)
-    kwargs.update({k: record[k] for k in MODEL_KEYWORDS if k in record})
-    return TrainConfig(**regroup({"data": data, "model": model, **kwargs}, warn=False))
+def train_config_from_record(record: dict[str, Any]) -> TrainConfig:
+    """The :class:`TrainConfig` a run recorded (a checkpoint's config record, or the step's), every
+    field read back by the one generic reader (:func:`marin.execution.jsonable.from_jsonable`), so
+    a field added to the config comes back without a change here; in either spelling (see
+    :func:`train_record_in_current_spelling`). Masked secrets read back as ``***``; fields the
+    config no longer has are skipped. ValueError naming the field otherwise."""
+    types = {"data": MixtureConfig | SyntheticDataConfig, "evaluation.sets": tuple[EvalSet, ...]}
+    return from_jsonable(TrainConfig, train_record_in_current_spelling(record), types=types, ignore_unknown=True)
 
 
-train_config_from_record = train_config_from_dict
-"""What evaluating, sampling or exporting a run reads of its checkpoint's config record."""
+train_config_from_dict = train_config_from_record
+
+
+def train_record_in_current_spelling(record: dict[str, Any]) -> dict[str, Any]:
+    """A recorded TrainConfig in today's field names: grouped (``{"optimizer": {"peak_lr": ...}}``,
+    what runs record now) stays as it is; the flat names runs recorded before TrainConfig was
+    grouped (:data:`FLAT_NAMES`) move into their groups. ``model_overrides`` / ``compute_dtype`` are
+    dropped: the record's ``model`` is the resolved model they were applied to."""
+    out = {k: v for k, v in record.items() if k not in MODEL_KEYWORDS}
+    for flat in [k for k in out if k in FLAT_NAMES]:
+        group_name, name = FLAT_NAMES[flat]
+        given = out.get(group_name)
+        out[group_name] = {**(given if isinstance(given, dict) else {}), name: out.pop(flat)}
+    return out

@@ -357,6 +357,11 @@ def initialize_jax(ctx: HostContext) -> None:
         if ctx.pool.is_cpu:
             # Cross-process collectives on CPU go through gloo (MPI is not in the wheel).
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            # With a persistent compilation cache (JAX_COMPILATION_CACHE_DIR) only process 0 writes
+            # entries, so after a relaunch it loads its programs while the others compile; the
+            # first collective then waits past gloo's fixed 30 s rendezvous for them. Simulated
+            # hosts share one machine's cores anyway: they compile, every one.
+            jax.config.update("jax_enable_compilation_cache", False)
         jax.distributed.initialize(
             coordinator_address=ctx.coordinator,
             num_processes=ctx.num_processes,

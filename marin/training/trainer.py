@@ -48,15 +48,10 @@ from marin.models.config import flops_per_token
 from marin.models.transformer import init_params, init_router_bias, loss_and_stats, update_router_bias
 from marin.parallel.mesh import batch_sharding, make_mesh, param_shardings, replicated
 from marin.training.accumulate import accumulate
-from marin.training.checkpoint import (
-    PERMANENT,
-    TEMPORARY,
-    CheckpointManager,
-    CheckpointMismatchError,
-    checkpoint_path,
-    checkpoint_step,
-    restore_checkpoint,
-)
+from marin.training.checkpoint.discovery import checkpoint_path, checkpoint_step
+from marin.training.checkpoint.format import PERMANENT, TEMPORARY, CheckpointMismatchError
+from marin.training.checkpoint.manager import CheckpointManager
+from marin.training.checkpoint.restore import restore_checkpoint
 from marin.training.config import SyntheticDataConfig, TrainConfig, model_at
 from marin.training.metrics import (
     MetricsWriter,

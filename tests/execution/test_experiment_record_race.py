@@ -16,7 +16,7 @@ import textwrap
 import time
 
 from marin.execution import storage
-from marin.execution.executor import experiment_record_path, read_experiment_record
+from marin.execution.experiment_record import experiment_record_path, read_experiment_record
 from marin.execution.plan import plan_steps
 
 
@@ -32,7 +32,8 @@ WRITER = textwrap.dedent(
     '''
     import dataclasses, os, sys, time
     from marin.execution import ExecutorStep, this_output_path, versioned
-    from marin.execution.executor import RunOptions, write_experiment_record
+    from marin.execution.executor import RunOptions
+    from marin.execution.experiment_record import write_experiment_record
     from marin.execution.plan import plan_steps
 
     @dataclasses.dataclass(frozen=True)
@@ -111,7 +112,8 @@ def test_two_runs_writing_at_once_both_keep_their_outcome_on_s3(tmp_path, s3_buc
 def test_an_older_single_record_is_read_and_merged_with_new_runs(tmp_path):
     import marin.review as mr
     from marin.execution import ExecutorStep, this_output_path, versioned
-    from marin.execution.executor import RunOptions, write_experiment_record
+    from marin.execution.executor import RunOptions
+    from marin.execution.experiment_record import write_experiment_record
 
     def body(cfg):
         pass

@@ -320,7 +320,7 @@ def test_a_stop_signal_while_ray_stops_is_a_clean_stop_and_the_records_are_intac
     (step_dir,) = store.glob("only-*")
     record = json.loads((step_dir / ".executor_status").read_text())
     assert [e["status"] for e in record["events"]] == ["RUNNING", outcome]
-    from marin.execution.executor import experiment_record_paths, read_experiment_record
+    from marin.execution.experiment_record import experiment_record_paths, read_experiment_record
 
     (experiment,) = experiment_record_paths(str(store))
     expected = "succeeded" if outcome == "SUCCESS" else "failed"

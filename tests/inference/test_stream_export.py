@@ -193,7 +193,7 @@ def _wide(n_layers: int):
 @pytest.mark.slow  # about 30 s here: two 100 MB checkpoints written and exported in subprocesses
 def test_peak_memory_does_not_grow_with_the_number_of_layers(tmp_path, monkeypatch):
     # chunks of 4 MiB: like the hero's, whose shards are far larger than one layer's slice of them
-    monkeypatch.setattr(ckpt, "CHUNK_BYTES", 4 << 20)
+    monkeypatch.setattr(ckpt.format, "CHUNK_BYTES", 4 << 20)
     peaks, model_bytes = {}, {}
     for layers in (2, 8):
         cfg = _wide(layers)
@@ -326,7 +326,7 @@ def test_chunks_smaller_than_shards_restore_onto_another_mesh(tmp_path, monkeypa
 
     from marin.parallel.mesh import make_mesh
 
-    monkeypatch.setattr(ckpt, "CHUNK_BYTES", 200)  # every shard below is split along its leading axis
+    monkeypatch.setattr(ckpt.format, "CHUNK_BYTES", 200)  # every shard below is split along its leading axis
     rng = np.random.default_rng(3)
     whole = rng.standard_normal((12, 8, 16)).astype(np.float32)  # [layers, rows, cols]
     write_mesh = make_mesh(2, 4)

@@ -94,16 +94,16 @@ def test_crash_mid_write_leaves_nothing_complete(tmp_path, monkeypatch):
     mgr = CheckpointManager(str(tmp_path), CheckpointPolicy(every_steps=1, keep_last=3))
     mgr.save(1, _state(1), {"data_step": 1}, blocking=True)
 
-    real_commit = ckpt._commit
+    real_commit = ckpt.save._commit
 
     def crash(*args, **kwargs):
         raise KeyboardInterrupt("simulated kill before COMMIT")
 
-    monkeypatch.setattr(ckpt, "_commit", crash)
+    monkeypatch.setattr(ckpt.save, "_commit", crash)
     with pytest.raises(KeyboardInterrupt):
         mgr.save(2, _state(2), {"data_step": 2})
         mgr.wait()
-    monkeypatch.setattr(ckpt, "_commit", real_commit)
+    monkeypatch.setattr(ckpt.save, "_commit", real_commit)
 
     # The half-written step 2 exists on disk but does not look complete to anyone.
     assert _chunk_files(tmp_path / "checkpoints" / "step-00000002")

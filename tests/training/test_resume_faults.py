@@ -103,14 +103,14 @@ def test_a_save_that_fails_stops_training_and_leaves_the_previous_checkpoint(tmp
 
     from marin.training import checkpoint as ckpt
 
-    real_commit = ckpt._commit
+    real_commit = ckpt.save._commit
 
     def full_disk(fs, path, data):
         if "/step-00000004/" in path:
             raise OSError(errno.ENOSPC, "No space left on device")
         real_commit(fs, path, data)
 
-    monkeypatch.setattr(ckpt, "_commit", full_disk)
+    monkeypatch.setattr(ckpt.save, "_commit", full_disk)
     run = tmp_path / "run"
     with pytest.raises(ckpt.CheckpointWriteError) as err:
         run_training(_config(run, train_steps=6), use_ray=False)
@@ -121,6 +121,6 @@ def test_a_save_that_fails_stops_training_and_leaves_the_previous_checkpoint(tmp
     assert mgr.committed_steps() == [2] and not (run / "checkpoints" / "step-00000004" / "COMMIT").exists()
     assert not (run / "train_summary.json").exists()
     # a rerun (storage fixed) resumes from step 2 and finishes
-    monkeypatch.setattr(ckpt, "_commit", real_commit)
+    monkeypatch.setattr(ckpt.save, "_commit", real_commit)
     summary = run_training(_config(run, train_steps=6), use_ray=False)
     assert summary["resumed_from"] == 2 and summary["final_step"] == 6

@@ -99,7 +99,7 @@ def _outage_during_chunk_writes(monkeypatch, s3, *, back_after_s: float | None) 
 
     from marin.training import checkpoint as ckpt
 
-    real, calls = ckpt._array_spec, []
+    real, calls = ckpt.save._array_spec, []
 
     def spec(*args, **kwargs):
         calls.append(args[0])
@@ -109,7 +109,7 @@ def _outage_during_chunk_writes(monkeypatch, s3, *, back_after_s: float | None) 
                 threading.Timer(back_after_s, s3.start).start()
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ckpt, "_array_spec", spec)
+    monkeypatch.setattr(ckpt.save, "_array_spec", spec)
 
 
 def test_a_checkpoint_save_rides_out_a_store_outage_during_its_chunk_writes(restartable_s3, monkeypatch, caplog):

@@ -106,14 +106,14 @@ def main() -> None:
         mgr = ckpt.CheckpointManager(f"{out}/run", cfgt.checkpoint_policy(), is_writer=pid == 0, part_timeout_s=8)
         state = init_state(cfgt, cfg, mesh, shardings)
         mgr.save(1, state, {"tokens": 0, "data_step": 1}, blocking=True)
-        real_commit = ckpt._commit
+        real_commit = ckpt.save._commit
 
         def commit_or_die(fs, path, data):
             if pid == 1 and "/step-00000002/parts/" in path:
                 os.kill(os.getpid(), signal.SIGKILL)  # kill -9 mid-save: chunks written, part record not
             real_commit(fs, path, data)
 
-        ckpt._commit = commit_or_die
+        ckpt.save._commit = commit_or_die
         mgr.save(2, state, {"tokens": 0, "data_step": 2})
         try:
             mgr.wait()

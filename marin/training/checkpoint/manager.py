@@ -1,0 +1,372 @@
+"""The checkpoint manager of a training run: when to save and what to keep (:class:`CheckpointPolicy`),
+one asynchronous save in flight, retention, the rolling temporary tier, and resume from the newest
+checkpoint that verifies.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from marin.execution.versioning import live
+from marin.training.checkpoint.format import (
+    CHECKPOINT_DIR,
+    PART_TIMEOUT_S,
+    PERMANENT,
+    TEMPORARY,
+    CheckpointMismatchError,
+    CheckpointWriteError,
+    CorruptCheckpointError,
+    TierStore,
+    delete_dir,
+    one_line,
+    process_and_count,
+)
+from marin.training.checkpoint.restore import restore_checkpoint
+from marin.training.checkpoint.save import Staged, stage, write_staged
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointPolicy:
+    """When to save and what to keep.
+
+    Saves happen every ``every_steps`` steps and additionally whenever ``every_minutes`` of wall time
+    passed since the last save (so a slow run still loses little work). The newest ``keep_last``
+    checkpoints are kept; checkpoints at multiples of ``keep_every`` are permanent (for evaluation and
+    for branching, e.g. the early-cooldown side branch). The final step is always saved.
+
+    The second tier: with ``temp_every_minutes`` (and a temporary store given to the manager), a
+    rolling temporary checkpoint is written whenever that much wall time passed since the last save of
+    either tier. One is kept; it is deleted once a newer permanent one commits. This is how the
+    published hero run checkpoints: permanent ones to the durable root, sparse, and a temporary one
+    every hour to region-local storage, so a fault costs at most an hour
+    (marin-community/marin, ``experiments/grug/moe_hero_ep/README.md``).
+
+    ``temp_path`` is where a training run's temporary store is (the trainer hands it to the manager);
+    ``preemption_grace_s`` the seconds between a scheduler's SIGTERM and its SIGKILL, used for a
+    final checkpoint (:mod:`marin.training.preemption`). As ``TrainConfig.checkpoint`` every field
+    is live: when state is saved and what is kept, not what is computed.
+    """
+
+    every_steps: int = live("when state is saved, not what is computed", default=100)
+    every_minutes: float | None = live("when state is saved, not what is computed", default=30.0)
+    keep_last: int = live("which checkpoints are kept, not what is computed", default=2)
+    keep_every: int | None = live("which checkpoints are kept, not what is computed", default=None)
+    temp_every_minutes: float | None = live(
+        "when state is saved, not what is computed: a rolling temporary checkpoint every this many minutes of "
+        "wall time (None: none), so a fault costs at most this long while permanent checkpoints stay sparse",
+        default=None)
+    temp_path: str | None = live(
+        "where the temporary checkpoint goes (a fast local or region-local prefix; the run writes under "
+        "<prefix>/<run directory name>-<hash of its output path>/checkpoints, one kept), not what is computed: "
+        "a run may move to another region and resume from its permanent checkpoints", default=None)
+    preemption_grace_s: float = live(
+        "seconds between the scheduler's SIGTERM and its SIGKILL (Kubernetes: terminationGracePeriodSeconds); "
+        "> 0: a SIGTERM ends training at the next step with a final checkpoint where the grace allows "
+        "(marin.training.preemption); 0 leaves SIGTERM alone (tiny runs). When state is saved, not what is "
+        "computed", default=0.0)
+
+    def __post_init__(self) -> None:
+        if self.every_steps <= 0:
+            raise ValueError(f"every_steps must be > 0, got {self.every_steps}")
+        if self.keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {self.keep_last}")
+        if self.keep_every is not None and self.keep_every <= 0:
+            raise ValueError(f"keep_every must be > 0, got {self.keep_every}")
+        if self.temp_every_minutes is not None and self.temp_every_minutes <= 0:
+            raise ValueError(f"temp_checkpoint_every_minutes must be > 0, got {self.temp_every_minutes}")
+        if self.every_minutes is not None and self.every_minutes <= 0:
+            raise ValueError(f"every_minutes must be > 0 (or None: by steps only), got {self.every_minutes}")
+        if self.preemption_grace_s < 0:
+            raise ValueError(f"preemption_grace_s must be >= 0, got {self.preemption_grace_s}")
+
+
+def temp_checkpoint_root(temp_prefix: str, output_path: str) -> str:
+    """Where a run's temporary checkpoints go under the fast store ``temp_prefix``: a directory named
+    after the run's own (its step name and version hash) plus a hash of its whole output path, so two
+    runs of the same step under different prefixes never share (or delete) each other's."""
+    run_dir = output_path.rstrip("/").rsplit("/", 1)[-1]
+    where = hashlib.sha256(output_path.rstrip("/").encode()).hexdigest()[:8]
+    return f"{temp_prefix.rstrip('/')}/{run_dir}-{where}/{CHECKPOINT_DIR}"
+
+
+class CheckpointManager:
+    """Periodic asynchronous saves, retention and discovery of checkpoints under
+    ``{output_path}/checkpoints`` and, with ``temp_path``, of the rolling temporary checkpoint under
+    :func:`temp_checkpoint_root` of that fast store.
+
+    Every process of a pool creates one and calls :meth:`save` at the same steps; each writes its own
+    shards. Process 0 (``is_writer``) writes the index and COMMIT and applies retention. At most one
+    save is in flight: :meth:`save` waits for the previous one first, and :meth:`wait` (called at the
+    end of a run) for the last. A failed permanent save surfaces as :class:`CheckpointWriteError` from
+    the next :meth:`save`, :meth:`check` or :meth:`wait`; a failed temporary one is logged and skipped
+    (the permanent checkpoints still protect the run).
+
+    Resume (:meth:`restore_latest`) takes the newest committed checkpoint of either tier (the permanent
+    one where both hold the same step). A temporary store that cannot be read (gone, unreachable,
+    permission denied) is logged and the permanent checkpoints are used. Evaluation, sampling and export
+    read only the permanent ones (:func:`committed_steps`): the temporary one exists to resume.
+    """
+
+    def __init__(self, output_path: str, policy: CheckpointPolicy, *, is_writer: bool = True,
+                 part_timeout_s: float = PART_TIMEOUT_S, temp_path: str | None = None) -> None:
+        self.permanent = TierStore(f"{output_path.rstrip('/')}/{CHECKPOINT_DIR}", PERMANENT)
+        self.root_url, self.fs, self.root = self.permanent.root_url, self.permanent.fs, self.permanent.root
+        self.temporary = TierStore(temp_checkpoint_root(temp_path, output_path), TEMPORARY) if temp_path else None
+        self.policy = policy
+        self.is_writer = is_writer
+        self.part_timeout_s = part_timeout_s
+        self._last_save_step: int | None = None
+        self._last_save_time = time.monotonic()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._in_flight: concurrent.futures.Future | None = None
+        self._save_started = 0.0
+        self.last_blocking_s = 0.0  # time the latest save held the caller (staging to host memory)
+        self.last_save_s: float | None = None  # staging + writing + commit of the latest finished save
+
+    def path_for(self, step: int) -> str:
+        """The directory of the committed checkpoint at ``step`` in whichever tier holds it (the
+        permanent one where both do); the permanent directory for a step not committed anywhere."""
+        found = self.committed().get(step)
+        return found if found is not None else self.permanent.url(step)
+
+    def _step_dirs(self) -> dict[int, str]:
+        return self.permanent.step_dirs()
+
+    def committed_steps(self) -> list[int]:
+        """Steps with a complete permanent checkpoint, ascending."""
+        return self.permanent.committed_steps()
+
+    def _is_committed(self, fs_path: str) -> bool:
+        return self.permanent.is_committed(fs_path)
+
+    def _temp_steps(self) -> list[int]:
+        """The committed temporary checkpoints; none, with a warning, when the store cannot be read."""
+        if self.temporary is None:
+            return []
+        try:
+            return self.temporary.committed_steps()
+        except Exception as e:  # noqa: BLE001 - every storage library's error means "not usable now"
+            logger.warning("the temporary checkpoint store %s cannot be read (%s); using the permanent checkpoints",
+                           self.temporary.root_url, one_line(e))
+            return []
+
+    def committed(self) -> dict[int, str]:
+        """``{step: checkpoint directory}`` of every committed checkpoint of both tiers; a step both
+        hold maps to the permanent one."""
+        found = {s: self.temporary.url(s) for s in self._temp_steps()} if self.temporary is not None else {}
+        found.update({s: self.permanent.url(s) for s in self.committed_steps()})
+        return dict(sorted(found.items()))
+
+    def latest_step(self) -> int | None:
+        """The newest committed checkpoint of either tier."""
+        steps = list(self.committed())
+        return steps[-1] if steps else None
+
+    def should_save(self, step: int, *, now: float | None = None) -> bool:
+        """Whether a permanent checkpoint of the state after ``step`` completed steps is due."""
+        if step > 0 and step % self.policy.every_steps == 0:
+            return True
+        if self.policy.every_minutes is not None and step != self._last_save_step:
+            now = time.monotonic() if now is None else now
+            return now - self._last_save_time >= 60.0 * self.policy.every_minutes
+        return False
+
+    def due(self, step: int, *, now: float | None = None) -> str | None:
+        """Which checkpoint of the state after ``step`` is due: :data:`PERMANENT`, :data:`TEMPORARY`
+        (the wall time since the last save of either tier reached ``temp_every_minutes``) or None."""
+        now = time.monotonic() if now is None else now
+        if self.should_save(step, now=now):
+            return PERMANENT
+        every = self.policy.temp_every_minutes
+        if (self.temporary is not None and every is not None and step > 0 and step != self._last_save_step
+                and now - self._last_save_time >= 60.0 * every):
+            return TEMPORARY
+        return None
+
+    def save(self, step: int, tree: Any, metadata: Mapping[str, Any], *, blocking: bool = False,
+             tier: str = PERMANENT) -> str:
+        """Start saving ``tree`` as the checkpoint of ``step`` in ``tier``: waits for the previous save,
+        copies this process's shards to host memory, and writes them in the background
+        (``blocking=True``: waits for the commit too)."""
+        if tier not in (PERMANENT, TEMPORARY) or (tier == TEMPORARY and self.temporary is None):
+            raise ValueError(f"cannot save a {tier!r} checkpoint (temporary store: "
+                             f"{self.temporary.root_url if self.temporary else 'none'})")
+        store = self.permanent if tier == PERMANENT else self.temporary
+        self.wait()
+        t0 = time.perf_counter()
+        path = store.url(step)
+        _, count = process_and_count()
+        if count == 1:
+            try:
+                if store.fs.exists(store.fs_path(step)):
+                    # A leftover of a crashed attempt at the same step: never committed (a committed one
+                    # would have been resumed from), safe to replace. (With several processes, the writer
+                    # clears leftovers before training starts: see clear_uncommitted.)
+                    delete_dir(store.fs, store.fs_path(step))
+            except Exception:
+                if tier == PERMANENT:
+                    raise
+                # an unreachable temporary store: the write below fails and is logged
+        staged = stage(path, tree, metadata, step=step)
+        self.last_blocking_s = time.perf_counter() - t0
+        self._save_started = t0
+        self._last_save_step = step
+        self._last_save_time = time.monotonic()
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._in_flight = self._pool.submit(self._write, staged, store)
+        if blocking:
+            self.wait()
+        return path
+
+    def save_temporary(self, step: int, tree: Any, metadata: Mapping[str, Any], *, blocking: bool = False) -> str:
+        """:meth:`save` to the temporary store (the rolling checkpoint: one kept)."""
+        return self.save(step, tree, metadata, blocking=blocking, tier=TEMPORARY)
+
+    def _write(self, staged: Staged, store: TierStore | None = None) -> None:
+        store = store or self.permanent
+        try:
+            write_staged(staged, part_timeout_s=self.part_timeout_s)
+        except CheckpointWriteError as e:
+            if store.tier == PERMANENT:
+                raise
+            logger.warning("temporary checkpoint skipped: %s (the permanent checkpoints still protect the run)", e)
+            return
+        self.last_save_s = time.perf_counter() - self._save_started
+        logger.info("saved %s checkpoint %s (%.1f MB from this process)", store.tier, staged.path, staged.nbytes / 1e6)
+        if not self.is_writer:
+            return
+        if store.tier == PERMANENT:
+            self.collect_garbage(current=staged.step)
+            self._prune_temporary(through=staged.step)
+        else:
+            self._prune_temporary(keep=staged.step)
+
+    def _prune_temporary(self, *, keep: int | None = None, through: int | None = None) -> list[int]:
+        """Delete temporary checkpoints: every one but ``keep`` (one kept), or every one at or before
+        ``through`` (a newer permanent one committed). Failures are logged: the store may be gone."""
+        if self.temporary is None:
+            return []
+        deleted = []
+        try:
+            for s, p in sorted(self.temporary.step_dirs().items()):
+                if (keep is not None and s != keep) or (through is not None and s <= through):
+                    delete_dir(self.temporary.fs, p)
+                    deleted.append(s)
+        except Exception as e:  # noqa: BLE001 - every storage library's error means "not usable now"
+            logger.warning("could not prune the temporary checkpoints in %s: %s", self.temporary.root_url, one_line(e))
+        return deleted
+
+    def check(self) -> None:
+        """Raise the error of a finished background save, if it failed (cheap; call once per step)."""
+        f = self._in_flight
+        if f is not None and f.done():
+            self._in_flight = None
+            f.result()
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is committed; raises its error."""
+        f, self._in_flight = self._in_flight, None
+        if f is not None:
+            f.result()
+
+    def close(self) -> None:
+        """Wait for the save in flight and stop the writer thread."""
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def restore(self, step: int, template: Any = None, shardings: Any = None) -> tuple[Any, dict[str, Any]]:
+        return restore_checkpoint(self.path_for(step), template, shardings)
+
+    def restore_latest(self, template: Any = None, shardings: Any = None) -> tuple[int, Any, dict[str, Any]] | None:
+        """``(step, tree, metadata)`` of the newest checkpoint of either tier that verifies, or None if
+        there is none.
+
+        A committed checkpoint that fails verification (a part missing, a chunk truncated by a kill
+        during a copy, a lost file) is logged, moved aside to ``step-N.corrupt-<unix time>`` (kept for
+        inspection, ignored by discovery and retention) and the next older one is tried: one damaged
+        checkpoint costs the steps since the previous save, not the run. A temporary checkpoint that
+        cannot be read at all (its store went away between listing and reading) is skipped the same
+        way. A structural mismatch is not damage and is raised as is.
+        """
+        for step, url in reversed(list(self.committed().items())):
+            store = self.permanent if url == self.permanent.url(step) else self.temporary
+            try:
+                tree, meta = restore_checkpoint(url, template, shardings)
+            except (CorruptCheckpointError, FileNotFoundError) as e:
+                aside = f"{url}.corrupt-{int(time.time())}"
+                logger.warning("%s checkpoint at step %d does not verify (%s); moving it to %s and trying the "
+                               "previous one", store.tier, step, e, aside)
+                if self.is_writer:
+                    try:
+                        store.move_aside(step, aside)
+                    except Exception as moved:  # noqa: BLE001 - a vanished temporary store cannot take it
+                        if store.tier == PERMANENT:
+                            raise
+                        logger.warning("could not move %s aside: %s", url, one_line(moved))
+                continue
+            except CheckpointMismatchError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a temporary store that stopped answering mid-read
+                if store.tier == PERMANENT:
+                    raise
+                logger.warning("temporary checkpoint at step %d cannot be read (%s); trying the previous one",
+                               step, one_line(e))
+                continue
+            if store.tier == TEMPORARY:
+                logger.info("resuming from the temporary checkpoint %s (newer than every permanent one)", url)
+            return step, tree, meta
+        return None
+
+    def _move_aside(self, step: int, aside_url: str) -> None:
+        self.permanent.move_aside(step, aside_url)
+
+    def mark_restored(self, step: int) -> None:
+        """Start the wall-time clock from a restore, as if that checkpoint had just been written."""
+        self._last_save_step = step
+        self._last_save_time = time.monotonic()
+
+    def clear_uncommitted(self) -> list[int]:
+        """Delete step directories without COMMIT (a crashed save's leftovers), in both tiers. Only the
+        writer calls this, before training starts, so no save of this attempt is racing it."""
+        deleted = []
+        for s, p in sorted(self._step_dirs().items()):
+            if not self._is_committed(p):
+                delete_dir(self.fs, p)
+                deleted.append(s)
+        if self.temporary is not None:
+            try:
+                for p in self.temporary.step_dirs().values():
+                    if not self.temporary.is_committed(p):
+                        delete_dir(self.temporary.fs, p)
+            except Exception as e:  # noqa: BLE001 - every storage library's error means "not usable now"
+                logger.warning("could not clear the temporary checkpoint store %s: %s", self.temporary.root_url,
+                               one_line(e))
+        return deleted
+
+    def collect_garbage(self, current: int | None = None) -> list[int]:
+        """Delete uncommitted leftovers and committed permanent checkpoints outside the retention policy."""
+        dirs = self._step_dirs()
+        committed = sorted(s for s, p in dirs.items() if self._is_committed(p))
+        keep = set(committed[-self.policy.keep_last :])
+        if self.policy.keep_every:
+            keep |= {s for s in committed if s % self.policy.keep_every == 0}
+        deleted = []
+        for s, p in sorted(dirs.items()):
+            if s in keep or s == current:
+                continue
+            delete_dir(self.fs, p)
+            deleted.append(s)
+        return deleted

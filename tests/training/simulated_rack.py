@@ -54,17 +54,14 @@ def rack_pool(hosts: int):
                     rack_label=RACK_LABEL, max_retries=3)
 
 
-def host_main(ctx, config, pid_dir, cache_dir):
+def host_main(ctx, config, pid_dir):
     """The host function: note this process's pid (the test's killer reads it), then train or resume.
 
-    Process 0 writes each compiled step to a persistent compilation cache, from which the relaunched
-    pool loads it instead of compiling it again (the restart cost a real pool saves the same way)."""
-    import jax
-
+    No persistent compilation cache: JAX writes it from process 0 alone, and with one every relaunch
+    failed the same way, the first collective waiting past gloo's 30 s rendezvous for process 1 (as
+    if only process 0 found its programs there and the others compiled them again)."""
     from marin.training.trainer import train_on_host
 
-    jax.config.update("jax_compilation_cache_dir", cache_dir)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # every program: less work on a relaunch
     with open(os.path.join(pid_dir, f"host-{ctx.process_id}-{os.getpid()}"), "w") as f:
         f.write(str(time.time()))
     return train_on_host(ctx, config)
@@ -125,7 +122,7 @@ def main() -> None:
 
     threading.Thread(target=kill_one_host, daemon=True).start()
     t_launch = time.time()
-    summaries = launch(pool, host_main, (config, pid_dir, f"{out}/jax-cache"))
+    summaries = launch(pool, host_main, (config, pid_dir))
     t_end = time.time()
     records = read_metrics(run_dir)
     launches = sorted(os.listdir(pid_dir))

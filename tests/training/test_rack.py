@@ -6,8 +6,8 @@ launcher and training resumed from the checkpoint, the metrics going on without 
 
 The declared configuration is the rack's: 16 nodes x 4 devices, mesh (1, 64), 6 local experts per
 device as on the hero. ``MARIN_RACK_HOSTS`` selects the node count (2, 4, 8 or 16; 384 experts divide
-over each); its default is the largest this 2-core, 24 GiB machine runs (docs/performance.md, "A
-simulated NVL72 rack", has the numbers for each).
+over each); its default, 4, is the largest run on the 2-core, 24 GiB development machine (16 does not
+fit there, 8 was not tried; docs/performance.md, "A simulated NVL72 rack", has the numbers).
 
     MARIN_RACK_HOSTS=16 .venv/bin/python -m pytest -q -s -m slow tests/training/test_rack.py
 """

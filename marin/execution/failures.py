@@ -50,6 +50,10 @@ _PEER_LOST_WORDS = ("unavailable:", "deadline_exceeded", "connection reset by pe
                     "socket closed", "gloo", "heartbeat timeout")
 """What XLA's collectives say when another host of the pool went away mid-step."""
 
+_XLA_RUNTIME_ERRORS = frozenset({"XlaRuntimeError", "JaxRuntimeError"})
+"""The runtime error of a failed XLA computation, by its names: ``XlaRuntimeError`` in older jax
+releases, ``jax.errors.JaxRuntimeError`` in the pinned one."""
+
 
 def error_chain(exc: BaseException | None) -> Iterator[BaseException]:
     """``exc`` and every exception behind it: ``__cause__``, ``__context__`` and a Ray task error's
@@ -75,7 +79,7 @@ def is_infrastructure_failure(exc: BaseException | None) -> bool:
         names = {c.__name__ for c in type(e).__mro__}
         if names & _RAY_INFRASTRUCTURE:
             return True
-        if "XlaRuntimeError" in names and any(w in str(e).lower() for w in _PEER_LOST_WORDS):
+        if names & _XLA_RUNTIME_ERRORS and any(w in str(e).lower() for w in _PEER_LOST_WORDS):
             return True
     return False
 

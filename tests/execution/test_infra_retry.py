@@ -43,6 +43,18 @@ def test_what_counts_as_an_infrastructure_failure():
         assert not is_infrastructure_failure(own), own
 
 
+def test_a_collective_whose_peer_is_gone_is_an_infrastructure_failure():
+    """What a surviving host of a pool raises when a peer was killed or is too late for a collective (the
+    message a simulated rack's relaunch saw), as jax 0.10 raises it: retried, unlike the step's own errors."""
+    import jax
+
+    late_peer = jax.errors.JaxRuntimeError(
+        "UNKNOWN: Gloo context initialization failed: DEADLINE_EXCEEDED: GetKeyValue() timed out with key: "
+        "cpu:gloo/0,2048,4096,6144/1 and duration: 29.999999959s")
+    assert is_infrastructure_failure(late_peer)
+    assert not is_infrastructure_failure(jax.errors.JaxRuntimeError("INVALID_ARGUMENT: shapes (4,) and (5,)"))
+
+
 def flaky_infra(cfg) -> None:
     """Fails with an infrastructure failure on its first two executions, then does its work."""
     n = len(open(cfg.log).read().splitlines()) if os.path.exists(cfg.log) else 0

@@ -15,14 +15,15 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from marin.execution.errors import ExecutorError
 from marin.execution.signals import RunStopped
 
 logger = logging.getLogger("marin.execution")
+T = TypeVar("T")
 
 
 FIXED_CLUSTER_ENV = "MARIN_RAY_CLUSTER_FIXED"
@@ -62,32 +63,39 @@ def ensure_ray(address: str | None) -> bool:
         return False
     quiet_default_token_notice()
     os.environ[FIXED_CLUSTER_ENV] = "1"  # before ray.init: its processes (and the steps) inherit it
+    try:
+        retry_startup_timeouts(lambda: ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING,
+                                                log_to_driver=True), "the local Ray cluster")
+    except SystemExit:
+        # ray.init installs SIGTERM handlers that exit (after stopping what it started): a SIGTERM
+        # while the cluster starts is a stop like any other
+        raise RunStopped(signal.SIGTERM) from None
+    except BaseException:  # a signal (or an error) halfway through: stop whatever part of it started
+        if ray.is_initialized():
+            shutdown_local_ray()
+        raise
+    return True
+
+
+def retry_startup_timeouts(start: Callable[[], T], what: str) -> T:
+    """``start()`` (a Ray cluster or node starting), called again after a start whose node missed
+    Ray's startup deadline, up to :data:`LOCAL_START_ATTEMPTS` times, each time after stopping the
+    processes the failed start spawned (the half-started node is registered nowhere else); an
+    :class:`ExecutorError` in one line when none started. Other errors pass through."""
     attempt = 0
     while True:
         attempt += 1
         before = set(descendants(os.getpid()))
         try:
-            ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
-            return True
-        except SystemExit:
-            # ray.init installs SIGTERM handlers that exit (after stopping what it started): a SIGTERM
-            # while the cluster starts is a stop like any other
-            raise RunStopped(signal.SIGTERM) from None
+            return start()
         except Exception as e:
             if not is_startup_timeout(e):
-                if ray.is_initialized():
-                    shutdown_local_ray()
                 raise
-            # the half-started node is not registered anywhere: stop the processes this call spawned
             stop_processes([p for p in descendants(os.getpid()) if p not in before], grace_s=2.0)
             if attempt == LOCAL_START_ATTEMPTS:
                 raise ExecutorError(local_start_failure(LOCAL_START_ATTEMPTS)) from None
-            logger.warning("the local Ray cluster did not come up within Ray's 30 s (attempt %d of %d); "
-                           "starting it again", attempt, LOCAL_START_ATTEMPTS)
-        except BaseException:  # a signal halfway through: stop whatever part of it started
-            if ray.is_initialized():
-                shutdown_local_ray()
-            raise
+            logger.warning("%s did not come up within Ray's 30 s (attempt %d of %d); starting it again", what,
+                           attempt, LOCAL_START_ATTEMPTS)
 
 
 LOCAL_START_ATTEMPTS = 3
@@ -285,21 +293,8 @@ def stop_processes(owned: list[tuple[int, str]], grace_s: float) -> None:
 
 def add_node_retrying(cluster, spec: Mapping[str, Any]) -> None:
     """``cluster.add_node(**spec)``, started again after a node that missed Ray's startup deadline
-    (as :func:`ensure_ray` does, :data:`LOCAL_START_ATTEMPTS` times, stopping what the failed start
-    spawned); an :class:`ExecutorError` in one line when none started."""
-    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
-        before = set(descendants(os.getpid()))
-        try:
-            cluster.add_node(**dict(spec))
-            return
-        except Exception as e:
-            if not is_startup_timeout(e):
-                raise
-            stop_processes([p for p in descendants(os.getpid()) if p not in before], grace_s=2.0)
-            if attempt == LOCAL_START_ATTEMPTS:
-                raise ExecutorError(local_start_failure(LOCAL_START_ATTEMPTS)) from None
-            logger.warning("a simulated Ray node did not come up within Ray's 30 s (attempt %d of %d); starting it "
-                           "again", attempt, LOCAL_START_ATTEMPTS)
+    (:func:`retry_startup_timeouts`)."""
+    retry_startup_timeouts(lambda: cluster.add_node(**dict(spec)), "a simulated Ray node")
 
 
 @contextlib.contextmanager

@@ -6,11 +6,9 @@ The environment is set here, at import time, before any test module imports jax 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -25,25 +23,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# One XLA compilation cache per test run, shared by this process, its Ray workers and the CLI
-# subprocesses (they inherit the environment): many tests compile the same train step of the same
-# tiny model, and each distinct program is then compiled once per run instead of once per test or
-# process. It starts empty every run (nothing compiled on another machine or by another jax is
-# reused) and is removed at the end. A size limit turns on jax's file lock, so processes that write
-# and read one entry at once never see it half-written.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="marin-test-xla-cache-")
-    os.environ["MARIN_TEST_XLA_CACHE_OWNER"] = str(os.getpid())
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def pytest_sessionfinish(session, exitstatus):
-    """Remove the run's compilation cache (only the process that made it: xdist workers share it)."""
-    if os.environ.get("MARIN_TEST_XLA_CACHE_OWNER") == str(os.getpid()):
-        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -85,8 +85,13 @@ def test_the_host_function_on_one_host_equals_decoding_in_this_process(text_run)
     assert got.step == 5 and got.tokens == want
 
 
-def test_a_pool_this_machine_cannot_simulate_is_refused_in_one_line(capsys, text_run):
-    rc, out, err = _cli(capsys, "sample", text_run, "--prompt", "hi", "--pool", "gb200-rack")
+def test_a_pool_this_machine_cannot_simulate_is_refused_in_one_line(text_run):
+    # a fresh process, as a user's: this one may already be in the test session's Ray cluster, which
+    # a command joins instead of simulating nodes
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run([sys.executable, "-m", "marin.cli", "sample", text_run, "--prompt", "hi", "--pool",
+                           "gb200-rack"], capture_output=True, text=True, timeout=300, env=env)
+    rc, out, err = proc.returncode, proc.stdout, proc.stderr
     assert rc == 2 and out == "" and err.count("\n") == 1, err
     assert "gb200-rack runs on 16 GB200 host(s), which this machine cannot simulate: pass --address" in err
 

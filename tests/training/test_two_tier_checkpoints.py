@@ -160,7 +160,8 @@ def test_a_step_in_both_tiers_is_read_from_the_permanent_one_and_the_run_directo
 
 
 def test_which_tier_is_due():
-    mgr = CheckpointManager("/nonexistent/run", CheckpointPolicy(every_steps=100, temp_every_minutes=60.0),
+    mgr = CheckpointManager("/nonexistent/run", CheckpointPolicy(every_steps=100, every_minutes=None,
+                                                                 temp_every_minutes=60.0),
                             temp_path="/nonexistent/fast")
     mgr.mark_restored(10)
     now = time.monotonic()
@@ -168,7 +169,7 @@ def test_which_tier_is_due():
     assert mgr.due(11, now=now + 3601) == TEMPORARY
     assert mgr.due(100, now=now + 1) == PERMANENT  # the permanent cadence wins when both are due
     assert mgr.due(10, now=now + 3601) is None  # the step just restored (or saved) is not saved again
-    without_store = CheckpointManager("/nonexistent/run", CheckpointPolicy(temp_every_minutes=60.0))
+    without_store = CheckpointManager("/nonexistent/run", CheckpointPolicy(every_minutes=None, temp_every_minutes=60.0))
     without_store.mark_restored(10)
     assert without_store.due(11, now=time.monotonic() + 3601) is None
     with pytest.raises(ValueError, match="cannot save a 'temporary' checkpoint"):

@@ -83,9 +83,9 @@ def sample_text_on_pool(run_dir: str, step: int | None, pool: PoolSpec, prompts:
     steps = committed_run_steps(run_dir)
     if step is not None and step not in steps:
         raise RunLoadError(f"{run_dir} has no committed checkpoint at step {step}; committed: {steps}")
-    run = Run(run_dir)
-    record = run.record(steps[-1] if step is None else step)
-    tok = load_run_tokenizer(run.config(steps[-1] if step is None else step).data)
+    run, at = Run(run_dir), steps[-1] if step is None else step
+    record = run.record(at)
+    tok = load_run_tokenizer(run.config(at).data)
     if tok is None:
         raise ValueError(f"{run_dir} was trained on synthetic tokens (no tokenizer): it cannot read or write text; "
                          "pass token ids instead")

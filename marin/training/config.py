@@ -483,8 +483,6 @@ def train_config_from_record(record: dict[str, Any]) -> TrainConfig:
     return from_jsonable(TrainConfig, train_record_in_current_spelling(record), types=types, ignore_unknown=True)
 
 
-train_config_from_dict = train_config_from_record
-
 
 def train_record_in_current_spelling(record: dict[str, Any]) -> dict[str, Any]:
     """A recorded TrainConfig in today's field names: grouped (``{"optimizer": {"peak_lr": ...}}``,

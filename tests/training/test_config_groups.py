@@ -37,7 +37,7 @@ from marin.training.config import (
     TelemetryConfig,
     TrainConfig,
     TrainEvalConfig,
-    train_config_from_dict,
+    train_config_from_record,
 )
 
 FLAT_RECORD = Path(__file__).parent / "fixtures" / "flat_train_config_record.json"
@@ -74,14 +74,14 @@ def test_a_flat_record_of_before_loads_into_the_grouped_config():
     assert "peak_lr" in record and "optimizer" not in record  # as stored before the grouping
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a record is data: reading it warns about nothing
-        assert train_config_from_dict(record) == _grouped_like_the_flat_record()
+        assert train_config_from_record(record) == _grouped_like_the_flat_record()
 
 
 def test_a_grouped_record_round_trips():
     config = _grouped_like_the_flat_record()
     record = json.loads(json.dumps(to_jsonable(config)))
     assert record["optimizer"]["peak_lr"] == 2e-3 and "peak_lr" not in record
-    assert train_config_from_dict(record) == config
+    assert train_config_from_record(record) == config
 
 
 def test_each_flat_keyword_still_works_with_a_warning_naming_the_new_spelling():
@@ -260,7 +260,7 @@ def test_a_ladder_rung_reaches_the_trainer_as_the_moeconfig_it_was_built_as():
         model = model_config(config)  # what the trainer builds
         assert type(model) is MoEConfig and model == rung.model, rung.name
         assert ps.config_leaves["model.d_model"] == rung.model.d_model  # versioned field by field
-        assert train_config_from_dict(json.loads(json.dumps(to_jsonable(config)))).model == rung.model
+        assert train_config_from_record(json.loads(json.dumps(to_jsonable(config)))).model == rung.model
 
 
 def test_the_lr_schedule_reads_either_spelling_of_a_record():

@@ -21,9 +21,13 @@ setup: $(STAMP)
 quickstart: $(STAMP)
 	$(BIN)/marin run experiments/quickstart.py --prefix $(PREFIX)
 
+# Two pytest workers (pytest-xdist), one per core of the 2-core CI machine; a test file stays on one
+# worker, so its module fixtures are built once. Three workers were slower there (docs/performance.md).
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
 	$(BIN)/python -m ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

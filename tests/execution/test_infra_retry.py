@@ -134,9 +134,9 @@ def test_training_and_evaluation_take_their_pools_retries_other_steps_none():
     from experiments.defaults import default_eval, default_train
     from marin.execution import ExecutorStep, InvalidStepError
     from marin.training.config import SyntheticDataConfig
-    from marin.training.pools import POOLS
+    from marin.training.pools import POOLS, SHIPPED_POOL_NAMES
 
-    assert {name: p.infra_retries for name, p in POOLS.items()} == {
+    assert {name: POOLS[name].infra_retries for name in SHIPPED_POOL_NAMES} == {
         "local-cpu": 0, "local-cpu-1": 0, "local-cpu-ep8": 0, "local-2host": 0,
         "h200-1": 2, "gb200-rack": 2, "gb200-11racks": 2}
     kw = dict(mixture=SyntheticDataConfig(vocab_size=512), model="tiny", train_steps=4, tokens_per_step=128,

@@ -39,11 +39,15 @@ MY_POOLS = textwrap.dedent(
 
 
 @pytest.fixture()
-def pools_registry(monkeypatch):
-    """POOLS and the accelerators as shipped, again after the test (declaring pools changes them)."""
-    monkeypatch.delenv(P.POOLS_ENV, raising=False)
+def pools_registry():
+    """POOLS, the accelerators and ``MARIN_POOLS`` as before the test, again after it (declaring pools
+    changes them; ``--pools`` sets ``MARIN_POOLS`` itself, which monkeypatch would not undo)."""
+    env = os.environ.pop(P.POOLS_ENV, None)
     before, memory, read = dict(POOLS), dict(P.ACCELERATOR_MEMORY_BYTES), list(P.ENV_FILES_READ)
     yield
+    os.environ.pop(P.POOLS_ENV, None)
+    if env is not None:
+        os.environ[P.POOLS_ENV] = env
     POOLS.clear()
     POOLS.update(before)
     P.ACCELERATOR_MEMORY_BYTES.clear()

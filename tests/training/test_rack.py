@@ -14,6 +14,7 @@ fit there, 8 was not tried; docs/performance.md, "A simulated NVL72 rack", has t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -28,6 +29,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("simulated_rack.py")
 RACK_HOSTS = int(os.environ.get("MARIN_RACK_HOSTS", "4"))
+MIN_AVAILABLE = 1 << 30
+"""The test stops its process tree when the machine's available memory falls below this, so a rack too
+large for the machine fails with its numbers instead of the kernel killing processes at random."""
 
 
 class TreeMemory:
@@ -38,10 +42,12 @@ class TreeMemory:
     so the sum overstates what the machine holds; PSS (each shared page split among its sharers) is
     sampled beside it where the kernel gives it."""
 
-    def __init__(self, pid: int, every_s: float = 0.5) -> None:
-        self.root, self.every_s = psutil.Process(pid), every_s
+    def __init__(self, pid: int, every_s: float = 0.5, min_available: int = 0) -> None:
+        self.root, self.every_s, self.min_available = psutil.Process(pid), every_s, min_available
         self.peak_rss = self.peak_pss = 0
         self.peak_processes = 0
+        self.min_seen_available = psutil.virtual_memory().available
+        self.stopped_for_memory: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -67,12 +73,30 @@ class TreeMemory:
             n += 1
         return rss, pss, n
 
+    def kill_tree(self) -> None:
+        """SIGKILL the process and every descendant (Ray's daemons outlive a killed driver)."""
+        try:
+            procs = [*self.root.children(recursive=True), self.root]
+        except psutil.NoSuchProcess:
+            return
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             rss, pss, n = self.sample()
             if rss > self.peak_rss:
                 self.peak_rss, self.peak_processes = rss, n
             self.peak_pss = max(self.peak_pss, pss)
+            available = psutil.virtual_memory().available
+            self.min_seen_available = min(self.min_seen_available, available)
+            if available < self.min_available:  # stop the tree before the kernel's OOM killer picks a victim
+                self.stopped_for_memory = (f"the machine's available memory fell to {available / 2**30:.2f} GiB "
+                                           f"with the tree at {rss / 2**30:.2f} GiB RSS, {pss / 2**30:.2f} GiB PSS "
+                                           f"in {n} processes")
+                self.kill_tree()
+                return
             self._stop.wait(self.every_s)
 
     def __enter__(self) -> TreeMemory:
@@ -105,6 +129,28 @@ def test_tree_memory_counts_the_children_of_a_process():
     assert 0 < pss <= rss
 
 
+def test_tree_memory_stops_the_tree_when_the_machine_runs_low():
+    """Below the floor the sampler kills the whole tree (a child and its grandchild) and says why; here
+    the floor is set above what the machine has, so it trips on the first sample."""
+    sleeper = ("import subprocess, sys, time; "
+               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", sleeper], start_new_session=True)
+    try:
+        deadline = time.time() + 20
+        while not psutil.Process(child.pid).children() and time.time() < deadline:
+            time.sleep(0.05)
+        [grandchild] = psutil.Process(child.pid).children()
+        with TreeMemory(child.pid, every_s=0.05, min_available=psutil.virtual_memory().total * 2) as memory:
+            assert child.wait(timeout=20) == -9
+        _, alive = psutil.wait_procs([grandchild], timeout=20)
+        assert not alive
+        assert memory.stopped_for_memory.startswith("the machine's available memory fell to ")
+        assert "in 2 processes" in memory.stopped_for_memory
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, 9)
+
+
 @pytest.mark.timeout(3600)
 @pytest.mark.slow  # minutes: a cluster of RACK_HOSTS nodes, two pool launches, three step compilations
 def test_simulated_rack_switches_transport_survives_a_killed_host_and_resumes_without_duplicates(tmp_path):
@@ -116,12 +162,15 @@ def test_simulated_rack_switches_transport_survives_a_killed_host_and_resumes_wi
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        with TreeMemory(proc.pid) as memory:
+        with TreeMemory(proc.pid, min_available=MIN_AVAILABLE) as memory:
             out, err = proc.communicate(timeout=3000)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
     wall = time.time() - t
+    assert memory.stopped_for_memory is None, (
+        f"stopped the simulated rack of {RACK_HOSTS} nodes after {wall:.0f} s: {memory.stopped_for_memory}; "
+        "it does not fit this machine (set MARIN_RACK_HOSTS lower)")
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, out[-4000:] + err[-4000:]
     res = json.loads(lines[-1][len("RESULT "):])
@@ -151,7 +200,9 @@ def test_simulated_rack_switches_transport_survives_a_killed_host_and_resumes_wi
         "cluster_start_s": res["cluster_start_s"],
         "first_step_s": res["first_step_s"], "resume_s": res["resume_s"], "train_s": res["train_s"],
         "peak_rss_gib": round(memory.peak_rss / 2**30, 2), "peak_pss_gib": round(memory.peak_pss / 2**30, 2),
-        "processes_at_peak": memory.peak_processes, "launches": res["host_processes_started"] // RACK_HOSTS,
+        "processes_at_peak": memory.peak_processes,
+        "min_available_gib": round(memory.min_seen_available / 2**30, 2),
+        "launches": res["host_processes_started"] // RACK_HOSTS,
         "resumed_from": resumed_from,
         "killed_after_step": killed["after_step"],
         "drop_frac_send_fixed": sum(res["drop_frac_send"][:SWITCH_STEP]) / SWITCH_STEP,

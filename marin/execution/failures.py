@@ -10,6 +10,7 @@ person to look at. Anything not known to be the infrastructure's counts as the s
 from __future__ import annotations
 
 import errno
+import re
 from collections.abc import Iterator
 
 from marin.execution.retry import StorageUnavailable
@@ -82,6 +83,21 @@ def is_infrastructure_failure(exc: BaseException | None) -> bool:
         if names & _XLA_RUNTIME_ERRORS and any(w in str(e).lower() for w in _PEER_LOST_WORDS):
             return True
     return False
+
+
+_NODE_MEMORY = re.compile(r"Memory on the node \(IP: ([^,)]+)[^)]*\) was ([\d.]+\s*GB used / [\d.]+\s*GB limit)")
+
+
+def host_memory_error(exc: BaseException | None) -> str | None:
+    """Where Ray's memory monitor killed a worker of ``exc``'s chain because its node ran low on host
+    memory (``ray.exceptions.OutOfMemoryError``, matched by name), as "node IP: X GB used / Y GB
+    limit" (or the error's first line), else None. Not an infrastructure failure: the same program on
+    the same nodes needs the same memory, so a retry fails the same way."""
+    for e in error_chain(exc):
+        if "OutOfMemoryError" in {c.__name__ for c in type(e).__mro__}:
+            found = _NODE_MEMORY.search(str(e))
+            return f"node {found[1]}: {found[2]}" if found else (str(e).strip().splitlines() or [""])[0][:300]
+    return None
 
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})

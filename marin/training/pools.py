@@ -50,7 +50,12 @@ from marin.execution.cluster import (
     local_cluster_with_nodes,
     placement_owner,
 )
-from marin.execution.failures import InfrastructureFailure, StopRequested, is_infrastructure_failure
+from marin.execution.failures import (
+    InfrastructureFailure,
+    StopRequested,
+    host_memory_error,
+    is_infrastructure_failure,
+)
 from marin.training.stall import (
     PoolStalled,
     ProgressWatch,
@@ -333,6 +338,11 @@ class NonRetryableError(RuntimeError):
 
 class PoolLaunchError(RuntimeError):
     """The pool failed on every allowed attempt."""
+
+
+class HostOutOfMemory(PoolLaunchError):
+    """Ray's memory monitor killed a host because its node ran low on host memory. Not retried: the
+    same program on the same nodes needs the same memory."""
 
 
 class PoolLostError(PoolLaunchError, InfrastructureFailure):
@@ -763,6 +773,12 @@ def launch(
             inner = _unwrap(e)
             if isinstance(inner, (NonRetryableError, StopRequested)):  # the latter: the run is ending
                 raise inner from None
+            if (memory := host_memory_error(e)) is not None:
+                raise HostOutOfMemory(
+                    f"pool {pool.name}: Ray's memory monitor killed a host, its node low on memory ({memory}); "
+                    "each host needs more memory than its node has left, so a retry would fail the same way: "
+                    "give the pool nodes with more memory (or fewer hosts per node), or make the step "
+                    "smaller") from None
             if not (is_infrastructure_failure(e) or _a_host_was_lost(refs)):
                 raise inner from None  # a bug or a config error: the same on every attempt, so not retried
             note.add_bad_nodes(failed_hosts_nodes(groups, pool, refs))

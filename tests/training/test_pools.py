@@ -1,14 +1,17 @@
 """Pool specs and the Ray launcher on the local cluster (one host per pool here)."""
 
 import os
+import subprocess
 import sys
+import textwrap
 
 import pytest
 import ray.cloudpickle
 
-from marin.execution.failures import InfrastructureFailure
+from marin.execution.failures import InfrastructureFailure, host_memory_error, is_infrastructure_failure
 from marin.training.pools import (
     POOLS,
+    HostOutOfMemory,
     NonRetryableError,
     PoolLaunchError,
     PoolSpec,
@@ -16,6 +19,8 @@ from marin.training.pools import (
     host_env,
     launch,
 )
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_presets_are_consistent():
@@ -142,3 +147,51 @@ def test_host_death_is_retried_and_resumes_from_checkpoint(ray_local, tmp_path):
     [summary] = launch(pool, _flaky_train, (config, str(tmp_path / "died-once")))
     assert summary["resumed_from"] == 4 and summary["final_step"] == 6
     assert [r["step"] for r in read_metrics(config.output_path)] == [1, 2, 3, 4, 5, 6]
+
+
+# What Ray's memory monitor raised in the simulated rack at 16 nodes on a 24 GiB machine (abridged)
+RAY_OOM = (
+    "1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: 192.0.2.2, "
+    "ID: 6b88499608eacea3ab513ffd30bd7f88d041f590bd6c493aefafbc00) was 22.40GB used / 23.54GB limit (0.951646)\n"
+    "OOM kill reason: Memory usage 24023830528B exceeded threshold of 24012175360B (95.0% of 25275973632B limit)\n"
+    "Top 10 memory users: PID\tMEM(GB)\tCOMMAND\n4324\t1.21\tray::_Host.run")
+
+
+def test_rays_memory_monitor_kill_is_one_line_and_not_an_infrastructure_failure():
+    error = ray.exceptions.OutOfMemoryError(RAY_OOM)
+    assert host_memory_error(error) == "node 192.0.2.2: 22.40GB used / 23.54GB limit"
+    assert not is_infrastructure_failure(error)  # the same program needs the same memory on a retry
+    wrapped = RuntimeError("step failed")
+    wrapped.__cause__ = error
+    assert host_memory_error(wrapped) == "node 192.0.2.2: 22.40GB used / 23.54GB limit"
+    assert host_memory_error(ray.exceptions.OutOfMemoryError("killed")) == "killed"
+    assert host_memory_error(MemoryError()) is None and host_memory_error(None) is None
+    assert issubclass(HostOutOfMemory, PoolLaunchError) and not issubclass(HostOutOfMemory, InfrastructureFailure)
+
+
+def test_a_host_killed_by_rays_memory_monitor_fails_the_pool_once_in_one_line(tmp_path):
+    """A Ray cluster whose memory monitor kills any worker (threshold 1% of the machine), in a process
+    of its own: the host is killed, and the launcher says so in one line instead of retrying."""
+    script = tmp_path / "oom.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        import ray
+        from marin.training.pools import HostOutOfMemory, PoolSpec, launch
+
+        def host(ctx):
+            time.sleep(120)
+
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        pool = PoolSpec("oom-cpu", hosts=1, devices_per_host=1, accelerator="cpu", mesh=(1, 1), max_retries=2)
+        try:
+            launch(pool, host)
+        except HostOutOfMemory as e:
+            print("ONE LINE", str(e).count("\\n") == 0, str(e))
+    """))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")}
+    env.update(RAY_memory_usage_threshold="0.01", RAY_memory_monitor_refresh_ms="100", PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("ONE LINE")]
+    assert line.startswith("ONE LINE True pool oom-cpu: Ray's memory monitor killed a host, its node low on memory "
+                           "(node "), line
+    assert "a retry would fail the same way" in line

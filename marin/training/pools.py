@@ -658,21 +658,22 @@ def nodes_to_avoid(pool: PoolSpec, note: PlacementNote) -> list[str]:
     return [n["node_id"] for n in bad]
 
 
-def _a_host_was_lost(refs: list[Any], wait_s: float = 2.0) -> bool:
-    """Whether any host of a failed attempt died underneath (the first error seen may be a survivor's
-    collective failing because its peer went away, which reads like the step's own error)."""
+def _host_errors(refs: list[Any], wait_s: float = 2.0) -> list[BaseException]:
+    """The errors of the hosts of a failed attempt that have ended, waiting up to ``wait_s`` for the
+    rest: the first error seen may be a survivor's collective failing because its peer went away,
+    which reads like the step's own error, while the peer's own error says what happened to it."""
     import ray  # Ray: only when a pool is launched; planning reads pool specs without it
 
     if not refs:
-        return False
+        return []
     done, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+    errors = []
     for ref in done:
         try:
             ray.get(ref)
-        except Exception as e:  # noqa: BLE001 - classified below
-            if is_infrastructure_failure(e):
-                return True
-    return False
+        except Exception as e:  # noqa: BLE001 - classified by the caller
+            errors.append(e)
+    return errors
 
 
 def _unwrap(error: BaseException) -> BaseException:
@@ -773,13 +774,14 @@ def launch(
             inner = _unwrap(e)
             if isinstance(inner, (NonRetryableError, StopRequested)):  # the latter: the run is ending
                 raise inner from None
-            if (memory := host_memory_error(e)) is not None:
+            host_errors = _host_errors(refs)
+            if (memory := next(filter(None, map(host_memory_error, [e, *host_errors])), None)) is not None:
                 raise HostOutOfMemory(
                     f"pool {pool.name}: Ray's memory monitor killed a host, its node low on memory ({memory}); "
                     "each host needs more memory than its node has left, so a retry would fail the same way: "
                     "give the pool nodes with more memory (or fewer hosts per node), or make the step "
                     "smaller") from None
-            if not (is_infrastructure_failure(e) or _a_host_was_lost(refs)):
+            if not any(map(is_infrastructure_failure, [e, *host_errors])):
                 raise inner from None  # a bug or a config error: the same on every attempt, so not retried
             note.add_bad_nodes(failed_hosts_nodes(groups, pool, refs))
             errors.append(f"attempt {attempt + 1}: {type(inner).__name__}: {inner}")

@@ -178,8 +178,12 @@ OFFLINE_K40_ROOT = "s3://no-such-bucket-anywhere/k40"
 @pytest.fixture()
 def offline_k40(monkeypatch):
     """Experiment files read the Harrier K40 root at import: point it at a bucket that does not exist,
-    so planning them needs no network and any read of the data fails at once."""
+    so planning them needs no network and any read of the data fails at once. The experiment modules
+    an earlier test of this process imported (with the default root) are set aside for the test, so
+    they are imported again under this root, and put back after it."""
     monkeypatch.setenv("HARRIER_K40_ROOT", OFFLINE_K40_ROOT)
+    for name in [m for m in sys.modules if m == "experiments" or m.startswith("experiments.")]:
+        monkeypatch.delitem(sys.modules, name)
     return OFFLINE_K40_ROOT
 
 

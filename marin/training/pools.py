@@ -612,33 +612,27 @@ def describe_node(node: dict[str, str]) -> str:
     return f"{node['node_id'][:12]} ({node.get('ip', '?')}: {node.get('why', 'host failed')})"
 
 
-def failed_hosts_nodes(groups: list[Any], pool: PoolSpec, refs: list[Any], wait_s: float = 2.0) -> list[dict[str, str]]:
+def failed_hosts_nodes(groups: list[Any], pool: PoolSpec, errors: Mapping[int, BaseException]) -> list[dict[str, str]]:
     """The nodes of the hosts that died in a failed attempt (their process or node went away: a
     Ray actor, worker or node error on the host's own result; a survivor whose collective failed
-    because a peer went away is not counted), each with its node id, address and why."""
+    because a peer went away is not counted), each with its node id, address and why. ``errors``:
+    the ended hosts' errors by host index (:func:`host_errors`)."""
     import ray  # Ray: only when a pool is launched; planning reads pool specs without it
     from ray.util.placement_group import placement_group_table  # (the same)
 
-    if not refs:
-        return []
-    done, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
     died = {"ActorDiedError", "ActorUnavailableError", "NodeDiedError", "WorkerCrashedError", "OwnerDiedError",
             "LocalRayletDiedError"}
+    dead = {i: e for i, e in errors.items() if {c.__name__ for c in type(e).__mro__} & died}
+    if not dead:
+        return []
     addresses = {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes()}
     out = []
-    for i, ref in enumerate(refs):
-        if ref not in done:
-            continue
-        try:
-            ray.get(ref)
-        except Exception as e:  # noqa: BLE001 - classified below
-            if not {c.__name__ for c in type(e).__mro__} & died:
-                continue
-            node = placement_group_table(groups[i // pool.hosts_per_rack])["bundles_to_node_id"].get(
-                i % pool.hosts_per_rack)
-            if node:
-                out.append({"node_id": node, "ip": addresses.get(node, "?"), "host": str(i),
-                            "why": f"host {i}: {type(e).__name__}"})
+    for i, e in dead.items():
+        node = placement_group_table(groups[i // pool.hosts_per_rack])["bundles_to_node_id"].get(
+            i % pool.hosts_per_rack)
+        if node:
+            out.append({"node_id": node, "ip": addresses.get(node, "?"), "host": str(i),
+                        "why": f"host {i}: {type(e).__name__}"})
     return out
 
 
@@ -658,21 +652,24 @@ def nodes_to_avoid(pool: PoolSpec, note: PlacementNote) -> list[str]:
     return [n["node_id"] for n in bad]
 
 
-def _host_errors(refs: list[Any], wait_s: float = 2.0) -> list[BaseException]:
-    """The errors of the hosts of a failed attempt that have ended, waiting up to ``wait_s`` for the
-    rest: the first error seen may be a survivor's collective failing because its peer went away,
-    which reads like the step's own error, while the peer's own error says what happened to it."""
+def host_errors(refs: list[Any], wait_s: float = 2.0) -> dict[int, BaseException]:
+    """The errors of the hosts of a failed attempt that have ended, by host index, waiting up to
+    ``wait_s`` for the rest: the first error seen may be a survivor's collective failing because its
+    peer went away, which reads like the step's own error, while the peer's own error says what
+    happened to it."""
     import ray  # Ray: only when a pool is launched; planning reads pool specs without it
 
     if not refs:
-        return []
+        return {}
     done, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
-    errors = []
-    for ref in done:
+    errors = {}
+    for i, ref in enumerate(refs):
+        if ref not in done:
+            continue
         try:
             ray.get(ref)
         except Exception as e:  # noqa: BLE001 - classified by the caller
-            errors.append(e)
+            errors[i] = e
     return errors
 
 
@@ -774,16 +771,16 @@ def launch(
             inner = _unwrap(e)
             if isinstance(inner, (NonRetryableError, StopRequested)):  # the latter: the run is ending
                 raise inner from None
-            host_errors = _host_errors(refs)
-            if (memory := next(filter(None, map(host_memory_error, [e, *host_errors])), None)) is not None:
+            ended = host_errors(refs)
+            if (memory := next(filter(None, map(host_memory_error, [e, *ended.values()])), None)) is not None:
                 raise HostOutOfMemory(
                     f"pool {pool.name}: Ray's memory monitor killed a host, its node low on memory ({memory}); "
                     "each host needs more memory than its node has left, so a retry would fail the same way: "
                     "give the pool nodes with more memory (or fewer hosts per node), or make the step "
                     "smaller") from None
-            if not any(map(is_infrastructure_failure, [e, *host_errors])):
+            if not any(map(is_infrastructure_failure, [e, *ended.values()])):
                 raise inner from None  # a bug or a config error: the same on every attempt, so not retried
-            note.add_bad_nodes(failed_hosts_nodes(groups, pool, refs))
+            note.add_bad_nodes(failed_hosts_nodes(groups, pool, ended))
             errors.append(f"attempt {attempt + 1}: {type(inner).__name__}: {inner}")
             last_cause = _one_line(inner)
             logger.warning("pool %s failed (attempt %d/%d): %s", pool.name, attempt + 1, retries + 1, inner)

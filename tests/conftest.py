@@ -5,11 +5,15 @@ The environment is set here, at import time, before any test module imports jax 
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -187,36 +191,88 @@ def offline_k40(monkeypatch):
     return OFFLINE_K40_ROOT
 
 
+def build_once(factory, name: str, build: Callable[[str], None]) -> str:
+    """The directory ``name``, built by ``build(path)`` once per test run and shared by its workers.
+
+    A session fixture is built in each pytest-xdist worker that uses it; an expensive one (a trained
+    run, a token store) is built here instead, under a lock in the directory that all workers of this
+    run share: the first worker to ask builds it, the others wait and read the same files. A build that
+    failed part-way is removed and tried again by the next caller. What is built is read-only by
+    convention: a test that changes it copies it first.
+    """
+    base = factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "built-once"
+    root.mkdir(exist_ok=True)
+    out, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            build(str(out))
+            done.touch()
+    return str(out)
+
+
 class K40Data:
     """Builders of a small K40-shaped corpus, its byte-level BPE tokenizer and its token store (all
-    in this process, no Ray): the data and evaluation tests' session fixtures are made with these."""
+    in this process, no Ray): the data and evaluation tests' session fixtures are made with these,
+    once per test run and set of arguments (``build_once``)."""
 
     def __init__(self, factory) -> None:
         self.factory = factory
 
+    def _once(self, name: str, args: tuple, build: Callable[[str], None]) -> str:
+        key = hashlib.sha256(repr(args).encode()).hexdigest()[:12]
+        return build_once(self.factory, f"{name}-{key}", build)
+
     def corpus(self, name: str, total_bytes: int, seed: int, domains: tuple[str, ...]) -> str:
         from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
 
-        root = str(self.factory.mktemp(name))
-        generate_k40_miniature(SyntheticK40Config(root, total_bytes=total_bytes, seed=seed, domains=domains))
-        return root
+        return self._once(name, (total_bytes, seed, domains), lambda root: generate_k40_miniature(
+            SyntheticK40Config(root, total_bytes=total_bytes, seed=seed, domains=domains)))
 
     def tokenizer(self, name: str, corpus: str, vocab_size: int) -> str:
         from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
 
-        out = str(self.factory.mktemp(name))
-        train_tokenizer(TrainTokenizerConfig(corpus, out, vocab_size=vocab_size))
-        return out
+        return self._once(name, (corpus, vocab_size), lambda out: train_tokenizer(
+            TrainTokenizerConfig(corpus, out, vocab_size=vocab_size)))
 
     def store(self, name: str, corpus: str, tokenizer: str, **tokenize_kwargs) -> str:
         from marin.data.tokenize import TokenizeConfig, tokenize
 
-        out = str(self.factory.mktemp(name))
-        tokenize(TokenizeConfig(corpus, tokenizer, out, show_progress=False, use_ray=False, **tokenize_kwargs))
-        return out
+        return self._once(name, (corpus, tokenizer, sorted(tokenize_kwargs.items())), lambda out: tokenize(
+            TokenizeConfig(corpus, tokenizer, out, show_progress=False, use_ray=False, **tokenize_kwargs)))
 
 
 @pytest.fixture(scope="session")
 def k40_data(tmp_path_factory) -> K40Data:
     return K40Data(tmp_path_factory)
 
+
+
+# The files that take longest in the default run, heaviest first (from `--durations`). With two
+# workers each taking one file at a time, a heavy file dealt out last leaves the other worker idle at
+# the end of the run; dealing them out first lets the light files fill the tail. Only the order
+# changes, so a stale entry costs time, never a result.
+HEAVIEST_FILES = (
+    "tests/evaluation/test_use_run.py",
+    "tests/training/test_pools.py",
+    "tests/training/test_planning.py",
+    "tests/training/test_trainer.py",
+    "tests/models/test_blocked_attention.py",
+    "tests/execution/test_signals.py",
+    "tests/training/test_fsdp.py",
+    "tests/training/test_accumulation.py",
+    "tests/training/test_multihost.py",
+    "tests/models/test_moe_transformer.py",
+    "tests/models/test_decode.py",
+    "tests/models/test_kv_heads.py",
+    "tests/docs/test_docs_examples.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Runs the heaviest files first (a stable sort: the rest keep their collection order)."""
+    rank = {path: i for i, path in enumerate(HEAVIEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))

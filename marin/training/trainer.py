@@ -203,6 +203,18 @@ def state_shapes(config: TrainConfig, cfg) -> dict[str, Any]:
 _INIT_CACHE: dict[tuple[Any, ...], Any] = {}
 
 
+def _init_program(config: TrainConfig, cfg, mesh=None, shardings: dict[str, Any] | None = None):
+    """The jitted fresh-state program, memoised per process on what it depends on (the seed, the
+    optimizer's settings, the model, the output shardings): compiling it takes seconds even for a
+    tiny model, and a process that retries or repeats a run needs it again."""
+    o = config.optimizer
+    key = (config.seed, o.beta1, o.beta2, o.adam_eps, o.weight_decay, o.grad_clip, cfg, mesh,
+           jax.tree_util.tree_structure(shardings), tuple(jax.tree_util.tree_leaves(shardings)))
+    if key not in _INIT_CACHE:
+        _INIT_CACHE[key] = jax.jit(lambda: fresh_state(config, cfg), out_shardings=shardings)
+    return _INIT_CACHE[key]
+
+
 def init_state(config: TrainConfig, cfg, mesh, shardings: dict[str, Any]) -> dict[str, Any]:
     """The fresh state created directly in its final shardings: one jitted program whose
     ``out_shardings`` are the state's, so each device computes only its own shards and no process
@@ -211,18 +223,14 @@ def init_state(config: TrainConfig, cfg, mesh, shardings: dict[str, Any]) -> dic
     makes every random bit a function of the key and the element's global index only."""
     if not jax.config.jax_threefry_partitionable:
         raise RuntimeError("sharded init needs jax_threefry_partitionable=True (JAX's default); it was turned off")
-    o = config.optimizer
-    key = (config.seed, o.beta1, o.beta2, o.adam_eps, o.weight_decay, o.grad_clip, cfg, mesh,
-           jax.tree_util.tree_structure(shardings), tuple(jax.tree_util.tree_leaves(shardings)))
-    if key not in _INIT_CACHE:
-        _INIT_CACHE[key] = jax.jit(lambda: fresh_state(config, cfg), out_shardings=shardings)
-    return _INIT_CACHE[key]()
+    return _init_program(config, cfg, mesh, shardings)()
 
 
 def init_host_state(config: TrainConfig, cfg) -> dict[str, Any]:
-    """The fresh state as host numpy arrays, for tests and benchmarks of small models only (the
-    trainer creates it sharded with :func:`init_state`; these are the same values)."""
-    return jax.tree.map(np.asarray, jax.jit(lambda: fresh_state(config, cfg))())
+    """The fresh state as host numpy arrays (new ones on every call), for tests and benchmarks of
+    small models only (the trainer creates it sharded with :func:`init_state`; these are the same
+    values)."""
+    return jax.tree.map(np.array, _init_program(config, cfg)())
 
 
 _STEP_CACHE: dict[tuple[Any, ...], Any] = {}

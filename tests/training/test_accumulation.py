@@ -19,15 +19,28 @@ from marin.training.trainer import (
 )
 
 
-def _run(transport, microbatches, pool_mesh=(2, 4), steps=3, model="tiny-ep"):
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model=model, tokens_per_step=64 * 32,
-                         model_overrides={"n_layers": 1},
-                         seq_len_phases=((0.0, 32),), wandb_project=None, microbatches=microbatches)
+def _config(microbatches=1, **overrides):
+    return TrainConfig(output_path="", data=SyntheticDataConfig(), model="tiny-ep", tokens_per_step=64 * 32,
+                       model_overrides={"n_layers": 1, **overrides},
+                       seq_len_phases=((0.0, 32),), wandb_project=None, microbatches=microbatches)
+
+
+@pytest.fixture(scope="module")
+def fresh_host_state():
+    """The fresh state of the 1-layer tiny-ep model on the host, made once for the module (its jit takes
+    seconds to compile). It is a function of the seed and the model's shapes: the microbatch count and
+    the capacity factor, which the tests vary, do not enter it."""
+    config = _config()
+    return init_host_state(config, model_config(config))
+
+
+def _run(host, transport, microbatches, pool_mesh=(2, 4), steps=3):
+    config = _config(microbatches)
     cfg = model_config(config)
     mesh = make_mesh(*pool_mesh)
-    host = init_host_state(config, cfg)
     shardings = state_shardings(host, mesh)
-    state = place_host_arrays(host, shardings)
+    # a copy: the step donates its state, and the module's fresh state is shared
+    state = place_host_arrays(jax.tree.map(np.copy, host), shardings)
     step = make_train_step(config, cfg, mesh, transport, shardings, microbatches)
     out = []
     for i in range(steps):
@@ -39,9 +52,9 @@ def _run(transport, microbatches, pool_mesh=(2, 4), steps=3, model="tiny-ep"):
 
 
 @pytest.mark.parametrize("transport", ["local", pytest.param("dropless", marks=pytest.mark.slow)])
-def test_one_vs_four_microbatches_same_trajectory(transport):
-    one, s1 = _run(transport, 1)
-    four, s4 = _run(transport, 4)
+def test_one_vs_four_microbatches_same_trajectory(transport, fresh_host_state):
+    one, s1 = _run(fresh_host_state, transport, 1)
+    four, s4 = _run(fresh_host_state, transport, 4)
     for a, b in zip(one, four):
         for key in ("loss", "ce_loss", "z_loss", "grad_norm", "expert_load_max", "router_bias_spread",
                     "drop_frac_send", "drop_frac_recv"):
@@ -52,14 +65,14 @@ def test_one_vs_four_microbatches_same_trajectory(transport):
         np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
 
 
-def test_microbatch_stats_aggregate_to_the_whole_batch():
+def test_microbatch_stats_aggregate_to_the_whole_batch(fresh_host_state):
     """Expert load sums, margin histograms sum and give the whole batch's bias target, and drop
     fractions (fixed transport at a capacity that drops) are total drops over total assignments."""
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="tiny-ep",
-                         model_overrides={"capacity_factor": 0.6, "n_layers": 1}, wandb_project=None)
+    config = _config(capacity_factor=0.6)
     cfg = model_config(config)
     mesh = make_mesh(2, 4)
-    host = init_host_state(config, cfg)
+    # the 1-layer tiny-ep fresh state: the capacity factor changes no parameter
+    host = fresh_host_state
     params, bias = host["params"], host["router_bias"] + np.linspace(-0.05, 0.05, 8, dtype=np.float32)
     b = synthetic_batch(config.data, 3, 32, 32)
     tokens, segs = b["tokens"], b["segment_ids"]
@@ -67,6 +80,11 @@ def test_microbatch_stats_aggregate_to_the_whole_batch():
     def grad_fn(p, t, s, transport="fixed"):
         return jax.value_and_grad(lambda p: loss_and_stats(p, bias, t, cfg, mesh=mesh, transport=transport,
                                                            segment_ids=s), has_aux=True)(p)
+
+    # the references need the loss and the statistics only: the forward pass alone (what value_and_grad
+    # returns as its value and aux), which compiles in a fraction of the time of forward and backward
+    def forward(p, t, s, transport="fixed"):
+        return loss_and_stats(p, bias, t, cfg, mesh=mesh, transport=transport, segment_ids=s)
 
     def accumulated(transport):
         fn = lambda p, t, s: grad_fn(p, t, s, transport)  # noqa: E731
@@ -77,7 +95,8 @@ def test_microbatch_stats_aggregate_to_the_whole_batch():
     pieces = jax.jit(lambda t: split_microbatches(t, 4, mesh))
     mt, ms = np.asarray(pieces(tokens)), np.asarray(pieces(segs))
     assert sorted(map(tuple, mt.reshape(-1, 33))) == sorted(map(tuple, tokens))  # a partition of the batch
-    per = [jax.jit(grad_fn)(params, mt[i], ms[i])[0] for i in range(4)]
+    fwd = jax.jit(forward)
+    per = [fwd(params, mt[i], ms[i]) for i in range(4)]
     np.testing.assert_allclose(st4["expert_load"], sum(s["expert_load"] for _, s in per))
     np.testing.assert_allclose(loss4, np.mean([l for l, _ in per]), rtol=1e-6)
     drops = [float(s["drop_frac_send"]) for _, s in per]
@@ -87,7 +106,7 @@ def test_microbatch_stats_aggregate_to_the_whole_batch():
     # same margins: the summed histogram is its histogram (up to a margin crossing a bin edge through
     # float reordering), hence the same bias target (bins are ~2e-3 wide).
     _, st4 = accumulated("dropless")
-    (_, whole), _ = jax.jit(lambda p, t, s: grad_fn(p, t, s, "dropless"))(params, tokens, segs)
+    _, whole = jax.jit(lambda p, t, s: forward(p, t, s, "dropless"))(params, tokens, segs)
     np.testing.assert_array_equal(st4["bias_hist"].sum(-1), whole["bias_hist"].sum(-1))
     assert np.abs(st4["bias_hist"] - whole["bias_hist"]).sum() <= 0.01 * whole["bias_hist"].sum()
     np.testing.assert_allclose(st4["bias_target"], whole["bias_target"], atol=2e-3)

@@ -80,17 +80,29 @@ def _steps(config, mesh, state, shardings, start, n, transport="fixed"):
     return out, state
 
 
-def _start(mode, mesh):
+@pytest.fixture(scope="module")
+def fresh_host_state():
+    """The fresh state on the host, made once for the module (its jit takes seconds to compile): it is
+    a function of the seed and the model only, the same for either layout (param_sharding only decides
+    where the leaves are placed). Tests place copies of it."""
+    config = _config("replicated")
+    return init_host_state(config, model_config(config))
+
+
+def _copy(host):
+    return jax.tree.map(np.copy, host)  # the step donates its state: never hand it the shared arrays
+
+
+def _start(mode, mesh, host):
     config = _config(mode)
-    host = init_host_state(config, model_config(config))
     shardings = state_shardings(host, mesh, mode)
-    return config, place_host_arrays(host, shardings), shardings
+    return config, place_host_arrays(_copy(host), shardings), shardings
 
 
-def test_fsdp_state_is_sharded_and_trains_like_replicated(tmp_path):
+def test_fsdp_state_is_sharded_and_trains_like_replicated(tmp_path, fresh_host_state):
     mesh = make_mesh(2, 4)
-    rep_cfg, rep_state, rep_sh = _start("replicated", mesh)
-    fsdp_cfg, fsdp_state, fsdp_sh = _start("fsdp", mesh)
+    rep_cfg, rep_state, rep_sh = _start("replicated", mesh, fresh_host_state)
+    fsdp_cfg, fsdp_state, fsdp_sh = _start("fsdp", mesh, fresh_host_state)
 
     # every weight matrix and its AdamW moments hold 1/8 of the leaf per device (experts: 1/4 x 1/2)
     blocks, mu = fsdp_state["params"]["blocks"], fsdp_state["opt_state"][1].mu["blocks"]
@@ -118,8 +130,8 @@ def test_fsdp_state_is_sharded_and_trains_like_replicated(tmp_path):
     # checkpoint round trip: saved whole, restored into either layout, training continues identically
     ckpts = CheckpointManager(str(tmp_path), CheckpointPolicy(every_steps=1, every_minutes=None, keep_last=1))
     ckpts.save(3, fsdp_state, {"tokens": 3 * 2048})
-    template = init_host_state(fsdp_cfg, model_config(fsdp_cfg))
-    step, host, _ = ckpts.restore_latest(template=template)
+    ckpts.wait()  # saves are asynchronous: restore once this one is committed
+    step, host, _ = ckpts.restore_latest(template=fresh_host_state)
     assert step == 3
     for x, y in zip(jax.tree.leaves(jax.device_get(fsdp_state)), jax.tree.leaves(host)):
         np.testing.assert_array_equal(x, y)
@@ -130,13 +142,13 @@ def test_fsdp_state_is_sharded_and_trains_like_replicated(tmp_path):
 
 @pytest.mark.parametrize("transport", ["dropless", pytest.param("ragged", marks=pytest.mark.slow),
                                        pytest.param("local", marks=pytest.mark.slow)])
-def test_every_transport_trains_the_same_under_fsdp(transport):
+def test_every_transport_trains_the_same_under_fsdp(transport, fresh_host_state):
     """The EP shard_maps take expert weights split over "expert" only: fsdp's "data" split is
     gathered at their boundary, and the step computes what the replicated layout computes."""
     mesh = make_mesh(2, 4)
     runs = {}
     for mode in ("replicated", "fsdp"):
-        config, state, shardings = _start(mode, mesh)
+        config, state, shardings = _start(mode, mesh, fresh_host_state)
         runs[mode], _ = _steps(config, mesh, state, shardings, 0, 2, transport)
     for a, b in zip(runs["replicated"], runs["fsdp"]):
         for key in ("loss", "grad_norm", "drop_frac_send"):

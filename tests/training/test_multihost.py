@@ -28,7 +28,8 @@ _SCRIPT = textwrap.dedent(
                 seq_len_phases=((0.0, 32),), warmup_steps=1, peak_lr=1e-2, checkpoint_every_steps=2,
                 checkpoint_every_minutes=None, wandb_project=None, progress_every_s=0.0)
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    # no dashboard: nothing here reads it, and its processes take CPU from the hosts' compiles
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     for _ in range(2):
         cluster.add_node(num_cpus=1, resources={"fake_host": 4}, labels={RACK_LABEL: "rack-00"})
     ray.init(address=cluster.address, log_to_driver=False)

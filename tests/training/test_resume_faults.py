@@ -16,10 +16,12 @@ from marin.training.trainer import IncompatibleCheckpoint, run_training
 
 
 def _config(path, **kw) -> TrainConfig:
-    base = dict(output_path=str(path), data=SyntheticDataConfig(vocab_size=512), model="tiny", pool="local-cpu-1",
+    # the model and data of the legacy-blob fixture run (tests/training/fixtures/legacy-blob-run), for
+    # every test: the compiled step (memoised per process) and the fresh state's program are shared
+    base = dict(output_path=str(path), data=SyntheticDataConfig(vocab_size=64), model="tiny", pool="local-cpu-1",
                 train_steps=4, tokens_per_step=128, seq_len_phases=((0.0, 16),), warmup_steps=1,
                 checkpoint_every_steps=2, checkpoint_every_minutes=None, keep_last_checkpoints=2,
-                wandb_project=None, progress_every_s=0.0)
+                wandb_project=None, progress_every_s=0.0, model_overrides={"vocab_size": 64, "n_layers": 2})
     return TrainConfig(**{**base, **kw})
 
 
@@ -55,10 +57,10 @@ def test_resuming_a_different_model_names_the_mismatching_parameters(finished_ru
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     with pytest.raises(IncompatibleCheckpoint) as err:
-        run_training(_config(run, train_steps=6, model_overrides={"n_layers": 2}), use_ray=False)
+        run_training(_config(run, train_steps=6, model_overrides={"vocab_size": 64, "n_layers": 4}), use_ray=False)
     msg = str(err.value)
     assert msg.startswith(f"checkpoint {run}/checkpoints/step-00000004 does not match the model being trained")
-    assert "['params']['blocks']" in msg and "checkpoint float32[4, " in msg and "model wants float32[2, " in msg
+    assert "['params']['blocks']" in msg and "checkpoint float32[2, " in msg and "model wants float32[4, " in msg
 
 
 def test_a_run_checkpointed_in_the_earlier_blob_format_resumes_bitwise(tmp_path):
@@ -79,9 +81,8 @@ def test_a_run_checkpointed_in_the_earlier_blob_format_resumes_bitwise(tmp_path)
     for key, want in zip(keys, arrays, strict=True):
         assert restored[key].dtype == want.dtype and np.array_equal(restored[key], want), key
 
-    cfg = dict(data=SyntheticDataConfig(vocab_size=64), model_overrides={"vocab_size": 64, "n_layers": 2})
-    for run in (legacy, current):
-        summary = run_training(_config(run, **cfg), use_ray=False)
+    for run in (legacy, current):  # _config is the fixture run's config (make_fixture.py)
+        summary = run_training(_config(run), use_ray=False)
         assert summary["resumed_from"] == 2 and summary["final_step"] == 4
     got, want = read_metrics(str(legacy)), read_metrics(str(current))
     assert [r["step"] for r in got] == [1, 2, 3, 4]

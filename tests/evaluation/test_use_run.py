@@ -197,19 +197,28 @@ def test_export_cli_writes_a_usable_directory(capsys, trained_run, run, tmp_path
 
 # ---- lm-evaluation-harness -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
+def manager(tasks):
+    """One checked TaskManager for the three local tasks: building one indexes every task lm_eval ships
+    (about 15,000 YAML files, tens of CPU seconds), the same for each; check_tasks' refusals have their
+    own test (test_harness_bad_task_files_are_one_line)."""
+    from marin.evaluation.harness import check_tasks
+
+    return check_tasks(["k40_mc", "k40_ppl", "k40_gen"], tasks)
+
+
+@pytest.fixture(scope="module")
 def lm(run):
     from marin.evaluation.harness import MarinLM
 
     return MarinLM(run.params, run.router_bias, run.cfg, run.tokenizer, run.mesh, seq_len=64)
 
 
-def test_harness_multiple_choice_equals_marins_scorer(lm, run, tasks):
+def test_harness_multiple_choice_equals_marins_scorer(lm, run, tasks, manager):
     import lm_eval
 
-    from marin.evaluation.harness import check_tasks
     from marin.evaluation.multiple_choice import choice_logliks, read_task, score_task
 
-    res = lm_eval.simple_evaluate(model=lm, tasks=["k40_mc"], task_manager=check_tasks(["k40_mc"], tasks),
+    res = lm_eval.simple_evaluate(model=lm, tasks=["k40_mc"], task_manager=manager,
                                   log_samples=True, bootstrap_iters=0)
     questions = read_task(os.path.join(tasks, "mc.jsonl"))
     ours = choice_logliks(questions, run.tokenizer, run.params, run.router_bias, run.cfg, run.mesh, 64, 16)
@@ -223,12 +232,10 @@ def test_harness_multiple_choice_equals_marins_scorer(lm, run, tasks):
     assert res["results"]["k40_mc"]["acc_norm,none"] == pytest.approx(acc["acc_norm"])
 
 
-def test_harness_rolling_bits_per_byte_agrees_with_marin_eval(capsys, lm, trained_run, tasks):
+def test_harness_rolling_bits_per_byte_agrees_with_marin_eval(capsys, lm, trained_run, tasks, manager):
     import lm_eval
 
-    from marin.evaluation.harness import check_tasks
-
-    res = lm_eval.simple_evaluate(model=lm, tasks=["k40_ppl"], task_manager=check_tasks(["k40_ppl"], tasks),
+    res = lm_eval.simple_evaluate(model=lm, tasks=["k40_ppl"], task_manager=manager,
                                   bootstrap_iters=0)
     harness_bpb = res["results"]["k40_ppl"]["bits_per_byte,none"]
     rc, out, err = _run(capsys, "eval", trained_run.output_path, "--data", f"text={tasks}/text.jsonl", "--json")
@@ -238,13 +245,12 @@ def test_harness_rolling_bits_per_byte_agrees_with_marin_eval(capsys, lm, traine
     assert 0 < harness_bpb < 10 and math.isfinite(res["results"]["k40_ppl"]["word_perplexity,none"])
 
 
-def test_harness_generation_is_greedy_decoding_cut_at_until(lm, run, tasks):
+def test_harness_generation_is_greedy_decoding_cut_at_until(lm, run, manager):
     import lm_eval
 
-    from marin.evaluation.harness import check_tasks
     from marin.models.decode import generate_tokens
 
-    res = lm_eval.simple_evaluate(model=lm, tasks=["k40_gen"], task_manager=check_tasks(["k40_gen"], tasks),
+    res = lm_eval.simple_evaluate(model=lm, tasks=["k40_gen"], task_manager=manager,
                                   log_samples=True, bootstrap_iters=0, limit=4)
     assert "exact_match,none" in res["results"]["k40_gen"]
     tok = run.tokenizer

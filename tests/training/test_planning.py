@@ -200,18 +200,26 @@ def test_blocked_attention_removes_the_l_squared_term():
 @pytest.mark.parametrize("param_sharding", ["replicated", "fsdp"])
 @pytest.mark.parametrize("mesh_shape", [(2, 4), (1, 8), (4, 2)])
 def test_checkpoint_bytes_per_host_are_the_replica_0_shards_each_host_writes(mesh_shape, param_sharding):
-    """Against the slow obvious count: the real state, created sharded on 8 devices taken as 2 hosts
-    x 4, and the bytes of the replica-0 shards of params and AdamW moments on each host's devices."""
+    """Against the slow obvious count: real arrays of the state's shapes placed in the state's
+    shardings on 8 devices taken as 2 hosts x 4, and the bytes of the replica-0 shards of params and
+    AdamW moments on each host's devices.
+
+    The arrays are zeros put there with ``jax.device_put`` rather than made by ``init_state`` (one
+    compile per mesh and sharding, about 12 s each here): ``init_state`` is jitted with these very
+    shardings as its ``out_shardings``, and which shards a device holds and their replica ids follow
+    from the sharding and the shape alone, not from the values or how they were computed."""
     import dataclasses
 
     from marin.training.planning import checkpoint_bytes_per_host
-    from marin.training.trainer import init_state, state_shapes, state_shardings
+    from marin.training.trainer import state_shapes, state_shardings
 
     config = _config(param_sharding=param_sharding)
     cfg = model_config(config)
     pool = dataclasses.replace(get_pool("local-2host"), mesh=mesh_shape)
     mesh = make_mesh(*mesh_shape)
-    state = init_state(config, cfg, mesh, state_shardings(state_shapes(config, cfg), mesh, param_sharding))
+    shapes = state_shapes(config, cfg)
+    state = jax.tree.map(lambda s, sh: jax.device_put(np.zeros(s.shape, s.dtype), sh), shapes,
+                         state_shardings(shapes, mesh, param_sharding))
     moments = [x for x in jax.tree.leaves(state["opt_state"]) if x.ndim > 0]  # mu and nu; not the step count
     per_host = [0, 0]
     for leaf in jax.tree.leaves(state["params"]) + moments:

@@ -70,7 +70,10 @@ def test_cached_logits_equal_full_forward_logits_at_every_position(model):
     """Prefill a chunk, then one token at a time: every position's logits match the full forward."""
     cfg, params, bias = model
     seq = np.random.default_rng(0).integers(0, cfg.vocab_size, 20).astype(np.int32)
-    full = np.asarray(forward(params, bias, seq[None], cfg)[0])[0]
+    # the full forward the greedy reference compiles, right-padded (causal: the padding is unseen)
+    padded = np.zeros((1, cfg.max_seq_len), np.int32)
+    padded[0, :20] = seq
+    full = np.asarray(_full_forward(cfg)(params, bias, padded))[0, :20]
     step = jax.jit(lambda p, b, c, x, pos: decode_step(p, b, c, x, pos, cfg))
     cache = init_cache(cfg, 1, 20)
     logits, cache = step(params, bias, cache, seq[None, :7], np.arange(7)[None])

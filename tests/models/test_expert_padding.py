@@ -65,7 +65,9 @@ def test_counts_are_the_models_and_storage_is_the_padded_pytree(capsys):
 
 
 def test_padded_model_computes_the_unpadded_model_exactly():
-    cfg = get_preset("tiny", n_layers=2)
+    # one layer: XLA drops the layer loop of a one-step scan, so each gradient compiles in about
+    # 2/3 of the time; the padding is per layer and the same at any depth
+    cfg = get_preset("tiny", n_layers=1)
     padded = cfg.replace(expert_width_multiple=12)  # 32 -> 36
     f = cfg.expert_width
     key = jax.random.PRNGKey(3)

@@ -59,6 +59,16 @@ def test_bad_kv_counts_are_one_line_errors(kw, message):
     assert "\n" not in str(e.value)
 
 
+_FORWARDS: dict = {}
+
+
+def _forward(cfg):
+    """The jitted logits of the training forward, one per config (the tests share its compile)."""
+    if cfg not in _FORWARDS:
+        _FORWARDS[cfg] = jax.jit(lambda p, b, x: forward(p, b, x, cfg)[0])
+    return _FORWARDS[cfg]
+
+
 def test_stored_pytree_count_and_zero_columns(model):
     cfg, params, _ = model
     c = C.count_params(cfg)
@@ -76,7 +86,7 @@ def test_stored_pytree_count_and_zero_columns(model):
 def test_unused_columns_get_no_gradient(model):
     cfg, params, bias = model
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 13)), jnp.int32)
-    grads = jax.grad(lambda p: loss_and_stats(p, bias, tokens, cfg)[0])(params)
+    grads = jax.jit(jax.grad(lambda p: loss_and_stats(p, bias, tokens, cfg)[0]))(params)
     hd = cfg.head_dim
     for i in range(cfg.n_layers):
         used = cfg.kv_heads_of(i) * hd
@@ -92,10 +102,12 @@ def test_forward_equals_the_numpy_reference_with_per_layer_heads(model):
     tensors = {name: exported_tensor(params, bias, cfg, name) for name in exported_shapes(cfg)}
     assert tensors["layers.2.wk"].shape == (cfg.d_model, cfg.head_dim)
     assert tensors["layers.1.wk"].shape == (cfg.d_model, 2 * cfg.head_dim)
-    tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 11)).astype(np.int32)
+    # [2, 20]: the shape test_decode_caches_each_kind_at_its_own_heads_and_matches_forward runs the
+    # dense forward at, so the two share its compile
+    tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 20)).astype(np.int32)
     want = numpy_forward.forward(tensors, dataclasses.asdict(cfg), tokens)
     for impl in ("dense", "blocked"):
-        got = np.asarray(forward(params, bias, tokens, cfg.replace(attention_impl=impl, attention_block=4))[0])
+        got = np.asarray(_forward(cfg.replace(attention_impl=impl, attention_block=4))(params, bias, tokens))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)  # float32, summation order only
     params2, bias2 = params_from_tensors(lambda n: tensors[n], cfg)
     for a, b in zip(jax.tree.leaves(params2), jax.tree.leaves(params)):
@@ -107,7 +119,9 @@ def test_decode_caches_each_kind_at_its_own_heads_and_matches_forward(model):
     cache = init_cache(cfg, 1, 20)
     assert cache["global_k"].shape[-2] == 1 and cache["local_k"].shape[-2] == 2
     seq = np.random.default_rng(2).integers(0, cfg.vocab_size, 20).astype(np.int32)
-    full = np.asarray(forward(params, bias, seq[None], cfg)[0])[0]
+    other = np.random.default_rng(3).integers(0, cfg.vocab_size, 20).astype(np.int32)
+    full = np.asarray(_forward(cfg.replace(attention_impl="dense", attention_block=4))(
+        params, bias, np.stack([seq, other])))[0]  # rows are independent; row 0 is seq
     step = jax.jit(lambda p, b, c, x, pos: decode_step(p, b, c, x, pos, cfg))
     logits, cache = step(params, bias, cache, seq[None, :7], np.arange(7)[None])
     got = [np.asarray(logits)[0]]

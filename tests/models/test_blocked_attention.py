@@ -2,6 +2,8 @@
 and gradients in float32 for causal, sliding-window, packed-document and GQA cases, through the whole
 model too; and its compiled memory grows like L, not L x L."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,27 +47,22 @@ CASES = [  # (length, block, window, documents)
 ]
 
 
-_PROGRAMS: dict = {}
-
-
+@functools.cache
 def _value_and_grads(impl, block, documents):
     """One jitted program per (impl, block, documents), shared by the cases: the output and the
     gradients of sum(out * cot) for (q, k, v). The window and the document ids are arguments (traced),
     so the cases of one length and block compile it once."""
-    key = (impl, block, documents)
-    if key not in _PROGRAMS:
-        def attend(q, k, v, w, seg):
-            seg = seg if documents else None
-            if impl == "dense":
-                return dense_attention(q, k, v, w, seg)
-            return blocked_attention(q, k, v, w, seg, block=block)
+    def attend(q, k, v, w, seg):
+        seg = seg if documents else None
+        if impl == "dense":
+            return dense_attention(q, k, v, w, seg)
+        return blocked_attention(q, k, v, w, seg, block=block)
 
-        def run(q, k, v, w, seg, cot):
-            grads = jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v, w, seg) * cot), argnums=(0, 1, 2))(q, k, v)
-            return attend(q, k, v, w, seg), grads
+    def run(q, k, v, w, seg, cot):
+        grads = jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v, w, seg) * cot), argnums=(0, 1, 2))(q, k, v)
+        return attend(q, k, v, w, seg), grads
 
-        _PROGRAMS[key] = jax.jit(run)
-    return _PROGRAMS[key]
+    return jax.jit(run)
 
 
 @pytest.mark.parametrize("length,block,window,documents", CASES)

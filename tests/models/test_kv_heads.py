@@ -4,6 +4,7 @@ counts, the stored layout, the training forward against the numpy reference, exp
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -59,14 +60,10 @@ def test_bad_kv_counts_are_one_line_errors(kw, message):
     assert "\n" not in str(e.value)
 
 
-_FORWARDS: dict = {}
-
-
+@functools.cache
 def _forward(cfg):
     """The jitted logits of the training forward, one per config (the tests share its compile)."""
-    if cfg not in _FORWARDS:
-        _FORWARDS[cfg] = jax.jit(lambda p, b, x: forward(p, b, x, cfg)[0])
-    return _FORWARDS[cfg]
+    return jax.jit(lambda p, b, x: forward(p, b, x, cfg)[0])
 
 
 def test_stored_pytree_count_and_zero_columns(model):

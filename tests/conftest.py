@@ -216,32 +216,33 @@ def build_once(factory, name: str, build: Callable[[str], None]) -> str:
 
 class K40Data:
     """Builders of a small K40-shaped corpus, its byte-level BPE tokenizer and its token store (all
-    in this process, no Ray): the data and evaluation tests' session fixtures are made with these,
-    once per test run and set of arguments (``build_once``)."""
+    in this process, no Ray): the data and evaluation tests' session fixtures are made with these
+    (and with ``once``, for what is built from them), once per test run and set of arguments."""
 
     def __init__(self, factory) -> None:
         self.factory = factory
 
-    def _once(self, name: str, args: tuple, build: Callable[[str], None]) -> str:
+    def once(self, name: str, args: tuple, build: Callable[[str], None]) -> str:
+        """``build_once`` keyed by ``name`` and the arguments that decide what is built."""
         key = hashlib.sha256(repr(args).encode()).hexdigest()[:12]
         return build_once(self.factory, f"{name}-{key}", build)
 
     def corpus(self, name: str, total_bytes: int, seed: int, domains: tuple[str, ...]) -> str:
         from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
 
-        return self._once(name, (total_bytes, seed, domains), lambda root: generate_k40_miniature(
+        return self.once(name, (total_bytes, seed, domains), lambda root: generate_k40_miniature(
             SyntheticK40Config(root, total_bytes=total_bytes, seed=seed, domains=domains)))
 
     def tokenizer(self, name: str, corpus: str, vocab_size: int) -> str:
         from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
 
-        return self._once(name, (corpus, vocab_size), lambda out: train_tokenizer(
+        return self.once(name, (corpus, vocab_size), lambda out: train_tokenizer(
             TrainTokenizerConfig(corpus, out, vocab_size=vocab_size)))
 
     def store(self, name: str, corpus: str, tokenizer: str, **tokenize_kwargs) -> str:
         from marin.data.tokenize import TokenizeConfig, tokenize
 
-        return self._once(name, (corpus, tokenizer, sorted(tokenize_kwargs.items())), lambda out: tokenize(
+        return self.once(name, (corpus, tokenizer, sorted(tokenize_kwargs.items())), lambda out: tokenize(
             TokenizeConfig(corpus, tokenizer, out, show_progress=False, use_ray=False, **tokenize_kwargs)))
 
 

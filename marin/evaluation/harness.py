@@ -20,6 +20,7 @@ Importing this module imports lm_eval (the ``eval`` extra).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -125,10 +126,9 @@ class MarinLM(LM):
 def check_tasks(tasks: list[str], include_path: str | None):
     """A TaskManager that knows every task of ``tasks``, after checking the local task files: the
     directory exists, every YAML parses, and every local data file a task names exists."""
-    from lm_eval.tasks import TaskManager  # lm_eval's task registry: slow to import, only when tasks run
-
     if not tasks:
         raise HarnessTaskError("no tasks given: pass --tasks NAME[,NAME...]")
+    task_files: list[tuple[str, int, int]] = []
     if include_path is not None:
         if not os.path.isdir(include_path):
             raise HarnessTaskError(f"task directory not found: {include_path} (pass --include-path with a directory "
@@ -136,13 +136,26 @@ def check_tasks(tasks: list[str], include_path: str | None):
         for root, _, files in os.walk(include_path):
             for fname in sorted(files):
                 if fname.endswith((".yaml", ".yml")):
-                    _check_yaml(os.path.join(root, fname))
-    manager = TaskManager(include_path=include_path)
+                    path = os.path.join(root, fname)
+                    _check_yaml(path)
+                    st = os.stat(path)
+                    task_files.append((path, st.st_mtime_ns, st.st_size))
+    manager = _task_manager(include_path, tuple(task_files))
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         where = f"in {include_path}" if include_path else "(no --include-path given)"
         raise HarnessTaskError(f"unknown harness task {unknown[0]!r} {where}: check the task: name in its YAML file")
     return manager
+
+
+@functools.lru_cache(maxsize=8)
+def _task_manager(include_path: str | None, task_files: tuple[tuple[str, int, int], ...]):
+    """lm_eval's task index for ``include_path``, built once per state of its task files (``task_files``:
+    path, mtime and size of each YAML, so an edited task is indexed again). Building one indexes every
+    task lm_eval ships (about 15,000 YAML files, tens of CPU seconds), whatever the local tasks are."""
+    from lm_eval.tasks import TaskManager  # lm_eval's task registry: slow to import, only when tasks run
+
+    return TaskManager(include_path=include_path)
 
 
 def _check_yaml(path: str) -> None:

@@ -15,6 +15,7 @@ The router bias is an input (training state), not a parameter: it only steers to
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -30,11 +31,15 @@ GLOBAL_WINDOW = 1 << 30  # "window" of a global layer
 
 
 # ---- params ---------------------------------------------------------------------------------
+@functools.partial(jax.jit, static_argnums=0)
 def init_params(cfg: MoEConfig, key: jax.Array) -> dict:
     """float32 params. Stacked per-layer weights have a leading [n_layers] axis; routed expert
     weights are [n_layers, n_experts, ...]. Fan-in scaled normal init; residual outputs get an extra
     1/sqrt(2 n_layers). Routed experts are drawn at ``expert_width`` and zero-padded to
-    ``stored_expert_width`` (padding units exactly zero: the same function, the same draws as unpadded)."""
+    ``stored_expert_width`` (padding units exactly zero: the same function, the same draws as unpadded).
+
+    One compiled program per config (``cfg`` is static): run op by op, each leaf's draw, scale and pad
+    would compile a small program of its own."""
     L, d, E = cfg.n_layers, cfg.d_model, cfg.n_experts
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.stored_kv_heads * cfg.head_dim
     lat, f, fs = cfg.latent_dim, cfg.expert_width, cfg.n_shared_experts * cfg.shared_width

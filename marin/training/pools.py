@@ -791,7 +791,8 @@ def launch(
                 remove_placement_group(g)
             if watch is not None:
                 watch.close()
-        time.sleep(min(30.0, 1.0 * 2 ** attempt))  # backoff: a lost node may take a while to be replaced
+        if attempt < retries:  # backoff: a lost node may take a while to be replaced
+            time.sleep(min(30.0, 1.0 * 2 ** attempt))
     # The first line is what a step's recorded failure reason shows: it must carry the cause itself.
     raise PoolLostError(f"pool {pool.name} failed after {retries + 1} attempt(s); last: {last_cause}\n"
                           + "\n".join(errors))

@@ -24,14 +24,13 @@ def eval_store(k40_data, eval_corpus, eval_tokenizer) -> str:
 
 
 @pytest.fixture(scope="session")
-def eval_task(tmp_path_factory) -> str:
+def eval_task(k40_data) -> str:
     """task.jsonl: 16 four-choice questions, continue a passage in its own domain's language (the
     corpus's seed, so the languages are the ones the run trains on)."""
     from marin.evaluation.multiple_choice import DomainTaskConfig, write_domain_task
 
-    out = str(tmp_path_factory.mktemp("task"))
-    write_domain_task(DomainTaskConfig(output_path=out, domains=EVAL_DOMAINS, questions_per_domain=4, n_choices=4,
-                                       seed=5))
+    out = k40_data.once("evaltask", (EVAL_DOMAINS, 4, 4, 5), lambda out: write_domain_task(DomainTaskConfig(
+        output_path=out, domains=EVAL_DOMAINS, questions_per_domain=4, n_choices=4, seed=5)))
     return f"{out}/task.jsonl"
 
 
@@ -39,20 +38,23 @@ TRAIN_STEPS = 40
 
 
 @pytest.fixture(scope="session")
-def trained_run(eval_store, eval_task, tmp_path_factory):
+def trained_run(k40_data, eval_store, eval_task):
     """A tiny MoE trained for TRAIN_STEPS steps on the local-cpu pool (EP over 8 fake devices),
     evaluated on the mixture's held-out split and the domain task every 15 steps and at the last
     (40), with checkpoints at the same steps. Its weights are fsdp-sharded, so in-training evaluation
-    reads sharded state while the standalone evaluator places the checkpoint's whole arrays."""
+    reads sharded state while the standalone evaluator places the checkpoint's whole arrays. Trained
+    once per test run (the workers share it); a test that changes the run copies it first."""
     from marin.data.mixture import MixtureConfig
     from marin.training.config import TrainConfig
     from marin.training.trainer import run_training
 
-    out = str(tmp_path_factory.mktemp("run"))
-    cfg = TrainConfig(output_path=out, data=MixtureConfig(stores=(eval_store,), validation_fraction=0.05),
-                      model="tiny-ep", pool="local-cpu", train_steps=TRAIN_STEPS, tokens_per_step=2048,
-                      seq_len_phases=((0.0, 64),), peak_lr=1e-2, warmup_steps=4, checkpoint_every_steps=15,
-                      checkpoint_every_minutes=None, keep_last_checkpoints=3, wandb_project=None,
-                      eval_every_steps=15, eval_tasks={"k40_domains": eval_task}, param_sharding="fsdp")
-    run_training(cfg, use_ray=False)
-    return cfg
+    def config(out: str) -> TrainConfig:
+        return TrainConfig(output_path=out, data=MixtureConfig(stores=(eval_store,), validation_fraction=0.05),
+                           model="tiny-ep", pool="local-cpu", train_steps=TRAIN_STEPS, tokens_per_step=2048,
+                           seq_len_phases=((0.0, 64),), peak_lr=1e-2, warmup_steps=4, checkpoint_every_steps=15,
+                           checkpoint_every_minutes=None, keep_last_checkpoints=3, wandb_project=None,
+                           eval_every_steps=15, eval_tasks={"k40_domains": eval_task}, param_sharding="fsdp")
+
+    out = k40_data.once("trainedrun", (eval_store, eval_task, TRAIN_STEPS), lambda out: run_training(
+        config(out), use_ray=False))
+    return config(out)

@@ -198,12 +198,15 @@ def test_export_cli_writes_a_usable_directory(capsys, trained_run, run, tmp_path
 # ---- lm-evaluation-harness -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def manager(tasks):
-    """One checked TaskManager for the three local tasks: building one indexes every task lm_eval ships
-    (about 15,000 YAML files, tens of CPU seconds), the same for each; check_tasks' refusals have their
-    own test (test_harness_bad_task_files_are_one_line)."""
+    """The checked TaskManager of the three local tasks. Building one indexes every task lm_eval ships
+    (about 15,000 YAML files, tens of CPU seconds), so check_tasks builds one per state of the task
+    files and hands the same one out until a file changes; its refusals have their own test
+    (test_harness_bad_task_files_are_one_line)."""
     from marin.evaluation.harness import check_tasks
 
-    return check_tasks(["k40_mc", "k40_ppl", "k40_gen"], tasks)
+    manager = check_tasks(["k40_mc", "k40_ppl", "k40_gen"], tasks)
+    assert check_tasks(["k40_gen"], tasks) is manager  # the same files: the same index, not a new one
+    return manager
 
 
 @pytest.fixture(scope="module")

@@ -114,6 +114,25 @@ def test_unsatisfiable_pool_fails_fast(ray_local):
         launch(pool, _report, ("x",))
 
 
+def _die_once(ctx, marker_dir):
+    """The host process exits hard (no exception reaches Ray, as a segfault or a kill) on attempt 0."""
+    n = len(os.listdir(marker_dir))
+    open(os.path.join(marker_dir, f"attempt-{n}"), "w").close()
+    if n == 0:
+        os._exit(1)
+    return {"attempt": n, "pid": os.getpid()}
+
+
+def test_a_host_process_that_dies_hard_is_relaunched(ray_local, tmp_path):
+    """The launcher's half of a host death: the dead actor is an infrastructure failure, and the pool is
+    launched again in a fresh process (the trainer's half, resuming bitwise from the last checkpoint, is
+    test_trainer.py's test_crash_and_resume_is_bitwise_identical)."""
+    pool = PoolSpec("tiny", hosts=1, devices_per_host=1, accelerator="cpu", mesh=(1, 1), max_retries=1)
+    [result] = launch(pool, _die_once, (str(tmp_path),))
+    assert result["attempt"] == 1 and result["pid"] != os.getpid()
+    assert sorted(os.listdir(tmp_path)) == ["attempt-0", "attempt-1"]
+
+
 def _flaky_train(ctx, config, marker):
     """First attempt: the host process dies hard right after the step-4 checkpoint is committed."""
     from marin.training import checkpoint as ckpt
@@ -134,6 +153,8 @@ def _flaky_train(ctx, config, marker):
     return train_on_host(ctx, config)
 
 
+@pytest.mark.slow  # about 75 s beside another test: two launches of a training host; its cores are
+# test_a_host_process_that_dies_hard_is_relaunched and test_trainer.py's test_crash_and_resume_is_bitwise_identical
 def test_host_death_is_retried_and_resumes_from_checkpoint(ray_local, tmp_path):
     import dataclasses
 

@@ -257,19 +257,23 @@ def k40_data(tmp_path_factory) -> K40Data:
 # the end of the run; dealing them out first lets the light files fill the tail. Only the order
 # changes, so a stale entry costs time, never a result.
 HEAVIEST_FILES = (
-    "tests/evaluation/test_use_run.py",
-    "tests/training/test_pools.py",
-    "tests/training/test_planning.py",
-    "tests/training/test_trainer.py",
-    "tests/models/test_blocked_attention.py",
     "tests/execution/test_signals.py",
-    "tests/training/test_fsdp.py",
-    "tests/training/test_accumulation.py",
+    "tests/evaluation/test_use_run.py",
     "tests/training/test_multihost.py",
     "tests/models/test_moe_transformer.py",
+    "tests/training/test_trainer.py",
+    "tests/models/test_blocked_attention.py",
+    "tests/training/test_pools.py",
     "tests/models/test_decode.py",
-    "tests/models/test_kv_heads.py",
+    "tests/training/test_planning.py",
+    "tests/training/test_fsdp.py",
+    "tests/training/test_accumulation.py",
+    "tests/training/test_train_step.py",
+    "tests/execution/test_faults_cli.py",
     "tests/docs/test_docs_examples.py",
+    "tests/parallel/test_ep_transports.py",
+    "tests/execution/test_disk_full.py",
+    "tests/models/test_kv_heads.py",
 )
 
 

@@ -1,6 +1,7 @@
 """The real multi-host path on CPU: a simulated 2-node Ray cluster, one JAX process per node with 4
 fake devices, one 8-device mesh with EP 8 across the process boundary, weights sharded fsdp. The
-losses must match a single-process run of the same config, replicated, on the same (1, 8) mesh."""
+losses must match a single-process run of the same config, replicated, on the same (1, 8) mesh: the
+test's own process (8 fake devices) trains that twin while the cluster starts and trains."""
 
 import json
 import os
@@ -24,9 +25,9 @@ _SCRIPT = textwrap.dedent(
     from marin.training.trainer import train_on_host
 
     out = sys.argv[1]
-    base = dict(data=SyntheticDataConfig(vocab_size=512), model="tiny-ep", train_steps=4, tokens_per_step=512,
-                seq_len_phases=((0.0, 32),), warmup_steps=1, peak_lr=1e-2, checkpoint_every_steps=2,
-                checkpoint_every_minutes=None, wandb_project=None, progress_every_s=0.0)
+    base = json.loads(sys.argv[2])
+    base["data"] = SyntheticDataConfig(**base["data"])
+    base["seq_len_phases"] = tuple(tuple(p) for p in base["seq_len_phases"])
 
     # no dashboard: nothing here reads it, and its processes take CPU from the hosts' compiles
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
@@ -42,34 +43,48 @@ _SCRIPT = textwrap.dedent(
     two = launch(pool, train_on_host, (TrainConfig(output_path=out + "/two", pool="local-2host",
                                                    param_sharding="fsdp", **base),))
     t_two = time.time() - t
-    # the single-process twin runs as one host on the same cluster (mesh (1, 8) in one process)
-    one_config = TrainConfig(output_path=out + "/one", pool="local-cpu-ep8", **base)
-    one = launch(get_pool("local-cpu-ep8"), train_on_host, (one_config,))
     print("RESULT " + json.dumps({
-        "two": [r["loss"] for r in read_metrics(out + "/two")],
-        "one": [r["loss"] for r in read_metrics(out + "/one")],
-        "two_drop": [r["drop_frac_send"] for r in read_metrics(out + "/two")],
-        "one_drop": [r["drop_frac_send"] for r in read_metrics(out + "/one")],
-        "summaries": [two, one], "t_two": t_two}))
+        "loss": [r["loss"] for r in read_metrics(out + "/two")],
+        "drop": [r["drop_frac_send"] for r in read_metrics(out + "/two")],
+        "summaries": two, "t_two": t_two}))
     ray.shutdown()
     cluster.shutdown()
     """
 )
 
 
+BASE = dict(data={"vocab_size": 512}, model="tiny-ep", train_steps=4, tokens_per_step=512,
+            seq_len_phases=[[0.0, 32]], warmup_steps=1, peak_lr=1e-2, checkpoint_every_steps=2,
+            checkpoint_every_minutes=None, wandb_project=None, progress_every_s=0.0)
+
+
 def test_two_host_cluster_matches_single_process(tmp_path):
+    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.metrics import read_metrics
+    from marin.training.trainer import run_training
+
     script = tmp_path / "two_hosts.py"
     script.write_text(_SCRIPT)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)  # each host process gets its own device count from the pool
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "out"), json.dumps(BASE)], env=env,
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # the single-process twin: the same config as one host with all 8 devices, in this process
+        twin = dict(BASE, data=SyntheticDataConfig(**BASE["data"]),
+                    seq_len_phases=tuple(tuple(p) for p in BASE["seq_len_phases"]))
+        one = run_training(TrainConfig(output_path=str(tmp_path / "one"), pool="local-cpu-ep8", **twin),
+                           use_ray=False)
+        stdout, stderr = proc.communicate(timeout=900)
+    finally:
+        proc.kill()
+    lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, stdout[-4000:] + stderr[-4000:]
     res = json.loads(lines[-1][len("RESULT "):])
     # both hosts returned, host 0 and host 1 each ran the whole loop
-    assert len(res["summaries"][0]) == 2 and res["summaries"][0][0]["final_step"] == 4
-    assert res["two"] == pytest.approx(res["one"], rel=1e-5)
-    assert res["two_drop"] == pytest.approx(res["one_drop"], abs=1e-6)
+    assert len(res["summaries"]) == 2 and res["summaries"][0]["final_step"] == 4 == one["final_step"]
+    assert res["loss"] == pytest.approx([r["loss"] for r in read_metrics(str(tmp_path / "one"))], rel=1e-5)
+    assert res["drop"] == pytest.approx([r["drop_frac_send"] for r in read_metrics(str(tmp_path / "one"))],
+                                        abs=1e-6)
     assert os.path.exists(tmp_path / "out" / "two" / "checkpoints" / "step-00000004" / "COMMIT")

@@ -139,10 +139,12 @@ def test_health_report_shows_the_runs_measured_task_accuracy_next_to_the_predict
             f"{row['measured_acc']:.3f} at step {steps} (100% of the run)") in text
 
 
-def test_default_eval_step_writes_eval_json_and_is_cached(ray_local, trained_run, eval_corpus, eval_tokenizer):
+def test_default_eval_step_writes_eval_json_and_is_cached(ray_local, trained_run, eval_corpus, eval_tokenizer,
+                                                          tmp_path):
     """default_eval as an executor step on local Ray: a named suite tokenized by its own tokenize step
     plus the run's held-out split, every checkpoint, on the run's pool; a rerun is cached."""
     import dataclasses
+    import shutil
 
     from experiments.defaults import default_eval, default_eval_suite
     from marin.execution import (
@@ -153,8 +155,10 @@ def test_default_eval_step_writes_eval_json_and_is_cached(ray_local, trained_run
     )
     from marin.training.steps import train as train_fn
 
-    # the training step pinned to the finished run's directory: it resumes at its last step (no work)
-    prefix, run_dir = os.path.split(trained_run.output_path)
+    # the training step pinned to a copy of the finished run (the executor records its status there; the
+    # shared run stays as built): it resumes at its last step (no work)
+    prefix, run_dir = str(tmp_path), str(tmp_path / "run")
+    shutil.copytree(trained_run.output_path, run_dir)
     train = ExecutorStep(
         name="run",
         fn=train_fn,

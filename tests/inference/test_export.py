@@ -54,7 +54,8 @@ def test_export_reference_forward_and_load_exported_match_jax(model, tmp_path):
         names = [n for n, s in index["weight_map"].items() if s == shard]
         assert size < 20_000 + 4096 or len(names) == 1
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9)).astype(np.int32)
-    want = np.asarray(forward(params, bias, tokens, cfg)[0])
+    run_forward = jax.jit(forward, static_argnums=3)  # one program for both models (op by op: one per op)
+    want = np.asarray(run_forward(params, bias, tokens, cfg)[0])
 
     # the shipped file, imported from the export directory itself: numpy only
     sys.path.insert(0, out)
@@ -68,7 +69,7 @@ def test_export_reference_forward_and_load_exported_match_jax(model, tmp_path):
 
     cfg2, params2, bias2 = load_exported(out)
     assert cfg2 == cfg
-    np.testing.assert_array_equal(np.asarray(forward(params2, bias2, tokens, cfg2)[0]), want)
+    np.testing.assert_array_equal(np.asarray(run_forward(params2, bias2, tokens, cfg2)[0]), want)
 
 
 def test_refuses_a_non_empty_directory_unless_overwrite(model, tmp_path):

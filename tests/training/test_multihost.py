@@ -18,16 +18,13 @@ _SCRIPT = textwrap.dedent(
     import json, sys, time
     import ray
     from ray.cluster_utils import Cluster
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.config import train_config_from_record
     from marin.training.metrics import read_metrics
     import dataclasses
     from marin.training.pools import RACK_LABEL, get_pool, launch
     from marin.training.trainer import train_on_host
 
-    out = sys.argv[1]
-    base = json.loads(sys.argv[2])
-    base["data"] = SyntheticDataConfig(**base["data"])
-    base["seq_len_phases"] = tuple(tuple(p) for p in base["seq_len_phases"])
+    config = train_config_from_record(json.loads(sys.argv[1]))  # the test's config, as a run records it
 
     # no dashboard: nothing here reads it, and its processes take CPU from the hosts' compiles
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
@@ -37,15 +34,12 @@ _SCRIPT = textwrap.dedent(
     cluster.wait_for_nodes()
     t = time.time()
     # with the rack label, as on GB200: both hosts on distinct nodes of one rack (topology strategy)
-    pool = dataclasses.replace(get_pool("local-2host"), rack_label=RACK_LABEL)
-    # fsdp on the two hosts (weights and AdamW state split across the process boundary, checkpoints
-    # gathered from both), replicated in the twin: the same losses up to float reassociation
-    two = launch(pool, train_on_host, (TrainConfig(output_path=out + "/two", pool="local-2host",
-                                                   param_sharding="fsdp", **base),))
+    pool = dataclasses.replace(get_pool(config.pool), rack_label=RACK_LABEL)
+    two = launch(pool, train_on_host, (config,))
     t_two = time.time() - t
     print("RESULT " + json.dumps({
-        "loss": [r["loss"] for r in read_metrics(out + "/two")],
-        "drop": [r["drop_frac_send"] for r in read_metrics(out + "/two")],
+        "loss": [r["loss"] for r in read_metrics(config.output_path)],
+        "drop": [r["drop_frac_send"] for r in read_metrics(config.output_path)],
         "summaries": two, "t_two": t_two}))
     ray.shutdown()
     cluster.shutdown()
@@ -53,28 +47,28 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-BASE = dict(data={"vocab_size": 512}, model="tiny-ep", train_steps=4, tokens_per_step=512,
-            seq_len_phases=[[0.0, 32]], warmup_steps=1, peak_lr=1e-2, checkpoint_every_steps=2,
-            checkpoint_every_minutes=None, wandb_project=None, progress_every_s=0.0)
-
-
 def test_two_host_cluster_matches_single_process(tmp_path):
+    from marin.execution.jsonable import mask_secrets
     from marin.training.config import SyntheticDataConfig, TrainConfig
     from marin.training.metrics import read_metrics
     from marin.training.trainer import run_training
 
+    base = dict(data=SyntheticDataConfig(vocab_size=512), model="tiny-ep", train_steps=4, tokens_per_step=512,
+                seq_len_phases=((0.0, 32),), warmup_steps=1, peak_lr=1e-2, checkpoint_every_steps=2,
+                checkpoint_every_minutes=None, wandb_project=None, progress_every_s=0.0)
+    # fsdp on the two hosts (weights and AdamW state split across the process boundary, checkpoints
+    # gathered from both), replicated in the twin: the same losses up to float reassociation
+    two = TrainConfig(output_path=str(tmp_path / "out" / "two"), pool="local-2host", param_sharding="fsdp", **base)
     script = tmp_path / "two_hosts.py"
     script.write_text(_SCRIPT)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)  # each host process gets its own device count from the pool
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "out"), json.dumps(BASE)], env=env,
+    proc = subprocess.Popen([sys.executable, str(script), json.dumps(mask_secrets(two))], env=env,
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # the single-process twin: the same config as one host with all 8 devices, in this process
-        twin = dict(BASE, data=SyntheticDataConfig(**BASE["data"]),
-                    seq_len_phases=tuple(tuple(p) for p in BASE["seq_len_phases"]))
-        one = run_training(TrainConfig(output_path=str(tmp_path / "one"), pool="local-cpu-ep8", **twin),
+        one = run_training(TrainConfig(output_path=str(tmp_path / "one"), pool="local-cpu-ep8", **base),
                            use_ray=False)
         stdout, stderr = proc.communicate(timeout=900)
     finally:

@@ -350,13 +350,28 @@ class PoolLostError(PoolLaunchError, InfrastructureFailure):
     away, the pool stalled): the executor retries the step by itself, from its last checkpoint."""
 
 
-def host_env(pool: PoolSpec) -> dict[str, str]:
-    """Environment of a host process; fake CPU devices must be requested before JAX is imported."""
+def host_env(pool: PoolSpec, xla_flags: str | None = None) -> dict[str, str]:
+    """Environment of a host process; fake CPU devices must be requested before JAX is imported.
+
+    A CPU pool's hosts get the pool's device count in ``XLA_FLAGS`` and keep every other XLA flag
+    of ``xla_flags`` (default: this process's ``XLA_FLAGS``), so flags an operator set (an HLO dump,
+    a compiler option) reach the simulated hosts as they reach a GPU pool's."""
     env = {"RAY_USAGE_STATS_ENABLED": "0"}
     if pool.is_cpu:
         env["JAX_PLATFORMS"] = "cpu"
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={pool.devices_per_host}"
+        env["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags,
+                                             pool.devices_per_host)
     return env
+
+
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def with_device_count(xla_flags: str, devices: int | None) -> str:
+    """``xla_flags`` with its fake CPU device count (if any) replaced by ``devices`` (None: removed,
+    for a process that starts hosts which get their pool's count)."""
+    kept = [f for f in xla_flags.split() if f.split("=", 1)[0] != DEVICE_COUNT_FLAG]
+    return " ".join([*kept, *([f"{DEVICE_COUNT_FLAG}={devices}"] if devices is not None else [])])
 
 
 def initialize_jax(ctx: HostContext) -> None:

@@ -15,6 +15,7 @@ import pytest
 from marin.evaluation.suite import TASK_KEY
 from marin.inference.evaluate import EvalConfig, run_eval
 from marin.training.metrics import read_metrics
+from marin.training.pools import with_device_count
 
 HOST = Path(__file__).with_name("two_process_task_host.py")
 REPO = HOST.parents[2]
@@ -31,7 +32,7 @@ def test_two_process_in_training_task_record_equals_the_eval_step(tmp_path, eval
     out = tmp_path / "run"
     coord = f"127.0.0.1:{_free_port()}"
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), None)
     procs = [subprocess.Popen([sys.executable, str(HOST), str(out), str(p), coord, eval_store, eval_task], env=env,
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in range(2)]
     done = [p.communicate(timeout=600) for p in procs]

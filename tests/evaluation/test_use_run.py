@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from marin.cli import main
+from marin.training.pools import with_device_count
 
 MC_YAML = """task: k40_mc
 dataset_path: json
@@ -352,7 +353,8 @@ def test_sample_in_a_fresh_process_sets_up_the_runs_devices(trained_run):
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), None)
     r = subprocess.run([sys.executable, "-m", "marin.cli", "sample", trained_run.output_path, "--prompt", "Council",
                         "--greedy", "--max-new-tokens", "4", "--json"], env=env, capture_output=True, text=True,
                        timeout=600)

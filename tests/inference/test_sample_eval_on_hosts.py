@@ -23,7 +23,7 @@ from marin.models.sampling import Sampling
 from marin.models.transformer import init_params, init_router_bias
 from marin.training import checkpoint as ckpt
 from marin.training.config import TrainConfig
-from marin.training.pools import get_pool, run_on_pool, simulated_nodes
+from marin.training.pools import get_pool, run_on_pool, simulated_nodes, with_device_count
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPTS = ["Council note", "The infra team said that", "x"]
@@ -127,7 +127,8 @@ def test_two_host_sample_and_eval_from_the_command_line_equal_one_device(capsys,
     simulated nodes (said in one line), runs one JAX process on each (4 fake devices, one (1, 8)
     mesh, experts split across the process boundary) and stops them; the greedy tokens equal one
     device's token for token, the eval numbers up to float reassociation across 8 devices."""
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "RAY_ADDRESS")}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), None)
     env.update(PYTHONPATH=REPO, RAY_USAGE_STATS_ENABLED="0")
     sample = ["sample", text_run, *[a for p in PROMPTS for a in ("--prompt", p)], "--greedy",
               "--max-new-tokens", "6", "--json"]
@@ -199,7 +200,8 @@ def test_marin_run_with_a_two_host_pool_starts_and_stops_its_simulated_nodes(tmp
     (each host a process of its own, joined by jax.distributed), and the run ends with them stopped."""
     exp = tmp_path / "two_host.py"
     exp.write_text(TWO_HOST_EXPERIMENT)
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "RAY_ADDRESS")}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), None)
     env.update(PYTHONPATH=REPO, RAY_USAGE_STATS_ENABLED="0")
     proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", "--pool", "local-2host", str(exp),
                              "--prefix", str(tmp_path / "store"), "--progress", "false"], env=env, cwd=tmp_path,

@@ -11,6 +11,8 @@ import textwrap
 
 import pytest
 
+from marin.training.pools import with_device_count
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _SCRIPT = textwrap.dedent(
@@ -62,7 +64,7 @@ def test_two_host_cluster_matches_single_process(tmp_path):
     script = tmp_path / "two_hosts.py"
     script.write_text(_SCRIPT)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)  # each host process gets its own device count from the pool
+    env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), None)  # each host process gets its own from the pool
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen([sys.executable, str(script), json.dumps(mask_secrets(two))], env=env,
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

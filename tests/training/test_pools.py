@@ -18,6 +18,7 @@ from marin.training.pools import (
     get_pool,
     host_env,
     launch,
+    with_device_count,
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,7 +42,14 @@ def test_pool_validation():
         PoolSpec("bad", hosts=4, devices_per_host=4, accelerator="GB200", mesh=(1, 16), racks=2)
     with pytest.raises(KeyError, match="known"):
         get_pool("nope")
-    assert host_env(get_pool("local-2host"))["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"
+    assert host_env(get_pool("local-2host"), "")["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"
+
+
+def test_a_cpu_pools_hosts_keep_the_operators_other_xla_flags():
+    flags = "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+    assert host_env(get_pool("local-2host"), flags)["XLA_FLAGS"] == (
+        "--xla_dump_to=/tmp/d --xla_backend_optimization_level=0 --xla_force_host_platform_device_count=4")
+    assert "XLA_FLAGS" not in host_env(get_pool("h200-1"), flags)  # a GPU pool's hosts inherit the cluster's
 
 
 # Host functions below travel to Ray workers by value (the workers cannot import this test module).
@@ -209,7 +217,8 @@ def test_a_host_killed_by_rays_memory_monitor_fails_the_pool_once_in_one_line(tm
         except HostOutOfMemory as e:
             print("ONE LINE", str(e).count("\\n") == 0, str(e))
     """))
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XLA_FLAGS")}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), None)
     env.update(RAY_memory_usage_threshold="0.01", RAY_memory_monitor_refresh_ms="100", PYTHONPATH=REPO)
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("ONE LINE")]

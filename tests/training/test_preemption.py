@@ -18,6 +18,7 @@ from marin.execution.failures import is_infrastructure_failure
 from marin.training.checkpoint import CheckpointManager
 from marin.training.config import SyntheticDataConfig, TrainConfig
 from marin.training.metrics import read_metrics
+from marin.training.pools import with_device_count
 from marin.training.preemption import Preempted, PreemptionWatch
 from marin.training.trainer import run_training
 
@@ -259,7 +260,7 @@ def test_both_hosts_of_a_pool_stop_on_the_drivers_request_with_one_final_checkpo
     script = tmp_path / "two_hosts.py"
     script.write_text(_TWO_HOSTS)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), None)
     env.pop("RAY_ADDRESS", None)
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, str(script), str(run_dir)], env=env, cwd=REPO, capture_output=True,

@@ -28,6 +28,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from marin.training.pools import with_device_count
+
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("simulated_rack.py")
 RACK_HOSTS = int(os.environ.get("MARIN_RACK_HOSTS", "4"))
@@ -157,7 +159,7 @@ def test_tree_memory_stops_the_tree_when_the_machine_runs_low():
 @pytest.mark.slow  # minutes: a cluster of RACK_HOSTS nodes, two pool launches, three step compilations
 def test_simulated_rack_switches_transport_survives_a_killed_host_and_resumes_without_duplicates(tmp_path):
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)  # each host process gets its own device count from the pool
+    env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), None)  # each host process gets its own from the pool
     env.pop("RAY_ADDRESS", None)
     t = time.time()
     proc = subprocess.Popen([sys.executable, str(DRIVER), str(tmp_path / "out"), str(RACK_HOSTS)], env=env,

@@ -17,6 +17,7 @@ import pytest
 
 from marin.parallel.mesh import make_mesh
 from marin.training import checkpoint as ckpt
+from marin.training.pools import with_device_count
 from marin.training.trainer import init_host_state, init_state, model_config, state_shapes, state_shardings
 
 HOST = Path(__file__).with_name("two_process_host.py")
@@ -35,7 +36,7 @@ def _two_processes(mode: str, out: Path, timeout: float = 600, hosts: int = 2, *
     """Run the hosts; returns each one's RESULT record (None for a process that died)."""
     coord = f"127.0.0.1:{_free_port()}"
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), None)
     procs = [subprocess.Popen([sys.executable, str(HOST), mode, str(out), str(p), coord, str(hosts), *extra], env=env,
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for p in range(hosts)]

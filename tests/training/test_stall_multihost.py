@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+from marin.training.pools import with_device_count
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _SCRIPT = textwrap.dedent(
@@ -79,7 +81,7 @@ def test_a_host_frozen_mid_training_is_detected_and_the_run_finishes_from_its_ch
     script = tmp_path / "stall.py"
     script.write_text(_SCRIPT)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)  # each host process gets its own device count from the pool
+    env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), None)  # each host process gets its own from the pool
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=900)

@@ -15,6 +15,7 @@ from marin.execution.status import current_status, read_info, read_status
 from marin.training.checkpoint import read_checkpoint
 from marin.training.config import SyntheticDataConfig
 from marin.training.metrics import read_metrics
+from marin.training.pools import with_device_count
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -87,7 +88,7 @@ _SCRIPT = textwrap.dedent(
 def _run_script(tmp_path, prefix, steps=10, lr=1e-2, wait_for=None, extra=()):
     script = tmp_path / "exp.py"
     script.write_text(_SCRIPT.format(repo=REPO, steps=steps, lr=lr))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", RAY_USAGE_STATS_ENABLED="0",
+    env = dict(os.environ, XLA_FLAGS=with_device_count(os.environ.get("XLA_FLAGS", ""), 8), RAY_USAGE_STATS_ENABLED="0",
                WANDB_MODE="offline", PYTHONPATH=REPO)
     env.pop("RAY_ADDRESS", None)
     cmd = [sys.executable, str(script), "--prefix", str(prefix), *extra]

@@ -40,10 +40,11 @@ def main() -> None:
     hosts = int(sys.argv[5]) if len(sys.argv) > 5 else 2
     expert_width = int(sys.argv[6]) if len(sys.argv) > 6 else 2048  # memory mode: the state's size
     os.environ["JAX_PLATFORMS"] = "cpu"  # before JAX starts its backend: 8 / hosts fake devices per host
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // hosts}"
     import dataclasses
 
-    from marin.training.pools import HostContext, get_pool, initialize_jax
+    from marin.training.pools import HostContext, get_pool, initialize_jax, with_device_count
+
+    os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), 8 // hosts)
 
     pool = get_pool("local-2host")
     if hosts != 2:  # the same (1, 8) mesh over more, smaller hosts

@@ -114,19 +114,29 @@ class TreeMemory:
 
 def test_tree_memory_counts_the_children_of_a_process():
     """The sampler sums a child's memory into its parent's tree: a child that holds 200 MB more
-    raises the sum by about that (RSS of touched pages; 20% either way for the interpreter's own)."""
+    raises the sum by about that (RSS of touched pages; 20% either way for the interpreter's own).
+    The parent is a process of this test's own: the test process's other children (a Ray cluster an
+    earlier test started) come and go between two samples."""
     hold = ("import sys, time; b = bytearray(int(sys.argv[1])); b[::4096] = b'x' * len(b[::4096]); "
             "print(1, flush=True); time.sleep(60)")
-    parent = psutil.Process(os.getpid())
-    base_rss, _, base_n = TreeMemory(parent.pid).sample()
-    child = subprocess.Popen([sys.executable, "-c", hold, str(200 << 20)], stdout=subprocess.PIPE, text=True)
+    spawner = ("import subprocess, sys; print(1, flush=True); sys.stdin.readline(); "
+               f"c = subprocess.Popen([sys.executable, '-c', {hold!r}, str(200 << 20)], stdout=subprocess.PIPE); "
+               "c.stdout.readline(); print(c.pid, flush=True); c.wait()")
+    parent = subprocess.Popen([sys.executable, "-c", spawner], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
     try:
-        child.stdout.readline()  # the buffer is touched
+        parent.stdout.readline()
+        base_rss, _, base_n = TreeMemory(parent.pid).sample()
+        parent.stdin.write("go\n")
+        parent.stdin.flush()
+        child_pid = int(parent.stdout.readline())  # the child's buffer is touched
         rss, pss, n = TreeMemory(parent.pid).sample()
-        child_rss = psutil.Process(child.pid).memory_info().rss
+        child_rss = psutil.Process(child_pid).memory_info().rss
     finally:
-        child.kill()
-        child.wait()
+        for p in psutil.Process(parent.pid).children(recursive=True):
+            p.kill()
+        parent.kill()
+        parent.wait()
     assert n == base_n + 1
     assert child_rss > 200 << 20  # the buffer plus the interpreter
     assert abs((rss - base_rss) - child_rss) < 0.2 * child_rss  # the rest of the tree barely moved

@@ -22,10 +22,9 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 # The suite compiles about a thousand small programs and runs each a few times on tiny models, so
 # XLA's CPU compiler is most of its time. Two compiler options make those compiles much cheaper and
 # the tiny programs run no slower (docs/performance.md): no LLVM optimisation of the generated code,
-# and XLA's classic loop emitters instead of its newer MLIR fusion emitters (which also compile on
-# several threads, so the two test workers contend for the cores). Every process a test starts
-# inherits them (CPU pools' hosts keep them beside their own device count); a flag already in
-# XLA_FLAGS is left as it is.
+# and XLA's classic loop emitters instead of its newer MLIR fusion emitters. Every process a test
+# starts inherits them (CPU pools' hosts keep them beside their own device count); a flag already
+# in XLA_FLAGS is left as it is.
 for _flag, _value in (("xla_backend_optimization_level", "0"), ("xla_cpu_use_fusion_emitters", "false")):
     if _flag not in os.environ["XLA_FLAGS"]:
         os.environ["XLA_FLAGS"] += f" --{_flag}={_value}"
@@ -270,20 +269,21 @@ HEAVIEST_FILES = (
     "tests/execution/test_signals.py",
     "tests/evaluation/test_use_run.py",
     "tests/training/test_multihost.py",
-    "tests/models/test_moe_transformer.py",
-    "tests/training/test_trainer.py",
-    "tests/models/test_blocked_attention.py",
     "tests/training/test_pools.py",
-    "tests/models/test_decode.py",
-    "tests/training/test_planning.py",
-    "tests/training/test_fsdp.py",
-    "tests/training/test_accumulation.py",
-    "tests/training/test_train_step.py",
+    "tests/training/test_cuda_lowering.py",
     "tests/execution/test_faults_cli.py",
-    "tests/docs/test_docs_examples.py",
-    "tests/parallel/test_ep_transports.py",
+    "tests/models/test_decode.py",
+    "tests/models/test_moe_transformer.py",
     "tests/execution/test_disk_full.py",
-    "tests/models/test_kv_heads.py",
+    "tests/training/test_fsdp.py",
+    "tests/training/test_trainer.py",
+    "tests/evaluation/test_eval_step.py",
+    "tests/training/test_storage_outage.py",
+    "tests/training/test_planning.py",
+    "tests/docs/test_docs_examples.py",
+    "tests/test_messages.py",
+    "tests/parallel/test_ep_transports.py",
+    "tests/execution/test_executor.py",
 )
 
 

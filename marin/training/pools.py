@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import random
+import re
 import socket
 import sys
 import time
@@ -370,8 +371,8 @@ DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 def with_device_count(xla_flags: str, devices: int | None) -> str:
     """``xla_flags`` with its fake CPU device count (if any) replaced by ``devices`` (None: removed,
     for a process that starts hosts which get their pool's count)."""
-    kept = [f for f in xla_flags.split() if f.split("=", 1)[0] != DEVICE_COUNT_FLAG]
-    return " ".join([*kept, *([f"{DEVICE_COUNT_FLAG}={devices}"] if devices is not None else [])])
+    kept = re.sub(rf"(^|\s){DEVICE_COUNT_FLAG}=\S*", "", xla_flags).strip()  # the rest byte for byte
+    return " ".join(x for x in (kept, f"{DEVICE_COUNT_FLAG}={devices}" if devices is not None else "") if x)
 
 
 def initialize_jax(ctx: HostContext) -> None:

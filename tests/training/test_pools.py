@@ -50,6 +50,9 @@ def test_a_cpu_pools_hosts_keep_the_operators_other_xla_flags():
     assert host_env(get_pool("local-2host"), flags)["XLA_FLAGS"] == (
         "--xla_dump_to=/tmp/d --xla_backend_optimization_level=0 --xla_force_host_platform_device_count=4")
     assert "XLA_FLAGS" not in host_env(get_pool("h200-1"), flags)  # a GPU pool's hosts inherit the cluster's
+    quoted = '--xla_dump_to="/tmp/a b" --xla_force_host_platform_device_count=2'  # XLA's parser takes quotes
+    assert with_device_count(quoted, None) == '--xla_dump_to="/tmp/a b"'
+    assert with_device_count("", 8) == "--xla_force_host_platform_device_count=8"
 
 
 # Host functions below travel to Ray workers by value (the workers cannot import this test module).

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from marin.evaluation.sets import load_run_tokenizer
 from marin.training.checkpoint.format import CorruptCheckpointError
 from marin.training.config import TrainConfig, train_config_from_record
-from marin.training.pools import get_pool, host_env
+from marin.training.pools import DEVICE_COUNT_FLAG, get_pool, host_env
 from marin.training.run import Run
 
 logger = logging.getLogger(__name__)
@@ -130,11 +130,15 @@ def single_host_pool(name: str):
 
 
 def prepare_devices(pool) -> None:
-    """Fake CPU devices must be requested before JAX starts (a no-op once it has)."""
+    """Fake CPU devices must be requested before JAX starts (a no-op once it has). A device count
+    already in ``XLA_FLAGS`` is kept; without one, the pool's count joins the flags that are there."""
     if "jax" in sys.modules:
         return
     for k, v in host_env(pool).items():
-        os.environ.setdefault(k, v)
+        if k == "XLA_FLAGS" and DEVICE_COUNT_FLAG not in os.environ.get(k, ""):
+            os.environ[k] = v
+        else:
+            os.environ.setdefault(k, v)
 
 
 def load_run(run_dir: str, step: int | None = None, pool: str | None = None, *,

@@ -113,3 +113,18 @@ def test_the_eval_steps_vote_is_false_on_every_process_when_one_saw_damage(tmp_p
     outs = [p.communicate(timeout=300)[0] for p in procs]
     results = [json.loads(next(line for line in o.splitlines() if line.startswith("RESULT "))[7:]) for o in outs]
     assert results == [[False, True], [False, True]]  # process 1's damage fails the vote on process 0 too
+
+
+def test_a_reader_requests_its_pools_devices_beside_the_xla_flags_already_set(monkeypatch):
+    """`marin sample` / `eval` ask for the run's fake devices before JAX starts: an XLA_FLAGS that holds
+    other flags keeps them and gains the pool's count; a device count the user set is left alone."""
+    from marin.inference.run import prepare_devices
+    from marin.training.pools import get_pool
+
+    monkeypatch.delitem(sys.modules, "jax")  # as in a fresh `marin sample` process, which has not imported it
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/hlo")
+    prepare_devices(get_pool("local-cpu"))
+    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/hlo --xla_force_host_platform_device_count=8"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    prepare_devices(get_pool("local-cpu"))
+    assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"

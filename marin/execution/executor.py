@@ -890,9 +890,9 @@ def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
                 record = None  # the steps' own records are what the next run reads
                 print(f"(the experiment record was not updated: disk full: {e.strerror} under {plan.prefix}; "
                       "free space and rerun)", file=sys.stderr)
-        if signals.received is not None:  # every step had ended; the stop still ends the process as asked
-            raise _interrupted(plan, opts, outcome, runner, signals.received, during=signals.received_during,
-                               record=record)
+            if signals.received is not None:  # every step had ended; the stop still ends the process as asked
+                raise _interrupted(plan, opts, outcome, runner, signals.received, during=signals.received_during,
+                                   record=record)
     result = RunResult(plan, outcome, record, runner.errors)
     bad = [s for s in todo if outcome.get(s.output_path) in ("failed", "lost") or s in runner.refused]
     counts = collections.Counter(outcome.values())

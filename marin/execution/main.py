@@ -215,9 +215,14 @@ def executor_main(
             # between the run's own handlers and the exit a stop signal is noted, not fatal (it would
             # cut the message or the exit short); the run's handlers take over inside run_plan
             with StopSignals() as outer, outer.deferred("exiting"):
-                result = run_plan(plan, opts)
+                try:
+                    result = run_plan(plan, opts)
+                except ExecutorInterrupted:
+                    ignore_stop_signals()  # before this block ends: its exit would put the fatal default back
+                    raise
+                if outer.received is not None:
+                    ignore_stop_signals()
             if outer.received is not None:
-                ignore_stop_signals()
                 print(f"marin: stopped by {stop_reason(outer.received)} as the run ended; every step's outcome is "
                       "recorded", file=sys.stderr)
                 raise SystemExit(128 + outer.received)

@@ -59,20 +59,24 @@ class StopSignals:
         self.active = threading.current_thread() is threading.main_thread()
 
     def _handler(self, signum: int, frame: Any) -> None:
-        if self.received is None:
-            self.received = signum
-            self.received_during = self._deferring[-1] if self._deferring else None
+        if self.received is not None:
+            return  # a stop has begun: the stop path runs once, however many signals follow
+        self.received = signum
+        self.received_during = self._deferring[-1] if self._deferring else None
         if not self._deferring:
             raise RunStopped(signum)
 
     def install(self) -> None:
-        if not self.active:
+        if not self.active or _exiting:
             return
         for sig in STOP_SIGNALS:
             previous = signal.signal(sig, self._handler)
             self._previous.setdefault(sig, previous)
 
     def restore(self) -> None:
+        if _exiting:  # the process is on its way out because of a stop: signals stay ignored
+            self._previous.clear()
+            return
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
@@ -94,10 +98,17 @@ class StopSignals:
         self.restore()
 
 
+_exiting = False
+"""Set by :func:`ignore_stop_signals`: from then on no :class:`StopSignals` installs or restores a handler."""
+
+
 def ignore_stop_signals() -> None:
     """For a process that is exiting because of a stop signal: a repeated one (schedulers may send
-    SIGTERM again) must not kill it halfway through its message or its exit handlers."""
+    SIGTERM again) must not kill it halfway through its message or its exit handlers. Final: a
+    :class:`StopSignals` leaving its ``with`` afterwards does not put the default (fatal) action back."""
+    global _exiting
     if threading.current_thread() is threading.main_thread():
+        _exiting = True
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
 

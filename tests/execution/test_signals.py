@@ -335,3 +335,73 @@ def test_a_stop_signal_while_ray_stops_is_a_clean_stop_and_the_records_are_intac
     while _processes_with_marker(marker) and time.time() < deadline:
         time.sleep(0.2)
     assert _processes_with_marker(marker) == []
+
+
+def _burst(proc: subprocess.Popen, count: int = 50, within_s: float = 1.0) -> None:
+    """``count`` SIGTERMs spread over ``within_s`` seconds, as a scheduler (or an impatient operator) sends them."""
+    for _ in range(count):
+        if proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(within_s / count)
+
+
+# each phase starts a local cluster (~10-20 s on the 2-core VM): the two that the other tests here do
+# not reach run by default, the shutdown (covered above with 2,000 signals) and SUCCESS in the slow set
+@pytest.mark.parametrize("phase", ["starting", "running", pytest.param("writing SUCCESS", marks=pytest.mark.slow),
+                                   pytest.param("stopping the cluster", marks=pytest.mark.slow)])
+def test_fifty_sigterms_within_a_second_at_any_phase_are_one_clean_stop(tmp_path, phase):
+    """However many signals arrive, the stop runs once: the signal's exit status, one message and no
+    traceback, every record whole, nothing of the cluster left behind."""
+    from test_run_lifecycle import _processes_with_marker
+
+    (tmp_path / "exp.py").write_text(ENDING)
+    store, marker, started = tmp_path / "store", f"marin-test-{time.time_ns()}", tmp_path / "started"
+    extra = {"MARIN_TEST_MARKER": marker}
+    if phase == "running":
+        write_experiment(tmp_path)  # a chain whose second step blocks once it has started
+        extra["TEST_BLOCK"] = str(started)
+    proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(tmp_path / "exp.py"), "--prefix",
+                             str(store), "--progress", "false"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, env=env_for(tmp_path, **extra), start_new_session=True)
+
+    def status() -> str | None:
+        found = sorted(store.glob("*-*/.executor_status"))
+        return json.loads(found[-1].read_text())["status"] if found else None
+
+    reached = {
+        "starting": lambda: any("gcs_server" in p for p in _processes_with_marker(marker)),
+        "running": started.exists,
+        "writing SUCCESS": lambda: status() == "SUCCESS",
+        "stopping the cluster": lambda: status() == "SUCCESS" and not any(
+            "raylet" in p for p in _processes_with_marker(marker)),
+    }[phase]
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not reached():
+        time.sleep(0.005)
+    assert proc.poll() is None and reached(), proc.communicate(timeout=30)
+    _burst(proc)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.count("marin: stopped by SIGTERM") == 1, err
+    from marin.execution.experiment_record import experiment_record_paths, read_experiment_record
+
+    records = {p.name.rsplit("-", 1)[0]: json.loads((p / ".executor_status").read_text())
+               for p in store.glob("*-*") if (p / ".executor_status").exists()}
+    for name, record in records.items():  # every record whole: finished or stopped, never left RUNNING
+        assert record["status"] in ("SUCCESS", "INTERRUPTED"), (name, record)
+    if phase == "running":
+        assert records["second"]["status"] == "INTERRUPTED" and records["first"]["status"] == "SUCCESS"
+    if phase in ("writing SUCCESS", "stopping the cluster"):
+        assert [e["status"] for e in records["only"]["events"]] == ["RUNNING", "SUCCESS"]
+        assert (next(store.glob("only-*")) / "out.txt").read_text() == "1"
+    if phase != "starting":
+        (experiment,) = experiment_record_paths(str(store))
+        outcomes = {s["name"]: s["outcome"] for s in read_experiment_record(experiment)["steps"]}
+        assert all(outcomes[name] == ("succeeded" if r["status"] == "SUCCESS" else "interrupted")
+                   for name, r in records.items()), outcomes
+    deadline = time.time() + 10
+    while _processes_with_marker(marker) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _processes_with_marker(marker) == []

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -47,6 +48,11 @@ def _parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu-smoke", action="store_true", help="tiny model on CPU (checks the JSON contract)")
     p.add_argument("--transports", default=",".join(TRANSPORT_ORDER))
+    p.add_argument("--budget-s", type=float, default=BUDGET_S,
+                   help=f"seconds for the whole check (default {BUDGET_S:.0f}); a transport not begun with 20 s "
+                        "left is skipped and said so")
+    p.add_argument("--tokens-per-step", type=int, default=None,
+                   help=f"tokens per step of the GPU case (default {GPU_CASE[3]:,}; fewer for a smaller device)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one transport, in this process
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # what jax sees, in this process
     return p.parse_args(argv)
@@ -73,6 +79,7 @@ def run_transport(transport: str, cpu_smoke: bool) -> dict:
     )
 
     model, overrides, pool_name, tokens_per_step, seq_len, dtype, steps = CPU_CASE if cpu_smoke else GPU_CASE
+    tokens_per_step = int(os.environ.get("MARIN_GPU_CHECK_TOKENS", tokens_per_step))
     pool = get_pool(pool_name)
     config = TrainConfig(output_path="", data=SyntheticDataConfig(), preset=model,
                          model=get_preset(model, **{**overrides, **({} if dtype is None else {"dtype": dtype})}),
@@ -154,10 +161,26 @@ def _probe() -> dict:
         devices = jax.devices()
     except RuntimeError as e:
         return {"jax": jax.__version__, "ok": False, "what": f"jax sees no devices: {e}"}
+    from importlib import metadata
+
+    stack = {}
+    for dist in ("jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "nvidia-nccl-cu13"):
+        try:
+            stack[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            stack[dist] = None
     if jax.default_backend() != "gpu":
-        return {"jax": jax.__version__, "ok": False,
+        return {"jax": jax.__version__, "stack": stack, "ok": False,
                 "what": f"jax sees no GPU (backend {jax.default_backend()!r}, devices {devices}); install jax[cuda13]"}
-    return {"jax": jax.__version__, "ok": True, "what": f"{len(devices)} x {devices[0].device_kind}"}
+    return {"jax": jax.__version__, "stack": stack, "ok": True, "what": f"{len(devices)} x {devices[0].device_kind}"}
+
+
+def _cause(stderr: str, returncode: int) -> str:
+    """The line of a failed child's stderr that names its error: the last ``SomeError: ...`` line (JAX ends
+    a traceback with a note about its filtered frames, which says nothing of the cause)."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Exhausted)\b.*:", line)]
+    return ((errors or lines or [f"exit {returncode}"])[-1])[:500]
 
 
 def main(argv=None) -> int:
@@ -169,6 +192,8 @@ def main(argv=None) -> int:
         print(json.dumps(run_transport(args.child, args.cpu_smoke)))
         return 0
     started = time.monotonic()
+    if args.tokens_per_step:  # the children read it from their environment
+        os.environ["MARIN_GPU_CHECK_TOKENS"] = str(args.tokens_per_step)
     out: dict = {"mode": "cpu-smoke" if args.cpu_smoke else "gpu", "jax": None, "gpu": None, "transports": {},
                  "planner_vs_measured_memory": {}, "errors": {}}
     me = [sys.executable, os.path.abspath(__file__)] + (["--cpu-smoke"] if args.cpu_smoke else [])
@@ -179,7 +204,8 @@ def main(argv=None) -> int:
         print(json.dumps(out))
         return 1
     seen = json.loads(probe.stdout.strip().splitlines()[-1])
-    out["jax"] = seen["jax"]
+    out["jax"], out["stack"] = seen["jax"], seen["stack"]
+    print(f"jax {seen['jax']}, " + ", ".join(f"{k} {v}" for k, v in seen["stack"].items() if v), file=sys.stderr)
     if not args.cpu_smoke:
         out["gpu"] = seen["what"]
         if not seen["ok"]:
@@ -187,9 +213,9 @@ def main(argv=None) -> int:
             print(json.dumps(out))
             return 1
     for transport in [t for t in args.transports.split(",") if t]:
-        left = BUDGET_S - (time.monotonic() - started)
+        left = args.budget_s - (time.monotonic() - started)
         if left < 20:
-            out["errors"][transport] = "skipped: the 8-minute budget is spent"
+            out["errors"][transport] = f"skipped: the {args.budget_s:.0f} s budget was spent"
             continue
         cmd = me + ["--child", transport]
         try:
@@ -198,7 +224,7 @@ def main(argv=None) -> int:
             out["errors"][transport] = f"timed out after {left:.0f} s"
             continue
         if proc.returncode != 0:
-            out["errors"][transport] = (proc.stderr.strip().splitlines() or ["exit %d" % proc.returncode])[-1][:500]
+            out["errors"][transport] = _cause(proc.stderr, proc.returncode)
             continue
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         print(f"{transport}: {r['tokens_per_s']:,.0f} tokens/s, MFU {r['mfu']:.1%}, step {r['step_s']:.3f} s, drops "
@@ -217,6 +243,8 @@ def main(argv=None) -> int:
     out["gpu_mfu"] = max(mfus) if mfus else None
     out["tokens_per_s"] = {t: v["tokens_per_s"] for t, v in out["transports"].items()}
     out["wall_s"] = round(time.monotonic() - started, 1)
+    # one line that says what did not run (or did not finish) and why, before the JSON
+    print("skipped: " + ("; ".join(f"{t}: {why}" for t, why in out["errors"].items()) or "nothing"), file=sys.stderr)
     print(json.dumps(out))
     return 0 if not out["errors"] else 1
 

@@ -19,13 +19,11 @@ import pytest
 
 # Eight fake CPU devices, so the tests' meshes (EP x DP up to 8) exist on one machine. The suite
 # compiles about a thousand small programs and runs each a few times on tiny models, so XLA's CPU
-# compiler is most of its time. Two compiler options make those compiles much cheaper and the tiny
-# programs run no slower (docs/performance.md): no LLVM optimisation of the generated code, and
-# XLA's classic loop emitters instead of its newer MLIR fusion emitters. Every process a test starts
+# compiler is most of its time. No LLVM optimisation of the generated code makes those compiles much
+# cheaper and the tiny programs run no slower (docs/performance.md). Every process a test starts
 # inherits them (CPU pools' hosts keep them beside their own device count); a flag already in
 # XLA_FLAGS is left as it is.
-for _flag, _value in (("xla_force_host_platform_device_count", "8"), ("xla_backend_optimization_level", "0"),
-                      ("xla_cpu_use_fusion_emitters", "false")):
+for _flag, _value in (("xla_force_host_platform_device_count", "8"), ("xla_backend_optimization_level", "0")):
     if _flag not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{_flag}={_value}".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -188,7 +188,14 @@ def test_dockerfile_pins_agree_with_pyproject():
     extras = project["optional-dependencies"]
     # the Ray base image is the pinned Ray version (and the generated cluster says the same)
     assert args["RAY_VERSION"] == _pin(project["dependencies"], "ray") == _render_module().RAY_VERSION
-    assert re.search(r"^FROM rayproject/ray:\$\{RAY_VERSION\}-\$\{PYTHON_TAG\}-\$\{CUDA_TAG\}$", text, flags=re.M)
+    # one file, two architectures: Ray's image of each (ARM64 for GB200's Grace hosts, AMD64 for
+    # H100/H200 hosts), picked by BuildKit's TARGETARCH
+    bases = dict((arch, image) for image, arch in re.findall(r"^FROM (\S+) AS base-(\w+)$", text, flags=re.M))
+    assert bases == {"amd64": "rayproject/ray:${RAY_VERSION}-${PYTHON_TAG}-${CUDA_TAG}",
+                     "arm64": "rayproject/ray:${RAY_VERSION}-${PYTHON_TAG}-${CUDA_TAG}-aarch64"}, bases
+    assert re.search(r"^ARG TARGETARCH$", text, flags=re.M) and re.search(r"^FROM base-\$\{TARGETARCH\}$", text,
+                                                                          flags=re.M)
+    assert "--platform linux/arm64,linux/amd64" in text  # the build command in its header builds both
     # the base image's Python is the one the project supports
     py = re.search(r">=\s*3\.(\d+)", project["requires-python"]).group(1)
     assert args["PYTHON_TAG"] == f"py3{py}"
@@ -198,5 +205,12 @@ def test_dockerfile_pins_agree_with_pyproject():
     # the gpu extra is jax's CUDA build of the same jax version as the CPU pin
     assert _pin(extras["gpu"], "jax") == _pin(extras["train"], "jax") == _pin(extras["train"], "jaxlib")
     assert any(r.startswith("jax[cuda13]") for r in extras["gpu"])
+    # NCCL no older than the release the ragged transport first ran with across GB200 racks
+    (nccl,) = [re.fullmatch(r"nvidia-nccl-cu13>=(\d+)\.(\d+)\.(\d+)", r) for r in extras["gpu"] if "nccl" in r]
+    assert nccl and tuple(map(int, nccl.groups())) >= (2, 30, 7), extras["gpu"]
+    # the README's commands build the virtual environment on that same Python
+    make = open(os.path.join(REPO, "Makefile")).read()
+    assert re.search(rf"^PY_VERSION := 3\.{py}$", make, flags=re.M)
+    assert project["requires-python"] == f">=3.{py},<3.{int(py) + 1}"
     for name in ("marin", "experiments", "pyproject.toml"):
         assert re.search(rf"^COPY [^\n]*\b{re.escape(name)}\b", text, flags=re.M), name

@@ -96,6 +96,14 @@ def health(records: list[dict[str, Any]], total_steps: int | None = None, window
                        "detail": f"L={ph['seq_len']} {ph['transport']} (steps {ph['first_step']}-{ph['last_step']}): "
                                  f"{100 * frac:.3f}% of assignments dropped (healthy <= {100 * limit:g}%)"})
 
+    failed_saves = max(int(_num(r.get("checkpoint_failed_saves", 0)) or 0) for r in records)
+    if failed_saves:  # training went on, but the run is exposed: say so until a person looks at the store
+        first_failed = next(r["step"] for r in records if r.get("checkpoint_failed_saves"))
+        checks.append({"name": "checkpoint_saves", "ok": False,
+                       "detail": f"{failed_saves} permanent checkpoint save(s) failed (first seen at step "
+                                 f"{first_failed}); training went on from the newest committed one: see the run's "
+                                 "log for the objects or hosts that failed and why (checkpoint.max_failed_saves)"})
+
     gn = [_num(r["grad_norm"]) for r in records]
     peak_i = max(range(n), key=lambda i: gn[i] if math.isfinite(gn[i]) else -1)
     peak_pct = 100.0 * records[peak_i]["step"] / horizon

@@ -397,6 +397,7 @@ class TrainRun:
     last: dict[str, Any] = dataclasses.field(default_factory=dict)
     t_prev: float = 0.0
     preemption: PreemptionWatch | None = None  # SIGTERM watch, started by train_on_host
+    final_meta: dict[str, Any] | None = None  # the last step's checkpoint metadata, once it is reached
 
     @property
     def is_writer(self) -> bool:
@@ -540,6 +541,9 @@ def after_step(run: TrainRun, record: dict[str, Any]) -> None:
     """Log the step, run the in-training eval and start a checkpoint when they are due."""
     config, step, total = run.config, run.step, run.total
     run.last = record
+    run.ckpts.check()  # a background save that ended: counted below if it failed (raised past the limit)
+    if run.ckpts.failed_saves:  # counted in the metrics from the first failure on (marin health flags it)
+        record["checkpoint_failed_saves"] = run.ckpts.failed_saves
     if step % config.telemetry.log_every == 0 or step == total:
         run.metrics_out.log(record)
         if run.tracker:
@@ -559,6 +563,8 @@ def after_step(run: TrainRun, record: dict[str, Any]) -> None:
         tier = _agree_tier(tier, run.ctx)  # wall time differs per host
     meta = {"tokens": run.tokens_seen, "data_step": step, "seq_len": record["seq_len"],
             "transport": record["transport"], "config": _config_record(config)}
+    if step == total:
+        run.final_meta = meta
     if tier is not None:
         # async: blocks only while this process's shards are copied to host memory
         if tier == TEMPORARY:
@@ -580,13 +586,17 @@ def train_loop(run: TrainRun) -> dict[str, Any]:
     while run.step < run.total:
         after_step(run, run_step(run))
     report_phase("checkpoint")
-    run.ckpts.wait()
+    if run.final_meta is not None:  # a failed final save is tried again
+        run.ckpts.ensure_saved(run.step, run.state, run.final_meta)
+    else:  # resumed at the end: the final checkpoint is the one restored
+        run.ckpts.wait()
     return {
         "final_step": run.step,
         "tokens": run.tokens_seen,
         "final_loss": run.last.get("loss"),
         "checkpoint": run.ckpts.path_for(run.step),
         "resumed_from": run.resumed_from,
+        "checkpoint_failed_saves": run.ckpts.failed_saves,
     }
 
 

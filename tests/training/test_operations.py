@@ -47,6 +47,17 @@ def test_alerts():
     assert [c["name"] for c in health_report.health(nan)["checks"] if not c["ok"]][0] == "finite"
 
 
+def test_a_failed_checkpoint_save_is_flagged_with_where_it_was_first_seen():
+    records = _records()
+    for r in records[20:]:
+        r["checkpoint_failed_saves"] = 1 if r["step"] < 40 else 2
+    report = health_report.health(records, total_steps=100)
+    assert [c["name"] for c in report["checks"] if not c["ok"]] == ["checkpoint_saves"]
+    (check,) = [c for c in report["checks"] if c["name"] == "checkpoint_saves"]
+    assert check["detail"].startswith("2 permanent checkpoint save(s) failed (first seen at step 21); ")
+    assert "checkpoint_saves" not in [c["name"] for c in health_report.health(_records())["checks"]]
+
+
 def test_health_cli(tmp_path, capsys):
     with open(tmp_path / "metrics.jsonl", "w") as f:
         for r in _records(drop=0.2):

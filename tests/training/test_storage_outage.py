@@ -141,25 +141,29 @@ def test_a_checkpoint_save_rides_out_a_store_outage_during_its_chunk_writes(rest
 def test_a_store_outage_past_the_limit_fails_the_save_with_its_cause_and_keeps_the_previous(
         restartable_s3, monkeypatch):
     from marin.execution.failures import is_infrastructure_failure
-    from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, CheckpointWriteError
+    from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, CheckpointWriteError, SavesFailing
 
     monkeypatch.setenv("MARIN_STORAGE_RETRY_S", "3")
-    policy = CheckpointPolicy(every_steps=1, keep_last=3)
+    policy = CheckpointPolicy(every_steps=1, keep_last=3, max_failed_saves=1)  # the first failure ends it
     mgr = CheckpointManager("s3://outage/short-ckpt", policy)
     mgr.save(1, _sharded_state(1), {"data_step": 1}, blocking=True)
     _outage_during_chunk_writes(monkeypatch, restartable_s3, back_after_s=None)
     t0 = time.monotonic()
-    with pytest.raises(CheckpointWriteError) as e:
+    with pytest.raises(SavesFailing) as failing:
         mgr.save(2, _sharded_state(2), {"data_step": 2}, blocking=True)
     assert time.monotonic() - t0 < 60
-    msg = str(e.value)
+    assert str(failing.value).startswith("1 permanent save in a row failed (checkpoint.max_failed_saves=1); the "
+                                         "last, at step 2: saving checkpoint s3://outage/short-ckpt/"), failing.value
+    e = failing.value.__cause__
+    assert isinstance(e, CheckpointWriteError)
+    msg = str(e)
     assert msg.startswith("saving checkpoint s3://outage/short-ckpt/checkpoints/step-00000002 failed on process 0: "
                           "write the chunks of s3://outage/short-ckpt/checkpoints/step-00000002 (process 0): the "
                           "store stayed unreachable for "), msg
     assert "CURL error Could not connect to server" in msg and msg.endswith(
         "; it was not committed and the previous checkpoint is intact"), msg
-    assert isinstance(e.value.__cause__, StorageUnavailable)
-    assert is_infrastructure_failure(e.value)  # the executor retries the step from its last checkpoint
+    assert isinstance(e.__cause__, StorageUnavailable)
+    assert is_infrastructure_failure(failing.value)  # the executor retries the step from its last checkpoint
     restartable_s3.start()
     fresh = CheckpointManager("s3://outage/short-ckpt", policy)
     assert fresh.committed_steps() == [1]

@@ -86,6 +86,7 @@ from marin.training.checkpoint.loading import (
 from marin.training.checkpoint.manager import (
     CheckpointManager,
     CheckpointPolicy,
+    SavesFailing,
     temp_checkpoint_root,
 )
 from marin.training.checkpoint.restore import (
@@ -108,6 +109,7 @@ __all__ = [
     "CheckpointManager",
     "CheckpointMismatchError",
     "CheckpointPolicy",
+    "SavesFailing",
     "CheckpointWriteError",
     "CorruptCheckpointError",
     "FORMAT",

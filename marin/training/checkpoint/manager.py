@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from marin.execution.failures import InfrastructureFailure
 from marin.execution.versioning import live
 from marin.training.checkpoint.format import (
     CHECKPOINT_DIR,
@@ -31,6 +32,12 @@ from marin.training.checkpoint.restore import restore_checkpoint
 from marin.training.checkpoint.save import Staged, stage, write_staged
 
 logger = logging.getLogger(__name__)
+
+
+class SavesFailing(CheckpointWriteError, InfrastructureFailure):
+    """Permanent saves kept failing past the policy's limit (``checkpoint.max_failed_saves`` in a row,
+    or ``checkpoint.max_minutes_without_commit``): the attempt ends as an infrastructure failure and
+    is retried from the newest committed checkpoint."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +74,15 @@ class CheckpointPolicy:
         "where the temporary checkpoint goes (a fast local or region-local prefix; the run writes under "
         "<prefix>/<run directory name>-<hash of its output path>/checkpoints, one kept), not what is computed: "
         "a run may move to another region and resume from its permanent checkpoints", default=None)
+    max_failed_saves: int = live(
+        "how many permanent saves in a row may fail (the store refused a write, a host's part did not arrive, "
+        "the commit could not be written) before the attempt ends as an infrastructure failure and is retried "
+        "from the newest committed checkpoint; until then training goes on and the next save point tries again. "
+        "How failures are handled, not what is computed", default=3)
+    max_minutes_without_commit: float | None = live(
+        "with a failed save: end the attempt (an infrastructure failure) once the newest committed checkpoint "
+        "is older than this many minutes of wall time, however few saves failed (None: no such limit). How "
+        "failures are handled, not what is computed", default=None)
     preemption_grace_s: float = live(
         "seconds between the scheduler's SIGTERM and its SIGKILL (Kubernetes: terminationGracePeriodSeconds); "
         "> 0: a SIGTERM ends training at the next step with a final checkpoint where the grace allows "
@@ -84,6 +100,10 @@ class CheckpointPolicy:
             raise ValueError(f"temp_checkpoint_every_minutes must be > 0, got {self.temp_every_minutes}")
         if self.every_minutes is not None and self.every_minutes <= 0:
             raise ValueError(f"every_minutes must be > 0 (or None: by steps only), got {self.every_minutes}")
+        if self.max_failed_saves < 1:
+            raise ValueError(f"max_failed_saves must be >= 1, got {self.max_failed_saves}")
+        if self.max_minutes_without_commit is not None and self.max_minutes_without_commit <= 0:
+            raise ValueError(f"max_minutes_without_commit must be > 0 (or None), got {self.max_minutes_without_commit}")
         if self.preemption_grace_s < 0:
             raise ValueError(f"preemption_grace_s must be >= 0, got {self.preemption_grace_s}")
 
@@ -105,9 +125,19 @@ class CheckpointManager:
     Every process of a pool creates one and calls :meth:`save` at the same steps; each writes its own
     shards. Process 0 (``is_writer``) writes the index and COMMIT and applies retention. At most one
     save is in flight: :meth:`save` waits for the previous one first, and :meth:`wait` (called at the
-    end of a run) for the last. A failed permanent save surfaces as :class:`CheckpointWriteError` from
-    the next :meth:`save`, :meth:`check` or :meth:`wait`; a failed temporary one is logged and skipped
-    (the permanent checkpoints still protect the run).
+    end of a run) for the last.
+
+    A failed save costs minutes, never the job: a permanent save that fails (its error names the
+    objects or the hosts' parts that failed and why) is logged in one line, counted
+    (:attr:`failed_saves`, :attr:`failed_in_a_row`) and left uncommitted (the next successful save's
+    retention removes what it wrote); training goes on and the next save point tries again. Only the
+    ``max_failed_saves``-th failure in a row, or a failure once the newest commit is older than
+    ``max_minutes_without_commit``, surfaces as :class:`SavesFailing` (an infrastructure failure: the
+    attempt is retried from the newest committed checkpoint) from the next :meth:`save`, :meth:`check`
+    or :meth:`wait`. Every process of a pool counts the same failures: a process whose own write
+    failed fails it, and the others fail it when its part (or COMMIT) does not arrive within the part
+    timeout. A failed temporary save is logged and skipped (the permanent checkpoints still protect
+    the run).
 
     Resume (:meth:`restore_latest`) takes the newest committed checkpoint of either tier (the permanent
     one where both hold the same step). A temporary store that cannot be read (gone, unreachable,
@@ -130,6 +160,11 @@ class CheckpointManager:
         self._save_started = 0.0
         self.last_blocking_s = 0.0  # time the latest save held the caller (staging to host memory)
         self.last_save_s: float | None = None  # staging + writing + commit of the latest finished save
+        self.failed_saves = 0  # permanent saves of this attempt that failed
+        self.failed_in_a_row = 0  # ... since the last one that committed
+        self.last_failure: str | None = None
+        self.last_committed_step: int | None = None  # the newest permanent save this process saw commit
+        self._last_commit_time = time.monotonic()
 
     def path_for(self, step: int) -> str:
         """The directory of the committed checkpoint at ``step`` in whichever tier holds it (the
@@ -237,9 +272,13 @@ class CheckpointManager:
             write_staged(staged, part_timeout_s=self.part_timeout_s)
         except CheckpointWriteError as e:
             if store.tier == PERMANENT:
-                raise
+                self._failed(staged.step, e)
+                return
             logger.warning("temporary checkpoint skipped: %s (the permanent checkpoints still protect the run)", e)
             return
+        if store.tier == PERMANENT:
+            self.failed_in_a_row, self.last_committed_step = 0, staged.step
+            self._last_commit_time = time.monotonic()
         self.last_save_s = time.perf_counter() - self._save_started
         logger.info("saved %s checkpoint %s (%.1f MB from this process)", store.tier, staged.path, staged.nbytes / 1e6)
         if not self.is_writer:
@@ -249,6 +288,34 @@ class CheckpointManager:
             self._prune_temporary(through=staged.step)
         else:
             self._prune_temporary(keep=staged.step)
+
+    def _failed(self, step: int, error: CheckpointWriteError) -> None:
+        """Count a failed permanent save; raise :class:`SavesFailing` once the policy's limit is reached."""
+        self.failed_saves += 1
+        self.failed_in_a_row += 1
+        self.last_failure = str(error)
+        limit, minutes = self.policy.max_failed_saves, self.policy.max_minutes_without_commit
+        age_min = (time.monotonic() - self._last_commit_time) / 60.0
+        newest = (self.permanent.url(self.last_committed_step) if self.last_committed_step is not None
+                  else "none in this attempt")
+        if self.failed_in_a_row >= limit or (minutes is not None and age_min > minutes):
+            n = self.failed_in_a_row
+            why = (f"{n} permanent save{'s' if n > 1 else ''} in a row failed (checkpoint.max_failed_saves={limit})"
+                   if self.failed_in_a_row >= limit else
+                   f"the newest commit is {age_min:.0f} min old (checkpoint.max_minutes_without_commit={minutes:g})")
+            raise SavesFailing(f"{why}; the last, at step {step}: {error}. The attempt ends and is retried from "
+                               f"the newest committed checkpoint ({newest})") from error
+        logger.warning("checkpoint save at step %d failed (%d of %d in a row allowed): %s; training goes on and the "
+                       "next save point tries again (newest committed: %s)", step, self.failed_in_a_row, limit,
+                       error, newest)
+
+    def ensure_saved(self, step: int, tree: Any, metadata: Mapping[str, Any]) -> str:
+        """The run's last checkpoint must exist: wait for the save in flight and, while ``step`` has not
+        committed here, save it again (blocking) until it does or :class:`SavesFailing` ends the attempt."""
+        self.wait()
+        while self.last_committed_step != step:
+            self.save(step, tree, metadata, blocking=True)
+        return self.permanent.url(step)
 
     def _prune_temporary(self, *, keep: int | None = None, through: int | None = None) -> list[int]:
         """Delete temporary checkpoints: every one but ``keep`` (one kept), or every one at or before
@@ -336,7 +403,8 @@ class CheckpointManager:
     def mark_restored(self, step: int) -> None:
         """Start the wall-time clock from a restore, as if that checkpoint had just been written."""
         self._last_save_step = step
-        self._last_save_time = time.monotonic()
+        self._last_save_time = self._last_commit_time = time.monotonic()
+        self.last_committed_step = step
 
     def clear_uncommitted(self) -> list[int]:
         """Delete step directories without COMMIT (a crashed save's leftovers), in both tiers. Only the

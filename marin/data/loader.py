@@ -1,6 +1,6 @@
 """The stateless mixture loader: batch ``step`` of a :class:`~marin.data.mixture.MixtureConfig` is a
-pure function of (config, step, batch size, sequence length); see :mod:`marin.data.mixture` for the
-semantics of sources, weights, stages and the validation split.
+pure function of (config, schedule, step); see :mod:`marin.data.mixture` for the semantics of sources,
+weights, stages and the validation split, and :mod:`marin.data.order` for the data orders.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -19,6 +20,13 @@ from marin.data.mixture import (
     MixtureStage,
     source_probabilities,
     validation_documents,
+)
+from marin.data.order import (
+    WITH_REPLACEMENT,
+    WITHOUT_REPLACEMENT_V1,
+    DataPhase,
+    WithoutReplacementOrder,
+    check_order,
 )
 from marin.data.segments import segment_ids_from_eos
 from marin.data.store import SourceReader, TokenizerMismatchError, TokenStore, read_ranges
@@ -101,10 +109,19 @@ class MixtureLoader:
     ``total_steps`` (the run's horizon) places stages given as fractions of the run; without it such
     a config still builds (validation batches and shares by stage need no horizon), but asking which
     stage a step is in raises a clear error.
+
+    ``schedule`` (:class:`~marin.data.order.DataPhase` s, or ``(start_step, batch_size, seq_len)``
+    tuples; :func:`marin.data.order.data_schedule` builds it from a run's phases) is the batch shape
+    of every step: the without-replacement order counts each source's tokens over it, so every step
+    must then be asked for with its scheduled shape. Without one, every step is taken to have the
+    shape it is asked for (a constant-shape run; each shape gets its own order).
     """
 
-    def __init__(self, config: MixtureConfig, total_steps: int | None = None):
+    def __init__(self, config: MixtureConfig, total_steps: int | None = None,
+                 schedule: Sequence[DataPhase | tuple[int, int, int]] | None = None):
         self.tokens_read = 0  # training tokens this loader has read from its stores (per host)
+        check_order(getattr(config, "order", WITH_REPLACEMENT))
+        self.order: str = getattr(config, "order", WITH_REPLACEMENT)
         if isinstance(config.stores, str):
             raise MixtureError(
                 f"MixtureConfig.stores must be a tuple of store paths, got the string {config.stores!r}; "
@@ -180,6 +197,11 @@ class MixtureLoader:
         self._probs = [self._compute_probs(None)] + [self._compute_probs(st) for st in self._stages]
         self._cdfs = [np.cumsum(p) for p in self._probs]
         self._has_zero_prob = [bool(np.any(p == 0)) for p in self._probs]
+        self.schedule: tuple[DataPhase, ...] | None = None if schedule is None else tuple(
+            p if isinstance(p, DataPhase) else DataPhase(*map(int, p)) for p in schedule)
+        self._orders: dict[tuple[int, int] | None, WithoutReplacementOrder] = {}
+        if self.order == WITHOUT_REPLACEMENT_V1 and self.schedule is not None:
+            self._orders[None] = self._make_order(self.schedule)  # refuses a bad schedule now, not mid-run
 
     # -- weights -----------------------------------------------------------------------------------
     def _compute_probs(self, stage: MixtureStage | None) -> np.ndarray:
@@ -220,10 +242,51 @@ class MixtureLoader:
         return rows
 
     # -- training batches --------------------------------------------------------------------------
-    def plan(self, step: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """(source index, start token) of each row of batch ``step``: the only randomness in a batch."""
+    def _make_order(self, phases: Sequence[DataPhase]) -> WithoutReplacementOrder:
+        if self._stage_starts is None:
+            self._stages[0].resolved_start(None)  # raises: placing the stages needs the horizon
+        return WithoutReplacementOrder(self.train_tokens, phases, self._stage_starts, self._probs, self.config.seed)
+
+    def data_order(self, batch_size: int | None = None, seq_len: int | None = None) -> WithoutReplacementOrder:
+        """The without-replacement order this loader serves: over its schedule, or (without one) over a
+        run of constant ``(batch_size, seq_len)``."""
+        if self.order != WITHOUT_REPLACEMENT_V1:
+            raise MixtureError(f"the mixture's data order is {self.order!r}, which has no cursors")
+        if self.schedule is not None:
+            return self._orders[None]
+        if batch_size is None or seq_len is None:
+            raise ValueError("a loader without a schedule needs the batch shape (batch_size, seq_len)")
+        key = (int(batch_size), int(seq_len))
+        order = self._orders.get(key)
+        if order is None:
+            order = self._orders[key] = self._make_order((DataPhase(0, *key),))
+        return order
+
+    def tokens_consumed(self, step: int, batch_size: int | None = None, seq_len: int | None = None
+                        ) -> dict[str, int]:
+        """Training tokens each source has given to batches ``0 .. step-1`` (input positions), in closed
+        form: the per-source cursors of the without-replacement order."""
+        n = self.data_order(batch_size, seq_len).consumed(step)
+        return {name: int(x) for name, x in zip(self.source_names, n)}
+
+    def plan(self, step: int, batch_size: int, seq_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(source index, start token) of each row of batch ``step``: the only thing that decides a batch.
+
+        Without replacement (:mod:`marin.data.order`) the rows follow each source's cursor and are
+        shuffled within the batch by a generator keyed by (seed, step); ``seq_len`` is then required
+        (windows are counted in tokens). The legacy order draws every row independently."""
         if step < 0 or batch_size <= 0:
             raise ValueError(f"need step >= 0 and batch_size > 0, got step={step}, batch_size={batch_size}")
+        if self.order == WITHOUT_REPLACEMENT_V1:
+            if seq_len is None:
+                raise ValueError("the without_replacement_v1 order needs seq_len: plan(step, batch_size, seq_len)")
+            order = self.data_order(batch_size, seq_len)
+            src, starts, b, n = order.plan(step)
+            if (b, n) != (batch_size, seq_len):
+                raise ValueError(f"step {step} is scheduled as {b} rows of {n} tokens, but was asked for "
+                                 f"{batch_size} rows of {seq_len}; the data order counts tokens over the schedule")
+            perm = _rewound_batch_rng(self.config.seed, step).permutation(b)
+            return src[perm], starts[perm]
         rng = _rewound_batch_rng(self.config.seed, step)  # same stream as _batch_rng(seed, step)
         stage = self._stage_index(step)
         cdf = self._cdfs[stage]
@@ -346,7 +409,7 @@ class MixtureLoader:
     def batch(self, step: int, batch_size: int, seq_len: int, rows: slice | None = None) -> dict[str, np.ndarray]:
         """Batch ``step``: 'tokens' and 'segment_ids', int32 [batch_size, seq_len + 1].
 
-        A pure function of (config, step, batch_size, seq_len); inputs are tokens[:, :-1], targets
+        A pure function of (config, schedule, step); inputs are tokens[:, :-1], targets
         tokens[:, 1:]. ``rows``: only those rows of the global batch (a host builds the rows its own
         devices hold and reads only their documents: the cluster reads each batch once, not once per
         host); the result is exactly ``batch(step, batch_size, seq_len)[rows]``. The plan (which source
@@ -354,7 +417,7 @@ class MixtureLoader:
         """
         if seq_len <= 0:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
-        src, starts = self.plan(step, batch_size)
+        src, starts = self.plan(step, batch_size, seq_len)
         if rows is not None:
             src, starts = src[rows], starts[rows]
             batch_size = src.size

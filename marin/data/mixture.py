@@ -21,12 +21,14 @@ Semantics (also in docs/data.md):
   30%) or at absolute steps, without re-tokenizing anything. A fraction moves with the run's length,
   so every rung of a scaling ladder sees the same schedule shape as the run it predicts.
 * **Batches**: row r of batch ``step`` is a window of ``seq_len + 1`` consecutive tokens from one
-  source, the source drawn with its effective share and the start drawn uniformly over that source's
-  training tokens (treated as a ring, so every token is equally likely at every position). Documents
-  end in EOS, so windows are packed documents; ``segment_ids`` count EOS tokens before each position.
-  Every draw comes from a counter-based RNG keyed by (seed, step): batch ``step`` is a pure function of
-  (config, step, batch_size, seq_len). Resuming at step N needs no replay, and changing ``seq_len``
-  with ``batch_size = tokens_per_step // seq_len`` keeps tokens per step constant.
+  source. Documents end in EOS, so windows are packed documents; ``segment_ids`` count EOS tokens
+  before each position. Which source and start each row reads is the config's ``order``
+  (:mod:`marin.data.order`): ``"without_replacement_v1"`` gives each source a whole number of rows per
+  step by its share and walks each source's tokens once per epoch, in token units across
+  sequence-length phases and stages; the legacy ``"with_replacement"`` draws every row independently
+  (source by share, start uniform over the source's training tokens, a ring) from a counter-based RNG
+  keyed by (seed, step). Either way batch ``step`` is a pure function of (config, schedule, step):
+  resuming at step N needs no replay.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from marin.data.k40 import split_source_name
-from marin.execution.versioning import input_field
+from marin.data.order import WITH_REPLACEMENT
+from marin.execution.versioning import added_later, input_field
 from marin.runsteps import phase_start_step
 
 
@@ -96,6 +99,11 @@ class MixtureConfig:
     validation_max_documents: int = 1000
     tokenizer: str | None = None
     """Expected tokenizer (path or identity hex); every store must have been written with it."""
+    order: str = added_later(default=WITH_REPLACEMENT)
+    """Which data order the batches follow (:mod:`marin.data.order`): ``"without_replacement_v1"`` (every
+    training token once per epoch of its source; what ``default_mixture`` and the shipped experiments use)
+    or the legacy ``"with_replacement"``. Versioned: it changes what a training step reads. The default is
+    the legacy order, so a run recorded before the field existed keeps its hash and resumes with it."""
 
 
 # --------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from marin.data.decontaminate import DecontaminateConfig, decontaminate
 from marin.data.dedup import DedupConfig, dedup
 from marin.data.mixture import MixtureConfig, MixtureStage
 from marin.data.mixture_report import MixtureReportConfig, mixture_report
+from marin.data.order import CURRENT_ORDER
 from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
 from marin.data.tokenize import TokenizeConfig, split_glob, tokenize
 from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
@@ -53,7 +54,7 @@ from marin.training.config import (
     TrainEvalConfig,
     regroup,
 )
-from marin.training.planning import StepDoesNotFit, check_train_config_fits
+from marin.training.planning import StepDoesNotFit, check_train_config_fits, check_train_config_storage
 from marin.training.pools import PoolSpec, get_pool, pool_name
 from marin.training.steps import train
 
@@ -333,6 +334,7 @@ def default_mixture(
     validation_fraction: float = 0.01,
     validation_max_documents: int = 1000,
     domain_quality_weights: Mapping[str, Mapping[str, float]] | None = None,
+    order: str = CURRENT_ORDER,
 ) -> MixtureConfig:
     """A :class:`marin.data.mixture.MixtureConfig` over token stores, for a training step's config.
 
@@ -348,6 +350,8 @@ def default_mixture(
         validation_fraction: share of each source's documents held out for evaluation.
         validation_max_documents: held-out documents per source, at most.
         domain_quality_weights: per-domain quality weights, overriding ``quality_weights``.
+        order: the data order (``marin.data.order``): every training token once per epoch of its source
+            (``"without_replacement_v1"``, the default), or the legacy ``"with_replacement"``.
     """
     return versioned_config(MixtureConfig(
         stores=tuple(_data_input(t) for t in tokenized),
@@ -358,6 +362,7 @@ def default_mixture(
         seed=seed,
         validation_fraction=validation_fraction,
         validation_max_documents=validation_max_documents,
+        order=order,
     ))
 
 
@@ -477,6 +482,7 @@ def default_train(
                          train_steps=train_steps, tokens_per_step=tokens_per_step, init_from=init_from, **fields)
     get_pool(config.pool)  # fail at declaration time on a typo, not inside a Ray task
     _check_train_memory(memory_check, config)
+    check_train_config_storage(config)  # checkpoint.storage_quota: refused when the file is read, not at 220 TiB
     return ExecutorStep(
         name=name,
         fn=train,

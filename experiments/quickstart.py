@@ -100,12 +100,14 @@ if __name__ == "__main__":
 
     from marin.monitoring.health import format_report
 
-    with fsspec.open(f"{result.plan.planned(health).output_path}/health.json") as f:
-        print("\nHealth of the training run:\n" + format_report(json.load(f)))
-    with fsspec.open(f"{result.plan.planned(evaluation).output_path}/eval.json") as f:
-        ev = json.load(f)
-    print(f"\nK40 validation (held-out documents, {len(ev['sets'])} domains) at step {ev['step']}: "
-          f"macro bpb {ev['macro_bpb']:.3f}, micro bpb {ev['micro_bpb']:.3f}\n  domains the mixture trains on: "
-          + ", ".join(f"{d} {ev['sets'][f'val/{d}']['bpb']:.3f}" for d in DOMAIN_WEIGHTS)
-          + " bpb (the others have weight 0)")
+    if result.finished(health):  # with --run_only, only what ran (or had run) is summarised
+        with fsspec.open(f"{result.plan.planned(health).output_path}/health.json") as f:
+            print("\nHealth of the training run:\n" + format_report(json.load(f)))
+    if result.finished(evaluation):
+        with fsspec.open(f"{result.plan.planned(evaluation).output_path}/eval.json") as f:
+            ev = json.load(f)
+        print(f"\nK40 validation (held-out documents, {len(ev['sets'])} domains) at step {ev['step']}: "
+              f"macro bpb {ev['macro_bpb']:.3f}, micro bpb {ev['micro_bpb']:.3f}\n  domains the mixture trains on: "
+              + ", ".join(f"{d} {ev['sets'][f'val/{d}']['bpb']:.3f}" for d in DOMAIN_WEIGHTS)
+              + " bpb (the others have weight 0)")
     print(review_hints(result.plan))

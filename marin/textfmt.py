@@ -34,6 +34,28 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50}
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """``100TiB``, ``1.5 TB``, ``512GiB``, ``4096`` -> bytes (binary units with an ``i``, decimal without:
+    storage vendors quote quotas both ways). A bad size raises ValueError naming the accepted units."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        raw = str(text).strip().replace(" ", "")
+        split = len(raw) - len(raw.lstrip("0123456789.eE+-")) if raw else 0
+        num, unit = raw[:split], raw[split:].upper()
+        try:
+            value = float(num)
+        except ValueError:
+            value = float("nan")
+    if unit not in _SIZE_UNITS or not math.isfinite(value) or value < 0:
+        raise ValueError(f"not a size: {text!r} (a number with B, KB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB)")
+    return int(value * _SIZE_UNITS[unit])
+
+
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]], *, right: Sequence[int] = (),
                  rule: bool = True, indent: str = "") -> str:
     """Columns padded to their widest cell, two spaces apart; ``right`` lists the columns aligned

@@ -16,6 +16,7 @@ by ``--pools FILE`` or ``MARIN_POOLS``; a bad file is a one-line error naming it
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -23,14 +24,18 @@ from marin.commands.options import add_pools, fraction, positive_float, positive
 from marin.inference.planning import WEIGHT_DTYPES, format_inference_plan, inference_plan
 from marin.models.config import PRESETS, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
+from marin.training.checkpoint import CheckpointPolicy
 from marin.training.config import resolve_model
 from marin.training.planning import (
     DEFAULT_MFU,
     STORAGE_WRITE_BYTES_PER_S,
     format_phases,
     format_plan,
+    format_storage,
+    handoff_steps,
     phase_plans,
     plan_with_context_parallel,
+    storage_plan,
 )
 from marin.training.pools import SHIPPED_POOL_NAMES, get_pool
 
@@ -70,6 +75,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --inference: how the weights are held (float32: as the checkpoint stores them)")
     p.add_argument("--context-parallel", type=positive_int, default=None,
                    help="split each sequence over C devices of the expert axis (default: the smallest C that fits)")
+    p.add_argument("--storage-quota", default=None, metavar="SIZE",
+                   help="the checkpoint store's quota (100TiB, 250TB): a run whose checkpoints would exceed it at "
+                        "their peak is refused (exit 1), with the checkpoint.keep_every that would fit")
+    p.add_argument("--checkpoint-every", type=positive_int, default=None,
+                   help="steps between permanent saves (checkpoint.every_steps; default the hero's 500, else 100)")
+    p.add_argument("--keep-every", type=positive_int, default=None,
+                   help="keep every checkpoint at a multiple of this step (checkpoint.keep_every; default the "
+                        "hero's 10,000, else none)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -83,6 +96,22 @@ HERO_SEQ_LEN_PHASES = ((0.0, 4096), (0.5, 8192), (0.95, 65536), (0.99, 262144)) 
 HERO_TRANSPORT_SWITCHES = ((0, "fixed"), (81_716, "ragged_capacity"))
 HERO_REMAT_BY_SEQ_LEN = ((65536, "full"), (262144, "full"))
 HERO_CONTEXT_PARALLEL = ((262144, 4),)  # each 262K sequence over 4 devices of its rack's expert axis
+# experiments/hero.py's checkpoints: every 500 steps (and 30 minutes), every 10,000th kept, the early-cooldown
+# branch's source pinned; the transport handoff's checkpoint is pinned by the trainer (handoff_steps)
+HERO_CHECKPOINT = CheckpointPolicy(every_steps=500, every_minutes=30.0, keep_every=10_000, pinned_steps=(60_000,))
+
+
+def storage_of(p: dict, args: argparse.Namespace, is_hero: bool, steps: int | None) -> dict | None:
+    """The checkpoint storage of the planned run (None without a step count): the hero's policy, or
+    marin's defaults with --checkpoint-every / --keep-every."""
+    if steps is None:
+        return None
+    base = HERO_CHECKPOINT if is_hero else CheckpointPolicy()
+    policy = dataclasses.replace(base, every_steps=args.checkpoint_every or base.every_steps,
+                                 keep_every=args.keep_every or base.keep_every)
+    switches = HERO_TRANSPORT_SWITCHES if is_hero else ()
+    return storage_plan(p["checkpoint_bytes"], policy, steps, quota=args.storage_quota,
+                        pinned=handoff_steps(switches, policy.every_steps, steps))
 
 
 def run_phases(seq_len_phases, transport_switches) -> list[tuple[int, str]]:
@@ -144,17 +173,21 @@ def run(args: argparse.Namespace) -> int:
             remat_by_seq_len=HERO_REMAT_BY_SEQ_LEN if whole_run and args.remat is None else (),
             # a phase pinned by --seq-len: at the context parallelism the plan above chose or was given
             context_parallel_by_seq_len=HERO_CONTEXT_PARALLEL if whole_run else ((seq_len, p["context_parallel"]),))
+        p["storage"] = storage_of(p, args, is_hero, steps)
     except (KeyError, ValueError) as e:
         print(f"marin plan: error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     p["model"] = args.preset
     p["max_seq_len"], p["preset_max_seq_len"] = cfg.max_seq_len, preset.max_seq_len
-    p["fits"] = p["fits"] and all(ph["fits"] for ph in p["phases"])
+    p["fits"] = p["fits"] and all(ph["fits"] for ph in p["phases"]) and (
+        p["storage"] is None or p["storage"]["fits_quota"])
     if args.json:
         print(json.dumps(p, sort_keys=True))
     else:
         print(format_plan(p))
         print(format_phases(p["phases"]))
+        if p["storage"] is not None:
+            print(format_storage(p["storage"]))
         if cfg.max_seq_len > preset.max_seq_len:
             print(f"  context: {cfg.max_seq_len:,} tokens, the longest sequence trained (the preset's max_seq_len is "
                   f"{preset.max_seq_len:,}; a training run raises it the same way and records it, so sample, eval "

@@ -123,6 +123,12 @@ class RunResult:
     record_path: str | None
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
 
+    def finished(self, step: Any) -> bool:
+        """Whether ``step`` (an ExecutorStep of the plan) has its outputs after this run: it ran and
+        succeeded, or had succeeded before. A closing summary reads only such steps' outputs (with
+        ``--run_only`` the others may never have run)."""
+        return self.outcome.get(self.plan.planned(step).output_path) in ("cached", "succeeded", "reused")
+
 
 # ----------------------------------------------------------------------------------------------- #
 # selection                                                                                        #

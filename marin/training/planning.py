@@ -67,7 +67,7 @@ from marin.parallel.layout import (
     leaf_partition,
     shard_shape,
 )
-from marin.textfmt import format_table
+from marin.textfmt import format_bytes, format_table, parse_bytes
 from marin.training.config import model_at
 from marin.training.metrics import peak_flops_per_device
 from marin.training.pools import ACCELERATOR_MEMORY_BYTES, POOLS, PoolSpec, get_pool, pool_name
@@ -91,6 +91,10 @@ HOST_RUNTIME_BYTES = {"cpu": 2 * GiB}  # per host process: Python, XLA runtime, 
 HOST_RUNTIME_BYTES_GPU = 32 * GiB  # GPU hosts: also the CUDA context and pinned transfer buffers of 4 GPUs
 STORAGE_WRITE_BYTES_PER_S = 1.0e9  # per host, to an object store (a few parallel streams); --storage-gbps overrides
 HOST_PARTS = ("resident_state", "checkpoint_staging", "data_buffers", "runtime")
+
+
+class StorageQuotaExceeded(ValueError):
+    """A run's checkpoints would exceed ``checkpoint.storage_quota`` at their peak (refused before launch)."""
 
 
 class StepDoesNotFit(ValueError):
@@ -404,6 +408,106 @@ def host_plan(cfg: MoEConfig, pool: PoolSpec, device_total: int, tokens_per_step
         "storage_bytes_per_s": storage_bytes_per_s,
         "checkpoint_save_s": staging / storage_bytes_per_s,
     }
+
+
+# ---- checkpoint storage --------------------------------------------------------------------------
+def retained_steps(save_steps: list[int], keep_last: int, keep_every: int | None, pinned=()) -> set[int]:
+    """The checkpoints retention keeps after the newest of ``save_steps`` committed: the newest
+    ``keep_last``, every multiple of ``keep_every`` and every pinned one that was saved."""
+    saved = set(save_steps)
+    kept = set(sorted(saved)[-keep_last:])
+    if keep_every:
+        kept |= {s for s in saved if s % keep_every == 0}
+    return kept | (saved & {int(p) for p in pinned})
+
+
+def handoff_steps(transport_switches, every_steps: int, train_steps: int) -> tuple[int, ...]:
+    """The checkpoint each transport switch hands off from (the newest save at or before the switch's
+    step, where the relaunch resumes): pinned, so a later look at the switch can restore both sides."""
+    return tuple(sorted({min(train_steps, (int(at) // every_steps) * every_steps)
+                         for at, _ in transport_switches if int(at) > 0} - {0}))
+
+
+def storage_plan(checkpoint_bytes: int, policy, train_steps: int, *, pinned=(), quota: int | str | None = None
+                 ) -> dict[str, Any]:
+    """The checkpoint storage a run holds under ``policy`` (a :class:`CheckpointPolicy`): in the
+    permanent store at its peak (while the last save is written beside everything retention keeps)
+    and at the end, and in the temporary tier (one kept plus one being written). Saves by wall time
+    (``every_minutes``) roll off with the others, so they add nothing here; a failed save's leftover
+    (removed at the next commit) may add one checkpoint for a while. ``quota``: bytes or a size such
+    as ``"100TiB"`` (default the policy's ``storage_quota``); a peak above it is refused by
+    :func:`check_storage_quota`, with the ``keep_every`` that would fit."""
+    every, keep_every = policy.every_steps, policy.keep_every
+    pins = tuple(policy.pinned_steps) + tuple(pinned)
+    saves = sorted(set(range(every, train_steps + 1, every)) | {train_steps})
+    before_last = retained_steps(saves[:-1], policy.keep_last, keep_every, pins) if len(saves) > 1 else set()
+    at_end = retained_steps(saves, policy.keep_last, keep_every, pins)
+    permanent = sorted(s for s in at_end if (keep_every and s % keep_every == 0) or s in set(pins))
+    peak_n, end_n = len(before_last) + 1, len(at_end)
+    quota = policy.storage_quota if quota is None else quota
+    quota_bytes = parse_bytes(quota) if quota is not None else None
+    out: dict[str, Any] = {
+        "checkpoint_bytes": checkpoint_bytes, "saves": len(saves), "permanent_kept": len(permanent),
+        "rolling_kept": end_n - len(permanent), "peak_checkpoints": peak_n, "end_checkpoints": end_n,
+        "peak_bytes": peak_n * checkpoint_bytes, "end_bytes": end_n * checkpoint_bytes,
+        "temporary_bytes": 2 * checkpoint_bytes if policy.temp_every_minutes is not None else 0,
+        "quota_bytes": quota_bytes, "fits_quota": quota_bytes is None or peak_n * checkpoint_bytes <= quota_bytes,
+        "keep_every_to_fit": None,
+    }
+    if not out["fits_quota"] and checkpoint_bytes > 0:
+        room = quota_bytes // checkpoint_bytes - policy.keep_last - 1 - len(set(pins))  # permanent ones that fit
+        if room >= 1:
+            need = math.ceil(train_steps / room)
+            out["keep_every_to_fit"] = math.ceil(need / every) * every  # a multiple of every_steps is a save
+    return out
+
+
+def check_storage_quota(plan: dict[str, Any], what: str = "the run") -> None:
+    """Raise :class:`StorageQuotaExceeded` in one line when ``plan`` (:func:`storage_plan`) does not fit its quota."""
+    if plan["fits_quota"]:
+        return
+    fix = (f"raise checkpoint.keep_every to {plan['keep_every_to_fit']:,} or more" if plan["keep_every_to_fit"]
+           else "lower checkpoint.keep_last or the pinned checkpoints")
+    raise StorageQuotaExceeded(
+        f"{what} would hold {format_bytes(plan['peak_bytes'])} of checkpoints at its peak "
+        f"({plan['peak_checkpoints']} of {format_bytes(plan['checkpoint_bytes'])}: {plan['permanent_kept']} permanent, "
+        f"the rolling ones and one being written), over checkpoint.storage_quota "
+        f"{format_bytes(plan['quota_bytes'])}: {fix}, or raise the quota")
+
+
+def train_config_storage(config) -> dict[str, Any]:
+    """:func:`storage_plan` of a TrainConfig: its checkpoint's bytes on its pool, its policy, its
+    transport handoffs pinned."""
+    policy = config.checkpoint
+    size = sum(checkpoint_bytes_per_host(config.model, get_pool(config.pool), config.parallelism.param_sharding))
+    return storage_plan(size, policy, config.train_steps,
+                        pinned=handoff_steps(config.parallelism.transport_switches, policy.every_steps,
+                                             config.train_steps))
+
+
+def check_train_config_storage(config) -> dict[str, Any] | None:
+    """Refuse (:class:`StorageQuotaExceeded`, one line) a TrainConfig whose checkpoints would exceed
+    its ``checkpoint.storage_quota``; None when it sets none."""
+    if config.checkpoint.storage_quota is None:
+        return None
+    plan = train_config_storage(config)
+    check_storage_quota(plan, f"training step {config.preset or 'model'!r}")
+    return plan
+
+
+def format_storage(plan: dict[str, Any]) -> str:
+    """The plan's checkpoint storage line(s)."""
+    line = (f"  checkpoint storage: {format_bytes(plan['peak_bytes'])} at its peak, "
+            f"{format_bytes(plan['end_bytes'])} at the end ({plan['permanent_kept']} permanent + "
+            f"{plan['rolling_kept']} rolling of {format_bytes(plan['checkpoint_bytes'])}; peak with one being written)")
+    if plan["temporary_bytes"]:
+        line += f"; temporary tier {format_bytes(plan['temporary_bytes'])} (one kept, one being written)"
+    if plan["quota_bytes"] is not None:
+        line += (f"\n  storage quota {format_bytes(plan['quota_bytes'])}: "
+                 + ("fits" if plan["fits_quota"] else "EXCEEDED"
+                    + (f" (checkpoint.keep_every {plan['keep_every_to_fit']:,} would fit)"
+                       if plan["keep_every_to_fit"] else "")))
+    return line
 
 
 # ---- context parallelism -----------------------------------------------------------------------

@@ -50,7 +50,7 @@ from marin.parallel.mesh import batch_sharding, make_mesh, param_shardings, repl
 from marin.training.accumulate import accumulate
 from marin.training.checkpoint.discovery import checkpoint_path, checkpoint_step
 from marin.training.checkpoint.format import PERMANENT, TEMPORARY, CheckpointMismatchError
-from marin.training.checkpoint.manager import CheckpointManager
+from marin.training.checkpoint.manager import CheckpointManager, pin_checkpoint
 from marin.training.checkpoint.restore import restore_checkpoint
 from marin.training.config import SyntheticDataConfig, TrainConfig, model_at
 from marin.training.metrics import (
@@ -62,7 +62,7 @@ from marin.training.metrics import (
     phase_summary,
     read_metrics,
 )
-from marin.training.planning import plan
+from marin.training.planning import handoff_steps, plan
 from marin.training.pools import HostContext, NonRetryableError, get_pool, launch, run_local
 from marin.training.preemption import Preempted, PreemptionWatch, StopRequested
 from marin.training.schedule import lr_at, phase_index_at, seq_len_at, transport_at
@@ -443,6 +443,8 @@ def branch_state(config: TrainConfig, cfg, mesh, shapes: dict[str, Any], shardin
     src = config.init_from
     step = checkpoint_step(src.run, int(src.step))
     path = checkpoint_path(src.run, step)
+    if jax.process_index() == 0:  # the source's retention (a run still going) must never delete it
+        pin_checkpoint(src.run, step, by=config.output_path)
     wanted = ["params", "router_bias"] + (["opt_state"] if src.optimizer else []) + (["rng"] if src.data_position
                                                                                      else [])
     try:
@@ -470,8 +472,10 @@ def setup_run(ctx: HostContext, config: TrainConfig) -> TrainRun:
     cfg = model_config(config, vocab)
     mesh = make_mesh(*ctx.pool.mesh)
     is_writer = ctx.process_id == 0
+    handoffs = {s: f"transport handoff to {t} at step {at:,}" for (at, t) in config.parallelism.transport_switches
+                for s in handoff_steps(((at, t),), config.checkpoint.every_steps, config.total_steps)}
     ckpts = CheckpointManager(config.output_path, config.checkpoint, is_writer=is_writer,
-                              temp_path=config.checkpoint.temp_path)
+                              temp_path=config.checkpoint.temp_path, handoffs=handoffs)
     state, shardings, start, tokens_seen = restore_or_init(ctx, config, cfg, mesh, ckpts)
     run = TrainRun(ctx=ctx, config=config, cfg=cfg, mesh=mesh, batch_fn=batch_fn, shardings=shardings, state=state,
                    ckpts=ckpts, metrics_out=MetricsWriter(config.output_path, resume_step=start, is_writer=is_writer),

@@ -48,3 +48,25 @@ def test_readme_review_commands_run_on_a_finished_quickstart(tmp_path):
             assert "0 of 8 steps would run" in r.stdout
         if line.startswith("marin report"):
             assert (work / "report.html").stat().st_size > 10_000
+
+
+def test_a_quickstart_run_only_of_its_tokens_summarises_only_what_ran(tmp_path):
+    env = {**os.environ, "PYTHONPATH": REPO, "RAY_USAGE_STATS_ENABLED": "0", "WANDB_MODE": "offline"}
+    r = subprocess.run([sys.executable, "-m", "marin.cli", "run", "experiments/quickstart.py", "--run_only",
+                        "quickstart/tokenized", "--prefix", str(tmp_path / "store"), "--progress", "false"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "Health of the training run" not in r.stdout and "K40 validation" not in r.stdout
+
+
+def test_run_result_finished_is_success_now_or_before():
+    from marin.execution import ExecutorStep, this_output_path
+    from marin.execution.executor import RunResult
+    from marin.execution.plan import plan_steps
+
+    steps = [ExecutorStep(f"s{i}", print, {"out": this_output_path(), "i": i}) for i in range(4)]
+    plan = plan_steps(steps, "/tmp/unused-prefix")
+    outcome = dict(zip((plan.planned(s).output_path for s in steps), ("cached", "succeeded", "not_selected",
+                                                                      "failed")))
+    result = RunResult(plan, outcome, None)
+    assert [result.finished(s) for s in steps] == [True, True, False, False]

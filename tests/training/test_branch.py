@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from marin.training import checkpoint as ckpt
+from marin.training.checkpoint import CheckpointManager, read_pins
 from marin.training.config import InitFrom, SyntheticDataConfig, TrainConfig
 from marin.training.metrics import read_metrics
 from marin.training.schedule import lr_at
@@ -31,7 +32,9 @@ def source(tmp_path_factory):
 
 
 def _snapshot(path):
-    return {p.relative_to(path): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    """Every file of a run but its pins (which other steps write, so its retention keeps their sources)."""
+    return {p.relative_to(path): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and "pins" not in p.relative_to(path).parts}
 
 
 def test_a_branch_with_the_data_position_continues_the_source_exactly(source, tmp_path):
@@ -43,6 +46,10 @@ def test_a_branch_with_the_data_position_continues_the_source_exactly(source, tm
     assert [r["step"] for r in branch] == [3, 4]
     assert [r["loss"] for r in branch] == [r["loss"] for r in src[2:]]  # same state, data and LR: bitwise
     assert _snapshot(source) == before  # the main run is untouched
+    # ... but for the pin on the branch's source checkpoint, which its retention now never deletes
+    assert read_pins(str(source)) == {2: [f"branch {tmp_path / 'branch'}"]}
+    mgr = CheckpointManager(str(source), _config(source).checkpoint)
+    assert mgr.retention_plan()[2] == f"keep: pinned by branch {tmp_path / 'branch'}"
 
 
 def test_the_early_cooldown_branch_decays_to_the_final_lr_over_its_own_horizon(source, tmp_path):

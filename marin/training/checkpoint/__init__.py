@@ -87,6 +87,8 @@ from marin.training.checkpoint.manager import (
     CheckpointManager,
     CheckpointPolicy,
     SavesFailing,
+    pin_checkpoint,
+    read_pins,
     temp_checkpoint_root,
 )
 from marin.training.checkpoint.restore import (
@@ -110,6 +112,8 @@ __all__ = [
     "CheckpointMismatchError",
     "CheckpointPolicy",
     "SavesFailing",
+    "pin_checkpoint",
+    "read_pins",
     "CheckpointWriteError",
     "CorruptCheckpointError",
     "FORMAT",

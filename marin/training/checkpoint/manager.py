@@ -8,13 +8,17 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
+import fsspec
+
 from marin.execution.failures import InfrastructureFailure
 from marin.execution.versioning import live
+from marin.textfmt import parse_bytes
 from marin.training.checkpoint.format import (
     CHECKPOINT_DIR,
     PART_TIMEOUT_S,
@@ -83,6 +87,13 @@ class CheckpointPolicy:
         "with a failed save: end the attempt (an infrastructure failure) once the newest committed checkpoint "
         "is older than this many minutes of wall time, however few saves failed (None: no such limit). How "
         "failures are handled, not what is computed", default=None)
+    pinned_steps: tuple[int, ...] = live(
+        "checkpoints retention never deletes (a handoff or a branch's source that a person names); which are "
+        "kept, not what is computed", default=())
+    storage_quota: str | None = live(
+        "the permanent store's quota for this run's checkpoints (\"100TiB\", \"250TB\"): a policy whose "
+        "checkpoints would exceed it at their peak is refused before launch (marin plan shows the storage). "
+        "What is kept, not what is computed", default=None)
     preemption_grace_s: float = live(
         "seconds between the scheduler's SIGTERM and its SIGKILL (Kubernetes: terminationGracePeriodSeconds); "
         "> 0: a SIGTERM ends training at the next step with a final checkpoint where the grace allows "
@@ -104,6 +115,10 @@ class CheckpointPolicy:
             raise ValueError(f"max_failed_saves must be >= 1, got {self.max_failed_saves}")
         if self.max_minutes_without_commit is not None and self.max_minutes_without_commit <= 0:
             raise ValueError(f"max_minutes_without_commit must be > 0 (or None), got {self.max_minutes_without_commit}")
+        if any(int(s) <= 0 for s in self.pinned_steps):
+            raise ValueError(f"pinned_steps must be positive steps, got {self.pinned_steps}")
+        if self.storage_quota is not None:
+            parse_bytes(self.storage_quota)  # a bad size is refused where the config is built
         if self.preemption_grace_s < 0:
             raise ValueError(f"preemption_grace_s must be >= 0, got {self.preemption_grace_s}")
 
@@ -115,6 +130,36 @@ def temp_checkpoint_root(temp_prefix: str, output_path: str) -> str:
     run_dir = output_path.rstrip("/").rsplit("/", 1)[-1]
     where = hashlib.sha256(output_path.rstrip("/").encode()).hexdigest()[:8]
     return f"{temp_prefix.rstrip('/')}/{run_dir}-{where}/{CHECKPOINT_DIR}"
+
+
+PINS_DIR = "pins"
+"""Under a run's ``checkpoints/``: one JSON file per pin another step holds on one of its checkpoints."""
+
+
+def pin_checkpoint(run_path: str, step: int, by: str) -> str:
+    """Pin ``run_path``'s checkpoint at ``step`` for ``by`` (the output path of a step that depends on
+    it: a branch's source): the run's retention never deletes it. Idempotent; returns the pin's file."""
+    fs, root = fsspec.core.url_to_fs(f"{run_path.rstrip('/')}/{CHECKPOINT_DIR}/{PINS_DIR}")
+    name = hashlib.sha256(f"{by}@{step}".encode()).hexdigest()[:16] + ".json"
+    fs.makedirs(root, exist_ok=True)
+    fs.pipe_file(f"{root}/{name}", json.dumps({"step": int(step), "by": by, "time": time.time()}).encode())
+    return f"{root}/{name}"
+
+
+def read_pins(run_path: str) -> dict[int, list[str]]:
+    """``{step: [who pinned it]}`` from the pin files under ``run_path``'s checkpoints (an unreadable
+    one is skipped with a warning: it must not stop retention, and its checkpoint may then go)."""
+    fs, root = fsspec.core.url_to_fs(f"{run_path.rstrip('/')}/{CHECKPOINT_DIR}/{PINS_DIR}")
+    pins: dict[int, list[str]] = {}
+    if not fs.exists(root):
+        return pins
+    for path in sorted(fs.ls(root, detail=False)):
+        try:
+            pin = json.loads(fs.cat_file(path))
+            pins.setdefault(int(pin["step"]), []).append(f"branch {pin['by']}")
+        except Exception as e:  # noqa: BLE001 - a damaged pin file: say so, keep going
+            logger.warning("unreadable checkpoint pin %s: %s", path, one_line(e))
+    return pins
 
 
 class CheckpointManager:
@@ -146,7 +191,10 @@ class CheckpointManager:
     """
 
     def __init__(self, output_path: str, policy: CheckpointPolicy, *, is_writer: bool = True,
-                 part_timeout_s: float = PART_TIMEOUT_S, temp_path: str | None = None) -> None:
+                 part_timeout_s: float = PART_TIMEOUT_S, temp_path: str | None = None,
+                 handoffs: Mapping[int, str] | None = None) -> None:
+        self.output_path = output_path
+        self.handoffs = dict(handoffs or {})  # {step: why}: the checkpoints transport switches hand off from
         self.permanent = TierStore(f"{output_path.rstrip('/')}/{CHECKPOINT_DIR}", PERMANENT)
         self.root_url, self.fs, self.root = self.permanent.root_url, self.permanent.fs, self.permanent.root
         self.temporary = TierStore(temp_checkpoint_root(temp_path, output_path), TEMPORARY) if temp_path else None
@@ -424,17 +472,51 @@ class CheckpointManager:
                                one_line(e))
         return deleted
 
-    def collect_garbage(self, current: int | None = None) -> list[int]:
-        """Delete uncommitted leftovers and committed permanent checkpoints outside the retention policy."""
+    def pins(self) -> dict[int, list[str]]:
+        """``{step: [why]}`` of every pinned checkpoint: ``checkpoint.pinned_steps``, the transport
+        handoffs, and the pins other steps wrote (a branch's source)."""
+        pins: dict[int, list[str]] = {int(s): ["checkpoint.pinned_steps"] for s in self.policy.pinned_steps}
+        for s, why in self.handoffs.items():
+            pins.setdefault(int(s), []).append(why)
+        for s, who in read_pins(self.output_path).items():
+            pins.setdefault(s, []).extend(who)
+        return pins
+
+    def retention_plan(self, current: int | None = None) -> dict[int, str]:
+        """``{step: "keep: why" or "delete: why"}`` for every permanent step directory: what
+        :meth:`collect_garbage` does next (``marin checkpoints`` shows it)."""
         dirs = self._step_dirs()
         committed = sorted(s for s, p in dirs.items() if self._is_committed(p))
-        keep = set(committed[-self.policy.keep_last :])
-        if self.policy.keep_every:
-            keep |= {s for s in committed if s % self.policy.keep_every == 0}
+        pins = self.pins()
+        newest = set(committed[-self.policy.keep_last:])
+        out = {}
+        for s in sorted(dirs):
+            if s not in committed:
+                out[s] = "keep: being written" if s == current else "delete: never committed"
+            elif s in pins:
+                out[s] = "keep: pinned by " + ", ".join(pins[s])
+            elif self.policy.keep_every and s % self.policy.keep_every == 0:
+                out[s] = f"keep: permanent (checkpoint.keep_every={self.policy.keep_every:,})"
+            elif s in newest or s == current:
+                out[s] = f"keep: newest {self.policy.keep_last} (checkpoint.keep_last)"
+            else:
+                out[s] = "delete: older than the newest kept"
+        return out
+
+    def collect_garbage(self, current: int | None = None) -> list[int]:
+        """Delete uncommitted leftovers and committed permanent checkpoints outside the retention policy;
+        never a pinned one. A delete the store refuses is logged and tried again at the next save,
+        never fatal: training goes on with one checkpoint more."""
+        dirs = self._step_dirs()
         deleted = []
-        for s, p in sorted(dirs.items()):
-            if s in keep or s == current:
+        for s, action in self.retention_plan(current).items():
+            if not action.startswith("delete"):
                 continue
-            delete_dir(self.fs, p)
+            try:
+                delete_dir(self.fs, dirs[s])
+            except Exception as e:  # noqa: BLE001 - a bucket policy or an outage: the next save tries again
+                logger.warning("could not delete checkpoint %s (%s): %s; retention tries again after the next save",
+                               dirs[s], action, one_line(e))
+                continue
             deleted.append(s)
         return deleted

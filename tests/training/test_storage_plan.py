@@ -1,0 +1,124 @@
+"""Checkpoint storage planned before launch (``marin plan``, ``checkpoint.storage_quota``) and kept as
+planned: retention keeps what is pinned (a branch's source, a transport handoff, a named step) and
+rides out a store that refuses a delete."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from marin.cli import main as marin
+from marin.textfmt import parse_bytes
+from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, pin_checkpoint
+from marin.training.planning import StorageQuotaExceeded, check_storage_quota, handoff_steps, storage_plan
+
+TIB = 2**40
+
+
+def _kept_by_simulation(policy: CheckpointPolicy, total: int, pins=()) -> tuple[int, int]:
+    """(peak, end) checkpoints held, the slow way: save one by one, retention after each commit."""
+    held: set[int] = set()
+    peak = 0
+    saves = [s for s in range(1, total + 1) if s % policy.every_steps == 0 or s == total]
+    for s in saves:
+        peak = max(peak, len(held) + 1)  # the new one is written beside everything kept
+        held.add(s)
+        newest = sorted(held)[-policy.keep_last:]
+        held = {h for h in held if h in newest or h in pins or (policy.keep_every and h % policy.keep_every == 0)}
+    return peak, len(held)
+
+
+@pytest.mark.parametrize("every,keep_last,keep_every,total,pins", [
+    (500, 2, 10_000, 390_139, (60_000, 81_500)), (100, 2, None, 1_000, ()), (7, 3, 21, 200, (14, 50)),
+    (10, 1, 30, 95, (95,)), (1, 5, None, 3, ())])
+def test_storage_plan_matches_a_save_by_save_simulation(every, keep_last, keep_every, total, pins):
+    policy = CheckpointPolicy(every_steps=every, keep_last=keep_last, keep_every=keep_every)
+    plan = storage_plan(1000, policy, total, pinned=pins)
+    assert (plan["peak_checkpoints"], plan["end_checkpoints"]) == _kept_by_simulation(policy, total, set(pins))
+    assert plan["peak_bytes"] == 1000 * plan["peak_checkpoints"] and plan["fits_quota"]
+
+
+def test_the_heros_storage_exceeds_a_100_tib_quota_and_the_advice_fits():
+    size = int(5.86 * TIB)
+    policy = CheckpointPolicy(every_steps=500, keep_every=10_000, pinned_steps=(60_000,))
+    pins = handoff_steps(((0, "fixed"), (81_716, "ragged_capacity")), 500, 390_139)
+    assert pins == (81_500,)
+    plan = storage_plan(size, policy, 390_139, pinned=pins, quota="100TiB")
+    assert plan["permanent_kept"] == 40  # 39 every 10,000 + the handoff at 81,500 (60,000 is one of the 39)
+    assert 229 * TIB < plan["end_bytes"] < plan["peak_bytes"] and not plan["fits_quota"]
+    with pytest.raises(StorageQuotaExceeded) as e:
+        check_storage_quota(plan, "the hero")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("the hero would hold 246.1 TiB of checkpoints at its peak (42 of 5.9 TiB: 40 permanent, ")
+    assert f"raise checkpoint.keep_every to {plan['keep_every_to_fit']:,} or more" in msg
+    fixed = storage_plan(size, CheckpointPolicy(every_steps=500, keep_every=plan["keep_every_to_fit"],
+                                                pinned_steps=(60_000,)), 390_139, pinned=pins, quota="100TiB")
+    assert fixed["fits_quota"] and fixed["peak_bytes"] <= parse_bytes("100TiB")
+
+
+def test_marin_plan_prints_the_storage_line_and_refuses_a_quota(capsys):
+    assert marin(["plan", "hero", "--pool", "gb200-11racks"]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoint storage: 246.0 TiB at its peak, 240.1 TiB at the end (40 permanent + 1 rolling" in out
+    assert marin(["plan", "hero", "--pool", "gb200-11racks", "--storage-quota", "100TiB"]) == 1
+    out = capsys.readouterr().out
+    assert "storage quota 100.0 TiB: EXCEEDED (checkpoint.keep_every 33,000 would fit)" in out
+    assert marin(["plan", "hero", "--pool", "gb200-11racks", "--storage-quota", "lots"]) == 2
+    assert "not a size: 'lots'" in capsys.readouterr().err
+
+
+def test_a_quota_the_policy_cannot_meet_is_refused_where_the_config_is_built(tmp_path):
+    import dataclasses
+
+    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.planning import check_train_config_storage
+
+    config = TrainConfig(output_path=str(tmp_path), data=SyntheticDataConfig(), model="tiny", pool="local-cpu-1",
+                         train_steps=400, tokens_per_step=128, seq_len_phases=((0.0, 16),))
+    assert storage_plan(1, config.checkpoint, 400)["peak_checkpoints"] == 3  # 2 kept + 1 being written
+    assert check_train_config_storage(config) is None  # no quota: nothing to check
+    tight = dataclasses.replace(config, checkpoint=dataclasses.replace(config.checkpoint, storage_quota="1MiB"))
+    with pytest.raises(StorageQuotaExceeded, match=r"over checkpoint.storage_quota 1.0 MiB: lower "
+                                                   r"checkpoint.keep_last or the pinned checkpoints, or raise"):
+        check_train_config_storage(tight)
+    with pytest.raises(ValueError, match="not a size"):
+        CheckpointPolicy(storage_quota="100 parsecs")
+
+
+def _save(mgr, step):
+    mgr.save(step, {"w": np.full((4,), step, np.float32)}, {"data_step": step}, blocking=True)
+
+
+def test_retention_keeps_pinned_checkpoints_and_rides_out_a_refused_delete(tmp_path, monkeypatch, caplog):
+    from marin.training.checkpoint import manager as manager_module
+
+    run = tmp_path / "run"
+    policy = CheckpointPolicy(every_steps=1, keep_last=1, pinned_steps=(2,))
+    mgr = CheckpointManager(str(run), policy, handoffs={3: "transport handoff to ragged at step 3"})
+    pin_checkpoint(str(run), 1, by="/store/branch-abc")
+    for step in range(1, 6):
+        _save(mgr, step)
+    assert mgr.committed_steps() == [1, 2, 3, 5]
+    plan = mgr.retention_plan()
+    assert plan == {1: "keep: pinned by branch /store/branch-abc", 2: "keep: pinned by checkpoint.pinned_steps",
+                    3: "keep: pinned by transport handoff to ragged at step 3",
+                    5: "keep: newest 1 (checkpoint.keep_last)"}
+    real = manager_module.delete_dir
+
+    def refuse(fs, path):
+        raise PermissionError(f"AccessDenied: deleting {path} is not allowed by the bucket policy")
+
+    monkeypatch.setattr(manager_module, "delete_dir", refuse)
+    with caplog.at_level(logging.WARNING, logger="marin.training.checkpoint.manager"):
+        _save(mgr, 6)  # retention cannot delete 5: logged, training goes on
+    assert mgr.committed_steps() == [1, 2, 3, 5, 6]
+    (line,) = [r.getMessage() for r in caplog.records if "could not delete" in r.getMessage()]
+    assert "step-00000005 (delete: older than the newest kept): AccessDenied: deleting" in line
+    assert line.endswith("retention tries again after the next save")
+    monkeypatch.setattr(manager_module, "delete_dir", real)
+    _save(mgr, 7)  # the next save's retention deletes it
+    assert mgr.committed_steps() == [1, 2, 3, 7]
+    assert json.loads(next((run / "checkpoints" / "pins").iterdir()).read_text())["step"] == 1

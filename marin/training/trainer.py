@@ -6,7 +6,8 @@ State (everything a resume needs, all in one pytree so one checkpoint holds it):
     router_bias  per-layer, per-expert balancing bias: training state, never differentiated
     rng          a raw uint32 PRNG key, split once per step (reserved for stochastic features)
 The data position is the step number itself: every batch is a pure function of (data config, seed,
-step, batch, seq_len), so resuming at step k replays exactly what an uninterrupted run would read.
+schedule, step), so resuming at step k replays exactly what an uninterrupted run would read; each
+checkpoint records the data order (``data_order``), and a resume under another order is refused.
 
 The state is never built on a host: a fresh one is created sharded on the devices by one jitted
 init (``init_state``), a resumed one is restored straight into the pool's shardings, and each
@@ -39,6 +40,7 @@ import optax
 from jax.experimental import multihost_utils
 
 from marin.data.loader import MixtureLoader
+from marin.data.order import WITH_REPLACEMENT, DataPhase, data_schedule
 from marin.evaluation.evaluator import evaluate_prepared
 from marin.evaluation.metrics import suite_metrics
 from marin.evaluation.multiple_choice import prepare_run_tasks, score_prepared_task
@@ -108,13 +110,29 @@ def synthetic_batch(cfg: SyntheticDataConfig, step: int, batch_size: int, seq_le
     return {"tokens": x.astype(np.int32), "segment_ids": np.ones_like(x, dtype=np.int32)}
 
 
-def make_batch_fn(data: Any, total_steps: int | None = None) -> tuple[BatchFn, int]:
+def make_batch_fn(data: Any, total_steps: int | None = None, schedule: Any = None) -> tuple[BatchFn, int]:
     """``(batch(step, B, L), vocab_size)`` for a data config: synthetic, or the mixture loader
-    (``total_steps`` places mixture stages given as fractions of the run)."""
+    (``total_steps`` places mixture stages given as fractions of the run; ``schedule``, the run's
+    batch shapes (:func:`marin.data.order.data_schedule`), lets the without-replacement order count
+    each source's tokens across sequence-length phases)."""
     if isinstance(data, SyntheticDataConfig):
         return (lambda step, b, l, rows=None: synthetic_batch(data, step, b, l, rows)), data.vocab_size
-    loader = MixtureLoader(data, total_steps=total_steps)
+    loader = MixtureLoader(data, total_steps=total_steps, schedule=schedule)
     return loader.batch, int(loader.vocab_size)
+
+
+def data_order_of(data: Any) -> str:
+    """The data order a run reads (recorded with every checkpoint): the mixture's ``order`` (a config
+    recorded before the field existed reads as the legacy order), or "synthetic"."""
+    if isinstance(data, SyntheticDataConfig):
+        return "synthetic"
+    return str(getattr(data, "order", WITH_REPLACEMENT))
+
+
+def run_data_schedule(config: TrainConfig) -> tuple[DataPhase, ...]:
+    """The batch shape of every step of a run, as the trainer's phases place them (the horizon after
+    re-plans, the same rounding as :func:`marin.training.schedule.seq_len_at`)."""
+    return data_schedule(config.total_steps, config.tokens_per_step, config.seq_len_phases)
 
 
 def host_rows(sharding, batch_size: int, seq_len: int) -> slice:
@@ -429,6 +447,13 @@ def restore_or_init(ctx: HostContext, config: TrainConfig, cfg, mesh, ckpts: Che
     if restored is None:
         return init_state(config, cfg, mesh, shardings), shardings, None, 0
     start, state, meta = restored
+    # a checkpoint written before the order was recorded read the only order there was then
+    recorded = meta.get("data_order") or ("synthetic" if isinstance(config.data, SyntheticDataConfig)
+                                          else WITH_REPLACEMENT)
+    if recorded != data_order_of(config.data):
+        raise IncompatibleCheckpoint(f"{config.output_path}: its checkpoint at step {start} was written reading data "
+                                     f"order {recorded!r}, but this run reads {data_order_of(config.data)!r}; resume "
+                                     f"with the order the run started with (MixtureConfig.order)")
     ckpts.mark_restored(start)
     logger.info("resumed %s from step %d", config.output_path, start)
     return state, shardings, start, int(meta["tokens"])
@@ -468,7 +493,7 @@ def branch_state(config: TrainConfig, cfg, mesh, shapes: dict[str, Any], shardin
 
 def setup_run(ctx: HostContext, config: TrainConfig) -> TrainRun:
     """Data, model, mesh, checkpoints, state and outputs of a run on this process."""
-    batch_fn, vocab = make_batch_fn(config.data, config.total_steps)
+    batch_fn, vocab = make_batch_fn(config.data, config.total_steps, run_data_schedule(config))
     cfg = model_config(config, vocab)
     mesh = make_mesh(*ctx.pool.mesh)
     is_writer = ctx.process_id == 0
@@ -566,7 +591,8 @@ def after_step(run: TrainRun, record: dict[str, Any]) -> None:
     if config.checkpoint.every_minutes is not None or config.checkpoint.temp_every_minutes is not None:
         tier = _agree_tier(tier, run.ctx)  # wall time differs per host
     meta = {"tokens": run.tokens_seen, "data_step": step, "seq_len": record["seq_len"],
-            "transport": record["transport"], "config": _config_record(config)}
+            "transport": record["transport"], "data_order": data_order_of(config.data),
+            "config": _config_record(config)}
     if step == total:
         run.final_meta = meta
     if tier is not None:

@@ -22,6 +22,7 @@ import warnings
 from typing import Any
 
 from marin.data.mixture import MixtureConfig
+from marin.data.order import WITHOUT_REPLACEMENT_V1, block_length
 from marin.evaluation.sets import EvalSet
 from marin.execution.jsonable import from_jsonable
 from marin.execution.versioning import by_field, group, input_field, live
@@ -390,6 +391,9 @@ class TrainConfig:
                 object.__setattr__(self, name, cls(**value))
             elif not isinstance(value, cls):
                 raise TypeError(f"TrainConfig.{name} must be a {cls.__name__}, got {type(value).__name__}")
+        order = getattr(self.data, "order", None)
+        if isinstance(self.data, MixtureConfig) and getattr(order, "value", order) == WITHOUT_REPLACEMENT_V1:
+            block_length([n for _, n in self.seq_len_phases])  # refuses phases it cannot keep aligned, in one line
         if self.evaluation.tasks and isinstance(self.data, SyntheticDataConfig):
             raise ValueError("eval_tasks need a run on tokenized text; synthetic tokens have no tokenizer")
         if self.checkpoint.temp_every_minutes is not None and not self.checkpoint.temp_path:

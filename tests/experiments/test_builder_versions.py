@@ -84,13 +84,14 @@ def test_every_field_that_can_change_the_output_is_a_leaf():
     assert _leaves(_tokenizer()) == versioned_leaves(TrainTokenizerConfig) | _inputs(TrainTokenizerConfig)
     # input_path and tokenizer are inputs (their upstream's version); live fields (how the work is spread) are out
     assert _leaves(_tokenized()) == versioned_leaves(TokenizeConfig) | _inputs(TokenizeConfig)
-    mixture_leaves = versioned_leaves(MixtureConfig, "mixture") | {"mixture.stores[0]"}
+    # order is added later (legacy by default) and default_mixture sets the current one: a leaf here
+    mixture_leaves = versioned_leaves(MixtureConfig, "mixture") | {"mixture.stores[0]", "mixture.order"}
     assert _leaves(_report()) == (versioned_leaves(MixtureReportConfig, nested={"mixture": MixtureConfig})
                                   | mixture_leaves | {"output_path"}) - {"mixture"}
     train_leaves = _leaves(_train())
     expected = versioned_leaves(TrainConfig, nested={"model": MoEConfig, "data": MixtureConfig})
     # init_from (a branch's source) is None here, and None adds nothing (tests/training/test_branch.py)
-    assert train_leaves == expected - {"init_from"} | {"data.stores[0]", "output_path"}
+    assert train_leaves == expected - {"init_from"} | {"data.stores[0]", "data.order", "output_path"}
 
 
 def test_synthetic_data_and_every_eval_and_fit_config_follow_their_metadata():

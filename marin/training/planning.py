@@ -428,6 +428,14 @@ def handoff_steps(transport_switches, every_steps: int, train_steps: int) -> tup
                          for at, _ in transport_switches if int(at) > 0} - {0}))
 
 
+def transport_handoffs(config) -> dict[int, str]:
+    """``{step: why}``: the checkpoints a TrainConfig's transport switches hand off from, which its
+    retention pins (the trainer and ``marin checkpoints`` read the same)."""
+    every, total = config.checkpoint.every_steps, config.total_steps
+    return {s: f"transport handoff to {t} at step {at:,}" for at, t in config.parallelism.transport_switches
+            for s in handoff_steps(((at, t),), every, total)}
+
+
 def storage_plan(checkpoint_bytes: int, policy, train_steps: int, *, pinned=(), quota: int | str | None = None
                  ) -> dict[str, Any]:
     """The checkpoint storage a run holds under ``policy`` (a :class:`CheckpointPolicy`): in the

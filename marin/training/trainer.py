@@ -64,7 +64,7 @@ from marin.training.metrics import (
     phase_summary,
     read_metrics,
 )
-from marin.training.planning import handoff_steps, plan
+from marin.training.planning import plan, transport_handoffs
 from marin.training.pools import HostContext, NonRetryableError, get_pool, launch, run_local
 from marin.training.preemption import Preempted, PreemptionWatch, StopRequested
 from marin.training.schedule import lr_at, phase_index_at, seq_len_at, transport_at
@@ -497,10 +497,8 @@ def setup_run(ctx: HostContext, config: TrainConfig) -> TrainRun:
     cfg = model_config(config, vocab)
     mesh = make_mesh(*ctx.pool.mesh)
     is_writer = ctx.process_id == 0
-    handoffs = {s: f"transport handoff to {t} at step {at:,}" for (at, t) in config.parallelism.transport_switches
-                for s in handoff_steps(((at, t),), config.checkpoint.every_steps, config.total_steps)}
     ckpts = CheckpointManager(config.output_path, config.checkpoint, is_writer=is_writer,
-                              temp_path=config.checkpoint.temp_path, handoffs=handoffs)
+                              temp_path=config.checkpoint.temp_path, handoffs=transport_handoffs(config))
     state, shardings, start, tokens_seen = restore_or_init(ctx, config, cfg, mesh, ckpts)
     run = TrainRun(ctx=ctx, config=config, cfg=cfg, mesh=mesh, batch_fn=batch_fn, shardings=shardings, state=state,
                    ckpts=ckpts, metrics_out=MetricsWriter(config.output_path, resume_step=start, is_writer=is_writer),

@@ -123,3 +123,35 @@ def test_retention_keeps_pinned_checkpoints_and_rides_out_a_refused_delete(tmp_p
     _save(mgr, 7)  # the next save's retention deletes it
     assert mgr.committed_steps() == [1, 2, 3, 7]
     assert json.loads(next((run / "checkpoints" / "pins").iterdir()).read_text())["step"] == 1
+
+
+def test_marin_checkpoints_lists_sizes_pins_and_what_retention_deletes_next(tmp_path, capsys):
+    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.trainer import run_training
+
+    run = tmp_path / "run"
+    config = TrainConfig(output_path=str(run), data=SyntheticDataConfig(vocab_size=64), model="tiny",
+                         pool="local-cpu-1", train_steps=4, tokens_per_step=128, seq_len_phases=((0.0, 16),),
+                         warmup_steps=1, model_overrides={"vocab_size": 64, "n_layers": 2},
+                         checkpoint={"every_steps": 1, "every_minutes": None, "keep_last": 3},
+                         telemetry={"wandb_project": None, "progress_every_s": 0.0})
+    run_training(config, use_ray=False)
+    pin_checkpoint(str(run), 2, by="/store/a-branch")
+    # the run's own policy keeps the newest 3 (2, 3, 4); with a lowered keep_last (an operator's change)
+    # the pinned 2 stays and 3 goes
+    assert marin(["checkpoints", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "keep: pinned by branch /store/a-branch" in out and "retention deletes next: nothing" in out
+    assert out.count("permanent") == 4 and " KiB" in out and "3 permanent checkpoint(s)" in out  # every checkpoint with its size
+    mgr = CheckpointManager(str(run), CheckpointPolicy(every_steps=1, keep_last=1))
+    assert mgr.retention_plan() == {2: "keep: pinned by branch /store/a-branch",
+                                    3: "delete: older than the newest kept", 4: "keep: newest 1 (checkpoint.keep_last)"}
+    (run / "checkpoints" / "step-00000005").mkdir()  # a save that never committed
+    assert marin(["checkpoints", str(run), "--prune", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "retention deletes next: 5" in out and "dry run: nothing deleted (would delete 1)" in out
+    assert (run / "checkpoints" / "step-00000005").exists()
+    assert marin(["checkpoints", str(run), "--prune"]) == 0
+    assert "deleted 1: 5" in capsys.readouterr().out and not (run / "checkpoints" / "step-00000005").exists()
+    assert marin(["checkpoints", str(tmp_path / "nope")]) == 2
+    assert "no such directory" in capsys.readouterr().err

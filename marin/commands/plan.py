@@ -21,6 +21,7 @@ import json
 import sys
 
 from marin.commands.options import add_pools, fraction, positive_float, positive_int, use_pools
+from marin.data.order import CURRENT_ORDER, format_coverage, k40_coverage
 from marin.inference.planning import WEIGHT_DTYPES, format_inference_plan, inference_plan
 from marin.models.config import PRESETS, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
@@ -181,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
     p["max_seq_len"], p["preset_max_seq_len"] = cfg.max_seq_len, preset.max_seq_len
     p["fits"] = p["fits"] and all(ph["fits"] for ph in p["phases"]) and (
         p["storage"] is None or p["storage"]["fits_quota"])
+    # data coverage: what the run reads of Harrier K40 (the ladder's and the hero's corpus), once per epoch
+    p["data_coverage"] = None if p.get("train_steps") is None else k40_coverage(p["train_steps"] * p["tokens_per_step"])
     if args.json:
         print(json.dumps(p, sort_keys=True))
     else:
@@ -188,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
         print(format_phases(p["phases"]))
         if p["storage"] is not None:
             print(format_storage(p["storage"]))
+        if p["data_coverage"] is not None:
+            print(format_coverage(p["data_coverage"], CURRENT_ORDER, "Harrier K40 at its domain shares"))
         if cfg.max_seq_len > preset.max_seq_len:
             print(f"  context: {cfg.max_seq_len:,} tokens, the longest sequence trained (the preset's max_seq_len is "
                   f"{preset.max_seq_len:,}; a training run raises it the same way and records it, so sample, eval "

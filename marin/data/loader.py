@@ -215,6 +215,12 @@ class MixtureLoader:
             self._stages[0].resolved_start(None)  # raises: which stage a step is in needs the horizon
         return bisect.bisect_right(self._stage_starts, step)  # = searchsorted(side="right"), without numpy overhead
 
+    def stage_starts(self) -> list[int]:
+        """First step of each stage, the top-level weights' stage (step 0) first."""
+        if self._stage_starts is None:
+            raise MixtureError("the mixture has stages at fractions of the run: give total_steps (the run's steps)")
+        return [0] + list(self._stage_starts)
+
     def effective_shares(self, step: int = 0) -> dict[str, float]:
         """Expected share of training tokens per source (``domain/bucket``) at ``step``; sums to 1."""
         p = self._probs[self._stage_index(step)]

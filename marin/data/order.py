@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from marin.data.k40 import split_source_name
+from marin.data.k40 import K40_DOMAINS, K40_TOTAL_TOKENS, split_source_name
 from marin.runsteps import phase_start_step
 
 WITH_REPLACEMENT = "with_replacement"
@@ -438,6 +438,18 @@ def domain_coverage(rows: Sequence[dict], order: str = CURRENT_ORDER) -> list[di
     return out
 
 
+def k40_coverage(run_tokens: float, domain_weights: Mapping[str, float] | None = None,
+                 order: str = CURRENT_ORDER) -> list[dict]:
+    """Per-domain :func:`domain_coverage` of a run reading ``run_tokens`` of Harrier K40 (23.11T tokens at
+    its domain shares) with ``domain_weights`` (None: the corpus's own shares, as the hero's mixture):
+    what ``marin plan`` prints before any token store exists (bucket sizes are not published)."""
+    sizes = {d.name: d.share * K40_TOTAL_TOKENS for d in K40_DOMAINS}
+    weights = dict(domain_weights) if domain_weights is not None else {d.name: d.share for d in K40_DOMAINS}
+    total_w = sum(weights.values())
+    drawn = {d: run_tokens * weights.get(d, 0.0) / total_w for d in sizes}
+    return domain_coverage(coverage(sizes, drawn, order), order)
+
+
 def _t(n: float) -> str:
     for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= div:
@@ -459,6 +471,11 @@ def format_coverage(rows: Sequence[dict], order: str, what: str, per_domain: int
              f"{seen:.1%} of the tokens seen, {rep:.1%} seen more than once"]
     if order != WITH_REPLACEMENT and max_e <= 1.0:
         lines[-1] += ", every token at most once"
+    if order != WITH_REPLACEMENT and n:
+        legacy = [(1 - math.exp(-r["epochs"]), 1 - math.exp(-r["epochs"]) * (1 + r["epochs"])) for r in rows]
+        lines.append(f"  (the legacy {WITH_REPLACEMENT} order would see "
+                     f"{sum(a * r['train_tokens'] for (a, _), r in zip(legacy, rows)) / n:.1%}, "
+                     f"{sum(b * r['train_tokens'] for (_, b), r in zip(legacy, rows)) / n:.1%} more than once)")
     key = "domain" if rows and "domain" in rows[0] else "source"
     shown = sorted(rows, key=lambda r: -r["epochs"])
     for r in shown if per_domain is None else shown[:per_domain]:

@@ -301,3 +301,29 @@ def test_large_sources_interleave_blocks_and_still_visit_each_token_once():
     marks = _marks_of_first_epochs(order, 900)
     for s, m in enumerate(marks):
         assert m.max() == 1 and (m == 0).sum() <= order.k[s] * 2 * 16
+
+
+def test_the_mixture_report_shows_coverage_and_warns_past_four_epochs(mini_store, tmp_path):
+    import json
+
+    from marin.data.mixture_report import MixtureReportConfig, mixture_report
+
+    config = _config(mini_store, domain_weights={"council": 1, "science": 20})
+    total = MixtureLoader(config).train_tokens.sum()
+    mixture_report(MixtureReportConfig(config, str(tmp_path), total_tokens=int(total), total_steps=100))
+    cov = json.loads((tmp_path / "mixture_report.json").read_text())["coverage"]
+    assert cov["order"] == WITHOUT_REPLACEMENT_V1
+    dom = {d["domain"]: d for d in cov["domains"]}
+    assert dom["science"]["epochs"] > 4 and dom["science"]["warning"] and dom["science"]["seen"] == 1.0
+    assert dom["infra"]["epochs"] == 0 and dom["council"]["epochs"] < 1
+    assert any(w.startswith("science/") for w in cov["warnings"]) and "warning: science" in cov["summary"]
+
+
+def test_marin_plan_prints_the_hero_s_data_coverage(capsys):
+    from marin.cli import main as marin
+
+    marin(["plan", "hero", "--pool", "gb200-11racks"])
+    out = capsys.readouterr().out
+    block = out[out.index("data coverage"):]
+    assert "reads 18.00T of 23.11T training tokens (0.78 epochs)" in block and "every token at most once" in block
+    assert "council            0.78 epochs" in block

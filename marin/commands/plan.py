@@ -124,7 +124,13 @@ def run_phases(seq_len_phases, transport_switches) -> list[tuple[int, str]]:
 
 def _run_inference(args: argparse.Namespace) -> int:
     try:
-        cfg = get_preset(args.preset, **({"dtype": args.dtype} if args.dtype else {}))
+        overrides = {"dtype": args.dtype} if args.dtype else {}
+        cfg = get_preset(args.preset, **overrides)
+        # the hero's run trains up to 262,144 tokens and raises its model's context to it (as the training
+        # plan says): its samples can be that long; any other preset up to its own max_seq_len
+        trained = max(n for _, n in HERO_SEQ_LEN_PHASES) if args.preset == "hero" else cfg.max_seq_len
+        if args.context and cfg.max_seq_len < args.context <= trained:
+            cfg = resolve_model(args.preset, overrides, None, ((0.0, args.context),))
         p = inference_plan(cfg, get_pool(args.pool), batch=args.batch, context=args.context or cfg.max_seq_len,
                            weights_dtype=args.weights_dtype)
     except (KeyError, ValueError) as e:

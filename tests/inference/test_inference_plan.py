@@ -55,6 +55,10 @@ def test_plan_inference_cli(capsys):
     rc = main(["plan", "hero", "--pool", "gb200-rack", "--inference", "--batch", "64", "--context", "4096", "--json"])
     rec = json.loads(capsys.readouterr()[0])
     assert rc == 0 and rec["fits"] and rec["total"] == sum(rec["per_device"].values())
+    # the hero's run trains to 262,144 tokens (its training plan's context line): sampling that long is planned
+    rc = main(["plan", "hero", "--pool", "gb200-11racks", "--inference", "--context", "262144", "--json"])
+    rec = json.loads(capsys.readouterr()[0])
+    assert rc == (0 if rec["fits"] else 1) and rec["context"] == 262_144, rec
     rc = main(["plan", "tiny", "--pool", "local-cpu-1", "--inference", "--context", "100000"])
     _, err = capsys.readouterr()
     assert rc == 2 and err.count("\n") == 1 and "max_seq_len" in err

@@ -64,3 +64,16 @@ def test_every_module_is_in_its_package_table_and_every_listed_module_exists():
         problems += [f"{doc} lists {m}, which does not exist" for m in sorted(_listed(doc))
                      if not (REPO / m).is_file() and m.split("/")[1] not in DOCUMENTED]
     assert not problems, "module tables out of date:\n  " + "\n  ".join(problems)
+
+
+def test_the_heros_compute_quoted_in_the_training_guide_is_what_marin_plan_prints(capsys):
+    """docs/training.md quotes the hero's plan; the numbers follow the planner when it changes."""
+    import json
+
+    from marin.cli import main
+
+    assert main(["plan", "hero", "--pool", "gb200-11racks", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    text = (REPO / "docs" / "training.md").read_text()
+    flops, days = re.search(r"18\.00T tokens, ([\d.]+e24) FLOPs, about ([\d.]+) days at 21% MFU", text).groups()
+    assert f"{plan['train_flops']:.2e}".replace("e+", "e") == flops and f"{plan['days']:.1f}" == days

@@ -145,7 +145,8 @@ def test_marin_checkpoints_lists_sizes_pins_and_what_retention_deletes_next(tmp_
     assert out.count("permanent") == 4 and " KiB" in out and "3 permanent checkpoint(s)" in out  # every checkpoint with its size
     mgr = CheckpointManager(str(run), CheckpointPolicy(every_steps=1, keep_last=1))
     assert mgr.retention_plan() == {2: "keep: pinned by branch /store/a-branch",
-                                    3: "delete: older than the newest kept", 4: "keep: newest 1 (checkpoint.keep_last)"}
+                                    3: "delete: older than the newest kept",
+                                    4: "keep: newest 1 (checkpoint.keep_last)"}
     (run / "checkpoints" / "step-00000005").mkdir()  # a save that never committed
     assert marin(["checkpoints", str(run), "--prune", "--dry-run"]) == 0
     out = capsys.readouterr().out

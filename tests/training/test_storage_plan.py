@@ -142,7 +142,7 @@ def test_marin_checkpoints_lists_sizes_pins_and_what_retention_deletes_next(tmp_
     assert marin(["checkpoints", str(run)]) == 0
     out = capsys.readouterr().out
     assert "keep: pinned by branch /store/a-branch" in out and "retention deletes next: nothing" in out
-    assert out.count("permanent") == 4 and " KiB" in out and "3 permanent checkpoint(s)" in out  # every checkpoint with its size
+    assert out.count("permanent") == 4 and " KiB" in out and "3 permanent checkpoint(s)" in out  # with sizes
     mgr = CheckpointManager(str(run), CheckpointPolicy(every_steps=1, keep_last=1))
     assert mgr.retention_plan() == {2: "keep: pinned by branch /store/a-branch",
                                     3: "delete: older than the newest kept",

@@ -198,6 +198,28 @@ def test_a_prefix_with_credentials_is_refused_in_one_line_without_echoing_them(t
         assert "secretvalue" not in r.stderr and "AKIAFAKE" not in r.stderr
 
 
+def test_a_data_path_with_credentials_is_refused_by_the_dry_run_and_nothing_is_written(tmp_path):
+    """The store client quotes a bad bucket name ("KEY:SECRET@bucket") where no mask can find it,
+    so a data path with credentials never gets as far as running."""
+    exp = tmp_path / "exp.py"
+    exp.write_text("from experiments.defaults import default_dedup\n"
+                   "from marin.execution import executor_main\n"
+                   "if __name__ == '__main__':\n"
+                   f"    executor_main(steps=[default_dedup('n', {SECRET_PREFIX!r})])\n")
+    prefix = tmp_path / "p"
+    for dry in ("true", "false"):
+        r = subprocess.run([sys.executable, str(exp), "--prefix", str(prefix), "--dry_run", dry],
+                           capture_output=True, text=True, cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+        assert r.returncode == 1 and r.stdout == ""
+        assert r.stderr.strip().splitlines() == [
+            "marin: error: step 'n': config field input_path s3://***@bucket/x has credentials in it (the part "
+            "before '@'); an object store takes credentials from the environment, never from the URL: "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws/credentials, AWS_PROFILE) for s3://, "
+            "GOOGLE_APPLICATION_CREDENTIALS (or `gcloud auth application-default login`) for gs://"]
+    assert not prefix.exists()
+
+
 def test_report_of_an_experiment_file_masks_its_card_as_the_stored_record_does(tmp_path, capsys):
     from marin.cli import main
 

@@ -154,6 +154,7 @@ def _inputs_of(step: ExecutorStep) -> list[tuple[str, Any]]:
         raise type(e)(f"step {step.name!r}: {e}") from None
     except PlanError as e:
         raise PlanError(f"step {step.name!r}: {e}") from None
+    _refuse_credentials_in_config(step)
     for path, ph in declared:
         where = f"step {step.name!r}, config field {path.describe()}"
         if isinstance(ph, ExecutorStep):
@@ -229,6 +230,42 @@ CREDENTIALS_HELP = ("an object store takes credentials from the environment, nev
 """Where credentials go instead of a URL's user-info part."""
 
 
+def url_credentials_masked(text: str) -> str | None:
+    """``text`` with its user-info part shown as ``***`` if it is a URL that carries one
+    (``s3://KEY:SECRET@bucket/x`` -> ``s3://***@bucket/x``), else None."""
+    scheme, sep, rest = text.partition("://")
+    authority, slash, path = rest.partition("/")
+    if not sep or "@" not in authority or not scheme or "/" in scheme or " " in scheme:
+        return None
+    return f"{scheme}://***@{authority.rsplit('@', 1)[1]}{slash}{path}"
+
+
+def refuse_url_credentials(what: str, url: str) -> None:
+    """Raise PlanError if ``url`` carries credentials in its user-info part, naming ``what`` (the
+    option or config field) and showing the URL masked: such a URL is printed, recorded in step
+    records and reports, and quoted by the store client's errors, where no mask can find it."""
+    shown = url_credentials_masked(url)
+    if shown is not None:
+        raise PlanError(f"{what} {shown} has credentials in it (the part before '@'); {CREDENTIALS_HELP}")
+
+
+def _refuse_credentials_in_config(step: ExecutorStep) -> None:
+    """Refuse a step whose config holds a URL with credentials (a data path, an input, a live
+    field alike), and an override_output_path with them, before anything prints or runs."""
+    def visit(v: Any, p: FieldPath) -> Any:
+        if isinstance(v, VersionedValue):
+            walk(v.value, visit, lambda *_: None, p, key_text)
+        elif isinstance(v, str):
+            refuse_url_credentials(f"step {step.name!r}: config field {p.describe()}", v)
+        elif container_kind(v) is not None and not isinstance(v, _PLACEHOLDERS):  # an input is its step's
+            return DESCEND
+        return None
+
+    walk(step.config, visit, lambda *_: None, "", key_text)
+    if step.override_output_path is not None:
+        refuse_url_credentials(f"step {step.name!r}: override_output_path", step.override_output_path)
+
+
 def normalize_prefix(prefix: str) -> str:
     """Absolute local path or ``scheme://...`` URL, without a trailing slash.
 
@@ -236,11 +273,7 @@ def normalize_prefix(prefix: str) -> str:
     prefix is printed by every run, written into every step's record and passed to the store's
     client, whose errors quote it; credentials belong in the environment (:data:`CREDENTIALS_HELP`)."""
     prefix = prefix.rstrip("/") or "/"
-    scheme, sep, rest = prefix.partition("://")
-    if sep and "@" in rest.split("/", 1)[0]:
-        shown = f"{scheme}://***@{rest.split('/', 1)[0].rsplit('@', 1)[1]}" + (
-            "/" + rest.split("/", 1)[1] if "/" in rest else "")
-        raise PlanError(f"--prefix {shown} has credentials in it (the part before '@'); {CREDENTIALS_HELP}")
+    refuse_url_credentials("--prefix", prefix)
     if "://" in prefix:
         if prefix.startswith("file://"):
             return os.path.abspath(prefix[len("file://"):])

@@ -18,6 +18,7 @@ from marin.execution import (
     versioned,
 )
 from marin.execution.executor import select_steps
+from marin.execution.versioning import live
 
 
 def noop(config) -> None:
@@ -132,3 +133,29 @@ def test_importing_the_executor_pulls_in_neither_jax_nor_ray():
             "assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+@dataclasses.dataclass
+class LiveCfg:
+    out: object = None
+    mirror: str = live("where the operator copies outputs to; it does not change them", default="")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ExecutorStep("n", noop, Cfg(inp=versioned("s3://AKIAFAKE:secretvalue@bucket/k40"))),
+    lambda: ExecutorStep("n", noop, Cfg(inp="s3://AKIAFAKE:secretvalue@bucket/k40")),
+    lambda: ExecutorStep("n", noop, Cfg(inp={"web": ["gs://x", "s3://AKIAFAKE:secretvalue@bucket/k40"]})),
+    lambda: ExecutorStep("n", noop, LiveCfg(mirror="s3://AKIAFAKE:secretvalue@bucket/k40")),
+    lambda: ExecutorStep("n", noop, Cfg(), override_output_path="s3://AKIAFAKE:secretvalue@bucket/k40"),
+], ids=["versioned", "plain", "nested", "live", "override"])
+def test_a_url_with_credentials_anywhere_in_a_config_is_refused_without_echoing_them(make):
+    with pytest.raises(PlanError) as e:
+        plan_steps([make()], "s3://bucket/p")
+    text = str(e.value)
+    assert text.startswith("step 'n': ") and "s3://***@bucket/k40 has credentials in it" in text
+    assert "secretvalue" not in text and "AKIAFAKE" not in text and "\n" not in text
+
+
+def test_an_at_sign_past_the_host_is_not_a_credential():
+    a = ExecutorStep("a", noop, Cfg(inp="hf://datasets/org/name@main", out="me@example.org"))
+    assert plan_steps([a], "/p").steps[0].name == "a"

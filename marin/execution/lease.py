@@ -26,12 +26,16 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import socket
 import time
 import uuid
 from typing import Iterator
 
 from marin.execution import storage
+from marin.execution.errors import ExecutorError
+from marin.execution.failures import disk_full_error
+from marin.textfmt import format_bytes
 
 LEASE_FILE = ".executor_lease"
 
@@ -46,6 +50,11 @@ class LeaseLost(RuntimeError):
 
 class LeaseReleased(LeaseLost):
     """Our own lease was released (the step was finished or stopped by us): nothing more to renew."""
+
+
+class LeaseWriteDiskFull(ExecutorError):
+    """A step's lease could not be written because the disk is full: the step never started, so
+    there is nothing of it to record (that write would fail the same way); the run ends in one line."""
 
 
 Attempt = tuple[str, int, float]
@@ -138,7 +147,23 @@ def try_acquire(step_dir: str, holder: str, ttl: float = DEFAULT_TTL_S, info: di
         abandoned=(current.abandoned + (current.attempt,)) if current and not current.released else (),
         info=info,
     )
-    return lease if storage.compare_and_swap(path, lease.to_json(), tag) else None
+    try:
+        swapped = storage.compare_and_swap(path, lease.to_json(), tag)
+    except OSError as e:
+        if (full := disk_full_error(e)) is None:
+            raise
+        raise LeaseWriteDiskFull(f"cannot start {step_dir}: disk full: {full.strerror or os.strerror(full.errno)} "
+                                 f"writing its lease ({_room(step_dir)}); free space and rerun") from None
+    return lease if swapped else None
+
+
+def _room(step_dir: str) -> str:
+    """How much space the disk under ``step_dir`` has left, for a disk-full message."""
+    try:
+        usage = shutil.disk_usage(step_dir)
+    except OSError:
+        return "the disk's free space is unknown"
+    return f"{format_bytes(usage.free)} free of {format_bytes(usage.total)} there"
 
 
 def renew(step_dir: str, lease: Lease, ttl: float = DEFAULT_TTL_S) -> Lease:

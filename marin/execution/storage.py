@@ -286,7 +286,8 @@ def makedirs(path: str) -> None:
 
 
 def writable_problem(directory: str) -> str | None:
-    """Why files cannot be created in ``directory`` (creating it if needed), or None if they can.
+    """Why files cannot be created in ``directory`` (creating it if needed), or None if they can;
+    a local disk with less free space than a run holds back (:data:`RESERVE_BYTES`) counts as full.
 
     Checked for real (create and remove a probe file) on local disk, because permission bits do not
     tell the whole story (read-only mounts, a regular file where a directory should be, root). On an
@@ -322,6 +323,10 @@ def writable_problem(directory: str) -> str | None:
         if probe is not None:
             with contextlib.suppress(OSError):
                 os.unlink(probe)
+    usage = shutil.disk_usage(d)
+    if usage.free < RESERVE_BYTES:  # the first lease or record write would find the disk full, with nothing held back
+        return (f"the disk is nearly full: {format_bytes(usage.free)} free of {format_bytes(usage.total)} on {d}, "
+                f"less than the {format_bytes(RESERVE_BYTES)} a run holds back for its steps' records")
     return None
 
 

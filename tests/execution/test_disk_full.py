@@ -177,9 +177,15 @@ def test_the_space_held_back_is_spent_by_records_a_slice_at_a_time_and_given_bac
     assert out["left_after"] == []
 
 
-def test_a_disk_already_full_is_refused_up_front_in_one_line(tmp_path):
+@pytest.mark.parametrize("size, fill, want", [
+    ("1m", "", "(the disk is full: 0 B free of 1.0 MiB"),
+    ("2m", "count=20", "(the disk is nearly full: 768.0 KiB free of 2.0 MiB on {store}/experiments, less than the "
+                       "1.0 MiB a run holds back for its steps' records)"),
+], ids=["full", "nearly-full"])
+def test_a_disk_already_full_is_refused_up_front_in_one_line(tmp_path, size, fill, want):
     """A full disk at the start is found by the prefix check, before Ray starts, not by a traceback
-    from the first record write (an empty probe file would still be created on a full disk)."""
+    from the first record write (an empty probe file would still be created on a full disk); so is
+    one too full to hold back the space for the records (the first lease write failed there)."""
     problem = _namespace_problem()
     if problem:
         pytest.skip(problem)
@@ -187,12 +193,54 @@ def test_a_disk_already_full_is_refused_up_front_in_one_line(tmp_path):
     exp.write_text(EXPERIMENT)
     store = tmp_path / "store"
     store.mkdir()
-    script = ('mount -t tmpfs -o size=1m tmpfs "$STORE" || exit 90; dd if=/dev/zero of="$STORE/filler" bs=64k '
-              '2>/dev/null; "$PY" -m marin.cli run "$EXP" --prefix "$STORE" --progress false')
+    script = (f'mount -t tmpfs -o size={size} tmpfs "$STORE" || exit 90; dd if=/dev/zero of="$STORE/filler" bs=64k '
+              f'{fill} 2>/dev/null; "$PY" -m marin.cli run "$EXP" --prefix "$STORE" --progress false; rc=$?; '
+              'find "$STORE" -mindepth 1 >&2; exit $rc')
     env = {**os.environ, "PYTHONPATH": REPO, "RAY_USAGE_STATS_ENABLED": "0", "STORE": str(store), "EXP": str(exp),
            "PY": sys.executable}
     r = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=env, cwd=tmp_path, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
-    assert f"marin: error: cannot write under the prefix {store} (the disk is full: 0 B free of 1.0 MiB" in r.stderr
+    error, *left = r.stderr.splitlines()
+    assert error.startswith(f"marin: error: cannot write under the prefix {store} {want.format(store=store)}"), error
+    assert sorted(left) == [f"{store}/experiments", f"{store}/filler"]  # nothing half-written
+
+
+LEASE_SCRIPT = textwrap.dedent(
+    '''
+    import os, sys
+    from marin.execution import lease
+
+    step_dir = sys.argv[1] + "/step-abc"
+    os.makedirs(step_dir)
+    with open(sys.argv[1] + "/filler", "ab", buffering=0) as f:
+        try:
+            while True:
+                f.write(bytes(4096))
+        except OSError:
+            pass
+    try:
+        lease.try_acquire(step_dir, "holder-1")
+    except lease.LeaseWriteDiskFull as e:
+        print(e)
+    print(sorted(os.listdir(step_dir)))
+    '''
+)
+
+
+def test_a_lease_write_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
+    """Mid-run, once the space held back is spent, the next step's lease write finds the disk full:
+    the run ends in one line (the step never started, so there is nothing of it to record)."""
+    problem = _namespace_problem()
+    if problem:
+        pytest.skip(problem)
+    store = tmp_path / "store"
+    store.mkdir()
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs "$1" && exec "$2" -c "$3" "$1"',
+                        "sh", str(store), sys.executable, LEASE_SCRIPT], env={**os.environ, "PYTHONPATH": REPO},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        f"cannot start {store}/step-abc: disk full: No space left on device writing its lease (0 B free of 1.0 MiB "
+        "there); free space and rerun", "[]"]

@@ -38,7 +38,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 def pool_environment(pool_name: str):
     """The pool, with this process's JAX environment set for it (fake CPU devices); call before importing jax."""
-    from marin.training.pools import get_pool
+    from marin.pools import get_pool
 
     pool = get_pool(pool_name)
     if pool.is_cpu:

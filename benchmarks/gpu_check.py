@@ -65,10 +65,10 @@ def run_transport(transport: str, cpu_smoke: bool) -> dict:
 
     from marin.models.config import flops_per_token, get_preset
     from marin.parallel.mesh import batch_sharding, make_mesh, place_host_arrays
+    from marin.pools import get_pool
     from marin.training.config import SyntheticDataConfig, TelemetryConfig, TrainConfig
     from marin.training.metrics import mfu, peak_flops_per_device
     from marin.training.planning import memory_plan
-    from marin.training.pools import get_pool
     from marin.training.trainer import (
         init_host_state,
         make_train_step,

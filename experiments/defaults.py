@@ -36,6 +36,7 @@ from marin.inference.evaluate import EvalConfig, evaluate
 from marin.inference.harness import HarnessConfig, harness_eval, task_files_fingerprint
 from marin.models.config import MoEConfig
 from marin.monitoring.health import HealthReportConfig, health_report_step
+from marin.pools import PoolSpec, get_pool, pool_name
 from marin.review.report import ReportConfig, report_step
 from marin.scaling.isoflop import IsoFlopFitConfig, IsoFlopRun, RecipeSpace, isoflop_fit_step
 from marin.scaling.ladder import LadderFitConfig, RungRun, ladder_fit_step
@@ -55,7 +56,6 @@ from marin.training.config import (
     regroup,
 )
 from marin.training.planning import StepDoesNotFit, check_train_config_fits, check_train_config_storage
-from marin.training.pools import PoolSpec, get_pool, pool_name
 from marin.training.steps import train
 
 StepOrPath = ExecutorStep | str
@@ -387,7 +387,7 @@ def default_mixture_report(name: str, mixture: MixtureConfig, total_tokens: int 
 
 # --- training track (default_train and friends) ------------------------------------------------
 # A training step embeds a MixtureConfig (from default_mixture) and runs marin.training.steps.train
-# on a device pool (marin.training.pools.POOLS). What defines the run is versioned: model, data,
+# on a device pool (marin.pools.POOLS). What defines the run is versioned: model, data,
 # seed, batch and the original schedule. What an operator may change on a live run is not: the
 # horizon re-plans (lr_replans), the transport switch step, the pool, checkpoint cadence and
 # telemetry, so changing them keeps the output path and the step resumes from its checkpoints.
@@ -434,14 +434,14 @@ def default_train(
             the longest sequence phase.
         preset: the preset the model derives from (versioned; read by ``marin plan`` and the report);
             a preset name given as ``model`` is its own.
-        pool: the device pool (``marin.training.pools``): a pool's name or a ``PoolSpec``; live.
+        pool: the device pool (``marin.pools``): a pool's name or a ``PoolSpec``; live.
         seed: initialisation and data-order seed.
         train_steps, tokens_per_step, seq_len_phases: the horizon as planned, the batch in tokens, and
             ``(start fraction, seq_len)`` phases at that batch.
         optimizer: AdamW and the LR schedule (:class:`OptimizerConfig`; ``lr_replans`` is live).
         checkpoint: when state is saved and kept, the temporary tier, the preemption grace
             (:class:`~marin.training.checkpoint.CheckpointPolicy`).
-        stall: the pool launcher's stall watchdog (:class:`~marin.training.stall.StallRule`).
+        stall: the pool launcher's stall watchdog (:class:`~marin.pools.stall.StallRule`).
         evaluation: in-training evaluation (:class:`TrainEvalConfig`): ``every_steps=``, ``sets=`` (see
             :func:`default_eval_suite`) and ``tasks={name: a default_domain_task step or a jsonl
             path}``, multiple-choice tasks scored at each eval as :func:`default_eval` scores them

@@ -35,6 +35,7 @@ from experiments.hero import (
 )
 from marin.execution import executor_main
 from marin.models.config import get_preset
+from marin.pools import get_pool
 from marin.scaling.recipe import (
     RunShape,
     format_ladder,
@@ -42,7 +43,6 @@ from marin.scaling.recipe import (
     run_flops,
 )
 from marin.training.config import CheckpointPolicy, OptimizerConfig, ParallelismConfig, TelemetryConfig
-from marin.training.pools import get_pool
 
 SEQ_LEN = 4096
 HERO = get_preset("hero")
@@ -50,7 +50,7 @@ HERO_SHAPE = RunShape.of_run(HERO_SEQ_LEN_PHASES, HERO_WARMUP_STEPS, HERO_STEPS)
 HERO_FLOPS = run_flops(HERO, HERO_STEPS, HERO_BATCH_SEQUENCES * SEQ_LEN, HERO_SEQ_LEN_PHASES)
 
 RUNG_POOL = {768: "gb200-rack", 2048: "gb200-11racks", 3072: "gb200-11racks", 4096: "gb200-11racks"}
-"""The pool each rung trains on, by width (the pools themselves: marin.training.pools.POOLS)."""
+"""The pool each rung trains on, by width (the pools themselves: marin.pools.POOLS)."""
 
 
 def _padded_for(model, pool: str):

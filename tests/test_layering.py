@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAYERS: list[set[str]] = [
     {"jaxcompat", "nativebuild", "runtime", "runsteps", "textfmt"},  # top-level helpers, no marin imports
     {"execution"},
-    {"data", "kernels"},
+    {"data", "kernels", "pools"},
     {"parallel"},
     {"models"},
     {"evaluation"},

@@ -33,8 +33,8 @@ from marin.evaluation.sets import EvalSet
 from marin.execution.errors import ExecutorError
 from marin.inference.evaluate import EvalConfig, run_eval
 from marin.inference.run import prepare_devices
+from marin.pools import PoolLaunchError, get_pool, pool_cluster
 from marin.textfmt import format_table
-from marin.training.pools import PoolLaunchError, get_pool, pool_cluster
 from marin.training.run import Run
 
 

@@ -29,7 +29,7 @@ def add_refresh(parser: argparse.ArgumentParser) -> None:
 
 
 POOLS_HELP = ("a TOML file of your own device pools ([pools.NAME] tables of PoolSpec's fields, the form of "
-              "marin/training/pools.toml), known by name beside marin's; $MARIN_POOLS (FILE[:FILE...]) is read too; "
+              "marin/pools/pools.toml), known by name beside marin's; $MARIN_POOLS (FILE[:FILE...]) is read too; "
               "may be given more than once")
 
 
@@ -40,8 +40,9 @@ def add_pools(parser: argparse.ArgumentParser) -> None:
 def use_pools(args: argparse.Namespace, command: str) -> bool:
     """Declare the pools of ``--pools`` (and ``$MARIN_POOLS``) in this process and the ones it starts;
     False, with the one-line error printed, for a bad file (it names the file and the field)."""
-    # the pool inventory imports the training package: only the commands that take --pools pay for it
-    from marin.training.pools import PoolsFileError, use_pools_files
+    # the pool inventory brings the execution package (storage, the Ray cluster helpers): only the
+    # commands that take --pools pay for it
+    from marin.pools import PoolsFileError, use_pools_files
 
     try:
         use_pools_files(args.pools)

@@ -9,7 +9,7 @@ published run uses, one per (sequence length, transport), each with its own micr
 transport that can drop, the largest capacity factor that still fits. Exit status 1 when the step
 or any phase does not fit (devices or hosts).
 
-The pool is one of marin's (``marin/training/pools.toml``) or one of your own, from a pools file named
+The pool is one of marin's (``marin/pools/pools.toml``) or one of your own, from a pools file named
 by ``--pools FILE`` or ``MARIN_POOLS``; a bad file is a one-line error naming it and the field.
 """
 
@@ -25,6 +25,7 @@ from marin.data.order import CURRENT_ORDER, format_coverage, k40_coverage
 from marin.inference.planning import WEIGHT_DTYPES, format_inference_plan, inference_plan
 from marin.models.config import PRESETS, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
+from marin.pools import SHIPPED_POOL_NAMES, get_pool
 from marin.training.checkpoint import CheckpointPolicy
 from marin.training.config import resolve_model
 from marin.training.planning import (
@@ -38,7 +39,6 @@ from marin.training.planning import (
     plan_with_context_parallel,
     storage_plan,
 )
-from marin.training.pools import SHIPPED_POOL_NAMES, get_pool
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -24,8 +24,8 @@ import sys
 from marin.commands.options import add_pools, use_pools
 from marin.execution.cluster import local_cluster_with_nodes
 from marin.execution.main import ExecutorMainConfig
+from marin.pools import get_pool, simulated_nodes, simulated_pool_note
 from marin.review.experiment_file import ExperimentFileError, check_experiment_file
-from marin.training.pools import get_pool, simulated_nodes, simulated_pool_note
 
 HANDLES_ERRORS = True
 """The experiment file's own exceptions keep their traceback (marin.cli prints others as one line)."""

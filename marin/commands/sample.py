@@ -20,7 +20,7 @@ from marin.execution.errors import ExecutorError
 from marin.inference import generate_with_ids, load_run
 from marin.inference.multihost import run_pool, sample_text_on_pool
 from marin.models.sampling import Sampling  # JAX-free: a bad setting is refused before JAX starts
-from marin.training.pools import PoolLaunchError
+from marin.pools import PoolLaunchError
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:

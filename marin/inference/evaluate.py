@@ -1,7 +1,7 @@
 """The eval step: committed checkpoints of a training step scored on eval sets and tasks (``eval.json``).
 
 It restores the run's checkpoints (:meth:`marin.training.run.Run.load`) and runs on the
-run's pool (or another) through :mod:`marin.training.pools`, so it sits above training, like the
+run's pool (or another) through :mod:`marin.pools`, so it sits above training, like the
 harness step (:mod:`marin.inference.harness`). The suite is the one the in-training eval scores
 (:mod:`marin.evaluation.suite`), so an in-training record at step N and this step's record of
 checkpoint N on the same pool are the same computation.
@@ -29,7 +29,7 @@ from marin.evaluation.sets import EvalSet
 from marin.evaluation.suite import prepare_run_suite, run_eval_sets
 from marin.execution.versioning import by_field, input_field, live
 from marin.inference.run import load_verified_checkpoint
-from marin.training.pools import HostContext, PoolSpec, get_pool, launch, run_local
+from marin.pools import HostContext, PoolSpec, get_pool, launch, run_local
 from marin.training.run import Run
 
 logger = logging.getLogger(__name__)

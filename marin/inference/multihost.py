@@ -1,5 +1,5 @@
 """Sampling from a run's model on a pool of several hosts: one JAX process per host, started by the
-pool launcher (:func:`marin.training.pools.launch`, the one training uses).
+pool launcher (:func:`marin.pools.launch`, the one training uses).
 
 The command line (the driver) reads the prompts, checks them and turns them into token ids with the
 run's tokenizer; every host restores only its own slices of the checkpoint (the sharded restore,
@@ -20,8 +20,8 @@ from marin.inference.evaluate import every_process_agrees
 from marin.inference.generate import decode_completions, encode_prompts
 from marin.inference.run import RunLoadError, committed_run_steps, load_verified_checkpoint
 from marin.models.sampling import Sampling, check_prompts
+from marin.pools import HostContext, PoolSpec, get_pool, run_on_pool
 from marin.training.checkpoint import load_model, model_config_of
-from marin.training.pools import HostContext, PoolSpec, get_pool, run_on_pool
 from marin.training.run import Run
 
 
@@ -78,7 +78,7 @@ def sample_text_on_pool(run_dir: str, step: int | None, pool: PoolSpec, prompts:
                         say: Callable[[str], None] | None = None) -> tuple[int, list[str], list[list[int]]]:
     """``(step, continuations, their token ids)`` of text ``prompts`` decoded on every host of
     ``pool``, on the Ray cluster at ``address`` or on simulated nodes
-    (:func:`marin.training.pools.run_on_pool`). The prompts are refused here, before any host
+    (:func:`marin.pools.run_on_pool`). The prompts are refused here, before any host
     starts, in the same one line as on one host."""
     steps = committed_run_steps(run_dir)
     if step is not None and step not in steps:

@@ -19,8 +19,8 @@ import math
 from typing import Any
 
 from marin.models.config import MoEConfig
+from marin.pools import PoolSpec
 from marin.training.planning import activation_bytes_per_token_layer, device_memory_bytes, params_per_device
-from marin.training.pools import PoolSpec
 
 WEIGHT_DTYPES = ("float32", "bfloat16")
 

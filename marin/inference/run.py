@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from marin.evaluation.sets import load_run_tokenizer
+from marin.pools import DEVICE_COUNT_FLAG, get_pool, host_env
 from marin.training.checkpoint.format import CorruptCheckpointError
 from marin.training.config import TrainConfig, train_config_from_record
-from marin.training.pools import DEVICE_COUNT_FLAG, get_pool, host_env
 from marin.training.run import Run
 
 logger = logging.getLogger(__name__)

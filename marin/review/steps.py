@@ -19,9 +19,9 @@ from marin.execution.plan import plan_steps
 from marin.execution.prefix import resolve_prefix
 from marin.execution.status import StepStatus
 from marin.monitoring.health import health
+from marin.pools import PLACEMENT_FILE
 from marin.review.experiment_file import load_experiment
 from marin.training.metrics import read_metrics
-from marin.training.pools import PLACEMENT_FILE
 
 CATEGORIES = ("succeeded", "reused", "failed", "running", "interrupted", "not run")
 """How the report colours a step. ``reused``: SUCCESS found from an earlier run, nothing recomputed."""
@@ -189,7 +189,7 @@ def row_for(path: str, name: str | None = None, hash_: str | None = None,
 
 
 def placement_lines(path: str, running: bool, now: float | None = None) -> list[str]:
-    """What a pool step's launcher noted (see :class:`marin.training.pools.PlacementNote`): the
+    """What a pool step's launcher noted (see :class:`marin.pools.PlacementNote`): the
     reservation it waits for and who holds it (while the step runs), and the nodes left out because
     a host of the step failed there. None for a step without a pool, at the cost of one read."""
     note = storage.read_json(f"{path.rstrip('/')}/{PLACEMENT_FILE}")

@@ -28,8 +28,9 @@ from marin.execution.jsonable import from_jsonable
 from marin.execution.versioning import by_field, group, input_field, live
 from marin.models.config import REMAT_POLICIES, MoEConfig, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
+from marin.pools import PoolSpec
+from marin.pools.stall import StallRule
 from marin.training.checkpoint.manager import CheckpointPolicy
-from marin.training.pools import PoolSpec
 from marin.training.schedule import (
     DEFAULT_FINAL_LR_FRACTION,
     LRSchedule,
@@ -38,7 +39,6 @@ from marin.training.schedule import (
     SeqLenSchedule,
     TransportSchedule,
 )
-from marin.training.stall import StallRule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,7 +356,7 @@ class TrainConfig:
                                       default="tiny-ep")
     pool: str | PoolSpec = live("where the run executes, not what it computes: a run may move to another pool and "
                                 "resume from its checkpoints", default="local-cpu")
-    """A pool's name (marin.training.pools.POOLS, a pools file's) or a PoolSpec itself."""
+    """A pool's name (marin.pools.POOLS, a pools file's) or a PoolSpec itself."""
     seed: int = 0
     # horizon and batch
     train_steps: int = 100
@@ -372,7 +372,7 @@ class TrainConfig:
                                        default_factory=OptimizerConfig)
     checkpoint: CheckpointPolicy = group("when state is saved and kept: every field live",
                                          default_factory=CheckpointPolicy)
-    stall: StallRule = group("the pool launcher's stall watchdog (marin.training.stall): every field live",
+    stall: StallRule = group("the pool launcher's stall watchdog (marin.pools.stall): every field live",
                              default_factory=StallRule, prefix="stall_")
     evaluation: TrainEvalConfig = group("evaluation during training: every field live (telemetry); the sets' and "
                                         "tasks' upstream steps are versioned dependencies (as eval_sets, eval_tasks)",

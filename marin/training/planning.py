@@ -67,15 +67,15 @@ from marin.parallel.layout import (
     leaf_partition,
     shard_shape,
 )
+from marin.pools import ACCELERATOR_MEMORY_BYTES, POOLS, PoolSpec, get_pool, pool_name
 from marin.textfmt import format_bytes, format_table, parse_bytes
 from marin.training.config import model_at
 from marin.training.metrics import peak_flops_per_device
-from marin.training.pools import ACCELERATOR_MEMORY_BYTES, POOLS, PoolSpec, get_pool, pool_name
 
 GiB = 1 << 30
 
 # Memory one device offers, bytes (what nvidia-smi reports for the part; the inventory in
-# marin/training/pools.toml), and the share of it the training step may plan on: XLA's allocator
+# marin/pools/pools.toml), and the share of it the training step may plan on: XLA's allocator
 # needs headroom for fragmentation and the runtime. JAX preallocates XLA_PYTHON_CLIENT_MEM_FRACTION
 # (0.75 by default) of the device: production images set it to 0.90 (infra/Dockerfile).
 DEVICE_MEMORY_BYTES: dict[str, int] = ACCELERATOR_MEMORY_BYTES

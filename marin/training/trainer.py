@@ -49,6 +49,8 @@ from marin.execution.jsonable import to_jsonable
 from marin.models.config import flops_per_token
 from marin.models.transformer import init_params, init_router_bias, loss_and_stats, update_router_bias
 from marin.parallel.mesh import batch_sharding, make_mesh, param_shardings, replicated
+from marin.pools import HostContext, NonRetryableError, get_pool, launch, run_local
+from marin.pools.stall import report_phase, report_step
 from marin.training.accumulate import accumulate
 from marin.training.checkpoint.discovery import checkpoint_path, checkpoint_step
 from marin.training.checkpoint.format import PERMANENT, TEMPORARY, CheckpointMismatchError
@@ -65,10 +67,8 @@ from marin.training.metrics import (
     read_metrics,
 )
 from marin.training.planning import plan, transport_handoffs
-from marin.training.pools import HostContext, NonRetryableError, get_pool, launch, run_local
 from marin.training.preemption import Preempted, PreemptionWatch, StopRequested
 from marin.training.schedule import lr_at, phase_index_at, seq_len_at, transport_at
-from marin.training.stall import report_phase, report_step
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import pytest
 
 from marin.evaluation.suite import TASK_KEY
 from marin.inference.evaluate import EvalConfig, run_eval
+from marin.pools import with_device_count
 from marin.training.metrics import read_metrics
-from marin.training.pools import with_device_count
 
 HOST = Path(__file__).with_name("two_process_task_host.py")
 REPO = HOST.parents[2]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from marin.cli import main
-from marin.training.pools import with_device_count
+from marin.pools import with_device_count
 
 MC_YAML = """task: k40_mc
 dataset_path: json

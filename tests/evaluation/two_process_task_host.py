@@ -26,7 +26,7 @@ def config(out: str, store: str, task: str):
 def main() -> None:
     out, pid, coord, store, task = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     os.environ["JAX_PLATFORMS"] = "cpu"  # before JAX starts its backend: 4 fake devices per host
-    from marin.training.pools import HostContext, get_pool, initialize_jax, with_device_count
+    from marin.pools import HostContext, get_pool, initialize_jax, with_device_count
 
     os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), 4)
     from marin.training.trainer import train_on_host

@@ -133,8 +133,8 @@ def test_the_retry_limit_is_the_steps_own_unless_the_flag_sets_one_for_all(tmp_p
 def test_training_and_evaluation_take_their_pools_retries_other_steps_none():
     from experiments.defaults import default_eval, default_train
     from marin.execution import ExecutorStep, InvalidStepError
+    from marin.pools import POOLS, SHIPPED_POOL_NAMES
     from marin.training.config import SyntheticDataConfig
-    from marin.training.pools import POOLS, SHIPPED_POOL_NAMES
 
     assert {name: POOLS[name].infra_retries for name in SHIPPED_POOL_NAMES} == {
         "local-cpu": 0, "local-cpu-1": 0, "local-cpu-ep8": 0, "local-2host": 0,

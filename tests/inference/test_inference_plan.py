@@ -8,7 +8,7 @@ import json
 from marin.cli import main
 from marin.inference.planning import inference_plan, kv_cache_bytes
 from marin.models.config import get_preset
-from marin.training.pools import get_pool
+from marin.pools import get_pool
 
 
 def _kv_reference(cfg, rows: int, context: int) -> tuple[int, int]:

@@ -119,7 +119,7 @@ def test_a_reader_requests_its_pools_devices_beside_the_xla_flags_already_set(mo
     """`marin sample` / `eval` ask for the run's fake devices before JAX starts: an XLA_FLAGS that holds
     other flags keeps them and gains the pool's count; a device count the user set is left alone."""
     from marin.inference.run import prepare_devices
-    from marin.training.pools import get_pool
+    from marin.pools import get_pool
 
     monkeypatch.delitem(sys.modules, "jax")  # as in a fresh `marin sample` process, which has not imported it
     monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/hlo")

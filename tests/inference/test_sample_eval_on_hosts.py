@@ -21,9 +21,9 @@ from marin.inference.multihost import SampleRequest, sample_on_host
 from marin.models.config import get_preset
 from marin.models.sampling import Sampling
 from marin.models.transformer import init_params, init_router_bias
+from marin.pools import get_pool, run_on_pool, simulated_nodes, with_device_count
 from marin.training import checkpoint as ckpt
 from marin.training.config import TrainConfig
-from marin.training.pools import get_pool, run_on_pool, simulated_nodes, with_device_count
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPTS = ["Council note", "The infra team said that", "x"]
@@ -181,7 +181,7 @@ class SumConfig:
 
 
 def pool_sum(config):
-    from marin.training.pools import get_pool, launch
+    from marin.pools import get_pool, launch
 
     with open(f"{config.output_path}/sum.json", "w") as f:
         json.dump(launch(get_pool("local-2host"), host_sum), f)

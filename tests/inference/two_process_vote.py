@@ -16,7 +16,7 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 def main() -> None:
     pid, coord = int(sys.argv[1]), sys.argv[2]
     from marin.inference.evaluate import every_process_agrees
-    from marin.training.pools import HostContext, get_pool, initialize_jax
+    from marin.pools import HostContext, get_pool, initialize_jax
 
     ctx = HostContext(pid, 2, coord, get_pool("local-2host"))
     initialize_jax(ctx)

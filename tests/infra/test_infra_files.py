@@ -11,7 +11,7 @@ import shlex
 import pytest
 import yaml
 
-from marin.training.pools import POOLS, RACK_LABEL, get_pool
+from marin.pools import POOLS, RACK_LABEL, get_pool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INFRA = os.path.join(REPO, "infra")

@@ -47,7 +47,7 @@ def rack_model():
 def rack_pool(hosts: int):
     """``hosts`` simulated nodes x 4 fake devices, all of them on the expert axis, on distinct nodes of
     one rack label (as gb200-rack places them); up to 3 relaunches after a lost host, as gb200-rack allows."""
-    from marin.training.pools import RACK_LABEL, PoolSpec
+    from marin.pools import RACK_LABEL, PoolSpec
 
     return PoolSpec(f"sim-rack-{hosts}x{DEVICES_PER_HOST}", hosts=hosts, devices_per_host=DEVICES_PER_HOST,
                     accelerator="cpu", mesh=(1, hosts * DEVICES_PER_HOST), device_resource="fake_host",
@@ -71,10 +71,10 @@ def main() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
+    from marin.pools import RACK_LABEL, launch
     from marin.training.checkpoint import committed_steps
     from marin.training.config import SyntheticDataConfig, TrainConfig
     from marin.training.metrics import read_metrics
-    from marin.training.pools import RACK_LABEL, launch
 
     out, hosts = sys.argv[1], int(sys.argv[2])
     run_dir, pid_dir = f"{out}/run", f"{out}/pids"

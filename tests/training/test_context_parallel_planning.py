@@ -9,6 +9,7 @@ import pytest
 
 from marin.cli import main as marin_main
 from marin.models.config import get_preset
+from marin.pools import get_pool
 from marin.training.planning import (
     causal_imbalance,
     context_parallel_bytes,
@@ -17,7 +18,6 @@ from marin.training.planning import (
     memory_plan,
     plan_with_context_parallel,
 )
-from marin.training.pools import get_pool
 
 HERO_TOKENS = 11_264 * 4096
 LONG = 262_144

@@ -11,10 +11,10 @@ from marin.models.config import count_params, get_preset, param_shapes
 from marin.models.transformer import init_params
 from marin.parallel.layout import leaf_partition, shard_shape
 from marin.parallel.mesh import batch_sharding, make_mesh, place_host_arrays
+from marin.pools import get_pool
 from marin.training.checkpoint import CheckpointManager, CheckpointPolicy
 from marin.training.config import SyntheticDataConfig, TrainConfig
 from marin.training.planning import memory_plan, params_per_device
-from marin.training.pools import get_pool
 from marin.training.trainer import (
     init_host_state,
     make_train_step,

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from marin.training.pools import with_device_count
+from marin.pools import with_device_count
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -23,7 +23,7 @@ _SCRIPT = textwrap.dedent(
     from marin.training.config import train_config_from_record
     from marin.training.metrics import read_metrics
     import dataclasses
-    from marin.training.pools import RACK_LABEL, get_pool, launch
+    from marin.pools import RACK_LABEL, get_pool, launch
     from marin.training.trainer import train_on_host
 
     config = train_config_from_record(json.loads(sys.argv[1]))  # the test's config, as a run records it

@@ -17,13 +17,13 @@ from marin.commands.plan import (
 )
 from marin.models.config import get_preset
 from marin.monitoring.health import health
+from marin.pools import get_pool
 from marin.training.planning import (
     largest_fitting_capacity_factor,
     memory_plan,
     phase_plans,
     train_config_plans,
 )
-from marin.training.pools import get_pool
 
 
 def _plan_json(argv):

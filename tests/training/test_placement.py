@@ -21,14 +21,14 @@ import ray.cloudpickle
 
 from marin.execution import ExecutorStep, this_output_path, versioned
 from marin.execution.main import ExecutorMainConfig, executor_main
-from marin.review.steps import placement_lines
-from marin.training.pools import (
+from marin.pools import (
     PLACEMENT_FILE,
     PlacementNote,
     PoolInfeasibleError,
     PoolSpec,
     launch,
 )
+from marin.review.steps import placement_lines
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import tests/
 REPO = Path(__file__).resolve().parents[2]
@@ -62,8 +62,8 @@ def test_a_reservation_waits_while_another_holds_what_it_needs(tmp_path, ray_loc
     reservation waits past its ready timeout, noted with its holder, and is placed once they are free."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from marin.training.pools import _placement_groups as groups_of  # noqa: PLC2701 - the launcher's own step
-    from marin.training.pools import wait_for_placement
+    from marin.pools.launcher import _placement_groups as groups_of  # noqa: PLC2701 - the launcher's own step
+    from marin.pools.launcher import wait_for_placement
 
     holder = placement_group([{"test-accelerator": 2.0}], name="holder-step-0123 other-pool-rack0-x")
     ray.get(holder.ready())
@@ -96,8 +96,8 @@ def test_a_reservation_waits_while_another_holds_what_it_needs(tmp_path, ray_loc
 def test_a_node_left_out_makes_a_placement_that_only_it_could_hold_fail_naming_it(tmp_path, ray_local):
     """Node avoidance is Ray's node-id label selector: leaving out the session cluster's only node
     leaves nowhere to go, and the one line says which node was left out and why."""
-    from marin.training.pools import _placement_groups as groups_of  # noqa: PLC2701 - the launcher's own step
-    from marin.training.pools import nodes_to_avoid, wait_for_placement
+    from marin.pools.launcher import _placement_groups as groups_of  # noqa: PLC2701 - the launcher's own step
+    from marin.pools.launcher import nodes_to_avoid, wait_for_placement
 
     node = ray.get_runtime_context().get_node_id()
     note = PlacementNote(str(tmp_path))
@@ -220,7 +220,7 @@ _FAKE_NODES = textwrap.dedent(
     import dataclasses
     import ray
     from ray.cluster_utils import Cluster
-    from marin.training.pools import PLACEMENT_FILE, PoolLaunchError, PoolSpec, launch
+    from marin.pools import PLACEMENT_FILE, PoolLaunchError, PoolSpec, launch
 
     out = sys.argv[1]
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})

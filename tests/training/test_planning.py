@@ -10,6 +10,7 @@ import pytest
 from marin.cli import main
 from marin.models.config import count_params, get_preset
 from marin.parallel.mesh import make_mesh
+from marin.pools import get_pool
 from marin.training.config import SyntheticDataConfig, TrainConfig
 from marin.training.lowering import abstract_mesh, abstract_state, lower_train_step
 from marin.training.planning import (
@@ -20,7 +21,6 @@ from marin.training.planning import (
     plan,
     valid_microbatches,
 )
-from marin.training.pools import get_pool
 from marin.training.trainer import model_config
 
 

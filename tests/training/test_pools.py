@@ -9,7 +9,7 @@ import pytest
 import ray.cloudpickle
 
 from marin.execution.failures import InfrastructureFailure, host_memory_error, is_infrastructure_failure
-from marin.training.pools import (
+from marin.pools import (
     POOLS,
     HostOutOfMemory,
     NonRetryableError,
@@ -208,7 +208,7 @@ def test_a_host_killed_by_rays_memory_monitor_fails_the_pool_once_in_one_line(tm
     script.write_text(textwrap.dedent("""
         import time
         import ray
-        from marin.training.pools import HostOutOfMemory, PoolSpec, launch
+        from marin.pools import HostOutOfMemory, PoolSpec, launch
 
         def host(ctx):
             time.sleep(120)

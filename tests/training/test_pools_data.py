@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from marin.cli import main as marin
-from marin.training import pools as P
-from marin.training.pools import POOLS, PoolsFileError, PoolSpec, get_pool, read_pools_file
+from marin.pools import POOLS, PoolsFileError, PoolSpec, get_pool, read_pools_file
+from marin.pools import launcher as P
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -141,8 +141,8 @@ def test_a_pool_of_ones_own_naming_launches_its_hosts(ray_local):
     """The fast core of the end-to-end run below: the launcher takes the spec a step was given."""
     import ray.cloudpickle
 
+    from marin.pools import launch
     from marin.training.config import SyntheticDataConfig, TrainConfig
-    from marin.training.pools import launch
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this module
     mine = PoolSpec("my-cpu", hosts=1, devices_per_host=2, accelerator="cpu", mesh=(1, 2))
@@ -194,7 +194,7 @@ USER_POOL_EXPERIMENT = textwrap.dedent(
     from experiments.defaults import default_train
     from marin.execution import executor_main
     from marin.training.config import SyntheticDataConfig
-    from marin.training.pools import PoolSpec
+    from marin.pools import PoolSpec
 
     # a pool of this experiment's own, passed to the step itself
     MY_CPU = PoolSpec("my-cpu", hosts=1, devices_per_host=2, accelerator="cpu", mesh=(1, 2))

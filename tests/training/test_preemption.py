@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from marin.execution.failures import is_infrastructure_failure
+from marin.pools import with_device_count
 from marin.training.checkpoint import CheckpointManager
 from marin.training.config import SyntheticDataConfig, TrainConfig
 from marin.training.metrics import read_metrics
-from marin.training.pools import with_device_count
 from marin.training.preemption import Preempted, PreemptionWatch
 from marin.training.trainer import run_training
 
@@ -214,7 +214,7 @@ _TWO_HOSTS = textwrap.dedent(
     from marin.execution.signals import request_stop
     from marin.training.config import SyntheticDataConfig, TrainConfig
     from marin.training.metrics import read_metrics
-    from marin.training.pools import get_pool, launch
+    from marin.pools import get_pool, launch
     from marin.training.preemption import StopRequested
     from marin.training.trainer import train_on_host
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from marin.training.pools import with_device_count
+from marin.pools import with_device_count
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("simulated_rack.py")

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from marin.parallel.mesh import make_mesh
+from marin.pools import with_device_count
 from marin.training import checkpoint as ckpt
-from marin.training.pools import with_device_count
 from marin.training.trainer import init_host_state, init_state, model_config, state_shapes, state_shardings
 
 HOST = Path(__file__).with_name("two_process_host.py")

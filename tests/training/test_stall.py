@@ -11,8 +11,8 @@ import pytest
 import ray.cloudpickle
 
 from marin.execution.failures import is_infrastructure_failure
-from marin.training.pools import PoolLostError, PoolSpec, launch
-from marin.training.stall import (
+from marin.pools import PoolLostError, PoolSpec, launch
+from marin.pools.stall import (
     HostProgress,
     PoolStalled,
     StallRule,
@@ -114,7 +114,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 def _steps_then_freeze(ctx, marker_dir, steps):
     """Report ``steps`` steps; on the first attempt freeze this process with SIGSTOP after step 3."""
-    from marin.training.stall import report_step
+    from marin.pools.stall import report_step
 
     attempt = len(os.listdir(marker_dir))
     open(os.path.join(marker_dir, f"attempt-{attempt}"), "w").close()

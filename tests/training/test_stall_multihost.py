@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from marin.training.pools import with_device_count
+from marin.pools import with_device_count
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -24,7 +24,7 @@ _SCRIPT = textwrap.dedent(
     from ray.cluster_utils import Cluster
     from marin.training.config import SyntheticDataConfig, TrainConfig
     from marin.training.metrics import read_metrics
-    from marin.training.pools import get_pool, launch
+    from marin.pools import get_pool, launch
     from marin.training.trainer import STALLS_FILE, train_on_host
 
     out = sys.argv[1]

@@ -12,10 +12,10 @@ import pytest
 
 from marin.execution import ExecutorMainConfig, executor_main
 from marin.execution.status import current_status, read_info, read_status
+from marin.pools import with_device_count
 from marin.training.checkpoint import read_checkpoint
 from marin.training.config import SyntheticDataConfig
 from marin.training.metrics import read_metrics
-from marin.training.pools import with_device_count
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -1,6 +1,6 @@
 """One host of a two-process pool (``local-2host``: 2 processes x 4 fake CPU devices, one (1, 8)
 mesh), started twice by tests/training/test_sharded_state.py; joined by ``jax.distributed`` on
-127.0.0.1, as the Ray launcher joins them (marin.training.pools.initialize_jax).
+127.0.0.1, as the Ray launcher joins them (marin.pools.initialize_jax).
 
     python two_process_host.py MODE OUT PROCESS_ID COORDINATOR [HOSTS [EXPERT_WIDTH]]
 
@@ -42,7 +42,7 @@ def main() -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"  # before JAX starts its backend: 8 / hosts fake devices per host
     import dataclasses
 
-    from marin.training.pools import HostContext, get_pool, initialize_jax, with_device_count
+    from marin.pools import HostContext, get_pool, initialize_jax, with_device_count
 
     os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), 8 // hosts)
 

@@ -13,7 +13,7 @@ Launch protocol (``launch``):
    hang in a collective) and releases the reservation; then retry up to ``max_retries`` times. The
    host function resumes from the latest checkpoint, so a retry loses at most one checkpoint interval.
    With a stall rule, a pool whose hosts stop completing steps counts as failed too
-   (:mod:`marin.training.stall`): a hung host never fails by itself.
+   (:mod:`marin.pools.stall`): a hung host never fails by itself.
 
 The site inventory is data: the pools marin ships with (this machine's CPU pools, a lent H200, the
 GB200 NVL72 racks) and the device memory of each accelerator are in ``pools.toml`` beside this module,
@@ -57,7 +57,7 @@ from marin.execution.failures import (
     host_memory_error,
     is_infrastructure_failure,
 )
-from marin.training.stall import (
+from marin.pools.stall import (
     PoolStalled,
     ProgressWatch,
     StallRule,
@@ -735,7 +735,7 @@ def launch(
 
     Needs an initialised Ray (the executor's step task has one). Raises the host's exception for
     ``NonRetryableError``, else ``PoolLaunchError`` after ``max_retries`` (default: the pool's) retries.
-    ``stall``: watch the hosts' heartbeat (:mod:`marin.training.stall`; ``fn`` reports its steps with
+    ``stall``: watch the hosts' heartbeat (:mod:`marin.pools.stall`; ``fn`` reports its steps with
     ``report_step``) and relaunch a pool that stops completing steps, recording each stall in the JSON
     list at ``stall_log``.
     ``step_dir``: the step's directory, where the launcher notes what its reservation waits for and

@@ -20,7 +20,7 @@ How it works here:
   attempt (restore and first compilation) and during a long phase, :attr:`StallRule.startup_s`.
   Times are the launcher's own clock (when it first saw a step number change), so clock skew between
   hosts does not matter.
-* **Action** (in :func:`marin.training.pools.launch`): the launcher names the hosts that were behind
+* **Action** (in :func:`marin.pools.launch`): the launcher names the hosts that were behind
   (silent, or at an older step), records the stall, kills every host and relaunches the pool, which
   resumes from the last checkpoint: a :class:`PoolStalled` is an infrastructure failure.
 

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return module.run(args)
     except (FileNotFoundError, ValueError) as e:
-        print(f"marin: error: {e}", file=sys.stderr)
+        print(f"marin: error: {mask_text(str(e))}", file=sys.stderr)  # it may quote a path or URL given
         return 2
     except BrokenPipeError:  # `marin show ... | head`: the reader left, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

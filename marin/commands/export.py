@@ -24,6 +24,7 @@ from marin.inference.export import (
     export_checkpoint,
     export_estimate,
     model_readers,
+    refuse_credentials,
     storage_reason,
 )
 from marin.inference.run import load_verified_checkpoint
@@ -60,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _dry_run(args: argparse.Namespace) -> int:
+    refuse_credentials(args.output)
     def estimate(step: int) -> tuple[int, dict[str, int]]:
         path = Run(args.run).checkpoint_path(step)
         cfg = model_readers(path)[0]

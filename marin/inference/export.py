@@ -18,6 +18,7 @@ The layout (names, shapes, ``y = x @ W``) is documented in :mod:`marin.models.ex
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import json
@@ -37,6 +38,8 @@ import numpy as np
 from marin.data.tokenizer import tokenizer_json_path
 from marin.evaluation.sets import run_tokenizer_path
 from marin.execution.experiment_record import experiment_record_paths, read_experiment_record
+from marin.execution.failures import disk_full_error
+from marin.execution.plan import CREDENTIALS_HELP, url_credentials_masked
 from marin.inference.run import load_verified_checkpoint
 from marin.models import numpy_forward
 from marin.models.config import count_params
@@ -48,6 +51,7 @@ from marin.models.exported import (
     exported_tensor,
     to_export_dtype,
 )
+from marin.textfmt import format_bytes
 from marin.training.checkpoint.format import read_index
 from marin.training.checkpoint.loading import model_config_of
 from marin.training.checkpoint.restore import open_leaves
@@ -162,9 +166,10 @@ def write_safetensors(out_dir: str, fname: str, tensors: dict[str, np.ndarray]) 
     final = f"{root.rstrip('/')}/{fname}"
     if _is_local(fs):
         tmp = f"{root.rstrip('/')}/.{fname}{PARTIAL_SUFFIX}"
-        save_file(tensors, tmp, metadata={"format": "np"})
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, final)
+        with _removed_on_failure(tmp):
+            save_file(tensors, tmp, metadata={"format": "np"})
+            os.chmod(tmp, file_mode())
+            os.replace(tmp, final)
         return os.path.getsize(final)
     data = save(tensors, metadata={"format": "np"})
     fs.pipe_file(final, data)
@@ -175,11 +180,48 @@ def _put_text(fs: Any, path: str, text: str) -> None:
     """One small file, atomically (rename on local disk, one PUT on an object store)."""
     if _is_local(fs):
         tmp = f"{path}{PARTIAL_SUFFIX}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        with _removed_on_failure(tmp):
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
     else:
         fs.pipe_file(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def _removed_on_failure(tmp: str):
+    """A temporary file that a failed write (a full disk, a kill) must not leave behind half-written."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether a write failed for want of space: an ``ENOSPC``/``EDQUOT`` OSError anywhere in the
+    chain, or safetensors' writer's error, which carries only the OS's text ("os error 28")."""
+    if disk_full_error(e) is not None:
+        return True
+    return type(e).__name__ == "SafetensorError" and re.search(r"os error (28|122)\b", str(e)) is not None
+
+
+def _disk_size(out_dir: str) -> str:
+    """`` (N in all)`` for a local destination, for a disk-full message (what is free now says
+    nothing: the failed file was removed)."""
+    try:
+        return f" ({format_bytes(shutil.disk_usage(out_dir).total)} in all)"
+    except OSError:
+        return ""
+
+
+def refuse_credentials(out_dir: str) -> None:
+    """Refuse a destination URL that carries credentials, without echoing them (they would reach the
+    terminal, the store client's errors and the export's own records)."""
+    shown = url_credentials_masked(out_dir)
+    if shown is not None:
+        raise ExportError(f"-o {shown} has credentials in it (the part before '@'); {CREDENTIALS_HELP}")
 
 
 _KEY_PART = re.compile(r"\['([^']*)'\]")
@@ -308,11 +350,19 @@ def export_checkpoint(run_dir: str, out_dir: str, *, step: int | None = None, dt
     to_export_dtype(np.zeros(0, np.float32), dtype)  # an unknown dtype is refused before anything else
     if processes < 1:
         raise ExportError(f"--processes must be at least 1, got {processes}")
+    refuse_credentials(out_dir)
     prepare_output(out_dir, overwrite)
     invocation = uuid.uuid4().hex
-    return load_verified_checkpoint(
-        run_dir, step, lambda s: _export_step(run_dir, s, out_dir, dtype, max_shard_bytes, processes, invocation),
-        say=say)[1]
+    try:
+        return load_verified_checkpoint(
+            run_dir, step, lambda s: _export_step(run_dir, s, out_dir, dtype, max_shard_bytes, processes, invocation),
+            say=say)[1]
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        raise ExportError(f"cannot write the export to {out_dir}: the disk filled up{_disk_size(out_dir)}; free "
+                          "space, then rerun the same command: it continues from the shards already written (no "
+                          "file is left half-written)") from None
 
 
 def _export_step(run_dir: str, step: int, out_dir: str, dtype: str, max_shard_bytes: int, processes: int,

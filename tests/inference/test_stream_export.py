@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -26,6 +27,8 @@ from marin.models.exported import INDEX_FILE, exported_shapes, read_shard
 from marin.models.transformer import init_params, init_router_bias
 from marin.training import checkpoint as ckpt
 from marin.training.checkpoint import load_model, write_checkpoint
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _cfg(n_layers: int = 3, **kw):
@@ -340,3 +343,50 @@ def test_chunks_smaller_than_shards_restore_onto_another_mesh(tmp_path, monkeypa
     assert np.array_equal(np.asarray(got["w"]), whole)
     readers, _ = ckpt.open_leaves(path)
     assert np.array_equal(np.asarray(readers["['w']"][5][..., :3]), whole[5][..., :3])
+
+
+def test_a_destination_url_with_credentials_is_refused_without_echoing_them(run, capsys):
+    for extra in ([], ["--dry-run"]):
+        rc = main(["export", run, "-o", "s3://AKIAFAKE:secretvalue@bucket/x", *extra])
+        _, err = capsys.readouterr()
+        assert rc == 2 and err.count("\n") == 1, err
+        assert err.startswith("marin: error: -o s3://***@bucket/x has credentials in it (the part before '@'); an "
+                              "object store takes credentials from the environment"), err
+        assert "secretvalue" not in err and "AKIAFAKE" not in err
+
+
+FULL_DISK = """
+mount -t tmpfs -o size=64k tmpfs "$DEST" || exit 90
+run_export() { "$PY" -m marin.cli export "$RUN" -o "$DEST/x" --dtype float32 --max-shard-size 20000; }
+run_export > "$LOG/out1" 2> "$LOG/err1"; echo $? > "$LOG/rc1"
+ls -A "$DEST/x" > "$LOG/ls1"
+mount -o remount,size=4m "$DEST" || exit 91
+run_export > "$LOG/out2" 2> "$LOG/err2"; echo $? > "$LOG/rc2"
+cp -r "$DEST/x" "$LOG/x"
+"""
+
+
+def test_an_export_to_a_full_disk_is_one_line_leaves_no_partial_file_and_continues(run, tmp_path):
+    """A real 64 KiB filesystem (a tmpfs in a private mount namespace, as tests/execution/test_disk_full.py
+    mounts them) fills during the export; with room made, the same command finishes it."""
+    dest, log = tmp_path / "dest", tmp_path / "log"
+    dest.mkdir()
+    log.mkdir()
+    env = {**os.environ, "PYTHONPATH": REPO, "RUN": run, "DEST": str(dest), "LOG": str(log), "PY": sys.executable}
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", FULL_DISK], env=env, capture_output=True, text=True,
+                       timeout=300) if shutil.which("unshare") else None
+    if r is None or r.returncode in (90, 91) or r.stderr.startswith("unshare:"):
+        pytest.skip("mounting a small filesystem needs root or unprivileged user namespaces")
+    assert r.returncode == 0, r.stderr
+    err = (log / "err1").read_text()
+    assert (log / "rc1").read_text().strip() == "2" and err.count("\n") == 1, err
+    assert err == (f"marin: error: cannot write the export to {dest}/x: the disk filled up (64.0 KiB in all); free "
+                   "space, then rerun the same command: it continues from the shards already written (no file is "
+                   "left half-written)\n")
+    left = (log / "ls1").read_text().split()
+    assert PROGRESS_FILE in left and INDEX_FILE not in left and not [f for f in left if f.endswith(".partial")], left
+    assert (log / "rc2").read_text().strip() == "0", (log / "err2").read_text()
+    assert "(continued an interrupted export)" in (log / "out2").read_text()
+    export_checkpoint(run, str(tmp_path / "ref"), dtype="float32", max_shard_bytes=20_000)
+    want, got = tensors_of(str(tmp_path / "ref")), tensors_of(str(log / "x"))
+    assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)

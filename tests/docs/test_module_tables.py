@@ -14,7 +14,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 DOCUMENTED = {"execution": "docs/architecture.md", "review": "docs/architecture.md",
-              "training": "docs/training.md", "evaluation": "docs/evaluation.md"}
+              "training": "docs/training.md", "evaluation": "docs/evaluation.md",
+              "pools": "docs/training.md"}
 """Package -> the doc whose module tables list it."""
 
 

@@ -62,8 +62,8 @@ def test_a_reservation_waits_while_another_holds_what_it_needs(tmp_path, ray_loc
     reservation waits past its ready timeout, noted with its holder, and is placed once they are free."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from marin.pools.launcher import _placement_groups as groups_of  # noqa: PLC2701 - the launcher's own step
-    from marin.pools.launcher import wait_for_placement
+    from marin.pools.placement import placement_groups as groups_of
+    from marin.pools.placement import wait_for_placement
 
     holder = placement_group([{"test-accelerator": 2.0}], name="holder-step-0123 other-pool-rack0-x")
     ray.get(holder.ready())
@@ -96,8 +96,8 @@ def test_a_reservation_waits_while_another_holds_what_it_needs(tmp_path, ray_loc
 def test_a_node_left_out_makes_a_placement_that_only_it_could_hold_fail_naming_it(tmp_path, ray_local):
     """Node avoidance is Ray's node-id label selector: leaving out the session cluster's only node
     leaves nowhere to go, and the one line says which node was left out and why."""
-    from marin.pools.launcher import _placement_groups as groups_of  # noqa: PLC2701 - the launcher's own step
-    from marin.pools.launcher import nodes_to_avoid, wait_for_placement
+    from marin.pools.placement import nodes_to_avoid, wait_for_placement
+    from marin.pools.placement import placement_groups as groups_of
 
     node = ray.get_runtime_context().get_node_id()
     note = PlacementNote(str(tmp_path))

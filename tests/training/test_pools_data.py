@@ -14,7 +14,7 @@ import pytest
 
 from marin.cli import main as marin
 from marin.pools import POOLS, PoolsFileError, PoolSpec, get_pool, read_pools_file
-from marin.pools import launcher as P
+from marin.pools import spec as P
 
 REPO = Path(__file__).resolve().parents[2]
 

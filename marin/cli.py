@@ -52,6 +52,7 @@ from marin.execution.errors import install_excepthook
 from marin.execution.failures import STORE_ADVICE, store_access_error, unreadable_store_message
 from marin.execution.jsonable import mask_text
 from marin.execution.prefix import resolve_prefix
+from marin.execution.retry import refusal_fails_fast
 
 COMMANDS: dict[str, str] = {
     "run": "run an experiment file (flags as for python EXPERIMENT.py)",
@@ -73,6 +74,11 @@ COMMANDS: dict[str, str] = {
     "convert-checkpoints": "rewrite a run's single-blob checkpoints in the sharded format",
 }
 """Command name -> one-line help. The command's code is ``marin.commands.<name with _ for ->``."""
+
+RIDES_OUT_REFUSALS = frozenset({"run"})
+"""Commands whose process drives a run: a connection the store refuses is a frontend restarting,
+ridden out under the retry limit. Every other command answers a person, and a store that refuses
+its first connection is not there: one line at once (:func:`marin.execution.retry.refusal_fails_fast`)."""
 
 
 def command_module(name: str) -> ModuleType:
@@ -108,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = parser.parse_args(argv)
     module = command_module(args.command)
+    if args.command in RIDES_OUT_REFUSALS:
+        return _run(module, args)
+    with refusal_fails_fast():
+        return _run(module, args)
+
+
+def _run(module: ModuleType, args: argparse.Namespace) -> int:
+    """The command's ``run``, its errors printed in one line unless it handles them itself."""
     if getattr(module, "HANDLES_ERRORS", False):
         return module.run(args)
     try:

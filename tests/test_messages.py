@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +141,25 @@ def test_a_store_that_cannot_be_read_is_one_line_as_for_marin_run(tmp_path, comm
     assert r.stderr.strip().splitlines() == [
         "marin: error: cannot read step outputs under s3://marin-probe-bucket/x: NoCredentialsError: Unable to locate "
         "credentials; check the prefix, your credentials and the network"]
+
+
+@pytest.mark.parametrize("command", [["status"], ["show", "quickstart/train"]])
+def test_a_store_that_refuses_connections_is_one_line_at_once(tmp_path, command):
+    """Nothing listens at the endpoint: no retries (each a warning line) under a limit of ten minutes,
+    which the subprocess's timeout would cut short. botocore's own retries of each call (about 10 s
+    of backoff) are turned off here: they are not what is tested."""
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "MARIN_STORAGE_RETRY_S": "600",
+           "AWS_MAX_ATTEMPTS": "1"}
+    r = subprocess.run([sys.executable, "-m", "marin.cli", *command, "--prefix", "s3://marin-probe-bucket/x"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert r.returncode == 2, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith("marin: error: cannot read step outputs under s3://marin-probe-bucket/x: "
+                           "EndpointConnectionError: Could not connect to the endpoint URL"), line
 
 
 def test_the_store_error_is_found_through_the_chain_and_a_bug_is_not_one():

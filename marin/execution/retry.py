@@ -11,7 +11,9 @@ fails with :class:`StorageUnavailable`, whose message names the operation, the t
 store's own last error.
 
 Only errors that say "the store could not be reached or answered 5xx" are retried; a missing file, a
-permission error or a full disk fail at once (waiting does not fix them).
+permission error or a full disk fail at once (waiting does not fix them). Inside
+:func:`refusal_fails_fast` (the commands a person waits on), a connection refused before any store
+call of the block has succeeded fails at once too: nothing listens at that endpoint.
 """
 
 from __future__ import annotations
@@ -84,6 +86,40 @@ def capped(limit_s: float) -> Iterator[None]:
         _local.cap = previous
 
 
+class _Refusal:
+    """Whether a refused connection fails at once (inside :func:`refusal_fails_fast`, until a store
+    call succeeds). Process-wide, not per thread: a command reads records from a pool of threads."""
+
+    fail_fast = False
+    reached = False
+
+
+@contextlib.contextmanager
+def refusal_fails_fast() -> Iterator[None]:
+    """In this block, a connection the store refuses before any store call of the block succeeded is
+    not transient: nothing listens at that endpoint (a wrong ``AWS_ENDPOINT_URL``, a store not
+    started), and the retry limit (botocore retrying each attempt on top) would only make a person
+    wait five minutes for the same one line. Once a call succeeded the endpoint is known to be
+    there, and a refusal is a frontend restarting: ridden out as everywhere else."""
+    previous = (_Refusal.fail_fast, _Refusal.reached)
+    _Refusal.fail_fast, _Refusal.reached = True, False
+    try:
+        yield
+    finally:
+        _Refusal.fail_fast, _Refusal.reached = previous
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether the connection was refused (``ECONNREFUSED`` somewhere in ``exc``'s chain)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ConnectionRefusedError) or isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 class StorageUnavailable(OSError):
     """A store stayed unreachable for longer than the retry policy's limit (the cause is chained)."""
 
@@ -123,6 +159,8 @@ _TENSORSTORE_TRANSIENT = ("unavailable: ", "deadline_exceeded: ")
 
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` (or an exception it was raised from) says the store was briefly unreachable."""
+    if _Refusal.fail_fast and not _Refusal.reached and _refused(exc):
+        return False
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -196,6 +234,7 @@ class Outage:
         return delay
 
     def succeeded(self) -> None:
+        _Refusal.reached = True
         if self.since is not None:
             logger.warning("%s succeeded again after %.1fs and %d failed attempts", self.what,
                            self.clock() - self.since, self.attempts)

@@ -158,3 +158,26 @@ def test_tensorstore_errors_are_classified_by_what_they_say(tmp_path, monkeypatc
     with pytest.raises(ValueError) as missing:
         ts.open({**spec, "kvstore": kvstore_spec(str(tmp_path / "none"))}, open=True).result()
     assert str(missing.value).startswith("NOT_FOUND") and not is_transient(missing.value)
+
+
+def test_a_refused_connection_fails_at_once_where_a_person_waits_until_the_store_has_answered():
+    from marin.execution.retry import refusal_fails_fast
+
+    refused = RuntimeError("Could not connect to the endpoint URL")
+    refused.__cause__ = ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+    assert is_transient(refused)  # a run rides it out: a frontend restarting
+    with refusal_fails_fast():
+        assert not is_transient(refused)  # nothing listens there
+        assert is_transient(ConnectionResetError("reset by peer"))  # other connection errors as before
+        calls = []
+
+        def refuse():
+            calls.append(1)
+            raise refused
+
+        with pytest.raises(RuntimeError):
+            call_with_retry(refuse, what="list s3://b/x", sleep=lambda s: pytest.fail("slept"))
+        assert calls == [1]
+        assert call_with_retry(lambda: "ok", what="read s3://b/x") == "ok"
+        assert is_transient(refused)  # the store answered once: now a refusal is an outage
+    assert is_transient(refused)

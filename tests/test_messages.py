@@ -240,6 +240,36 @@ def test_a_data_path_with_credentials_is_refused_by_the_dry_run_and_nothing_is_w
     assert not prefix.exists()
 
 
+BAD_BATCH = """
+import os
+from experiments.defaults import default_train
+from marin.execution import executor_main
+from marin.training import SyntheticDataConfig
+
+if os.environ.get("OWN_ERROR"):
+    raise ValueError("the file's own check")
+train = default_train("t", mixture=SyntheticDataConfig(), model="tiny-ep", pool="local-cpu", tokens_per_step=64 * 9,
+                      seq_len_phases=((0.0, 64),))
+if __name__ == "__main__":
+    executor_main(steps=[train])
+"""
+
+
+def test_a_batch_the_pool_cannot_split_is_one_line_from_the_experiment_file_as_from_explain(tmp_path):
+    exp = tmp_path / "exp.py"
+    exp.write_text(BAD_BATCH)
+    want = "marin: error: 9 sequences of 64 per step do not split over 8 devices x 1 microbatches"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    dry = subprocess.run([sys.executable, str(exp), "--prefix", str(tmp_path / "p"), "--dry_run", "true"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    explain = marin("explain", str(exp), "--prefix", str(tmp_path / "p"), cwd=tmp_path)
+    assert dry.returncode == 1 and dry.stderr.splitlines() == [f"{want} (at exp.py:9)"], dry.stderr
+    assert explain.returncode == 2 and explain.stderr.splitlines() == [want], explain.stderr
+    own = subprocess.run([sys.executable, str(exp)], capture_output=True, text=True, cwd=tmp_path,
+                         env={**env, "OWN_ERROR": "1"}, timeout=120)
+    assert own.returncode == 1 and "Traceback" in own.stderr  # the file's own error keeps its traceback
+
+
 def test_report_of_an_experiment_file_masks_its_card_as_the_stored_record_does(tmp_path, capsys):
     from marin.cli import main
 

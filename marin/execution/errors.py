@@ -5,7 +5,10 @@ A bad step name or config is usually found while the experiment file is being im
 ``marin: error: <message> (at exp.py:12)`` instead of a traceback into the executor's internals.
 The entry points install it: ``marin`` (:func:`marin.cli.main`) and, for ``python exp.py``,
 :mod:`marin.execution` when :func:`running_a_script` (never in a library, notebook or test run).
-Every other exception keeps Python's usual report; ``MARIN_TRACEBACK=1`` shows the full traceback.
+A ``ValueError`` that a library function raised for a declaration at the top level of the experiment
+file (``default_train(...)`` with a batch its pool cannot split, a step that does not fit) is an
+experiment-file mistake too, printed the same way, as ``marin explain`` prints it. Every other
+exception keeps Python's usual report; ``MARIN_TRACEBACK=1`` shows the full traceback.
 """
 
 from __future__ import annotations
@@ -58,12 +61,33 @@ def user_location(tb: TracebackType | None) -> str | None:
     return where
 
 
+def declaration_location(tb: TracebackType | None, script: str | None) -> str | None:
+    """``file:line`` of the experiment file's top-level statement whose call raised, when the error
+    came from a function it called (a library's check of a declaration), else None: an error the
+    file's own code raised, or one raised while steps run, keeps its traceback."""
+    if not script:
+        return None
+    frames = traceback.extract_tb(tb)
+    script = os.path.abspath(script)
+    top = [i for i, f in enumerate(frames) if f.name == "<module>" and os.path.abspath(f.filename) == script]
+    if not top or top[-1] == len(frames) - 1:
+        return None
+    frame = frames[top[-1]]
+    rel = os.path.relpath(frame.filename)
+    return f"{frame.filename if rel.startswith('..') else rel}:{frame.lineno}"
+
+
 def excepthook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None,
                _previous=sys.excepthook) -> None:
-    if issubclass(kind, user_error_types()) and not os.environ.get("MARIN_TRACEBACK"):
-        where = user_location(tb)
-        print(f"marin: error: {exc}" + (f" (at {where})" if where else ""), file=sys.stderr)
-        return
+    if not os.environ.get("MARIN_TRACEBACK"):
+        if issubclass(kind, user_error_types()):
+            where = user_location(tb)
+            print(f"marin: error: {exc}" + (f" (at {where})" if where else ""), file=sys.stderr)
+            return
+        if issubclass(kind, ValueError) and (where := declaration_location(tb, sys.argv[0] if sys.argv else None)):
+            first, _, rest = str(exc).partition("\n")  # a message with a table: the place on its first line
+            print(f"marin: error: {first} (at {where})" + (f"\n{rest}" if rest else ""), file=sys.stderr)
+            return
     _previous(kind, exc, tb)
 
 

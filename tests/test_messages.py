@@ -151,7 +151,8 @@ def test_a_store_that_refuses_connections_is_one_line_at_once(tmp_path, command)
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},  # the test server's endpoint too
+           "PYTHONPATH": str(REPO), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "MARIN_STORAGE_RETRY_S": "600",
            "AWS_MAX_ATTEMPTS": "1"}
     r = subprocess.run([sys.executable, "-m", "marin.cli", *command, "--prefix", "s3://marin-probe-bucket/x"],

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from marin.data.corpus_steps import CorpusInput  # noqa: E402
 from marin.data.loader import MixtureLoader  # noqa: E402
 from marin.data.mixture import MixtureConfig  # noqa: E402
 from marin.data.readers import iter_documents, list_document_files  # noqa: E402
@@ -63,9 +64,10 @@ def bench_tokenize(work: Path, tok_dir: str, corpus: str) -> dict:
              logging_level="ERROR")
     try:
         # warm the workers (imports, tokenizer load) on one source, as a long-running cluster would be
-        tokenize(TokenizeConfig(corpus, tok_dir, str(work / "warm"), sources={"w": "science/q5"}, show_progress=False))
+        tokenize(TokenizeConfig(corpus, tok_dir, str(work / "warm"), CorpusInput(sources={"w": "science/q5"},
+                                                                                 show_progress=False)))
         t0 = time.perf_counter()
-        tokenize(TokenizeConfig(corpus, tok_dir, str(work / "store"), show_progress=False))
+        tokenize(TokenizeConfig(corpus, tok_dir, str(work / "store"), CorpusInput(show_progress=False)))
         e2e_s = time.perf_counter() - t0
     finally:
         ray.shutdown()

@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from marin.data.corpus_steps import CorpusInput  # noqa: E402
 from marin.data.decontaminate import DecontaminateConfig, decontaminate  # noqa: E402
 from marin.data.dedup import (  # noqa: E402
     DedupConfig,
@@ -174,7 +175,7 @@ def main() -> None:
     gen_s = time.perf_counter() - t0
     texts = truth["texts"]
     n_docs = sum(len(v) for v in texts.values())
-    cfg = DedupConfig(str(work / "corpus"), str(work / "dedup"), show_progress=False, use_ray=False)
+    cfg = DedupConfig(str(work / "corpus"), str(work / "dedup"), CorpusInput(show_progress=False, use_ray=False))
     thr = cfg.threshold
     p_thr = candidate_probability(thr, cfg.bands, cfg.rows)
 
@@ -224,7 +225,7 @@ def main() -> None:
 
     t0 = time.process_time()
     decontaminate(DecontaminateConfig(str(work / "corpus"), str(work / "decon"), {"eval": truth["eval_path"]},
-                                      show_progress=False, use_ray=False))
+                                      CorpusInput(show_progress=False, use_ray=False)))
     decon_s = time.process_time() - t0
     kept_d = kept_texts(str(work / "decon"))
     removed_d = {(s, i) for s, docs in texts.items() for i, t in enumerate(docs) if t not in kept_d.get(s, set())}

@@ -19,13 +19,14 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from marin.data.corpus_steps import CorpusInput, split_glob
 from marin.data.decontaminate import DecontaminateConfig, decontaminate
 from marin.data.dedup import DedupConfig, dedup
 from marin.data.mixture import MixtureConfig, MixtureStage
 from marin.data.mixture_report import MixtureReportConfig, mixture_report
 from marin.data.order import CURRENT_ORDER
 from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
-from marin.data.tokenize import TokenizeConfig, split_glob, tokenize
+from marin.data.tokenize import TokenizeConfig, tokenize
 from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
 from marin.evaluation.multiple_choice import DomainTaskConfig, write_domain_task
 from marin.evaluation.sets import EvalSet, mixture_validation_sets
@@ -108,7 +109,7 @@ def default_dedup(
     name: str,
     corpus: StepOrPath,
     *,
-    sources: Mapping[str, str] | None = None,
+    input: CorpusInput | None = None,
     exact: bool = True,
     fuzzy: bool = True,
     shingle_size: int = 5,
@@ -117,10 +118,6 @@ def default_dedup(
     threshold: float = 0.7,
     seed: int = 1,
     scope: str = "corpus",
-    text_field: str = "text",
-    max_doc_bytes: int = 8_000_000,
-    on_corrupt: str = "skip",
-    max_corrupt_fraction: float = 0.01,
 ) -> ExecutorStep:
     """Remove exact and near-duplicate documents from ``corpus``; the output is a corpus in the same
     layout (same files and formats, fewer records) that :func:`default_tokenize` reads unchanged, and
@@ -129,7 +126,8 @@ def default_dedup(
     Args:
         name: step name.
         corpus: a corpus step or a path (K40 layout: one directory per domain/bucket).
-        sources: source name -> location under ``corpus``; None discovers them as tokenize does.
+        input: what is read (sources, text field, size limit, corrupt-input policy) and how the work
+            is spread (:class:`CorpusInput`; None: its defaults).
         exact: remove documents whose normalised text equals another's.
         fuzzy: remove near-duplicates by MinHash LSH (``bands * rows`` permutations).
         shingle_size: words per shingle.
@@ -139,9 +137,6 @@ def default_dedup(
             (computed from the shingle hashes, not estimated) is at least this.
         seed: seed of the MinHash permutations.
         scope: ``"corpus"`` (duplicates within and across domains), ``"domain"`` or ``"source"``.
-        text_field: the field of each record that holds the document text.
-        max_doc_bytes: longer documents are dropped (and counted), as tokenize would skip them.
-        on_corrupt, max_corrupt_fraction: the corrupt-input policy, as for :func:`default_tokenize`.
     """
     return ExecutorStep(
         name=name,
@@ -149,9 +144,7 @@ def default_dedup(
         config=versioned_config(DedupConfig(
             input_path=_data_input(corpus),
             output_path=this_output_path(),
-            sources=None if sources is None else dict(sources),
-            text_field=text_field,
-            max_doc_bytes=max_doc_bytes,
+            input=input or CorpusInput(),
             exact=exact,
             fuzzy=fuzzy,
             shingle_size=shingle_size,
@@ -161,8 +154,6 @@ def default_dedup(
             threshold=threshold,
             seed=seed,
             scope=scope,
-            on_corrupt=on_corrupt,
-            max_corrupt_fraction=max_corrupt_fraction,
         )),
         description=f"dedup {name}: exact + MinHash LSH {bands}x{rows} over {shingle_size}-word shingles "
                     f"(Jaccard >= {threshold}, verified)",
@@ -182,18 +173,34 @@ DECONTAMINATION_TASK_DOMAINS = ("council", "infra", "web_code", "science", "law"
 """The domains of the IsoFLOP experiment's task (experiments/tiny_isoflop.py, TASK_DOMAINS)."""
 
 
+def _against_sets(against: Mapping[str, StepOrPath] | Sequence[StepOrPath]) -> dict[str, StepOrPath]:
+    """``{name: evaluation set}`` from a mapping, or from a list (a step is named by its name, a path
+    by itself); anything else, or one name twice, is refused with what to pass instead."""
+    if isinstance(against, Mapping):
+        return dict(against)
+    if isinstance(against, (str, bytes)) or not isinstance(against, Sequence):
+        raise TypeError(f"against= takes a list of evaluation sets (steps or paths) or a {{name: set}} mapping, "
+                        f"got {type(against).__name__} {against!r:.80}")
+    sets: dict[str, StepOrPath] = {}
+    for x in against:
+        if not isinstance(x, (ExecutorStep, str)):
+            raise TypeError(f"against=[...]: each evaluation set is a step or a path, got {type(x).__name__} "
+                            f"{x!r:.80}; pass a {{name: set}} mapping to name them yourself")
+        key = x.name if isinstance(x, ExecutorStep) else x
+        if key in sets:
+            raise ValueError(f"against=[...]: {key!r} is given twice")
+        sets[key] = x
+    return sets
+
+
 def default_decontaminate(
     name: str,
     corpus: StepOrPath,
-    against: Mapping[str, StepOrPath] | None = None,
+    against: Mapping[str, StepOrPath] | Sequence[StepOrPath] | None = None,
     *,
     ngram: int = 13,
     mode: str = "remove",
-    sources: Mapping[str, str] | None = None,
-    text_field: str = "text",
-    max_doc_bytes: int = 8_000_000,
-    on_corrupt: str = "skip",
-    max_corrupt_fraction: float = 0.01,
+    input: CorpusInput | None = None,
 ) -> ExecutorStep:
     """Remove training documents of ``corpus`` that share a word ``ngram``-gram with an evaluation set
     or task (or, with ``mode="cut"``, cut the matching words out); the output is a corpus in the same
@@ -202,14 +209,15 @@ def default_decontaminate(
     Args:
         name: step name.
         corpus: a corpus step (e.g. a :func:`default_dedup`) or a path.
-        against: ``{name: a default_domain_task step, an eval-set step, or a path}``: jsonl / parquet
-            documents (``text_field``) or task questions (prompt + correct answer). None: the
-            scaling experiments' task (:func:`default_decontamination_sets`).
+        against: the evaluation sets: ``{name: set}``, or a list of sets (a step is named by its
+            name, a path by itself); a set is a :func:`default_domain_task` step, an eval-set step or
+            a path of jsonl / parquet documents (``input.text_field``) or task questions (prompt +
+            correct answer). None: the scaling experiments' task (:func:`default_decontamination_sets`).
         ngram: words per n-gram (13, as GPT-3's decontamination).
         mode: ``"remove"`` or ``"cut"``.
-        sources, text_field, max_doc_bytes, on_corrupt, max_corrupt_fraction: as for :func:`default_dedup`.
+        input: what is read and how the work is spread (:class:`CorpusInput`), as for :func:`default_dedup`.
     """
-    sets = default_decontamination_sets() if against is None else dict(against)
+    sets = default_decontamination_sets() if against is None else _against_sets(against)
     return ExecutorStep(
         name=name,
         fn=decontaminate,
@@ -218,13 +226,9 @@ def default_decontaminate(
             output_path=this_output_path(),
             against={k: (output_path_of(v, "task.jsonl") if isinstance(v, ExecutorStep) and v.fn is write_domain_task
                          else _data_input(v)) for k, v in sets.items()},
-            sources=None if sources is None else dict(sources),
+            input=input or CorpusInput(),
             ngram=ngram,
             mode=mode,
-            text_field=text_field,
-            max_doc_bytes=max_doc_bytes,
-            on_corrupt=on_corrupt,
-            max_corrupt_fraction=max_corrupt_fraction,
         )),
         description=f"decontaminate {name} against {', '.join(sets)} ({ngram}-grams, {mode})",
         resources={"num_cpus": 1},
@@ -280,13 +284,8 @@ def default_tokenize(
     name: str,
     source: StepOrPath,
     tokenizer: StepOrPath,
-    sources: Mapping[str, str] | None = None,
-    text_field: str = "text",
-    max_doc_bytes: int = 8_000_000,
+    input: CorpusInput | None = None,
     shard_max_tokens: int = 64 * 1024 * 1024,
-    on_corrupt: str = "skip",
-    max_corrupt_fraction: float = 0.01,
-    allow_empty: bool = False,
 ) -> ExecutorStep:
     """Tokenize the documents under ``source`` into a token store (shards of uint32 ids + manifest).
 
@@ -294,16 +293,14 @@ def default_tokenize(
         name: step name.
         source: a corpus step or a path.
         tokenizer: a tokenizer step or a path to ``tokenizer.json`` (or its directory).
-        sources: source name -> location under ``source``; None discovers one source per directory
-            (K40 layout: domain/bucket).
-        text_field: the field of each record that holds the document text.
-        max_doc_bytes: longer documents are skipped (and counted in the manifest).
+        input: what is read and how the work is spread (:class:`CorpusInput`; None: its defaults):
+            ``sources`` (source name -> location under ``source``; None discovers one source per
+            directory, K40 layout: domain/bucket), ``text_field``, ``max_doc_bytes`` (longer documents
+            are skipped and counted), the corrupt-input policy (``on_corrupt="skip"`` leaves corrupt
+            files out, listed in the manifest, while at most ``max_corrupt_fraction`` of them are
+            corrupt; ``"fail"`` fails on any), ``allow_empty`` (let a store, or a source of it, with no
+            document succeed; live: it decides whether the step fails, not what it writes).
         shard_max_tokens: tokens per shard file, at most.
-        on_corrupt: ``"skip"`` leaves corrupt files out of the store (listed in its manifest) while at
-            most ``max_corrupt_fraction`` of them are corrupt; ``"fail"`` fails the step on any.
-        max_corrupt_fraction: the share of corrupt files tolerated under ``"skip"``.
-        allow_empty: let a store, or a source of it, with no document succeed (not versioned: it
-            decides whether the step fails, not what it writes).
     """
     return ExecutorStep(
         name=name,
@@ -312,13 +309,8 @@ def default_tokenize(
             input_path=_data_input(source),
             tokenizer=_data_input(tokenizer),
             output_path=this_output_path(),
-            sources=None if sources is None else dict(sources),
-            text_field=text_field,
-            max_doc_bytes=max_doc_bytes,
+            input=input or CorpusInput(),
             shard_max_tokens=shard_max_tokens,
-            on_corrupt=on_corrupt,
-            max_corrupt_fraction=max_corrupt_fraction,
-            allow_empty=allow_empty,
         )),
         description=f"tokenize {name}",
         resources={"num_cpus": 1},
@@ -754,7 +746,8 @@ def default_eval_suite(suite: Mapping[str, str], tokenizer: StepOrPath, text_fie
     out = []
     for name, path in suite.items():
         base, loc = split_glob(str(path))
-        step = default_tokenize(f"{prefix}/{name}", base, tokenizer, sources={name: loc}, text_field=text_field)
+        step = default_tokenize(f"{prefix}/{name}", base, tokenizer,
+                                CorpusInput(sources={name: loc}, text_field=text_field))
         # only the name is marked here (EvalSet's other fields stay plain): default_eval versions every
         # field by EvalSet's rule, and a training step's in-training sets keep the version they had
         out.append(EvalSet(name=versioned(name), store=output_path_of(step)))

@@ -35,6 +35,7 @@ from experiments.defaults import (
     default_tokenize,
     default_tokenizer,
 )
+from marin.data.corpus_steps import CorpusInput
 from marin.data.k40 import K40_DOMAINS, K40Layout, published_shares, source_name
 from marin.execution import executor_main
 
@@ -47,7 +48,7 @@ tokenizer = os.environ.get("HARRIER_K40_TOKENIZER") or default_tokenizer(
 )
 
 SOURCES = {source_name(d.name, b): LAYOUT.source_dir(d.name, b) for d in K40_DOMAINS for b in LAYOUT.buckets}
-deduped = default_dedup("data/harrier_k40/dedup", K40_ROOT, sources=SOURCES)
+deduped = default_dedup("data/harrier_k40/dedup", K40_ROOT, input=CorpusInput(sources=SOURCES))
 DECONTAMINATE_AGAINST = default_decontamination_sets()
 clean = default_decontaminate("data/harrier_k40/decontaminate", deduped, DECONTAMINATE_AGAINST)
 
@@ -57,7 +58,7 @@ tokenized = {
         f"tokenized/harrier_k40/{d.name}",
         clean,
         tokenizer,
-        sources={source_name(d.name, b): source_name(d.name, b) for b in LAYOUT.buckets},
+        CorpusInput(sources={source_name(d.name, b): source_name(d.name, b) for b in LAYOUT.buckets}),
     )
     for d in K40_DOMAINS
 }

@@ -247,10 +247,12 @@ class K40Data:
             TrainTokenizerConfig(corpus, out, vocab_size=vocab_size)))
 
     def store(self, name: str, corpus: str, tokenizer: str, **tokenize_kwargs) -> str:
+        from marin.data.corpus_steps import CorpusInput
         from marin.data.tokenize import TokenizeConfig, tokenize
 
+        local = CorpusInput(show_progress=False, use_ray=False)
         return self.once(name, (corpus, tokenizer, sorted(tokenize_kwargs.items())), lambda out: tokenize(
-            TokenizeConfig(corpus, tokenizer, out, show_progress=False, use_ray=False, **tokenize_kwargs)))
+            TokenizeConfig(corpus, tokenizer, out, local, **tokenize_kwargs)))
 
 
 @pytest.fixture(scope="session")

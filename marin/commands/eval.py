@@ -27,8 +27,9 @@ from typing import Any
 import fsspec
 
 from marin.commands import options
+from marin.data.corpus_steps import CorpusInput, split_glob
 from marin.data.store import MANIFEST, TokenStore
-from marin.data.tokenize import TokenizeConfig, TokenizeError, split_glob, tokenize
+from marin.data.tokenize import TokenizeConfig, TokenizeError, tokenize
 from marin.evaluation.sets import EvalSet
 from marin.execution.errors import ExecutorError
 from marin.inference.evaluate import EvalConfig, run_eval
@@ -75,8 +76,8 @@ def _tokenize_set(name: str, path: str, tokenizer: str, text_field: str, workdir
         raise FileNotFoundError(f"--data {name}: no such file or directory: {path}")
     out = os.path.join(workdir, name.replace("/", "__"))
     try:
-        tokenize(TokenizeConfig(base, tokenizer, out, sources={name: loc}, text_field=text_field,
-                                show_progress=False, use_ray=False))
+        tokenize(TokenizeConfig(base, tokenizer, out, CorpusInput(sources={name: loc}, text_field=text_field,
+                                                                  show_progress=False, use_ray=False)))
     except TokenizeError as e:  # say it about the user's file, not the temporary store being built
         raise ValueError(f"--data {name}: cannot score {path}: {_tokenize_reason(str(e), out)}") from None
     return out
@@ -87,8 +88,8 @@ def _tokenize_reason(message: str, workdir: str) -> str:
     its advice about the (temporary) store's shards or the step's allow_empty setting."""
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
     reason = "; ".join(lines[1:]) if len(lines) > 1 else lines[0] if lines else "tokenizing failed"
-    reason = re.sub(r" \((?:finished shards|the shards) are kept[^)]*\)", "", reason)
-    reason = re.sub(r", or pass allow_empty=True \([^)]*\)(?: if an empty store is what you want)?", "", reason)
+    reason = re.sub(r" \((?:finished work is|the shards are) kept[^)]*\)", "", reason)
+    reason = re.sub(r",? or set CorpusInput\(allow_empty=True\)(?: if an empty output is what you want)?", "", reason)
     reason = reason.replace(workdir, "<temporary store>")
     return reason
 

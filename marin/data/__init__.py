@@ -5,6 +5,8 @@ The pieces, in pipeline order (each step function takes one frozen config datacl
 
 * :mod:`marin.data.k40` - the 40 domains x 5 quality buckets and the directory convention.
 * :mod:`marin.data.synthetic` - ``generate_k40_miniature``: a deterministic K40-shaped corpus.
+* :mod:`marin.data.corpus_steps` - ``CorpusInput`` and the frame of every per-file corpus step (planning,
+  restart markers, the Ray fan-out, the corrupt-input policy, the checks, the kept records).
 * :mod:`marin.data.dedup` - ``dedup``: exact and MinHash-LSH near-duplicates removed, same layout out.
 * :mod:`marin.data.decontaminate` - ``decontaminate``: documents sharing an n-gram with an eval set removed.
 * :mod:`marin.data.tokenizer` - ``train_tokenizer`` (byte-level BPE) and ``load_tokenizer``.
@@ -15,6 +17,7 @@ The pieces, in pipeline order (each step function takes one frozen config datacl
 Nothing here imports JAX; ``tokenizers`` and ``pyarrow`` are imported only when used.
 """
 
+from marin.data.corpus_steps import CorpusInput, CorpusStepError
 from marin.data.k40 import K40_DOMAINS, QUALITY_BUCKETS, K40Layout
 from marin.data.loader import MixtureLoader
 from marin.data.mixture import MixtureConfig, MixtureError, MixtureStage
@@ -23,6 +26,8 @@ from marin.data.tokenize import TokenizeConfig, TokenizeError, tokenize
 from marin.data.tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
 
 __all__ = [
+    "CorpusInput",
+    "CorpusStepError",
     "K40_DOMAINS",
     "QUALITY_BUCKETS",
     "K40Layout",

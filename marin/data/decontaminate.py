@@ -9,8 +9,8 @@ are cut out of its text (``mode="cut"``; a document left with no words is remove
 shorter than ``ngram`` words cannot be matched and are counted in the manifest as ``too_short``.
 
 Input and output are in the layout the tokenize step reads; the output keeps every field of every
-kept record. Restart, corrupt input and empty input behave as in the dedup step (see
-:mod:`marin.data.dedup`); ``decontamination_manifest.json`` is written last and counts, per
+kept record. Restart, corrupt input and empty input behave as in every corpus step (see
+:mod:`marin.data.corpus_steps`); ``decontamination_manifest.json`` is written last and counts, per
 evaluation set, its documents, n-grams and the training documents that matched it.
 """
 
@@ -30,32 +30,21 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from marin.data.dedup import (
+from marin.data.corpus_steps import (
     WORK_DIR,
-    DedupError,
+    CorpusInput,
+    CorpusStep,
+    CorpusStepError,
     InputFile,
-    check_documents,
-    check_file_failures,
     file_task,
     fingerprint,
-    finish,
-    mix64,
-    normalize_words,
-    plan_files,
     run_tasks,
     summarize,
-    word_spans,
     write_kept_records,
 )
-from marin.data.readers import (
-    DEFAULT_MAX_CORRUPT_FRACTION,
-    DEFAULT_ON_CORRUPT,
-    iter_documents,
-    iter_record_lines,
-    list_document_files,
-    validate_corrupt_policy,
-)
-from marin.execution.versioning import input_field, live
+from marin.data.dedup import mix64, normalize_words, word_spans
+from marin.data.readers import iter_documents, iter_record_lines, list_document_files
+from marin.execution.versioning import group, input_field, live
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +52,13 @@ DECON_MANIFEST = "decontamination_manifest.json"
 MODES = ("remove", "cut")
 REASON_CONTAMINATED = "contaminated"
 MAX_EVAL_SETS = 64  # one bit per evaluation set in the n-gram table
+
+
+class DecontaminationError(CorpusStepError):
+    """The step cannot produce a decontaminated corpus; the message says why (each failed file named)."""
+
+
+STEP = CorpusStep("decontaminate", DecontaminationError, DECON_MANIFEST, "decontamination_failures.json")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -116,7 +112,7 @@ def build_ngram_table(against: Mapping[str, Sequence[str]], n: int) -> tuple[np.
     """(sorted unique n-gram hashes, uint64 bitmask of the sets holding each, per-set counts) from
     ``{set name: texts}``."""
     if len(against) > MAX_EVAL_SETS:
-        raise DedupError(f"at most {MAX_EVAL_SETS} evaluation sets at once, got {len(against)}")
+        raise DecontaminationError(f"at most {MAX_EVAL_SETS} evaluation sets at once, got {len(against)}")
     keys, masks, stats = [], [], {}
     for bit, (name, texts) in enumerate(against.items()):
         hs = [ngram_hashes(normalize_words(t), n) for t in texts]
@@ -171,31 +167,23 @@ class DecontaminateConfig:
     """Remove (or cut) training text under ``input_path`` that overlaps the evaluation sets in ``against``.
 
     against: evaluation set name -> a file, directory or glob of jsonl / parquet files: documents
-        (``text_field``) or task questions (``context``, ``choices``, ``gold``). A step's output
+        (``input.text_field``) or task questions (``context``, ``choices``, ``gold``). A step's output
         enters the version through the step's hash; a plain path is versioned as the path.
+    input: which sources and documents are read, the corrupt-input policy, and how the work is
+        spread (:class:`~marin.data.corpus_steps.CorpusInput`).
     """
 
     input_path: str = input_field()
     output_path: str = input_field()
     against: dict[str, str] = dataclasses.field(default_factory=dict)
-    sources: dict[str, str] | None = None
+    input: CorpusInput = group("what is read and how the work is spread: each field by its own rule, named in the "
+                               "hash as this config's own (text_field)", default_factory=CorpusInput)
     ngram: int = 13
     mode: str = "remove"
     """"remove": drop a document with any matching n-gram; "cut": cut the matching words out."""
-    text_field: str = "text"
-    max_doc_bytes: int = 8_000_000
     sample_matches: int = 20
     """Matched training documents listed in the manifest, with the evaluation sets they matched."""
-    on_corrupt: str = DEFAULT_ON_CORRUPT
-    max_corrupt_fraction: float = DEFAULT_MAX_CORRUPT_FRACTION
-    num_cpus_per_task: float = live("CPUs per Ray task: how the work is spread, the output is the same",
-                                    default=1.0)
-    show_progress: bool = live("a progress bar on the terminal", default=True)
-    use_ray: bool = live("Ray tasks or this process: the output is byte-identical either way", default=True)
-    allow_empty: bool = live("whether an input with no document may succeed, not what the step writes",
-                             default=False)
     keep_work: bool = live("whether the n-gram table stays after success, not the output", default=False)
-    min_task_bytes: int = live("how files are grouped into Ray tasks; the output is the same", default=64 << 20)
 
 
 @dataclass(frozen=True)
@@ -285,7 +273,7 @@ def read_eval_texts(location: str, text_field: str) -> list[str]:
     else:
         files = list_document_files(location) or ([location] if fs.isfile(p) else [])
     if not files:
-        raise DedupError(f"evaluation set {location}: no jsonl or parquet files there")
+        raise DecontaminationError(f"evaluation set {location}: no jsonl or parquet files there")
     texts: list[str] = []
     for url in files:
         if ".parquet" in url.rsplit("/", 1)[-1]:
@@ -303,24 +291,26 @@ def read_eval_texts(location: str, text_field: str) -> list[str]:
 
 def decontaminate(config: DecontaminateConfig) -> None:
     """Executor step: write the decontaminated corpus and ``decontamination_manifest.json``."""
-    validate_corrupt_policy(config.on_corrupt, config.max_corrupt_fraction)
+    inputs = config.input
+    inputs.validate()
     if config.mode not in MODES:
-        raise DedupError(f"mode must be one of {MODES}, got {config.mode!r}")
+        raise DecontaminationError(f"mode must be one of {MODES}, got {config.mode!r}")
     if config.ngram < 1:
-        raise DedupError(f"ngram must be positive, got {config.ngram}")
+        raise DecontaminationError(f"ngram must be positive, got {config.ngram}")
     if not config.against:
-        raise DedupError("against is empty: name at least one evaluation set or task file to decontaminate against")
+        raise DecontaminationError("against is empty: name at least one evaluation set or task file to "
+                                   "decontaminate against")
     t0 = time.monotonic()
     out = config.output_path.rstrip("/")
     work = f"{out}/{WORK_DIR}"
-    files = plan_files(config.input_path, out, config.sources)
+    files = STEP.plan(config.input_path, out, inputs)
     names = list(config.against)
-    texts = {name: read_eval_texts(loc, config.text_field) for name, loc in config.against.items()}
+    texts = {name: read_eval_texts(loc, inputs.text_field) for name, loc in config.against.items()}
     table, masks, set_stats = build_ngram_table(texts, config.ngram)
     if table.size == 0:
         counts = ", ".join(f"{n}: {s['texts']} texts" for n, s in set_stats.items())
-        raise DedupError(f"the evaluation sets hold no text of {config.ngram} words or more ({counts}); "
-                         "nothing to match")
+        raise DecontaminationError(f"the evaluation sets hold no text of {config.ngram} words or more ({counts}); "
+                                   "nothing to match")
     table_fp = hashlib.sha256(table.tobytes() + masks.tobytes()).hexdigest()[:16]
     table_path = f"{work}/eval_ngrams-{table_fp}.npz"
     fs, tp = fsspec.core.url_to_fs(table_path)
@@ -328,21 +318,17 @@ def decontaminate(config: DecontaminateConfig) -> None:
         fs.makedirs(tp.rsplit("/", 1)[0], exist_ok=True)
         with fsspec.open(table_path, "wb") as f:
             np.savez(f, keys=table, masks=masks)
-    tasks = [DeconTask(f, table_path, work, config.ngram, config.mode, config.text_field, config.max_doc_bytes,
-                       len(names), fingerprint([table_fp, config.ngram, config.mode, config.text_field,
-                                                config.max_doc_bytes, f.url, f.size, f.output]))
+    tasks = [DeconTask(f, table_path, work, config.ngram, config.mode, inputs.text_field, inputs.max_doc_bytes,
+                       len(names), fingerprint([table_fp, config.ngram, config.mode, inputs.text_field,
+                                                inputs.max_doc_bytes, f.url, f.size, f.output]))
              for f in files]
-    results = run_tasks(decontaminate_file, tasks, "decontaminate", use_ray=config.use_ray,
-                        num_cpus=config.num_cpus_per_task, show_progress=config.show_progress,
-                        sizes=[f.size for f in files], min_task_bytes=config.min_task_bytes)
-    corrupt = check_file_failures(results, out, config.on_corrupt, config.max_corrupt_fraction, "decontaminate",
-                                  "decontamination_failures.json")
+    results = run_tasks(decontaminate_file, tasks, "decontaminate", inputs, sizes=[f.size for f in files])
+    corrupt = STEP.check_failures(results, out, inputs.on_corrupt, inputs.max_corrupt_fraction)
     good = [r for r in results if not r.get("error")]
     summary = summarize(good, (REASON_CONTAMINATED,))
-    problem = check_documents({**summary["totals"], "files": len(good)}, config.input_path, config.text_field,
-                              config.max_corrupt_fraction, config.allow_empty)
-    if problem:
-        raise DedupError(problem + " (no manifest was written)")
+    totals = summary["totals"]
+    STEP.check_documents(totals["documents_in"], totals["skipped"], len(good), config.input_path, inputs,
+                         "no manifest was written")
     per_set = {name: {**set_stats[name], "matched_training_documents": sum(r["per_set"][i] for r in good)}
                for i, name in enumerate(names)}
     sample = []
@@ -357,16 +343,16 @@ def decontaminate(config: DecontaminateConfig) -> None:
     manifest = {
         "kind": "decontaminate",
         "input_path": config.input_path,
-        "params": {"ngram": config.ngram, "mode": config.mode, "text_field": config.text_field,
-                   "max_doc_bytes": config.max_doc_bytes, "on_corrupt": config.on_corrupt,
-                   "max_corrupt_fraction": config.max_corrupt_fraction},
+        "params": {"ngram": config.ngram, "mode": config.mode, "text_field": inputs.text_field,
+                   "max_doc_bytes": inputs.max_doc_bytes, "on_corrupt": inputs.on_corrupt,
+                   "max_corrupt_fraction": inputs.max_corrupt_fraction},
         "against": per_set,
         **summary,
         "sample": sample,
         "skipped_files": [{"source": r["source"], "input_file": r["url"], "reason": r["error"]} for r in corrupt],
         "seconds": round(time.monotonic() - t0, 3),
     }
-    finish(out, manifest, DECON_MANIFEST, "decontamination_failures.json", config.keep_work)
+    STEP.finish(out, manifest, config.keep_work)
     logger.info("decontaminate %s: %d -> %d documents, %s", out, summary["totals"]["documents_in"],
                 summary["totals"]["documents_out"],
                 ", ".join(f"{n} matched {s['matched_training_documents']}" for n, s in per_set.items()))

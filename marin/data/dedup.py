@@ -36,51 +36,50 @@ threshold cost one set comparison each, never a removal.
 Every task writes its outputs, then a ``.json`` marker; a rerun after a kill skips every finished
 task of every phase (a marker records the inputs' sizes and the parameters it was made with, and is
 redone if they changed). Bad documents are counted per reason and dropped; a corrupt file follows
-the corrupt-input policy of the tokenize step (``on_corrupt``, ``max_corrupt_fraction``): skipped
-files are left out of the output and listed in the manifest. ``dedup_manifest.json`` is written
+the corrupt-input policy of every corpus step (``CorpusInput.on_corrupt``, ``max_corrupt_fraction``;
+:mod:`marin.data.corpus_steps` is the frame these phases run in): skipped files are left out of the
+output and listed in the manifest. ``dedup_manifest.json`` is written
 last, only when the step succeeds; the work files under ``_work/`` are then removed.
 """
 
 from __future__ import annotations
 
 import array
-import gzip
 import hashlib
 import itertools
-import json
 import logging
 import re
-import sys
 import time
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 import numpy as np
-from tqdm.auto import tqdm
 
-from marin.data.k40 import QUALITY_BUCKETS, split_source_name
-from marin.data.readers import (
-    DAMAGED_SKIPS,
-    DEFAULT_MAX_CORRUPT_FRACTION,
-    DEFAULT_ON_CORRUPT,
-    CorruptInputError,
-    corrupt_policy_violation,
-    damaged_documents_violation,
-    iter_documents,
-    iter_record_lines,
-    validate_corrupt_policy,
+from marin.data.corpus_steps import (
+    WORK_DIR,
+    CorpusInput,
+    CorpusStep,
+    CorpusStepError,
+    InputFile,
+    file_task,
+    fingerprint,
+    read_marker,
+    run_tasks,
+    summarize,
+    write_json,
+    write_kept_records,
 )
-from marin.data.tokenize import discover_sources
-from marin.execution.versioning import input_field, live
+from marin.data.k40 import split_source_name
+from marin.data.readers import iter_documents
+from marin.execution.versioning import group, input_field, live
 
 logger = logging.getLogger(__name__)
 
 DEDUP_MANIFEST = "dedup_manifest.json"
-WORK_DIR = "_work"
 SCOPES = ("corpus", "domain", "source")
 REASON_EXACT = "exact_duplicate"
 REASON_NEAR = "near_duplicate"
@@ -89,8 +88,11 @@ SIGNATURE_BATCH_BYTES = 1 << 20
 it): a task's memory is its file's signatures (400 bytes a document by default) and this batch."""
 
 
-class DedupError(RuntimeError):
+class DedupError(CorpusStepError):
     """The step cannot produce a deduplicated corpus; the message says why (each failed file named)."""
+
+
+STEP = CorpusStep("dedup", DedupError, DEDUP_MANIFEST, "dedup_failures.json")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -295,72 +297,12 @@ def doc_id(file_index: int | np.ndarray, record: int | np.ndarray) -> np.ndarray
     return (np.asarray(file_index, dtype=np.uint64) << np.uint64(32)) | np.asarray(record, dtype=np.uint64)
 
 
-def bucket_rank(source: str) -> int:
-    """Sort key of a source's quality: 0 for the highest bucket (q5), larger for lower ones."""
-    _, bucket = split_source_name(source)
-    n = len(QUALITY_BUCKETS)
-    return n - 1 - QUALITY_BUCKETS.index(bucket) if bucket in QUALITY_BUCKETS else n
-
-
 def scope_salt(scope: str, source: str) -> int:
     """What separates documents that may not be duplicates of each other under ``scope``."""
     if scope == "corpus":
         return 0
     key = split_source_name(source)[0] if scope == "domain" else source
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-
-
-# --------------------------------------------------------------------------------------------------
-# Files: planning, survivor writing, Ray fan-out (shared with the decontamination step)
-
-
-@dataclass(frozen=True)
-class InputFile:
-    """One input file, in survivor order (``index``), and where its survivors go."""
-
-    index: int
-    source: str
-    url: str
-    rel: str
-    size: int
-    key: str
-    output: str
-
-
-def plan_files(input_path: str, output_path: str, sources: Mapping[str, str] | None) -> list[InputFile]:
-    """Every input file, ordered by the survivor rule (higher quality bucket first, then source name
-    and path), with the output file it becomes: ``{output}/{source}/{path below the source}``."""
-    try:
-        plan = discover_sources(input_path, sources)
-    except Exception as e:  # the tokenize step's message: no document files, a source without files
-        raise DedupError(str(e)) from None
-    out = output_path.rstrip("/")
-    rows = sorted(((bucket_rank(src), src, rel, url) for src, files in plan.items() for url, rel in files))
-    fs, _ = fsspec.core.url_to_fs(input_path)
-    sizes = {url: int(fs.size(url)) for _, _, _, url in rows}
-    return [InputFile(i, src, url, rel, sizes[url], f"{src}/{rel}".replace("/", "__"), f"{out}/{src}/{rel}")
-            for i, (_, src, rel, url) in enumerate(rows)]
-
-
-def fingerprint(obj: Any) -> str:
-    """A short hash of a JSON-able value: what a work marker was made from."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def read_marker(path: str) -> dict | None:
-    """A finished task's ``.json`` marker, or None (missing or unreadable: the task is redone)."""
-    try:
-        with fsspec.open(path, "r") as f:
-            return json.load(f)
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def write_json(path: str, obj: Any) -> None:
-    fs, p = fsspec.core.url_to_fs(path)
-    fs.makedirs(p.rsplit("/", 1)[0], exist_ok=True)
-    with fsspec.open(path, "w") as f:
-        json.dump(obj, f, indent=1)
 
 
 def write_array(path: str, arr: np.ndarray) -> None:
@@ -375,242 +317,20 @@ def read_array(path: str) -> np.ndarray:
         return np.load(f, allow_pickle=False)
 
 
-class _OutputFile:
-    """A binary output stream compressed as its name says (.gz with mtime 0, so reruns write the same
-    bytes; .zst at level 3)."""
-
-    def __init__(self, path: str) -> None:
-        fs, p = fsspec.core.url_to_fs(path)
-        fs.makedirs(p.rsplit("/", 1)[0], exist_ok=True)
-        self._raw = fsspec.open(path, "wb").open()
-        if path.endswith(".gz"):
-            self._f = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0, filename="")
-        elif path.endswith(".zst"):
-            import zstandard  # zstandard: the data extra, only for .zst files
-
-            self._f = zstandard.ZstdCompressor(level=3).stream_writer(self._raw, closefd=False)
-        else:
-            self._f = self._raw
-
-    def write(self, b: bytes) -> None:
-        self._f.write(b)
-
-    def close(self) -> None:
-        if self._f is not self._raw:
-            self._f.close()
-        self._raw.close()
-
-
-def write_kept_records(src: str, dst: str, drop: Iterable[int], text_field: str,
-                       replace: Mapping[int, str] | None = None) -> None:
-    """Copy ``src`` to ``dst`` (same format) without the records numbered in ``drop``; records in
-    ``replace`` get that text instead of theirs (every other field kept). Raises CorruptInputError."""
-    drop = set(int(i) for i in drop)
-    replace = dict(replace or {})
-    name = src.rsplit("/", 1)[-1]
-    if ".parquet" in name:
-        import pyarrow as pa  # pyarrow: the data extra (slow to import), only for parquet
-        import pyarrow.parquet as pq  # (the same)
-
-        try:
-            with fsspec.open(src, "rb", compression="infer") as f:
-                table = pq.read_table(f)
-        except (OSError, pa.ArrowException) as e:
-            raise CorruptInputError(src, e) from e
-        if replace:
-            col = table.column(text_field).to_pylist()
-            for i, t in replace.items():
-                col[i] = t
-            table = table.set_column(table.schema.get_field_index(text_field), text_field, pa.array(col, pa.string()))
-        keep = np.ones(table.num_rows, dtype=bool)
-        keep[[i for i in drop if i < table.num_rows]] = False
-        out = _OutputFile(dst)
-        try:
-            pq.write_table(table.filter(pa.array(keep)), out._f, compression="snappy")
-        finally:
-            out.close()
-        return
-    out = _OutputFile(dst)
-    kept: list[bytes] = []
-    size = 0
-    try:
-        for i, line in enumerate(iter_record_lines(src)):
-            if i in drop:
-                continue
-            if i in replace:
-                obj = json.loads(line)
-                obj[text_field] = replace[i]
-                line = json.dumps(obj, ensure_ascii=False).encode("utf-8")
-            kept.append(line)
-            size += len(line)
-            if size >= 1 << 20:  # one write a megabyte, not one a record
-                out.write(b"\n".join(kept) + b"\n")
-                kept, size = [], 0
-        if kept:
-            out.write(b"\n".join(kept) + b"\n")
-    finally:
-        out.close()
-
-
-def run_batch(fn: Callable[[Any], dict], batch: Sequence[Any]) -> list[dict]:
-    """``fn`` over a batch of tasks, in order: what one Ray task runs."""
-    return [fn(t) for t in batch]
-
-
-def batches(sizes: Sequence[int], min_bytes: int) -> list[range]:
-    """Consecutive task indices grouped until each group holds at least ``min_bytes`` (the last may
-    hold less): many small files share a Ray task, so task start-up does not dominate."""
-    out, start, acc = [], 0, 0
-    for i, n in enumerate(sizes):
-        acc += n
-        if acc >= min_bytes:
-            out.append(range(start, i + 1))
-            start, acc = i + 1, 0
-    if start < len(sizes):
-        out.append(range(start, len(sizes)))
-    return out
-
-
-def run_tasks(fn: Callable[[Any], dict], tasks: Sequence[Any], desc: str, *, use_ray: bool, num_cpus: float,
-              show_progress: bool, sizes: Sequence[int] | None = None, min_task_bytes: int = 0) -> list[dict]:
-    """``fn`` over ``tasks`` as Ray tasks when Ray is up (the executor's case), otherwise in this
-    process; results in task order. With ``sizes`` (input bytes per task), consecutive tasks are
-    grouped into Ray tasks of at least ``min_task_bytes``."""
-    bar = tqdm(total=len(tasks), unit="task", desc=desc, disable=not show_progress, mininterval=2.0)
-    # Ray is up only if something imported it (the executor does): never import it here, since
-    # importing Ray costs seconds and an in-process run does not need it
-    ray = sys.modules.get("ray") if use_ray else None
-    results: list[dict] = [None] * len(tasks)  # type: ignore[list-item]
-    groups = batches(sizes, min_task_bytes) if sizes is not None else [range(i, i + 1) for i in range(len(tasks))]
-    if use_ray and ray is not None and ray.is_initialized() and len(groups) > 1:
-        remote = ray.remote(run_batch).options(num_cpus=num_cpus, max_retries=0)
-        refs = {remote.remote(fn, [tasks[i] for i in g]): g for g in groups}
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            for ref in ready:
-                for i, r in zip(refs[ref], ray.get(ref)):
-                    results[i] = r
-                bar.update(len(refs[ref]))
-    else:
-        for i, t in enumerate(tasks):
-            results[i] = fn(t)
-            bar.update(1)
-    bar.close()
-    return results
-
-
-def task_error(e: BaseException) -> tuple[str, bool]:
-    """(message, is the file corrupt) for a failed per-file task."""
-    corrupt = isinstance(e, CorruptInputError)
-    return (str(e) if corrupt else f"{type(e).__name__}: {e}"), corrupt
-
-
-def file_task(f: InputFile, marker: str, marker_fp: str, body: Callable[[], dict]) -> dict:
-    """The frame of every per-file task of the dedup and decontamination steps: a finished marker made
-    with the same fingerprint is the result (the work is skipped); otherwise ``body()`` runs and its
-    result is written as the marker, last. A failure is returned, not raised, so the step can apply
-    the corrupt-input policy with every failed file named."""
-    result = {"index": f.index, "source": f.source, "url": f.url, "error": None, "corrupt": False}
-    try:
-        done = read_marker(marker)
-        if done and done.get("fingerprint") == marker_fp:
-            return {**result, **done}
-        meta = {"fingerprint": marker_fp, **body()}
-        write_json(marker, meta)
-        return {**result, **meta}
-    except Exception as e:  # noqa: BLE001 - reported per file, raised by the step with every file named
-        result["error"], result["corrupt"] = task_error(e)
-        return result
-
-
-def check_file_failures(results: Sequence[dict], out: str, on_corrupt: str, max_corrupt_fraction: float,
-                        step: str, failures_name: str) -> list[dict]:
-    """Apply the corrupt-input policy to per-file results: return the corrupt files to skip, or write
-    ``failures_name`` and raise :class:`DedupError` naming every failed file."""
-    failed = [r for r in results if r.get("error")]
-    corrupt = [r for r in failed if r.get("corrupt")]
-    why = corrupt_policy_violation(len(corrupt), len(results), on_corrupt, max_corrupt_fraction)
-    if len(corrupt) < len(failed) or why:
-        write_json(f"{out}/{failures_name}", [{"input_file": r["url"], "source": r["source"], "error": r["error"]}
-                                              for r in failed])
-        lines = "\n".join(f"  {r['error']}" if r["url"] in r["error"] else f"  {r['url']}: {r['error']}"
-                          for r in failed)
-        policy = f"; {len(corrupt)} corrupt: {why}" if why else ""
-        raise DedupError(f"{len(failed)} of {len(results)} input files failed in the {step} step{policy} (finished "
-                         f"work is kept; a rerun redoes only what is missing):\n{lines}")
-    return corrupt
-
-
-def check_documents(totals: Mapping[str, Any], input_path: str, text_field: str, max_corrupt_fraction: float,
-                    allow_empty: bool) -> str | None:
-    """Why the input must not count: no documents at all (unless ``allow_empty``), or more damaged
-    documents than the corrupt-input policy allows."""
-    skipped = totals.get("skipped") or {}
-    where = f"under {input_path} (text field {text_field!r})"
-    if not allow_empty and totals["documents_in"] == 0:
-        reasons = ", ".join(f"{n} {k}" for k, n in sorted(skipped.items())) or "no records at all"
-        return (f"no documents {where}: {totals.get('files', 0)} file(s), skipped: {reasons}; check the path and "
-                "text_field, or set allow_empty=True if an empty corpus is what you want")
-    damaged = sum(skipped.get(k, 0) for k in DAMAGED_SKIPS)
-    why = damaged_documents_violation(damaged, totals["documents_in"] + sum(skipped.values()), max_corrupt_fraction)
-    return f"{why} {where}; fix the input or raise max_corrupt_fraction" if why else None
-
-
-def summarize(rows: Sequence[dict], reasons: Sequence[str]) -> dict[str, Any]:
-    """Per-source, per-domain and total counts of documents and bytes in and out, removed per reason
-    and skipped, from one row per written file."""
-    def empty() -> dict[str, Any]:
-        return {"files": 0, "documents_in": 0, "bytes_in": 0, "documents_out": 0, "bytes_out": 0,
-                "removed": {r: 0 for r in reasons}, "removed_bytes": {r: 0 for r in reasons}, "skipped": Counter()}
-
-    by_source: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        for e in (by_source.setdefault(r["source"], empty()),):
-            e["files"] += 1
-            for k in ("documents_in", "bytes_in", "documents_out", "bytes_out"):
-                e[k] += r[k]
-            for k in reasons:
-                e["removed"][k] += r["removed"].get(k, 0)
-                e["removed_bytes"][k] += r["removed_bytes"].get(k, 0)
-            e["skipped"].update(r.get("skipped") or {})
-
-    def add(into: dict[str, Any], e: dict[str, Any]) -> None:
-        into["files"] += e["files"]
-        for k in ("documents_in", "bytes_in", "documents_out", "bytes_out"):
-            into[k] += e[k]
-        for k in reasons:
-            into["removed"][k] += e["removed"][k]
-            into["removed_bytes"][k] += e["removed_bytes"][k]
-        into["skipped"].update(e["skipped"])
-
-    by_domain: dict[str, dict[str, Any]] = {}
-    totals = empty()
-    for name, e in sorted(by_source.items()):
-        add(by_domain.setdefault(split_source_name(name)[0], empty()), e)
-        add(totals, e)
-    for e in (*by_source.values(), *by_domain.values(), totals):
-        e["skipped"] = dict(sorted(e["skipped"].items()))
-    return {"totals": totals, "domains": dict(sorted(by_domain.items())), "sources": dict(sorted(by_source.items()))}
-
-
 # --------------------------------------------------------------------------------------------------
 # The step
 
 
 @dataclass(frozen=True)
 class DedupConfig:
-    """Remove exact and near-duplicate documents from the corpus at ``input_path`` into ``output_path``.
-
-    sources: source name -> location below ``input_path``, as the tokenize step takes them; None
-        discovers one source per directory of document files (``domain/bucket`` for K40).
-    """
+    """Remove exact and near-duplicate documents from the corpus at ``input_path`` into ``output_path``;
+    ``input``: which sources and documents are read, the corrupt-input policy, and how the work is
+    spread (:class:`~marin.data.corpus_steps.CorpusInput`)."""
 
     input_path: str = input_field()
     output_path: str = input_field()
-    sources: dict[str, str] | None = None
-    text_field: str = "text"
-    max_doc_bytes: int = 8_000_000
+    input: CorpusInput = group("what is read and how the work is spread: each field by its own rule, named in the "
+                               "hash as this config's own (text_field)", default_factory=CorpusInput)
     exact: bool = True
     """Remove documents whose normalised text equals another's."""
     fuzzy: bool = True
@@ -633,20 +353,9 @@ class DedupConfig:
     "source" (only within a domain's quality bucket)."""
     sample_pairs: int = 20
     """Removed documents listed in the manifest with their survivor and estimated similarity."""
-    on_corrupt: str = DEFAULT_ON_CORRUPT
-    max_corrupt_fraction: float = DEFAULT_MAX_CORRUPT_FRACTION
     partition_bytes: int = live("how the band index is split over tasks (memory per task); the pairs found, "
                                 "and so the output, are the same", default=1 << 30)
     """Input bytes per band partition: a pair task holds the band keys of about this much text."""
-    min_task_bytes: int = live("how files are grouped into Ray tasks; the output is the same", default=64 << 20)
-    """Input bytes per Ray task at least: small files share a task (each file keeps its own work
-    files and markers)."""
-    num_cpus_per_task: float = live("CPUs per Ray task: how the work is spread, the output is the same",
-                                    default=1.0)
-    show_progress: bool = live("a progress bar on the terminal", default=True)
-    use_ray: bool = live("Ray tasks or this process: the output is byte-identical either way", default=True)
-    allow_empty: bool = live("whether an input with no document may succeed, not what the step writes",
-                             default=False)
     keep_work: bool = live("whether the intermediate signatures stay after success, not the output",
                            default=False)
 
@@ -658,14 +367,14 @@ class DedupConfig:
 
     def params(self) -> dict[str, Any]:
         """What every intermediate file depends on (recorded in each work marker)."""
-        return {"text_field": self.text_field, "max_doc_bytes": self.max_doc_bytes, "exact": self.exact,
+        return {"text_field": self.input.text_field, "max_doc_bytes": self.input.max_doc_bytes, "exact": self.exact,
                 "fuzzy": self.fuzzy, "shingle_size": self.shingle_size, "num_perm": self.num_perm,
                 "bands": self.bands, "rows": self.rows, "seed": self.seed, "scope": self.scope}
 
 
 def validate_dedup_config(c: DedupConfig) -> None:
     """Refuse parameters that cannot work, before any file is read."""
-    validate_corrupt_policy(c.on_corrupt, c.max_corrupt_fraction)
+    c.input.validate()
     if c.scope not in SCOPES:
         raise DedupError(f"scope must be one of {SCOPES}, got {c.scope!r}")
     if not (c.exact or c.fuzzy):
@@ -1008,27 +717,21 @@ def dedup(config: DedupConfig) -> None:
     t0 = time.monotonic()
     out = config.output_path.rstrip("/")
     work = f"{out}/{WORK_DIR}"
-    files = plan_files(config.input_path, out, config.sources)
+    inputs = config.input
+    files = STEP.plan(config.input_path, out, inputs)
     params = config.params()
     total_bytes = sum(f.size for f in files)
     partitions = max(1, -(-total_bytes // config.partition_bytes))
-    run = dict(use_ray=config.use_ray, num_cpus=config.num_cpus_per_task, show_progress=config.show_progress)
 
     # phase 1: signatures per file
     sig_tasks = [SignatureTask(f, work, params, partitions, fingerprint([params, partitions, f.url, f.size, f.index]),
                                scope_salt(config.scope, f.source)) for f in files]
     sizes = [f.size for f in files]
-    sig_results = run_tasks(signature_file, sig_tasks, "dedup signatures", sizes=sizes,
-                            min_task_bytes=config.min_task_bytes, **run)
-    corrupt = check_file_failures(sig_results, out, config.on_corrupt, config.max_corrupt_fraction, "dedup",
-                                  "dedup_failures.json")
+    sig_results = run_tasks(signature_file, sig_tasks, "dedup signatures", inputs, sizes=sizes)
+    corrupt = STEP.check_failures(sig_results, out, inputs.on_corrupt, inputs.max_corrupt_fraction)
     good = [r for r in sig_results if not r.get("error")]
-    records_in = {"documents_in": sum(r["documents"] for r in good), "files": len(good),
-                  "skipped": dict(sum((Counter(r["skipped"]) for r in good), Counter()))}
-    problem = check_documents(records_in, config.input_path, config.text_field, config.max_corrupt_fraction,
-                              config.allow_empty)
-    if problem:
-        raise DedupError(problem + " (nothing was written to the output)")
+    STEP.check_documents(sum(r["documents"] for r in good), sum((Counter(r["skipped"]) for r in good), Counter()),
+                         len(good), config.input_path, inputs, "nothing was written to the output")
 
     # phase 2: candidate pairs per key partition (every band)
     n_columns = len(good[0]["columns"]) if good else 0
@@ -1042,7 +745,7 @@ def dedup(config: DedupConfig) -> None:
             if any(end > start for _, _, start, end in cols):
                 per_file.append((r["index"], r["keys_path"], cols))
         pair_tasks.append(PairTask(p, work, plan_fp, exact_column, config.threshold, tuple(per_file)))
-    pair_results = run_tasks(band_pairs, pair_tasks, "dedup pairs", **run)
+    pair_results = run_tasks(band_pairs, pair_tasks, "dedup pairs", inputs)
     failed = [r for r in pair_results if r["error"]]
     if failed:
         raise DedupError(f"{len(failed)} of {len(pair_results)} key partitions failed (a rerun redoes only them):\n"
@@ -1075,11 +778,11 @@ def dedup(config: DedupConfig) -> None:
     for r in good:
         f = files[r["index"]]
         drop, why = by_file.get(f.index, ([], []))
-        write_tasks.append(WriteTask(f, work, tuple(drop), tuple(why), config.text_field,
+        write_tasks.append(WriteTask(f, work, tuple(drop), tuple(why), inputs.text_field,
                                      fingerprint([plan_fp, drop, why, f.output])))
-    written = run_tasks(write_survivors, write_tasks, "dedup write", sizes=[files[r["index"]].size for r in good],
-                        min_task_bytes=config.min_task_bytes, **run)
-    check_file_failures(written, out, "fail", 0.0, "dedup write", "dedup_failures.json")
+    written = run_tasks(write_survivors, write_tasks, "dedup write", inputs,
+                        sizes=[files[r["index"]].size for r in good])
+    STEP.check_failures(written, out, "fail", 0.0, "write")
     for w, r in zip(written, good):
         w["skipped"] = r["skipped"]
 
@@ -1102,7 +805,7 @@ def dedup(config: DedupConfig) -> None:
                    "candidate_probability_at_threshold": round(candidate_probability(config.threshold, config.bands,
                                                                                      config.rows), 4),
                    "partitions": partitions,
-                   "on_corrupt": config.on_corrupt, "max_corrupt_fraction": config.max_corrupt_fraction,
+                   "on_corrupt": inputs.on_corrupt, "max_corrupt_fraction": inputs.max_corrupt_fraction,
                    "survivor_rule": "highest quality bucket, then first by source, file path and record"},
         **summary,
         "clusters": clusters,
@@ -1114,17 +817,8 @@ def dedup(config: DedupConfig) -> None:
         "seconds": round(time.monotonic() - t0, 3),
     }
     manifest["totals"]["skipped_files"] = len(corrupt)
-    finish(out, manifest, DEDUP_MANIFEST, "dedup_failures.json", config.keep_work)
+    STEP.finish(out, manifest, config.keep_work)
     t = manifest["totals"]
     logger.info("dedup %s: %d -> %d documents (%s removed), %d clusters, %d corrupt files skipped", out,
                 t["documents_in"], t["documents_out"], t["removed"], clusters, len(corrupt))
 
-
-def finish(out: str, manifest: dict, name: str, failures_name: str, keep_work: bool) -> None:
-    """Write the manifest (last: it marks success), then drop a stale failures file and the work files."""
-    write_json(f"{out}/{name}", manifest)
-    fs, root = fsspec.core.url_to_fs(out)
-    if fs.exists(f"{root}/{failures_name}"):
-        fs.rm_file(f"{root}/{failures_name}")
-    if not keep_work and fs.exists(f"{root}/{WORK_DIR}"):
-        fs.rm(f"{root}/{WORK_DIR}", recursive=True)

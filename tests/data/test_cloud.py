@@ -9,12 +9,15 @@ import fsspec
 import numpy as np
 import pytest
 
+from marin.data.corpus_steps import CorpusInput
 from marin.data.loader import MixtureLoader
 from marin.data.mixture import MixtureConfig
 from marin.data.store import TokenStore
 from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
 from marin.data.tokenize import TokenizeConfig, TokenizeError, tokenize
 from marin.data.tokenizer import TrainTokenizerConfig, load_tokenizer, train_tokenizer
+
+QUIET = CorpusInput(show_progress=False)
 
 # the shared ray_local starts after the S3 and GCS servers, so Ray workers inherit their endpoints
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -27,11 +30,9 @@ def test_s3_corpus_to_gcs_store_and_back(s3_bucket, gcs_bucket, tmp_path):
     tok = load_tokenizer(f"{gcs_bucket}/tok")
 
     remote = f"{gcs_bucket}/store"
-    tokenize(TokenizeConfig(corpus, f"{gcs_bucket}/tok", remote, shard_max_tokens=1500, batch_docs=8,
-                            show_progress=False))
+    tokenize(TokenizeConfig(corpus, f"{gcs_bucket}/tok", remote, QUIET, shard_max_tokens=1500, batch_docs=8))
     local = str(tmp_path / "store")
-    tokenize(TokenizeConfig(corpus, f"{gcs_bucket}/tok", local, shard_max_tokens=1500, batch_docs=8,
-                            show_progress=False))
+    tokenize(TokenizeConfig(corpus, f"{gcs_bucket}/tok", local, QUIET, shard_max_tokens=1500, batch_docs=8))
     rs, ls_ = TokenStore.open(remote, tokenizer=tok), TokenStore.open(local, tokenizer=tok)
     assert rs.manifest["sources"] == ls_.manifest["sources"]
     assert len(rs.source_names) == 10
@@ -49,7 +50,7 @@ def test_s3_corpus_to_gcs_store_and_back(s3_bucket, gcs_bucket, tmp_path):
                                   ll.validation_batch("infra", 0, 2, 32)["tokens"])
 
     # the same store on S3
-    tokenize(TokenizeConfig(corpus, f"{gcs_bucket}/tok", f"{s3_bucket}/store", show_progress=False))
+    tokenize(TokenizeConfig(corpus, f"{gcs_bucket}/tok", f"{s3_bucket}/store", QUIET))
     s3s = TokenStore.open(f"{s3_bucket}/store", tokenizer=tok)
     assert s3s.manifest["totals"]["tokens"] == ls_.manifest["totals"]["tokens"]
     d = s3s.source("infra/q5")
@@ -62,7 +63,7 @@ def test_corrupt_object_on_s3_is_named(s3_bucket, mini_tokenizer):
     fs.pipe(f"{s3_bucket}/c/law/q1/a.jsonl", good)
     fs.pipe(f"{s3_bucket}/c/law/q1/b.jsonl.gz", gzip.compress(good)[:40])
     with pytest.raises(TokenizeError) as e:
-        tokenize(TokenizeConfig(f"{s3_bucket}/c", mini_tokenizer, f"{s3_bucket}/out", show_progress=False))
+        tokenize(TokenizeConfig(f"{s3_bucket}/c", mini_tokenizer, f"{s3_bucket}/out", QUIET))
     print(e.value)
     assert f"corrupt input file {s3_bucket}/c/law/q1/b.jsonl.gz" in str(e.value)
     with fsspec.open(f"{s3_bucket}/out/tokenize_failures.json") as f:

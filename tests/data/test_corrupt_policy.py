@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from marin.data.corpus_steps import CorpusInput
 from marin.data.readers import CorruptInputError, TooManyCorruptFilesError
 from marin.data.store import TokenStore
 from marin.data.tokenize import TokenizeConfig, TokenizeError, tokenize
@@ -48,7 +49,7 @@ def _corpus(root: Path) -> dict[str, Path]:
 
 
 def _tokenize_config(corpus, tokenizer, out, **kw) -> TokenizeConfig:
-    return TokenizeConfig(str(corpus), tokenizer, str(out), show_progress=False, use_ray=False, **kw)
+    return TokenizeConfig(str(corpus), tokenizer, str(out), CorpusInput(show_progress=False, use_ray=False, **kw))
 
 
 def test_tokenize_skip_lists_corrupt_files_in_the_manifest(mini_tokenizer, tmp_path):
@@ -79,7 +80,7 @@ def test_tokenize_over_budget_or_fail_policy_fails_and_a_clean_rerun_clears_the_
     with pytest.raises(TokenizeError) as err:
         tokenize(_tokenize_config(tmp_path / "corpus", mini_tokenizer, out))
     msg = str(err.value)
-    assert msg.startswith("3 of 8 input files failed to tokenize; 3 corrupt: 37.5% of the files are corrupt, "
+    assert msg.startswith("3 of 8 input files failed in the tokenize step; 3 corrupt: 37.5% of the files are corrupt, "
                           "more than max_corrupt_fraction=0.01 allows")
     assert all(str(p) in msg for p in bad.values())
     assert not (out / "manifest.json").exists()

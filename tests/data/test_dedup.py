@@ -5,6 +5,7 @@ corrupt and empty input."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import itertools
 import json
@@ -15,8 +16,10 @@ import numpy as np
 import pytest
 
 import marin.data.dedup as dd
+from marin.data.corpus_steps import CorpusInput, batches
 from marin.data.decontaminate import (
     DecontaminateConfig,
+    DecontaminationError,
     build_ngram_table,
     cut_spans,
     decontaminate,
@@ -40,14 +43,17 @@ from marin.data.dedup import (
     verified_pairs,
     word_spans,
 )
+from marin.data.k40 import QUALITY_BUCKETS
 from marin.data.readers import iter_documents, list_document_files
 from marin.data.store import TokenStore
 from marin.data.synthetic import write_planted_corpus
 from marin.data.tokenize import TokenizeConfig, tokenize
 
+LOCAL = CorpusInput(show_progress=False, use_ray=False)
 
-def _cfg(src, out, **kw) -> DedupConfig:
-    return DedupConfig(str(src), str(out), show_progress=False, use_ray=False, **kw)
+
+def _cfg(src, out, inputs: CorpusInput = LOCAL, **kw) -> DedupConfig:
+    return DedupConfig(str(src), str(out), inputs, **kw)
 
 
 def _kept(out: Path) -> dict[str, list[str]]:
@@ -206,7 +212,7 @@ def _expected_removals(truth: dict) -> set[tuple[str, int]]:
     """Every planted cluster (an original and its copies) minus its survivor: the document of the
     highest quality bucket, then the first by source name and record."""
     def rank(x):
-        return (-dd.QUALITY_BUCKETS.index(x[0].split("/")[1]), x[0], x[1])
+        return (-QUALITY_BUCKETS.index(x[0].split("/")[1]), x[0], x[1])
 
     members = _components_slow([(c.copy, c.original) for c in truth["copies"]])
     clusters = {}
@@ -250,7 +256,7 @@ def test_tokenize_reads_the_output(planted, tmp_path, mini_tokenizer):
     corpus, _ = planted
     out = tmp_path / "out"
     dedup(_cfg(corpus, out))
-    tokenize(TokenizeConfig(str(out), mini_tokenizer, str(tmp_path / "store"), show_progress=False, use_ray=False))
+    tokenize(TokenizeConfig(str(out), mini_tokenizer, str(tmp_path / "store"), LOCAL))
     man = json.loads((out / "dedup_manifest.json").read_text())
     store = TokenStore.open(str(tmp_path / "store"))
     assert store.manifest["totals"]["documents"] == man["totals"]["documents_out"]
@@ -327,12 +333,12 @@ def test_corrupt_file_follows_the_policy(planted, tmp_path):
     bad = corpus / "law" / "q1" / "part-00001.jsonl.gz"
     bad.write_bytes(gzip.compress(b'{"text": "x"}\n' * 2000)[:60])
     with pytest.raises(DedupError) as e:
-        dedup(_cfg(corpus, tmp_path / "a", on_corrupt="fail"))
+        dedup(_cfg(corpus, tmp_path / "a", dataclasses.replace(LOCAL, on_corrupt="fail")))
     msg = str(e.value)
     assert "1 of 7 input files failed" in msg and f"corrupt input file {bad}" in msg
     print(msg)
     assert (tmp_path / "a" / "dedup_failures.json").exists()
-    dedup(_cfg(corpus, tmp_path / "b", max_corrupt_fraction=0.2))
+    dedup(_cfg(corpus, tmp_path / "b", dataclasses.replace(LOCAL, max_corrupt_fraction=0.2)))
     man = json.loads((tmp_path / "b" / "dedup_manifest.json").read_text())
     assert man["totals"]["skipped_files"] == 1 and man["skipped_files"][0]["input_file"] == str(bad)
     assert not (tmp_path / "b" / "law" / "q1" / "part-00001.jsonl.gz").exists()
@@ -359,10 +365,9 @@ def test_decontamination_removes_or_cuts_the_planted_passages(planted, tmp_path,
     ev = json.loads(Path(truth["eval_path"]).read_text().splitlines()[0])["text"].split(" ")
     task.write_text(json.dumps({"context": " ".join(ev[:30]), "choices": ["x", " ".join(ev[30:40])], "gold": 1})
                     + "\n")
-    cfg = dict(show_progress=False, use_ray=False)
     out = tmp_path / "clean"
     decontaminate(DecontaminateConfig(str(corpus), str(out), {"evalset": truth["eval_path"], "task": str(task)},
-                                      **cfg))
+                                      LOCAL))
     man = json.loads((out / "decontamination_manifest.json").read_text())
     removed = _removed(out, truth)
     planted_ids = {(s, i) for s, i, _ in truth["contaminated"]}
@@ -372,7 +377,7 @@ def test_decontamination_removes_or_cuts_the_planted_passages(planted, tmp_path,
     assert man["totals"]["removed"]["contaminated"] == len(planted_ids) and len(man["sample"]) == len(planted_ids)
 
     cut = tmp_path / "cut"
-    decontaminate(DecontaminateConfig(str(corpus), str(cut), {"evalset": truth["eval_path"]}, mode="cut", **cfg))
+    decontaminate(DecontaminateConfig(str(corpus), str(cut), {"evalset": truth["eval_path"]}, LOCAL, mode="cut"))
     mc = json.loads((cut / "decontamination_manifest.json").read_text())
     assert mc["totals"]["documents_out"] == mc["totals"]["documents_in"] and mc["totals"]["cut_documents"] == 5
     kept = _kept(cut)
@@ -385,8 +390,8 @@ def test_decontamination_removes_or_cuts_the_planted_passages(planted, tmp_path,
     _print_content(step_content(str(out), ["decontamination_manifest.json"]))
     shown = capsys.readouterr().out
     assert "evalset: 10 texts (0 too short)" in shown and f"matched {len(planted_ids)} training documents" in shown
-    with pytest.raises(DedupError, match="against is empty"):
-        decontaminate(DecontaminateConfig(str(corpus), str(tmp_path / "x"), {}, **cfg))
+    with pytest.raises(DecontaminationError, match="against is empty"):
+        decontaminate(DecontaminateConfig(str(corpus), str(tmp_path / "x"), {}, LOCAL))
 
 
 def test_marin_show_and_the_report_show_the_manifest(planted, tmp_path, capsys):
@@ -423,8 +428,8 @@ def test_default_builders_version_the_parameters_and_default_to_the_isoflop_task
 
 
 def test_small_files_are_grouped_into_tasks():
-    assert dd.batches([5, 5, 5, 20, 1], 10) == [range(0, 2), range(2, 4), range(4, 5)]
-    assert dd.batches([5, 5], 0) == [range(0, 1), range(1, 2)] and dd.batches([], 10) == []
+    assert batches([5, 5, 5, 20, 1], 10) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert batches([5, 5], 0) == [range(0, 1), range(1, 2)] and batches([], 10) == []
 
 
 def test_signatures_are_the_same_in_another_process():
@@ -440,3 +445,26 @@ def test_signatures_are_the_same_in_another_process():
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"}, cwd=Path(__file__).parents[2])
     assert json.loads(other.stdout) == dd.minhash_signatures(hashes, offsets, 16, 3).tolist()
+
+
+def test_decontaminate_against_takes_a_list_or_a_mapping_and_refuses_anything_else():
+    """A list names each set (a step by its name, a path by itself) and versions as the same mapping
+    would; a lone path, a set or a list of other things is refused with what to pass instead."""
+    from experiments.defaults import default_decontaminate, default_domain_task
+    from marin.execution import plan_steps
+
+    task = default_domain_task("t/task", ("council", "infra", "law", "news"))
+    as_list = default_decontaminate("c", "/corpus", [task, "/eval/web.jsonl"])
+    as_map = default_decontaminate("c", "/corpus", {"t/task": task, "/eval/web.jsonl": "/eval/web.jsonl"})
+    assert list(as_list.config.against) == ["t/task", "/eval/web.jsonl"]
+    assert plan_steps([as_list], "/p").steps[-1].hash == plan_steps([as_map], "/p").steps[-1].hash
+    assert plan_steps([as_list], "/p").steps[-1].hash != plan_steps([default_decontaminate("c", "/corpus", [task])],
+                                                                    "/p").steps[-1].hash
+    refused = [("/eval/web.jsonl", TypeError, r"against= takes a list of evaluation sets \(steps or paths\) or a "
+                                               r"\{name: set\} mapping, got str '/eval/web.jsonl'"),
+               (frozenset({"/eval/web.jsonl"}), TypeError, "mapping, got frozenset"),
+               ([{"/eval/web.jsonl"}], TypeError, r"against=\[...\]: each evaluation set is a step or a path, got set"),
+               ([task, task], ValueError, r"against=\[...\]: 't/task' is given twice")]
+    for against, error, message in refused:
+        with pytest.raises(error, match=message):
+            default_decontaminate("c", "/corpus", against)

@@ -10,10 +10,13 @@ import fsspec
 import pytest
 
 import marin.data.dedup as dd
+from marin.data.corpus_steps import CorpusInput
 from marin.data.decontaminate import DecontaminateConfig, decontaminate
 from marin.data.dedup import DedupConfig, dedup
 from marin.data.readers import list_document_files
 from marin.data.synthetic import write_planted_corpus
+
+LOCAL = CorpusInput(show_progress=False, use_ray=False)
 
 
 def _files(root: str) -> dict[str, bytes]:
@@ -30,8 +33,8 @@ def test_s3_to_gcs_matches_local(s3_bucket, gcs_bucket, tmp_path):
     write_planted_corpus(f"{s3_bucket}/corpus", docs_per_source=10, changed=(0.01,))
     write_planted_corpus(str(tmp_path / "corpus"), docs_per_source=10, changed=(0.01,))
     remote = f"{gcs_bucket}/dedup"
-    dedup(DedupConfig(f"{s3_bucket}/corpus", remote, show_progress=False, use_ray=False))
-    dedup(DedupConfig(str(tmp_path / "corpus"), str(tmp_path / "dedup"), show_progress=False, use_ray=False))
+    dedup(DedupConfig(f"{s3_bucket}/corpus", remote, LOCAL))
+    dedup(DedupConfig(str(tmp_path / "corpus"), str(tmp_path / "dedup"), LOCAL))
     assert _files(remote) == _files(str(tmp_path / "dedup"))
     with fsspec.open(f"{remote}/dedup_manifest.json") as f:
         assert json.load(f)["totals"]["documents_out"] < 60
@@ -42,10 +45,11 @@ def test_s3_to_gcs_matches_local(s3_bucket, gcs_bucket, tmp_path):
 def test_s3_to_gcs_on_ray_matches_local(s3_bucket, gcs_bucket, tmp_path):
     truth = write_planted_corpus(f"{s3_bucket}/corpus", docs_per_source=30, changed=(0.01,))
     remote = f"{gcs_bucket}/dedup"
-    dedup(DedupConfig(f"{s3_bucket}/corpus", remote, show_progress=False, partition_bytes=40_000, min_task_bytes=0))
+    dedup(DedupConfig(f"{s3_bucket}/corpus", remote, CorpusInput(show_progress=False, min_task_bytes=0),
+                      partition_bytes=40_000))
     local = tmp_path / "dedup"
     write_planted_corpus(str(tmp_path / "corpus"), docs_per_source=30, changed=(0.01,))
-    dedup(DedupConfig(str(tmp_path / "corpus"), str(local), show_progress=False, use_ray=False))
+    dedup(DedupConfig(str(tmp_path / "corpus"), str(local), LOCAL))
     assert _files(remote) == _files(str(local))
     with fsspec.open(f"{remote}/dedup_manifest.json") as f:
         man = json.load(f)
@@ -53,7 +57,7 @@ def test_s3_to_gcs_on_ray_matches_local(s3_bucket, gcs_bucket, tmp_path):
     assert not fsspec.filesystem("gs").exists(f"{remote}/_work")
 
     out = f"{s3_bucket}/decon"
-    decontaminate(DecontaminateConfig(remote, out, {"eval": truth["eval_path"]}, show_progress=False))
+    decontaminate(DecontaminateConfig(remote, out, {"eval": truth["eval_path"]}, CorpusInput(show_progress=False)))
     with fsspec.open(f"{out}/decontamination_manifest.json") as f:
         dm = json.load(f)
     assert dm["against"]["eval"]["matched_training_documents"] >= 1
@@ -68,7 +72,7 @@ def test_rerun_after_a_kill_on_s3_skips_finished_signatures(s3_bucket, monkeypat
         raise KeyboardInterrupt("killed")
 
     monkeypatch.setattr(dd, "write_kept_records", killed)
-    cfg = DedupConfig(corpus, out, show_progress=False, use_ray=False)
+    cfg = DedupConfig(corpus, out, LOCAL)
     with pytest.raises(KeyboardInterrupt):
         dedup(cfg)
     fs = fsspec.filesystem("s3")
@@ -86,7 +90,7 @@ def test_rerun_after_a_kill_on_s3_skips_finished_signatures(s3_bucket, monkeypat
 def test_ray_tasks_write_what_one_process_writes(tmp_path):
     write_planted_corpus(str(tmp_path / "corpus"), docs_per_source=6, changed=(0.01,))
     for name, kw in (("ray", {"min_task_bytes": 0}), ("local", {"use_ray": False})):
-        dedup(DedupConfig(str(tmp_path / "corpus"), str(tmp_path / name), show_progress=False, **kw))
+        dedup(DedupConfig(str(tmp_path / "corpus"), str(tmp_path / name), CorpusInput(show_progress=False, **kw)))
     assert _files(str(tmp_path / "ray")) == _files(str(tmp_path / "local"))
 
 

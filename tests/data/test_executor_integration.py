@@ -55,10 +55,10 @@ def test_harrier_k40_dry_run_needs_no_network(tmp_path, offline_k40):
     hk = importlib.reload(hk)
     steps = list(hk.tokenized.values())
     assert len(steps) == 40
-    assert sorted(steps[0].config.sources.value) == [f"council/q{i}" for i in range(1, 6)]
+    assert sorted(steps[0].config.input.sources.value) == [f"council/q{i}" for i in range(1, 6)]
     res = executor_main(ExecutorMainConfig(prefix=str(tmp_path), dry_run=True, progress=False), steps=steps)
     # 40 tokenize steps, the tokenizer, the corpus-wide dedup and decontamination, the task it protects
     assert len(res.outcome) == 44 and set(res.outcome.values()) == {"dry_run"}
-    assert hk.deduped.config.sources.value == hk.SOURCES and len(hk.SOURCES) == 200
+    assert hk.deduped.config.input.sources.value == hk.SOURCES and len(hk.SOURCES) == 200
     mix = hk.harrier_k40_mixture()
     assert len(mix.stores) == 40

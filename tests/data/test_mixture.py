@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from marin.data.corpus_steps import CorpusInput
 from marin.data.loader import MixtureLoader, ring_pieces
 from marin.data.mixture import (
     MixtureConfig,
@@ -211,8 +212,8 @@ def marked_store(mini_tokenizer, tmp_path_factory):
             for i in range(60):
                 body = " ".join(rng.choice(words, int(rng.integers(5, 40))))
                 f.write(json.dumps({"text": f"[{src.replace('/', '-')}-{i:03d}] {body}"}) + "\n")
-    tokenize(TokenizeConfig(str(root / "corpus"), mini_tokenizer, str(root / "store"), shard_max_tokens=300,
-                            batch_docs=8, show_progress=False))
+    tokenize(TokenizeConfig(str(root / "corpus"), mini_tokenizer, str(root / "store"), CorpusInput(show_progress=False),
+                            shard_max_tokens=300, batch_docs=8))
     return str(root / "store")
 
 

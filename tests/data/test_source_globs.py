@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from marin.data.tokenize import split_glob
+from marin.data.corpus_steps import split_glob
 
 
 def test_split_glob_cuts_before_the_first_part_with_a_wildcard():

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from marin.data.corpus_steps import CorpusInput, file_key
 from marin.data.readers import iter_documents, list_document_files
 from marin.data.store import TokenStore
-from marin.data.tokenize import FileTask, TokenizeConfig, TokenizeError, _file_key, tokenize, tokenize_file
+from marin.data.tokenize import FileTask, TokenizeConfig, TokenizeError, tokenize, tokenize_file
 from marin.data.tokenizer import load_tokenizer
+
+QUIET = CorpusInput(show_progress=False)  # Ray when it is up (the session's Ray), no progress bar
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -26,8 +29,7 @@ def test_ray_tokenize_round_trips_every_document(mini_corpus, mini_tokenizer, mi
 
     assert ray.is_initialized()
     out = tmp_path / "store"
-    tokenize(TokenizeConfig(mini_corpus, mini_tokenizer, str(out), shard_max_tokens=2000, batch_docs=16,
-                            show_progress=False))
+    tokenize(TokenizeConfig(mini_corpus, mini_tokenizer, str(out), QUIET, shard_max_tokens=2000, batch_docs=16))
     # Ray fan-out writes exactly what the in-process path wrote (the fixture store).
     assert _files(out) == _files(Path(mini_store))
     store = TokenStore.open(str(out), tokenizer=mini_tokenizer)
@@ -49,14 +51,13 @@ def test_ray_tokenize_round_trips_every_document(mini_corpus, mini_tokenizer, mi
 
 def test_kill_and_rerun_redoes_only_unfinished_shards(mini_corpus, mini_tokenizer, mini_store, tmp_path):
     out = tmp_path / "store"
-    cfg = TokenizeConfig(mini_corpus, mini_tokenizer, str(out), shard_max_tokens=2000, batch_docs=16,
-                         show_progress=False)
+    cfg = TokenizeConfig(mini_corpus, mini_tokenizer, str(out), QUIET, shard_max_tokens=2000, batch_docs=16)
     # "Kill" the worker of council/q1 after its first shard, and leave a half-written second shard
     # (data without its .json marker), as a crash during the write would.
     f = list_document_files(f"{mini_corpus}/council/q1")[0]
     rel = f.rsplit("/", 1)[-1]
-    task = FileTask("council/q1", f, _file_key(rel), str(out), mini_tokenizer, cfg.eos_token, "text",
-                    cfg.max_doc_bytes, cfg.shard_max_tokens, cfg.batch_docs)
+    task = FileTask("council/q1", f, file_key(rel), str(out), mini_tokenizer, cfg.eos_token, "text",
+                    cfg.input.max_doc_bytes, cfg.shard_max_tokens, cfg.batch_docs)
     r = tokenize_file(task, stop_after_shards=1)
     assert len(r["shards"]) == 1 and not r["shards"][0]["last"]
     d = out / "sources" / "council" / "q1"
@@ -94,7 +95,7 @@ def test_bad_documents_counted_corrupt_file_named(mini_tokenizer, tmp_path):
     broken = corpus / "forum" / "q2" / "b.jsonl.gz"
     broken.write_bytes(whole[: len(whole) // 2])
     out = tmp_path / "store"
-    cfg = TokenizeConfig(str(corpus), mini_tokenizer, str(out), max_doc_bytes=4096, show_progress=False)
+    cfg = TokenizeConfig(str(corpus), mini_tokenizer, str(out), CorpusInput(max_doc_bytes=4096, show_progress=False))
 
     with pytest.raises(TokenizeError) as e:
         tokenize(cfg)
@@ -118,8 +119,8 @@ def test_bad_documents_counted_corrupt_file_named(mini_tokenizer, tmp_path):
 
 def test_explicit_sources_and_errors(mini_corpus, mini_tokenizer, mini_store, tmp_path):
     out = tmp_path / "store"
-    tokenize(TokenizeConfig(mini_corpus, mini_tokenizer, str(out), show_progress=False,
-                            sources={"council/q5": "council/q5", "infra_all": "infra/*/*.*"}))
+    tokenize(TokenizeConfig(mini_corpus, mini_tokenizer, str(out), CorpusInput(
+        show_progress=False, sources={"council/q5": "council/q5", "infra_all": "infra/*/*.*"})))
     store = TokenStore.open(str(out))
     assert store.source_names == ("council/q5", "infra_all")
     entry = store.manifest["sources"]["infra_all"]
@@ -129,7 +130,7 @@ def test_explicit_sources_and_errors(mini_corpus, mini_tokenizer, mini_store, tm
     ref = TokenStore.open(mini_store)
     assert entry["documents"] == sum(ref.manifest["sources"][f"infra/q{i}"]["documents"] for i in range(1, 6))
     with pytest.raises(TokenizeError, match="source 'x': no document files at"):
-        tokenize(TokenizeConfig(mini_corpus, mini_tokenizer, str(tmp_path / "s2"), sources={"x": "nope"}))
+        tokenize(TokenizeConfig(mini_corpus, mini_tokenizer, str(tmp_path / "s2"), CorpusInput(sources={"x": "nope"})))
     with pytest.raises(TokenizeError, match="no document files"):
         tokenize(TokenizeConfig(str(tmp_path / "empty"), mini_tokenizer, str(tmp_path / "s3")))
 
@@ -142,7 +143,7 @@ def test_changed_input_is_redone_and_other_tokenizer_refused(mini_tokenizer, tmp
     f = corpus / "a.jsonl"
     f.write_text("".join(json.dumps({"text": f"article {i}"}) + "\n" for i in range(10)))
     out = tmp_path / "store"
-    cfg = TokenizeConfig(str(tmp_path / "corpus"), mini_tokenizer, str(out), show_progress=False)
+    cfg = TokenizeConfig(str(tmp_path / "corpus"), mini_tokenizer, str(out), QUIET)
     tokenize(cfg)
     assert TokenStore.open(str(out)).manifest["sources"]["wiki"]["documents"] == 10
     with open(f, "a") as fh:  # the file was re-fetched with more documents
@@ -154,7 +155,7 @@ def test_changed_input_is_redone_and_other_tokenizer_refused(mini_tokenizer, tmp
     other.mkdir()
     (other / "tokenizer.json").write_text(train_bpe_tokenizer(iter(["x y z"] * 10), 270, 1).to_str())
     with pytest.raises(TokenizeError) as e:
-        tokenize(TokenizeConfig(str(tmp_path / "corpus"), str(other), str(out), show_progress=False))
+        tokenize(TokenizeConfig(str(tmp_path / "corpus"), str(other), str(out), QUIET))
     print(e.value)
     assert "written with tokenizer" in str(e.value) and "use a fresh output path" in str(e.value)
 
@@ -173,8 +174,8 @@ def test_same_file_names_in_sibling_folders_under_a_relative_path(mini_tokenizer
     monkeypatch.chdir(tmp_path)
     loc = "council/*/*" if glob else "council"
     out = tmp_path / "store"
-    tokenize(TokenizeConfig("corpus", mini_tokenizer, str(out), sources={"council": loc}, show_progress=False,
-                            use_ray=False))
+    tokenize(TokenizeConfig("corpus", mini_tokenizer, str(out), CorpusInput(sources={"council": loc},
+                                                                            show_progress=False, use_ray=False)))
     store = TokenStore.open(str(out), tokenizer=mini_tokenizer)
     reader = store.source("council")
     tok = load_tokenizer(mini_tokenizer)

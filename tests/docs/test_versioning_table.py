@@ -34,6 +34,7 @@ keeps it equal to the code.
 
 
 def config_classes() -> list[type]:
+    from marin.data.corpus_steps import CorpusInput
     from marin.data.decontaminate import DecontaminateConfig
     from marin.data.dedup import DedupConfig
     from marin.data.mixture import MixtureConfig
@@ -53,7 +54,8 @@ def config_classes() -> list[type]:
     from marin.training.config import GROUPS, SyntheticDataConfig, TrainConfig
 
     return [TrainConfig, *GROUPS.values(), MoEConfig, SyntheticDataConfig, SyntheticK40Config, TrainTokenizerConfig,
-            DedupConfig, DecontaminateConfig, TokenizeConfig, MixtureConfig, MixtureReportConfig, EvalConfig, EvalSet,
+            CorpusInput, DedupConfig, DecontaminateConfig, TokenizeConfig, MixtureConfig, MixtureReportConfig,
+            EvalConfig, EvalSet,
             DomainTaskConfig, HarnessConfig, HealthReportConfig, LadderFitConfig, RungRun, IsoFlopFitConfig,
             ReportConfig]
 

@@ -51,6 +51,7 @@ def test_eval_cli_task(capsys, trained_run, tmp_path):
 
 
 def test_eval_cli_errors_are_one_line(capsys, trained_run, eval_corpus, tmp_path):
+    from marin.data.corpus_steps import CorpusInput
     from marin.data.tokenize import TokenizeConfig, tokenize
     from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
 
@@ -60,7 +61,7 @@ def test_eval_cli_errors_are_one_line(capsys, trained_run, eval_corpus, tmp_path
                   f"no training run at {tmp_path}/not-a-run: the path does not exist"))
     (tmp_path / "empty.jsonl").write_text("")
     cases.append(((trained_run.output_path, "--data", f"x={tmp_path}/empty.jsonl"),
-                  f"--data x: cannot score {tmp_path}/empty.jsonl: no documents to tokenize under "
+                  f"--data x: cannot score {tmp_path}/empty.jsonl: no documents under "
                   f"{tmp_path}/empty.jsonl (text field 'text')"))
     import gzip
 
@@ -72,7 +73,8 @@ def test_eval_cli_errors_are_one_line(capsys, trained_run, eval_corpus, tmp_path
     other_tok = str(tmp_path / "tok")
     train_tokenizer(TrainTokenizerConfig(f"{eval_corpus}/infra/q5", other_tok, vocab_size=300))
     other_store = str(tmp_path / "other")
-    tokenize(TokenizeConfig(f"{eval_corpus}/infra/q5", other_tok, other_store, show_progress=False, use_ray=False))
+    tokenize(TokenizeConfig(f"{eval_corpus}/infra/q5", other_tok, other_store,
+                            CorpusInput(show_progress=False, use_ray=False)))
     cases.append(((trained_run.output_path, "--data", f"x={other_store}"), "tokenizer mismatch"))
     for argv, needle in cases:
         rc, _, err = _run(capsys, *argv)

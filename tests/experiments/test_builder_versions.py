@@ -13,6 +13,8 @@ import dataclasses
 import pytest
 
 from experiments.defaults import (
+    default_decontaminate,
+    default_dedup,
     default_eval,
     default_health_report,
     default_k40_miniature,
@@ -24,6 +26,7 @@ from experiments.defaults import (
     default_tokenizer,
     default_train,
 )
+from marin.data.corpus_steps import CorpusInput
 from marin.data.mixture import MixtureConfig, MixtureStage
 from marin.data.mixture_report import MixtureReportConfig
 from marin.data.synthetic import SyntheticK40Config
@@ -162,14 +165,22 @@ def test_a_field_added_later_keeps_the_recorded_hashes_until_it_is_set():
         versioned_config({"lr": 1e-3})
 
 
+INPUT_FLIPS = [{"sources": {"a": "council"}}, {"text_field": "body"}, {"max_doc_bytes": 10},
+               {"on_corrupt": "fail"}, {"max_corrupt_fraction": 0.5}]
+"""Every versioned field of a corpus step's input group (CorpusInput)."""
+
 CASES = {
     "k40": (_corpus, [{"total_bytes": 123_456}, {"seed": 1}, {"domains": ("council",)}, {"files_per_source": 2}]),
     "tokenizer": (lambda **kw: _tokenizer(**kw), [
         {"vocab_size": 1000}, {"max_bytes": 10}, {"text_field": "body"}, {"min_frequency": 3},
         {"on_corrupt": "fail"}, {"max_corrupt_fraction": 0.5}]),
     "tokenize": (lambda **kw: _tokenized(**kw), [
-        {"sources": {"a": "council"}}, {"text_field": "body"}, {"max_doc_bytes": 10}, {"shard_max_tokens": 10},
-        {"on_corrupt": "fail"}, {"max_corrupt_fraction": 0.5}]),
+        *({"input": CorpusInput(**flip)} for flip in INPUT_FLIPS), {"shard_max_tokens": 10}]),
+    "dedup": (lambda **kw: default_dedup("c/dedup", _corpus(), **kw), [
+        *({"input": CorpusInput(**flip)} for flip in INPUT_FLIPS), {"exact": False}, {"shingle_size": 4},
+        {"bands": 10}, {"threshold": 0.8}, {"seed": 2}, {"scope": "domain"}]),
+    "decontaminate": (lambda **kw: default_decontaminate("c/decon", _corpus(), ["/eval/a.jsonl"], **kw), [
+        *({"input": CorpusInput(**flip)} for flip in INPUT_FLIPS), {"ngram": 8}, {"mode": "cut"}]),
     "mixture_report": (lambda **kw: _report(_mixture(**kw)), [
         {"domain_weights": {"council": 2.0}}, {"quality_weights": {"q1": 0.5}},
         {"domain_quality_weights": {"council": {"q1": 2.0}}}, {"stages": (MixtureStage(10, {"council": 1.0}),)},
@@ -190,17 +201,24 @@ def test_flipping_a_versioned_argument_moves_the_hash(builder, flip):
 def test_an_upstream_change_reaches_the_training_step(upstream):
     corpus = _corpus(seed=1 if upstream == "corpus" else 0)
     tok = _tokenizer(corpus, vocab_size=1000 if upstream == "tokenizer" else 8192)
-    tokenized = default_tokenize("c/tokenized", corpus, tok, max_doc_bytes=10 if upstream == "tokenize" else 8_000_000)
+    tokenized = default_tokenize("c/tokenized", corpus, tok,
+                                 CorpusInput(max_doc_bytes=10 if upstream == "tokenize" else 8_000_000))
     mixture = default_mixture([tokenized], seed=1 if upstream == "mixture" else 0)
     assert _plan(_train(mixture))[1].hash != _plan(_train())[1].hash
 
 
-@pytest.mark.parametrize("field,value", [("num_cpus_per_task", 4.0), ("show_progress", False), ("use_ray", False)])
-def test_how_tokenize_spreads_its_work_keeps_the_store(field, value):
-    step = _tokenized()
-    other = _tokenized()
-    object.__setattr__(other.config, field, value)
-    assert _plan(other)[1].hash == _plan(step)[1].hash
+@pytest.mark.parametrize("field,value", [("num_cpus_per_task", 4.0), ("show_progress", False), ("use_ray", False),
+                                         ("min_task_bytes", 0), ("allow_empty", True)])
+def test_how_a_corpus_step_spreads_its_work_keeps_its_output(field, value):
+    assert _plan(_tokenized(input=CorpusInput(**{field: value})))[1].hash == _plan(_tokenized())[1].hash
+
+
+def test_versioned_fields_are_a_leaf_each_named_as_before_the_input_group():
+    """The input group's fields are named in the version as the configs' own fields were (``text_field``,
+    not ``input.text_field``), so grouping them moved no step's hash (the pinned hashes hold the proof)."""
+    names = {"sources", "text_field", "max_doc_bytes", "on_corrupt", "max_corrupt_fraction"}
+    for step in (_tokenized(), default_dedup("c/dedup", _corpus()), default_decontaminate("c/d", _corpus())):
+        assert names <= _leaves(step) and not any(leaf.startswith("input.") for leaf in _leaves(step))
 
 
 def test_in_training_tasks_are_telemetry_and_a_task_step_is_a_dependency():

@@ -15,6 +15,7 @@ from experiments.defaults import (
     branch_from,
     default_domain_task,
     default_eval_suite,
+    default_k40_miniature,
     default_mixture,
     default_tokenize,
     default_train,
@@ -201,7 +202,7 @@ def test_records_spell_the_group_and_the_version_names_the_flat_field():
     versioned = [*ps.config_leaves, *ps.spelled.values()]
     assert is_versioned("optimizer.peak_lr", versioned) and is_versioned('evaluation.tasks["k40"]', versioned)
     assert not is_versioned("checkpoint.every_steps", versioned)
-    assert "spelled" not in plan_steps([default_tokenize("h/tok", "/c", "/t.json")], "/p").steps[0].version()
+    assert "spelled" not in plan_steps([default_k40_miniature("h/k40")], "/p").steps[0].version()  # no group
     paths = {str(p): p for p, _ in walk_placeholders(src.config)}  # the versioned leaves, as planning finds them
     assert paths["optimizer.peak_lr"].version_name() == "peak_lr"
     assert paths["evaluation.sets[0].store"].version_name() == "eval_sets[0].store"

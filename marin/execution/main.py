@@ -3,59 +3,22 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
 from collections.abc import Iterator, Sequence
 
 import draccus
 
-from marin.execution.executor import ExecutorError, ExecutorInterrupted, RunOptions, RunResult, run_plan
+from marin.execution.executor import ExecutorError, ExecutorInterrupted, RunResult, run_plan
 from marin.execution.hashing import UnhashableConfigError
 from marin.execution.jsonable import mask_text
-from marin.execution.lease import DEFAULT_TTL_S
+from marin.execution.options import ExecutorMainConfig, RunOptions
 from marin.execution.plan import PlanError, plan_steps
 from marin.execution.prefix import DEFAULT_PREFIX, resolve_prefix
 from marin.execution.signals import StopSignals, ignore_stop_signals, stop_reason
 from marin.execution.step import ExecutorStep, InvalidStepError
 
 __all__ = ["DEFAULT_PREFIX", "ExecutorMainConfig", "ExperimentLoaded", "executor_main", "parse_executor_args"]
-
-
-@dataclasses.dataclass
-class ExecutorMainConfig:
-    """Flags of every experiment file (``python exp.py --help`` or ``marin run exp.py --help``)."""
-
-    prefix: str | None = None
-    """Where outputs go: a local directory, s3://bucket/path or gs://bucket/path. Default: $MARIN_PREFIX,
-    else ./local_store under the working directory."""
-    dry_run: bool = False
-    """Plan, print what would run (and code drift warnings), run nothing."""
-    force_run_failed: bool = False
-    """Rerun steps that FAILED in an earlier run (off by default: a failure needs a look first)."""
-    run_only: list[str] | None = None
-    """Regexes: run only matching steps plus their unfinished dependencies (``--run_only a b``)."""
-    max_concurrent: int | None = None
-    """At most this many steps running at once (default: as many as Ray's resources allow)."""
-    address: str | None = None
-    """Ray cluster to join (default: $RAY_ADDRESS, else start a local cluster)."""
-    lease_ttl: float = DEFAULT_TTL_S
-    """Seconds a step lease lives without heartbeat; a dead executor's steps are taken over after it."""
-    progress: bool = True
-    """Show a progress bar on stderr."""
-    infra_retries: int | None = None
-    """Times every step is retried by itself after an infrastructure failure (a host, worker or node
-    died, a preemption, a storage outage past its retry limit), each from what it committed (a
-    training step resumes from its last checkpoint), with backoff; 0 turns this off. Default: each
-    step's own: training and evaluation on a GPU pool 2, on a local CPU pool 0, other steps
-    (tokenize, fits, reports) 0. Failures of the step itself (divergence, a config error, a bug) are
-    never retried."""
-    retry_failed: list[str] | None = None
-    """Steps (names or regexes, ``--retry_failed A B``) whose earlier FAILED attempt may run again,
-    without --force_run_failed for every failed step."""
-    repair_records: bool = False
-    """Rebuild status records that cannot be read (torn, truncated) where that is safe, and say how
-    (off by default: the run stops and lists them, since their outputs may be complete)."""
 
 
 def _extract_run_only(argv: list[str], flag: str = "--run_only") -> tuple[list[str], list[str] | None]:
@@ -195,22 +158,7 @@ def executor_main(
         if not steps:
             raise PlanError("executor_main() got no steps; pass steps=[...]")
         plan = plan_steps(list(steps), resolve_prefix(config.prefix))
-        opts = RunOptions(
-            prefix=plan.prefix,
-            dry_run=config.dry_run,
-            force_run_failed=config.force_run_failed,
-            run_only=config.run_only,
-            max_concurrent=config.max_concurrent,
-            address=config.address,
-            lease_ttl=config.lease_ttl,
-            description=description,
-            card=card,
-            script=_script_name(),
-            progress=config.progress,
-            repair_records=config.repair_records,
-            infra_retries=config.infra_retries,
-            retry_failed=config.retry_failed,
-        )
+        opts = RunOptions.of(config, prefix=plan.prefix, description=description, card=card, script=_script_name())
         if from_cli:
             # between the run's own handlers and the exit a stop signal is noted, not fatal (it would
             # cut the message or the exit short); the run's handlers take over inside run_plan

@@ -78,3 +78,27 @@ def test_the_heros_compute_quoted_in_the_training_guide_is_what_marin_plan_print
     text = (REPO / "docs" / "training.md").read_text()
     flops, days = re.search(r"18\.00T tokens, ([\d.]+e24) FLOPs, about ([\d.]+) days at 21% MFU", text).groups()
     assert f"{plan['train_flops']:.2e}".replace("e+", "e") == flops and f"{plan['days']:.1f}" == days
+
+
+def test_the_ladders_share_of_the_heros_compute_quoted_in_the_scaling_guide_is_what_the_planner_gives():
+    """docs/scaling.md quotes the production ladder against the hero; the numbers follow the rungs,
+    the hero's schedule and the FLOP count when any of them changes."""
+    from experiments.hero import HERO_STEPS, HERO_TOKENS_PER_STEP
+    from experiments.ladder import HERO, HERO_FLOPS, RUNGS
+    from marin.models.config import count_params
+
+    text = " ".join((REPO / "docs" / "scaling.md").read_text().split())
+    got = re.search(r"keeps the ladder at ([\d.]+)% of the hero's ([\d.]+e24) FLOPs, but gives the assumed rungs "
+                    r"about (\d+) and (\d+) training tokens per active parameter, against about (\d+)-(\d+) for the "
+                    r"published rungs \((\d+) for the hero\).*?at (\d+) that is about (\d+)% of the hero's compute",
+                    text).groups()
+    share, flops, *per_param, at, at_share = got
+    per = {r.name: r.tokens / r.active_params for r in RUNGS}
+    assumed = [round(per[r.name]) for r in RUNGS if not r.budget_published]
+    published = sorted(round(per[r.name]) for r in RUNGS if r.budget_published)
+    hero = round(HERO_STEPS * HERO_TOKENS_PER_STEP / count_params(HERO)["active_params"])
+    assert share == f"{100 * sum(r.flops for r in RUNGS) / HERO_FLOPS:.2f}"
+    assert flops == f"{HERO_FLOPS:.2e}".replace("e+", "e")
+    assert [int(x) for x in per_param] == [*assumed, *published, hero]
+    rebudgeted = sum(r.flops * (1 if r.budget_published else int(at) / per[r.name]) for r in RUNGS)
+    assert at_share == f"{100 * rebudgeted / HERO_FLOPS:.0f}"

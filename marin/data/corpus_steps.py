@@ -355,8 +355,10 @@ def run_tasks(fn: Callable[[Any], dict], tasks: Sequence[Any], desc: str, inputs
               sizes: Sequence[int] | None = None, tally: str | None = None) -> list[dict]:
     """``fn`` over ``tasks`` as Ray tasks when Ray is up and ``inputs.use_ray`` (the executor's case),
     otherwise in this process; results in task order. With ``sizes`` (input bytes per task),
-    consecutive tasks are grouped into Ray tasks of at least ``inputs.min_task_bytes``. ``tally``: a
-    numeric result field the progress bar sums and shows with its rate (tokenize: the new tokens)."""
+    consecutive tasks are grouped into Ray tasks of at least ``inputs.min_task_bytes``, or of the
+    input's share of one task slot of the cluster when that is smaller (a small corpus still uses
+    every CPU). ``tally``: a numeric result field the progress bar sums and shows with its rate
+    (tokenize: the new tokens)."""
     bar = tqdm(total=len(tasks), unit="task", desc=desc, disable=not inputs.show_progress, mininterval=2.0)
     # Ray is up only if something imported it (the executor does): never import it here, since
     # importing Ray costs seconds and an in-process run does not need it
@@ -374,9 +376,12 @@ def run_tasks(fn: Callable[[Any], dict], tasks: Sequence[Any], desc: str, inputs
                              "failed": failed}, refresh=False)
         bar.update(1)
 
-    groups = (batches(sizes, inputs.min_task_bytes) if sizes is not None
-              else [range(i, i + 1) for i in range(len(tasks))])
-    if ray is not None and ray.is_initialized() and len(groups) > 1:
+    on_ray = ray is not None and ray.is_initialized()
+    groups = [range(i, i + 1) for i in range(len(tasks))]
+    if sizes is not None:
+        slots = ray.cluster_resources().get("CPU", 1) / inputs.num_cpus_per_task if on_ray else 1
+        groups = batches(sizes, min(inputs.min_task_bytes, int(sum(sizes) / max(slots, 1))))
+    if on_ray and len(groups) > 1:
         remote = ray.remote(run_batch).options(num_cpus=inputs.num_cpus_per_task, max_retries=0)
         refs = {remote.remote(fn, [tasks[i] for i in g]): g for g in groups}
         pending = list(refs)

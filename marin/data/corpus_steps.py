@@ -52,7 +52,7 @@ from marin.data.readers import (
     list_document_files,
     validate_corrupt_policy,
 )
-from marin.execution.versioning import live
+from marin.execution.versioning import group, live
 
 WORK_DIR = "_work"
 
@@ -99,6 +99,13 @@ class CorpusInput:
     def validate(self) -> None:
         """Refuse a corrupt-input policy that is not one (ValueError), before any file is read."""
         validate_corrupt_policy(self.on_corrupt, self.max_corrupt_fraction)
+
+
+def input_group() -> Any:
+    """The ``input`` field of a corpus step's config: a :class:`CorpusInput` group (its defaults
+    unless given), each field versioned by its own rule and named in the hash as the config's own."""
+    return group("what is read and how the work is spread: each field by its own rule, named in the hash as "
+                 "this config's own (text_field)", default_factory=CorpusInput)
 
 
 # --------------------------------------------------------------------------------------------------

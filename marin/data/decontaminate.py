@@ -38,13 +38,14 @@ from marin.data.corpus_steps import (
     InputFile,
     file_task,
     fingerprint,
+    input_group,
     run_tasks,
     summarize,
     write_kept_records,
 )
 from marin.data.dedup import mix64, normalize_words, word_spans
 from marin.data.readers import iter_documents, iter_record_lines, list_document_files
-from marin.execution.versioning import group, input_field, live
+from marin.execution.versioning import input_field, live
 
 logger = logging.getLogger(__name__)
 
@@ -176,8 +177,7 @@ class DecontaminateConfig:
     input_path: str = input_field()
     output_path: str = input_field()
     against: dict[str, str] = dataclasses.field(default_factory=dict)
-    input: CorpusInput = group("what is read and how the work is spread: each field by its own rule, named in the "
-                               "hash as this config's own (text_field)", default_factory=CorpusInput)
+    input: CorpusInput = input_group()
     ngram: int = 13
     mode: str = "remove"
     """"remove": drop a document with any matching n-gram; "cut": cut the matching words out."""

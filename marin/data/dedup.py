@@ -67,6 +67,7 @@ from marin.data.corpus_steps import (
     InputFile,
     file_task,
     fingerprint,
+    input_group,
     read_marker,
     run_tasks,
     summarize,
@@ -75,7 +76,7 @@ from marin.data.corpus_steps import (
 )
 from marin.data.k40 import split_source_name
 from marin.data.readers import iter_documents
-from marin.execution.versioning import group, input_field, live
+from marin.execution.versioning import input_field, live
 
 logger = logging.getLogger(__name__)
 
@@ -323,14 +324,12 @@ def read_array(path: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class DedupConfig:
-    """Remove exact and near-duplicate documents from the corpus at ``input_path`` into ``output_path``;
-    ``input``: which sources and documents are read, the corrupt-input policy, and how the work is
-    spread (:class:`~marin.data.corpus_steps.CorpusInput`)."""
+    """Remove exact and near-duplicate documents from the corpus at ``input_path`` (read as ``input``
+    says: :class:`~marin.data.corpus_steps.CorpusInput`) into ``output_path``."""
 
     input_path: str = input_field()
     output_path: str = input_field()
-    input: CorpusInput = group("what is read and how the work is spread: each field by its own rule, named in the "
-                               "hash as this config's own (text_field)", default_factory=CorpusInput)
+    input: CorpusInput = input_group()
     exact: bool = True
     """Remove documents whose normalised text equals another's."""
     fuzzy: bool = True

@@ -36,13 +36,14 @@ from marin.data.corpus_steps import (
     CorpusStep,
     CorpusStepError,
     file_key,
+    input_group,
     run_tasks,
     task_error,
 )
 from marin.data.readers import iter_documents
 from marin.data.store import MANIFEST, STORE_FORMAT, source_dir, write_shard
 from marin.data.tokenizer import DEFAULT_EOS, load_tokenizer
-from marin.execution.versioning import group, input_field
+from marin.execution.versioning import input_field
 
 logger = logging.getLogger(__name__)
 
@@ -56,15 +57,13 @@ STEP = CorpusStep("tokenize", TokenizeError, MANIFEST, "tokenize_failures.json")
 
 @dataclass(frozen=True)
 class TokenizeConfig:
-    """Tokenize the document files under ``input_path`` into a token store at ``output_path``;
-    ``input``: which sources and documents are read, the corrupt-input policy, and how the work is
-    spread (:class:`~marin.data.corpus_steps.CorpusInput`)."""
+    """Tokenize the document files under ``input_path`` (read as ``input`` says:
+    :class:`~marin.data.corpus_steps.CorpusInput`) into a token store at ``output_path``."""
 
     input_path: str = input_field()
     tokenizer: str = input_field()
     output_path: str = input_field()
-    input: CorpusInput = group("what is read and how the work is spread: each field by its own rule, named in the "
-                               "hash as this config's own (text_field)", default_factory=CorpusInput)
+    input: CorpusInput = input_group()
     shard_max_tokens: int = 64 * 1024 * 1024
     eos_token: str = DEFAULT_EOS
     batch_docs: int = 512

@@ -32,7 +32,8 @@ from experiments.defaults import branch_from, default_health_report, default_tra
 from experiments.harrier_k40 import harrier_k40_mixture
 from marin.execution import executor_main
 from marin.models.config import get_preset
-from marin.training.config import CheckpointPolicy, OptimizerConfig, ParallelismConfig, TelemetryConfig
+from marin.training.config import CheckpointPolicy, ParallelismConfig, TelemetryConfig
+from marin.training.optimizers import AdamWConfig, MuonHConfig
 
 HERO_STEPS = 390_139
 HERO_BATCH_SEQUENCES = 11_264
@@ -53,7 +54,12 @@ HERO_TEMP_CHECKPOINT_PATH = os.environ.get("HERO_TEMP_CHECKPOINT_PATH") or None
 EARLY_COOLDOWN_AT_STEP = 60_000  # a multiple of checkpoint.keep_every, so the main run keeps that checkpoint
 EARLY_COOLDOWN_STEPS = 6_600
 
-HERO_OPTIMIZER = OptimizerConfig(peak_lr=2.2e-4, warmup_steps=HERO_WARMUP_STEPS)
+HERO_OPTIMIZER = AdamWConfig(peak_lr=2.2e-4, warmup_steps=HERO_WARMUP_STEPS)
+# MuonH as upstream's hero trains (marin.training.optimizers.muonh): its learning rates and Adam beta2 from
+# upstream's size rule at 18.0T tokens, d 6,144 and 46.1M tokens per step (MuonH 3.05e-3, Adam 7.04e-4,
+# beta2 0.95), the same warmup and decay to 5% of peak
+HERO_MUONH = MuonHConfig.from_heuristic(HERO_STEPS * HERO_TOKENS_PER_STEP, d_model=6_144,
+                                        tokens_per_batch=HERO_TOKENS_PER_STEP, warmup_steps=HERO_WARMUP_STEPS)
 HERO_CHECKPOINT = CheckpointPolicy(
     every_steps=500,
     every_minutes=30.0,
@@ -103,6 +109,10 @@ hero_early_cooldown = default_train(
     init_from=branch_from(hero, EARLY_COOLDOWN_AT_STEP),
     description=f"hero early cooldown: {EARLY_COOLDOWN_STEPS:,} steps of decay from step {EARLY_COOLDOWN_AT_STEP:,}",
 )
+# The same run trained with MuonH instead of AdamW: a variant step of its own (its own output path and
+# hash; the main run's stays). Run it alone: marin run experiments/hero.py --run_only 'hero/moe-535b-a23b-muonh'
+hero_muonh = default_train("hero/moe-535b-a23b-muonh", **{**HERO_TRAIN, "optimizer": HERO_MUONH},
+                           description="hero 535B-A23B on Harrier K40 with MuonH (upstream's optimizer)")
 hero_health = default_health_report("hero/moe-535b-a23b-health", hero, total_steps=HERO_STEPS)
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from marin.parallel.layout import PARAM_SHARDINGS
 from marin.pools import SHIPPED_POOL_NAMES, get_pool
 from marin.training.checkpoint import CheckpointPolicy
 from marin.training.config import resolve_model
+from marin.training.optimizers import OPTIMIZERS
 from marin.training.planning import (
     DEFAULT_MFU,
     STORAGE_WRITE_BYTES_PER_S,
@@ -64,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--param-sharding", default="fsdp", choices=PARAM_SHARDINGS,
                    help="where weights and AdamW state live: fsdp (split over the mesh; default, as the hero and "
                         "ladder experiments run) or replicated (only routed experts split)")
+    p.add_argument("--optimizer", default="adamw", choices=sorted(OPTIMIZERS),
+                   help="the optimizer whose state is planned (default adamw; muonh: one momentum buffer for the "
+                        "matrices, Adam's two moments for the rest, and the Newton-Schulz temporaries)")
     p.add_argument("--storage-gbps", type=float, default=STORAGE_WRITE_BYTES_PER_S / 1e9,
                    help="write bandwidth of one host to the checkpoint store, GB/s, for the save-time estimate "
                         f"(default {STORAGE_WRITE_BYTES_PER_S / 1e9:g})")
@@ -165,17 +169,18 @@ def run(args: argparse.Namespace) -> int:
         phases = HERO_SEQ_LEN_PHASES if is_hero and args.seq_len is None and args.steps is None else None
         # the model a run trains: the preset with its context raised to the longest sequence, as training does
         cfg = resolve_model(args.preset, overrides, None, phases or ((0.0, seq_len),))
+        optimizer = OPTIMIZERS[args.optimizer]()
         p = plan_with_context_parallel(
                  cfg, pool, context_parallel=args.context_parallel,
                  tokens_per_step=tokens_per_step, seq_len=seq_len, microbatches=args.microbatches,
                  transport=transport, train_steps=steps, mfu=args.mfu, seq_len_phases=phases,
                  planned_tokens=planned, param_sharding=args.param_sharding,
-                 storage_bytes_per_s=args.storage_gbps * 1e9)
+                 storage_bytes_per_s=args.storage_gbps * 1e9, optimizer=optimizer)
         # the hero's whole run (no phase pinned by --seq-len/--transport/--steps): every phase it uses
         whole_run = phases is not None and args.transport is None
         p["phases"] = phase_plans(
             cfg, pool, tokens_per_step=tokens_per_step, microbatches=args.microbatches,
-            param_sharding=args.param_sharding,
+            param_sharding=args.param_sharding, optimizer=optimizer,
             phases=run_phases(HERO_SEQ_LEN_PHASES, HERO_TRANSPORT_SWITCHES) if whole_run else [(seq_len, transport)],
             remat_by_seq_len=HERO_REMAT_BY_SEQ_LEN if whole_run and args.remat is None else (),
             # a phase pinned by --seq-len: at the context parallelism the plan above chose or was given

@@ -31,10 +31,9 @@ from marin.parallel.layout import PARAM_SHARDINGS
 from marin.pools import PoolSpec
 from marin.pools.stall import StallRule
 from marin.training.checkpoint.manager import CheckpointPolicy
+from marin.training.optimizers import AdamWConfig, MuonHConfig, optimizer_from
 from marin.training.schedule import (
-    DEFAULT_FINAL_LR_FRACTION,
     LRSchedule,
-    Replan,
     SeqLenPhase,
     SeqLenSchedule,
     TransportSchedule,
@@ -116,45 +115,9 @@ def _pairs(value: Any, kinds: tuple[type, type]) -> Any:
 # hashes of runs declared before TrainConfig was grouped did not move.
 
 
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-    """AdamW with global-norm gradient clipping, and its learning-rate schedule: linear warmup to
-    ``peak_lr`` over ``warmup_steps``, linear decay to ``final_lr_fraction`` x peak at the horizon
-    (``TrainConfig.train_steps``); ``lr_replans`` moves the horizon of a running run
-    (:class:`marin.training.schedule.LRSchedule`, built by :meth:`lr_schedule`)."""
-
-    peak_lr: float = 3e-3
-    warmup_steps: int = 10
-    final_lr_fraction: float = DEFAULT_FINAL_LR_FRACTION
-    lr_replans: tuple[tuple[int, int], ...] = live(
-        "(at_step, new_total_steps): moving the horizon of a running run; the schedule before the re-plan point "
-        "is unchanged and the run resumes from its checkpoints", default=())
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    adam_eps: float = 1e-8
-    grad_clip: float = 1.0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "lr_replans", _pairs(self.lr_replans, (int, int)))
-        if not self.peak_lr > 0:
-            raise ValueError(f"optimizer.peak_lr must be > 0, got {self.peak_lr}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if not 0.0 <= self.final_lr_fraction <= 1.0:
-            raise ValueError(f"optimizer.final_lr_fraction must be in [0, 1], got {self.final_lr_fraction}")
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"optimizer.{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.weight_decay < 0 or self.adam_eps <= 0 or self.grad_clip <= 0:
-            raise ValueError(f"optimizer: need weight_decay >= 0, adam_eps > 0 and grad_clip > 0, got "
-                             f"{self.weight_decay}, {self.adam_eps}, {self.grad_clip}")
-
-    def lr_schedule(self, train_steps: int) -> LRSchedule:
-        """The schedule over a run of ``train_steps`` planned steps (re-plans included)."""
-        return LRSchedule(peak_lr=self.peak_lr, warmup_steps=self.warmup_steps, total_steps=train_steps,
-                          final_fraction=self.final_lr_fraction,
-                          replans=tuple(Replan(int(a), int(t)) for a, t in self.lr_replans))
+OptimizerConfig = AdamWConfig
+"""The name TrainConfig's optimizer group had when it could only be AdamW (experiment files still
+spell it): :class:`~marin.training.optimizers.adamw.AdamWConfig` itself."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,7 +213,7 @@ class ParallelismConfig:
         return TransportSchedule(tuple((int(s), str(t)) for s, t in self.transport_switches))
 
 
-GROUPS: dict[str, type] = {"optimizer": OptimizerConfig, "checkpoint": CheckpointPolicy, "stall": StallRule,
+GROUPS: dict[str, type] = {"optimizer": AdamWConfig, "checkpoint": CheckpointPolicy, "stall": StallRule,
                            "evaluation": TrainEvalConfig, "telemetry": TelemetryConfig,
                            "parallelism": ParallelismConfig}
 """TrainConfig's groups: field name -> class."""
@@ -368,8 +331,10 @@ class TrainConfig:
     init_from: InitFrom | None = by_field(
         "a branch's source: the source run's output (a placeholder: versioned through its hash), the checkpoint "
         "step and what is taken from it are versioned; None (a fresh start) adds nothing", default=None)
-    optimizer: OptimizerConfig = group("AdamW and the LR schedule: versioned field by field (lr_replans is live)",
-                                       default_factory=OptimizerConfig)
+    optimizer: AdamWConfig | MuonHConfig = group(
+        "the optimizer (AdamW or MuonH, marin.training.optimizers) and the LR schedule: versioned field by field "
+        "(lr_replans is live); AdamW's fields keep their names, so runs declared before MuonH keep their hashes",
+        default_factory=AdamWConfig)
     checkpoint: CheckpointPolicy = group("when state is saved and kept: every field live",
                                          default_factory=CheckpointPolicy)
     stall: StallRule = group("the pool launcher's stall watchdog (marin.pools.stall): every field live",
@@ -385,7 +350,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         # one spelling of the schedule, whatever sequence the caller passed (the version encodes it)
         object.__setattr__(self, "seq_len_phases", _pairs(self.seq_len_phases, (float, int)))
+        object.__setattr__(self, "optimizer", optimizer_from(self.optimizer))  # a dict: its kind picks the class
         for name, cls in GROUPS.items():
+            if name == "optimizer":  # any optimizer (the union), checked just above
+                continue
             value = getattr(self, name)
             if isinstance(value, dict):  # a group spelled as a dict (a parsed command line, a record)
                 object.__setattr__(self, name, cls(**value))

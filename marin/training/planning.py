@@ -8,7 +8,12 @@ sequence length split into ``microbatches`` (gradient accumulation):
                      once, the stacked block weights once; float32 runs compute on the masters)
     master_weights   float32 parameters (the training state)
     grads            float32 gradients (twice with accumulation: the running sum + one microbatch)
-    optimizer_state  AdamW first and second moments, float32
+    optimizer_state  the optimizer's state, float32, leaf by leaf by its group (marin.training.optimizers):
+                     AdamW two moments per parameter; MuonH one momentum buffer for its matrices and
+                     two Adam moments for the LM head, the embedding, the router and the gains
+    optimizer_workspace  MuonH only: the Newton-Schulz temporaries of the largest matrix group, one
+                     layer at a time (its Gram matrices and iterates) plus the orthogonalised
+                     direction of that leaf and its hyperball step
     activations      what the backward pass keeps per layer under the preset's remat policy, for all
                      layers of one microbatch, plus one layer's recomputation workspace
     all_to_all       one layer's EP buffers: send, receive and return buffers sized by the transport
@@ -71,6 +76,7 @@ from marin.pools import ACCELERATOR_MEMORY_BYTES, POOLS, PoolSpec, get_pool, poo
 from marin.textfmt import format_bytes, format_table, parse_bytes
 from marin.training.config import model_at
 from marin.training.metrics import peak_flops_per_device
+from marin.training.optimizers import AdamWConfig
 
 GiB = 1 << 30
 
@@ -81,8 +87,8 @@ GiB = 1 << 30
 DEVICE_MEMORY_BYTES: dict[str, int] = ACCELERATOR_MEMORY_BYTES
 USABLE_FRACTION = 0.90
 DEFAULT_MFU = 0.21  # observed on the hero run after warm-up
-PARTS = ("params", "master_weights", "grads", "optimizer_state", "gathered", "activations", "all_to_all", "logits",
-         "context_parallel")
+PARTS = ("params", "master_weights", "grads", "optimizer_state", "optimizer_workspace", "gathered",
+         "activations", "all_to_all", "logits", "context_parallel")
 
 
 # Of host memory the training process may plan on (the OS, agents and page cache keep the rest).
@@ -165,6 +171,39 @@ def params_per_device(cfg: MoEConfig, mesh_shape: tuple[int, int], param_shardin
             "layer_gathered": layer_gathered, "embed_head_gathered": embed_head_full}
 
 
+def default_optimizer(optimizer: Any = None) -> Any:
+    """The optimizer a plan is for: ``optimizer``, or AdamW at its defaults (what a run gets by default)."""
+    return optimizer if optimizer is not None else AdamWConfig()
+
+
+def optimizer_bytes_per_device(cfg: MoEConfig, mesh_shape: tuple[int, int], param_sharding: str = "replicated",
+                               optimizer: Any = None) -> dict[str, float]:
+    """Per-device bytes of the optimizer, leaf by leaf under the mesh's sharding rule.
+
+    ``state``: each leaf's shard x its group's state bytes per element (``STATE_BYTES``: AdamW 8;
+    MuonH 4 for its matrices, 8 for the Adam groups). ``workspace``: for the Newton-Schulz groups,
+    the largest leaf's temporaries: the orthogonalised direction and the hyperball's step over the
+    whole shard (2 x 4 bytes per element), and one layer's iteration (``lax.map`` over the layers):
+    per matrix this device holds (its experts, for a routed stack), three float32 m x m Gram
+    products (m the matrix's smaller side: XLA reduces a sharded Gram matrix to a whole one) and
+    three iterates of the layer's shard."""
+    opt = default_optimizer(optimizer)
+    state = workspace = 0.0
+    for key, shape in param_shapes(cfg).items():
+        name = key.rsplit("/", 1)[-1]
+        stacked = key.startswith("blocks/")
+        part = leaf_partition(name, shape, mesh_shape, param_sharding, stacked)
+        local = shard_shape(shape, part, mesh_shape)
+        n = math.prod(local)
+        state += n * opt.state_bytes(key, shape)
+        if opt.leaf_group(key, shape) in opt.NEWTON_SCHULZ_GROUPS and len(shape) >= 2:
+            layers = shape[0] if stacked and len(shape) >= 3 else 1
+            matrices = math.prod(local[1:-2]) if stacked and len(shape) >= 3 else 1  # this device's experts
+            m = min(shape[-2], shape[-1])
+            workspace = max(workspace, 4.0 * (2 * n + 3 * matrices * m * m + 3 * n / layers))
+    return {"state": state, "workspace": workspace}
+
+
 def _expert_only(part) -> tuple:
     """The partition the EP shard_map takes expert weights in: the expert axis only."""
     return tuple(EXPERT if axes == EXPERT else None for axes in part)
@@ -212,8 +251,10 @@ def activation_bytes_per_token_layer(cfg: MoEConfig, seq_len: int, rows: float) 
 
 
 def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: int, microbatches: int = 1,
-                transport: str | None = None, param_sharding: str = "replicated") -> dict[str, Any]:
-    """Per-device bytes of one train step (see the module docstring for the parts)."""
+                transport: str | None = None, param_sharding: str = "replicated", optimizer: Any = None
+                ) -> dict[str, Any]:
+    """Per-device bytes of one train step (see the module docstring for the parts). ``optimizer``: the
+    run's (marin.training.optimizers; None: AdamW)."""
     check_param_sharding(param_sharding)
     transport = transport or cfg.transport
     if transport not in TRANSPORTS:
@@ -257,11 +298,13 @@ def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: i
         a2a += tokens * emulated_ragged_rows_per_token(transport, tokens, cfg.top_k, cfg.n_experts, ep_eff,
                                                        cfg.capacity_factor, cfg.expert_chunks) * cols * c
     logits = tokens * cfg.vocab_size * 4  # float32; its gradient reuses the buffer (elementwise)
+    opt = optimizer_bytes_per_device(cfg, (data, ep), param_sharding, optimizer)
     parts = {
         "params": (p["total"] * c) if c < 4 else 0.0,
         "master_weights": 4.0 * p["total"],
         "grads": 4.0 * p["total"] * (2 if microbatches > 1 else 1),
-        "optimizer_state": 8.0 * p["total"],
+        "optimizer_state": opt["state"],
+        "optimizer_workspace": opt["workspace"],
         "activations": activations,
         "all_to_all": a2a,
         "logits": logits,
@@ -281,7 +324,7 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
          transport: str | None = None, train_steps: int | None = None, mfu: float = DEFAULT_MFU,
          device_memory: int | None = None, seq_len_phases=None, planned_tokens: float | None = None,
          param_sharding: str = "replicated", storage_bytes_per_s: float = STORAGE_WRITE_BYTES_PER_S,
-         host_memory: int | None = None) -> dict[str, Any]:
+         host_memory: int | None = None, optimizer: Any = None) -> dict[str, Any]:
     """The whole plan: memory at ``microbatches`` (default: the smallest count that fits), whether it
     fits (on the devices and on the hosts), the smallest pool that would fit at one microbatch, the
     checkpoint's size and save time, and the run's compute cost."""
@@ -292,12 +335,12 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
     chosen = microbatches
     fitting = None
     for m in counts:
-        if memory_plan(cfg, pool, tokens_per_step, seq_len, m, transport, param_sharding)["total"] <= usable:
+        if memory_plan(cfg, pool, tokens_per_step, seq_len, m, transport, param_sharding, optimizer)["total"] <= usable:
             fitting = m
             break
     if chosen is None:
         chosen = fitting if fitting is not None else (counts[-1] if counts else 1)
-    mem = memory_plan(cfg, pool, tokens_per_step, seq_len, chosen, transport, param_sharding)
+    mem = memory_plan(cfg, pool, tokens_per_step, seq_len, chosen, transport, param_sharding, optimizer)
     out: dict[str, Any] = {
         "model": None,
         "pool": pool.name,
@@ -312,6 +355,7 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
         "attention_impl": cfg.attention_impl,
         "dtype": cfg.dtype,
         "param_sharding": param_sharding,
+        "optimizer": default_optimizer(optimizer).kind,
         "context_parallel": cfg.context_parallel,
         "microbatches": fitting,
         "planned_microbatches": chosen,
@@ -320,10 +364,10 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
         "device_memory_bytes": device_memory,
         "usable_memory_bytes": usable,
         "smallest_fitting_pool": None if fitting is not None else smallest_fitting_pool(
-            cfg, pool, tokens_per_step, seq_len, transport, param_sharding),
+            cfg, pool, tokens_per_step, seq_len, transport, param_sharding, optimizer),
     }
     out.update(host_plan(cfg, pool, mem["total"], tokens_per_step, seq_len, param_sharding, storage_bytes_per_s,
-                         host_memory))
+                         host_memory, optimizer))
     out["fits"] = out["device_fits"] and out["host_fits"]
     out.update(compute_plan(cfg, pool, tokens_per_step=tokens_per_step, seq_len=seq_len,
                             train_steps=train_steps, mfu=mfu, seq_len_phases=seq_len_phases,
@@ -341,22 +385,25 @@ def valid_microbatches(sequences: int, devices: int) -> list[int]:
 
 
 def smallest_fitting_pool(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: int,
-                          transport: str | None, param_sharding: str = "replicated") -> str | None:
+                          transport: str | None, param_sharding: str = "replicated", optimizer: Any = None
+                          ) -> str | None:
     """The smallest known pool of the same accelerator on which the step fits (any microbatch count)."""
     mem = device_memory_bytes(pool)
     for other in sorted(POOLS.values(), key=lambda p: p.num_devices):
         if other.accelerator != pool.accelerator or other.num_devices <= pool.num_devices:
             continue
         for m in valid_microbatches(tokens_per_step // seq_len, other.num_devices):
-            if (memory_plan(cfg, other, tokens_per_step, seq_len, m, transport, param_sharding)["total"]
+            if (memory_plan(cfg, other, tokens_per_step, seq_len, m, transport, param_sharding, optimizer)["total"]
                     <= mem * USABLE_FRACTION):
                 return other.name
     return None
 
 
-def checkpoint_bytes_per_host(cfg: MoEConfig, pool: PoolSpec, param_sharding: str = "replicated") -> list[int]:
-    """Bytes of state each host writes in a checkpoint (float32 master weights and both AdamW moments:
-    12 bytes per parameter; the router bias and step count are a rounding error), host by host.
+def checkpoint_bytes_per_host(cfg: MoEConfig, pool: PoolSpec, param_sharding: str = "replicated",
+                              optimizer: Any = None) -> list[int]:
+    """Bytes of state each host writes in a checkpoint (float32 master weights and the optimizer's
+    state, leaf by leaf: AdamW's two moments make 12 bytes per parameter; the router bias and step
+    count are a rounding error), host by host.
 
     Devices are ordered host by host and laid over the (data, expert) mesh row by row, as
     marin.parallel.mesh.make_mesh does. Of each leaf, the devices at index 0 of every mesh axis the
@@ -364,12 +411,13 @@ def checkpoint_bytes_per_host(cfg: MoEConfig, pool: PoolSpec, param_sharding: st
     mesh is written by every host, a leaf split over "expert" only by the hosts of the first data
     row (rack), a replicated one by host 0."""
     data, expert = pool.mesh
+    opt = default_optimizer(optimizer)
     out = [0] * pool.hosts
     for key, shape in param_shapes(cfg).items():
         name = key.rsplit("/", 1)[-1]
         part = leaf_partition(name, shape, (data, expert), param_sharding, key.startswith("blocks/"))
         used = {a for axes in part if axes is not None for a in ((axes,) if isinstance(axes, str) else axes)}
-        shard = 12 * math.prod(shard_shape(shape, part, (data, expert)))
+        shard = (4 + opt.state_bytes(key, shape)) * math.prod(shard_shape(shape, part, (data, expert)))
         for d in range(pool.num_devices):
             i, j = divmod(d, expert)
             if ("data" in used or i == 0) and (EXPERT in used or j == 0):
@@ -379,10 +427,10 @@ def checkpoint_bytes_per_host(cfg: MoEConfig, pool: PoolSpec, param_sharding: st
 
 def host_plan(cfg: MoEConfig, pool: PoolSpec, device_total: int, tokens_per_step: int, seq_len: int,
               param_sharding: str = "replicated", storage_bytes_per_s: float = STORAGE_WRITE_BYTES_PER_S,
-              host_memory: int | None = None) -> dict[str, Any]:
+              host_memory: int | None = None, optimizer: Any = None) -> dict[str, Any]:
     """Per-host bytes of a run (module docstring), the checkpoint's size and its save time at
     ``storage_bytes_per_s`` per host (hosts write in parallel; the busiest host sets the time)."""
-    per_host = checkpoint_bytes_per_host(cfg, pool, param_sharding)
+    per_host = checkpoint_bytes_per_host(cfg, pool, param_sharding, optimizer)
     staging = max(per_host)
     rows = tokens_per_step // seq_len // pool.hosts
     if cfg.context_parallel > 1:  # the batch splits over "data" only: every host holds its rack's rows
@@ -487,7 +535,8 @@ def train_config_storage(config) -> dict[str, Any]:
     """:func:`storage_plan` of a TrainConfig: its checkpoint's bytes on its pool, its policy, its
     transport handoffs pinned."""
     policy = config.checkpoint
-    size = sum(checkpoint_bytes_per_host(config.model, get_pool(config.pool), config.parallelism.param_sharding))
+    size = sum(checkpoint_bytes_per_host(config.model, get_pool(config.pool), config.parallelism.param_sharding,
+                                         config.optimizer))
     return storage_plan(size, policy, config.train_steps,
                         pinned=handoff_steps(config.parallelism.transport_switches, policy.every_steps,
                                              config.train_steps))
@@ -698,7 +747,7 @@ def train_config_plans(config, device_memory: int | None = None) -> list[dict[st
                      microbatches=config.parallelism.microbatches, transport=t,
                      train_steps=config.train_steps, device_memory=device_memory,
                      seq_len_phases=config.seq_len_phases,
-                     param_sharding=config.parallelism.param_sharding)
+                     param_sharding=config.parallelism.param_sharding, optimizer=config.optimizer)
             p["model"] = config.preset or f"d{cfg.d_model}"
             plans.append(p)
     return plans
@@ -719,7 +768,7 @@ def check_train_config_fits(config, device_memory: int | None = None) -> list[di
 # ---- phases: one plan per (sequence length, transport) a run uses --------------------------------
 def phase_plans(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, phases, microbatches: int | None = None,
                 param_sharding: str = "replicated", device_memory: int | None = None,
-                remat_by_seq_len=(), context_parallel_by_seq_len=()) -> list[dict[str, Any]]:
+                remat_by_seq_len=(), context_parallel_by_seq_len=(), optimizer: Any = None) -> list[dict[str, Any]]:
     """A short plan per phase of a run: ``phases`` is a sequence of (seq_len, transport), one per
     combination the run will use (any order, any count: a new sequence-length phase is one more
     entry). Each entry: ``seq_len``, ``transport``, ``remat_policy``, ``microbatches`` (the smallest
@@ -735,7 +784,8 @@ def phase_plans(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, phases,
         phase_cfg = cfg.replace(remat_policy=remat.get(int(seq_len), cfg.remat_policy),
                                 context_parallel=cp.get(int(seq_len), cfg.context_parallel))
         p = plan(phase_cfg, pool, tokens_per_step=tokens_per_step, seq_len=int(seq_len), microbatches=microbatches,
-                 transport=transport, device_memory=device_memory, param_sharding=param_sharding)
+                 transport=transport, device_memory=device_memory, param_sharding=param_sharding,
+                 optimizer=optimizer)
         entry = {"seq_len": int(seq_len), "transport": transport, "remat_policy": phase_cfg.remat_policy,
                  "context_parallel": phase_cfg.context_parallel,
                  "microbatches": p["planned_microbatches"], "total_bytes": p["bytes_per_device"]["total"],
@@ -744,21 +794,23 @@ def phase_plans(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, phases,
             entry["capacity_factor"] = phase_cfg.capacity_factor
             entry["largest_fitting_capacity_factor"] = largest_fitting_capacity_factor(
                 phase_cfg, pool, tokens_per_step, int(seq_len), p["planned_microbatches"], transport,
-                param_sharding, p["usable_memory_bytes"])
+                param_sharding, p["usable_memory_bytes"], optimizer=optimizer)
         out.append(entry)
     return out
 
 
 def largest_fitting_capacity_factor(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: int,
                                     microbatches: int, transport: str, param_sharding: str, usable: int,
-                                    low: float = 1.0, high: float = 8.0, step: float = 0.01) -> float | None:
+                                    low: float = 1.0, high: float = 8.0, step: float = 0.01,
+                                    optimizer: Any = None) -> float | None:
     """The largest capacity factor on the grid low, low + step, ..., high at which the step still fits
     ``usable`` bytes per device (memory grows with the factor, so a bisection over the grid finds
     it); None when not even ``low`` fits."""
 
     def fits(i: int) -> bool:
         c = cfg.replace(capacity_factor=round(low + i * step, 6))
-        total = memory_plan(c, pool, tokens_per_step, seq_len, microbatches, transport, param_sharding)["total"]
+        total = memory_plan(c, pool, tokens_per_step, seq_len, microbatches, transport, param_sharding,
+                            optimizer)["total"]
         return total <= usable
 
     lo, hi = 0, int(round((high - low) / step))

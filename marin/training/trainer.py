@@ -2,7 +2,8 @@
 
 State (everything a resume needs, all in one pytree so one checkpoint holds it):
     params       float32 master weights (compute may be bf16, see MoEConfig.dtype)
-    opt_state    AdamW moments and count (optax)
+    opt_state    the optimizer's state (marin.training.optimizers: AdamW's moments and count, MuonH's
+                 momentum buffers and Adam moments), each tree mirroring the params' keys
     router_bias  per-layer, per-expert balancing bias: training state, never differentiated
     rng          a raw uint32 PRNG key, split once per step (reserved for stochastic features)
 The data position is the step number itself: every batch is a pure function of (data config, seed,
@@ -15,10 +16,10 @@ process builds only its own rows of every batch (``place_batch``). A run reads t
 ``setup_run`` (data, model, mesh, checkpoints, state, outputs), ``run_step`` (one optimizer step)
 and ``after_step`` (logging, in-training eval, an async checkpoint), driven by ``train_loop``.
 
-A step: loss/grad through the model (cross entropy + z-loss, EP transport per the schedule), clip by
-global norm, AdamW update with the host-computed LR, then the router bias update from the step's
-statistics (outside the gradient path). Non-finite loss or grad norm stops the run before anything is
-saved, so the last good checkpoint stays untouched.
+A step: loss/grad through the model (cross entropy + z-loss, EP transport per the schedule), the
+optimizer's update (marin.training.optimizers: AdamW clips by global norm first) with the
+host-computed LR, then the router bias update from the step's statistics (outside the gradient
+path). Non-finite loss or grad norm stops the run before anything is saved, so the last good checkpoint stays untouched.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from marin.pools import HostContext, NonRetryableError, get_pool, launch, run_lo
 from marin.pools.stall import report_phase, report_step
 from marin.training.accumulate import accumulate
 from marin.training.checkpoint.discovery import checkpoint_path, checkpoint_step
-from marin.training.checkpoint.format import PERMANENT, TEMPORARY, CheckpointMismatchError
+from marin.training.checkpoint.format import PERMANENT, TEMPORARY, CheckpointMismatchError, read_metadata
 from marin.training.checkpoint.manager import CheckpointManager, pin_checkpoint
 from marin.training.checkpoint.restore import restore_checkpoint
 from marin.training.config import SyntheticDataConfig, TrainConfig, model_at
@@ -66,6 +67,7 @@ from marin.training.metrics import (
     phase_summary,
     read_metrics,
 )
+from marin.training.optimizers import kind_of_record
 from marin.training.planning import plan, transport_handoffs
 from marin.training.preemption import Preempted, PreemptionWatch, StopRequested
 from marin.training.schedule import lr_at, phase_index_at, seq_len_at, transport_at
@@ -172,20 +174,11 @@ def model_config(config: TrainConfig, vocab_size: int | None = None):
     return cfg
 
 
-def _decay_mask(params: Any) -> Any:
-    """Weight decay on matrices only: norms' scales (1-D per layer stacks) are left alone."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, p: p.ndim >= 2 and "norm" not in jax.tree_util.keystr(path), params
-    )
-
-
-def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """AdamW direction with clipping; the LR is applied in the step so the schedule stays on the host."""
-    return optax.chain(
-        optax.clip_by_global_norm(config.optimizer.grad_clip),
-        optax.scale_by_adam(b1=config.optimizer.beta1, b2=config.optimizer.beta2, eps=config.optimizer.adam_eps),
-        optax.add_decayed_weights(config.optimizer.weight_decay, mask=_decay_mask),
-    )
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformationExtraArgs:
+    """The run's optimizer (``config.optimizer``: AdamW or MuonH, marin.training.optimizers) as an
+    optax transformation whose ``update(grads, state, params, lr=...)`` gives each parameter's change;
+    the LR is fed to the step so the schedule stays on the host."""
+    return config.optimizer.transformation()
 
 
 def state_shardings(state: dict[str, Any], mesh, param_sharding: str = "replicated") -> dict[str, Any]:
@@ -225,8 +218,7 @@ def _init_program(config: TrainConfig, cfg, mesh=None, shardings: dict[str, Any]
     """The jitted fresh-state program, memoised per process on what it depends on (the seed, the
     optimizer's settings, the model, the output shardings): compiling it takes seconds even for a
     tiny model, and a process that retries or repeats a run needs it again."""
-    o = config.optimizer
-    key = (config.seed, o.beta1, o.beta2, o.adam_eps, o.weight_decay, o.grad_clip, cfg, mesh,
+    key = (config.seed, config.optimizer.program_key(), cfg, mesh,
            jax.tree_util.tree_structure(shardings), tuple(jax.tree_util.tree_leaves(shardings)))
     if key not in _INIT_CACHE:
         _INIT_CACHE[key] = jax.jit(lambda: fresh_state(config, cfg), out_shardings=shardings)
@@ -260,8 +252,7 @@ def make_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: d
     Memoised per process on everything the traced program depends on, so a resumed or repeated run
     in the same process (tests, benchmarks, a pool retry) reuses the compiled executable.
     """
-    o = config.optimizer
-    key = (o.beta1, o.beta2, o.adam_eps, o.weight_decay, o.grad_clip, cfg, mesh, transport,
+    key = (config.optimizer.program_key(), cfg, mesh, transport,
            jax.tree_util.tree_structure(shardings), tuple(jax.tree_util.tree_leaves(shardings)), microbatches)
     if key not in _STEP_CACHE:
         _STEP_CACHE[key] = build_train_step(config, cfg, mesh, transport, shardings, microbatches)
@@ -284,8 +275,8 @@ def build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: 
                                           state["router_bias"], tokens, segment_ids, microbatches=microbatches,
                                           mesh=mesh, top_k=step_cfg.top_k, context_parallel=step_cfg.context_parallel)
         grad_norm = optax.global_norm(grads)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = jax.tree.map(lambda p, u: (p - lr * u).astype(p.dtype), state["params"], updates)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"], lr=lr)
+        params = jax.tree.map(lambda p, u: (p + u).astype(p.dtype), state["params"], updates)
         bias = update_router_bias(state["router_bias"], jax.lax.stop_gradient(stats), step_cfg)
         rng = jax.random.split(state["rng"])[0]
         load = stats["expert_load"].astype(jnp.float32)  # [layers, experts]
@@ -315,7 +306,7 @@ def microbatches_for(config: TrainConfig, cfg, pool, seq_len: int, transport: st
     if config.parallelism.microbatches is not None:
         return int(config.parallelism.microbatches)
     p = plan(cfg, pool, tokens_per_step=config.tokens_per_step, seq_len=seq_len, transport=transport,
-             param_sharding=config.parallelism.param_sharding)
+             param_sharding=config.parallelism.param_sharding, optimizer=config.optimizer)
     return p["microbatches"] or 1
 
 
@@ -468,6 +459,8 @@ def branch_state(config: TrainConfig, cfg, mesh, shapes: dict[str, Any], shardin
     src = config.init_from
     step = checkpoint_step(src.run, int(src.step))
     path = checkpoint_path(src.run, step)
+    if src.optimizer:  # another optimizer's state cannot continue this one's
+        check_same_optimizer(config, read_metadata(path).get("config"), path)
     if jax.process_index() == 0:  # the source's retention (a run still going) must never delete it
         pin_checkpoint(src.run, step, by=config.output_path)
     wanted = ["params", "router_bias"] + (["opt_state"] if src.optimizer else []) + (["rng"] if src.data_position
@@ -489,6 +482,18 @@ def branch_state(config: TrainConfig, cfg, mesh, shapes: dict[str, Any], shardin
     if src.data_position:
         return state, step, int(meta["tokens"])
     return state, None, 0
+
+
+def check_same_optimizer(config: TrainConfig, source_record: dict[str, Any] | None, where: str) -> None:
+    """Refuse, in one line, a branch that takes the optimizer state (``init_from.optimizer``) of a
+    source trained with another optimizer: the state's shape is the optimizer's own."""
+    if source_record is None:
+        return
+    source = kind_of_record(source_record.get("optimizer"))
+    if source != config.optimizer.kind:
+        raise IncompatibleCheckpoint(
+            f"init_from: {where} holds {source} state but this run trains with {config.optimizer.kind}; "
+            "switching optimizers needs a fresh optimizer state: branch_from(..., optimizer=False)")
 
 
 def setup_run(ctx: HostContext, config: TrainConfig) -> TrainRun:

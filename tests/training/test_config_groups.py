@@ -110,7 +110,7 @@ def test_replace_with_a_flat_name_updates_its_group_and_keeps_the_rest():
 
 def test_default_train_names_the_groups_and_refuses_an_unknown_name_listing_them():
     with pytest.raises(TypeError, match=r"unknown TrainConfig field\(s\) peak_lrr; the fields are: .*"
-                                        r"optimizer \(OptimizerConfig: peak_lr, warmup_steps"):
+                                        r"optimizer \(AdamWConfig: peak_lr, warmup_steps"):
         default_train("t", mixture=SyntheticDataConfig(), peak_lrr=1.0)
     with pytest.warns(DeprecationWarning, match=r"default_train\(checkpoint_every_steps=\.\.\.\) is deprecated; use "
                                                 r"checkpoint=CheckpointPolicy\(every_steps=\.\.\.\)"):

@@ -35,13 +35,15 @@ def write_run(run_dir: str, cfg) -> None:
     import numpy as np
 
     from marin.models.transformer import init_params, init_router_bias
+    from marin.pools import get_pool
     from marin.training.checkpoint import step_dirname, write_checkpoint
 
     rng = np.random.default_rng(0)
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
     params = jax.tree.map(lambda s: (rng.standard_normal(s.shape) * 0.1).astype(s.dtype), shapes)
     bias = np.zeros(init_router_bias(cfg).shape, np.float32)
-    meta = {"config": {"model": dataclasses.asdict(cfg), "pool": "local-cpu-1", "data": {}}, "tokens": 0}
+    pool = dataclasses.asdict(get_pool("local-cpu-1"))  # a run's record holds its pool's spec whole
+    meta = {"config": {"model": dataclasses.asdict(cfg), "pool": pool, "data": {}}, "tokens": 0}
     write_checkpoint(f"{run_dir}/checkpoints/{step_dirname(1)}", {"params": params, "router_bias": bias}, meta, step=1)
 
 

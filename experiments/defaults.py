@@ -37,7 +37,7 @@ from marin.inference.evaluate import EvalConfig, evaluate
 from marin.inference.harness import HarnessConfig, harness_eval, task_files_fingerprint
 from marin.models.config import MoEConfig
 from marin.monitoring.health import HealthReportConfig, health_report_step
-from marin.pools import PoolSpec, get_pool, pool_name
+from marin.pools import PoolSpec, as_pool
 from marin.review.report import ReportConfig, report_step
 from marin.scaling.isoflop import IsoFlopFitConfig, IsoFlopRun, RecipeSpace, isoflop_fit_step
 from marin.scaling.ladder import LadderFitConfig, RungRun, ladder_fit_step
@@ -472,7 +472,6 @@ def default_train(
         fields["evaluation"] = dataclasses.replace(fields["evaluation"], tasks=_task_paths(fields["evaluation"].tasks))
     config = TrainConfig(output_path=this_output_path(), data=mixture, preset=preset, pool=pool, seed=seed,
                          train_steps=train_steps, tokens_per_step=tokens_per_step, init_from=init_from, **fields)
-    get_pool(config.pool)  # fail at declaration time on a typo, not inside a Ray task
     _check_train_memory(memory_check, config)
     check_train_config_storage(config)  # checkpoint.storage_quota: refused when the file is read, not at 220 TiB
     return ExecutorStep(
@@ -480,13 +479,13 @@ def default_train(
         fn=train,
         config=versioned_config(config),
         description=description or (f"train {preset or f'd{config.model.d_model}'} for {config.train_steps} steps "
-                                    f"x {config.tokens_per_step} tokens on {pool_name(config.pool)}"),
+                                    f"x {config.tokens_per_step} tokens on {config.pool.name}"),
         # The step's own task only waits on the pool's placement group; it must not hold a CPU the
         # pool's hosts need.
         resources={"num_cpus": 0},
         # it resumes from its checkpoints: an infrastructure failure is retried where its pool says so,
         # and a stop signal to the driver leaves it the grace period for a final checkpoint
-        infra_retries=get_pool(config.pool).infra_retries,
+        infra_retries=config.pool.infra_retries,
         stop_grace_s=config.checkpoint.preemption_grace_s,
     )
 
@@ -759,11 +758,11 @@ def default_validation_sets(mixture: MixtureConfig, name: str = "val") -> tuple[
     return mixture_validation_sets(mixture, name)
 
 
-def _pool_infra_retries(pool: str | PoolSpec | None, train_step: ExecutorStep) -> int | None:
+def _pool_infra_retries(pool: PoolSpec | None, train_step: ExecutorStep) -> int | None:
     """An evaluation's infrastructure retries: those of the pool it runs on (``pool``, else the
-    training step's); None when neither names one."""
-    name = pool or getattr(train_step.config, "pool", None)
-    return get_pool(name).infra_retries if name is not None else None
+    training step's); None when neither has one."""
+    spec = pool or getattr(train_step.config, "pool", None)
+    return spec.infra_retries if spec is not None else None
 
 
 def default_eval(
@@ -795,8 +794,7 @@ def default_eval(
             accuracy, byte-normalised accuracy and task loss (``gold_bpb``) under ``"tasks"`` in
             ``eval.json``.
     """
-    if pool is not None:
-        get_pool(pool)
+    pool = as_pool(pool) if pool is not None else None  # a name is resolved here, once; the spec travels
     if not (checkpoint in ("latest", "all") or isinstance(checkpoint, int)):
         raise ValueError(f"checkpoint must be 'latest', 'all' or a step number, got {checkpoint!r}")
     sets = tuple(eval_sets)

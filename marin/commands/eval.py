@@ -103,7 +103,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                                 "output directory; `marin status` lists them)")
     steps = run.select(checkpoint)
     train_config = run.config(steps[-1])
-    pool = get_pool(args.pool or train_config.pool)
+    pool = get_pool(args.pool) if args.pool else train_config.pool
     address = args.address or os.environ.get("RAY_ADDRESS")
     if pool.hosts > 1 and address and any(not _is_store(path) for _, path in _parse_data(args.data)):
         raise ValueError(f"pool {pool.name} has {pool.hosts} hosts on the cluster at {address}: --data must name token "

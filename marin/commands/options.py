@@ -38,8 +38,9 @@ def add_pools(parser: argparse.ArgumentParser) -> None:
 
 
 def use_pools(args: argparse.Namespace, command: str) -> bool:
-    """Declare the pools of ``--pools`` (and ``$MARIN_POOLS``) in this process and the ones it starts;
-    False, with the one-line error printed, for a bad file (it names the file and the field)."""
+    """Declare the pools of ``--pools`` (and ``$MARIN_POOLS``) in this process (the steps it declares
+    carry their pools' specs to the processes that run them); False, with the one-line error printed,
+    for a bad file (it names the file and the field)."""
     # the pool inventory brings the execution package (storage, the Ray cluster helpers): only the
     # commands that take --pools pay for it
     from marin.pools import PoolsFileError, use_pools_files

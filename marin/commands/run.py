@@ -5,7 +5,7 @@ as ``__main__``, with its folder first on ``sys.path``. The flags are the execut
 ``--help`` (``marin run EXPERIMENT.py --help``) shows them with their documentation. Options of
 ``marin run`` itself (added in :func:`add_arguments`) go before the file: everything after the file
 is the file's own argv. ``marin run --pools FILE EXPERIMENT.py`` makes the pools of FILE known by name
-to the file and to every process the run starts (``MARIN_POOLS``).
+to the file; its steps carry the specs they were built with to every process the run starts.
 
 ``marin run --pool local-2host EXPERIMENT.py`` starts the local Ray cluster with one simulated node
 per host of that pool (a CPU pool's hosts, as Ray nodes on this machine), so the file's steps on a

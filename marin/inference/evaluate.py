@@ -29,7 +29,7 @@ from marin.evaluation.sets import EvalSet
 from marin.evaluation.suite import prepare_run_suite, run_eval_sets
 from marin.execution.versioning import by_field, input_field, live
 from marin.inference.run import load_verified_checkpoint
-from marin.pools import HostContext, PoolSpec, get_pool, launch, run_local
+from marin.pools import HostContext, PoolSpec, as_pool, launch, run_local
 from marin.training.run import Run
 
 logger = logging.getLogger(__name__)
@@ -51,11 +51,16 @@ class EvalConfig:
     sets: tuple[EvalSet, ...] = by_field("each eval set's fields are versioned leaves (sets[0].name)", default=())
     checkpoint: str | int = "latest"
     held_out: bool = False
-    pool: str | PoolSpec | None = live("where the evaluation runs; the scores do not depend on it", default=None)
+    pool: PoolSpec | None = live("where the evaluation runs; the scores do not depend on it", default=None)
+    """The pool itself (a name given here is resolved to its PoolSpec when the config is built)."""
     seq_len: int | None = None
     stride: int | None = None
     tasks: dict[str, str] = field(default_factory=dict)
     """Multiple-choice tasks, name -> jsonl path (marin.evaluation.multiple_choice); results under "tasks"."""
+
+    def __post_init__(self) -> None:
+        if self.pool is not None:
+            object.__setattr__(self, "pool", as_pool(self.pool))  # resolved once, here: the spec travels
 
 
 def evaluate_checkpoints_on_host(ctx: HostContext, config: EvalConfig, steps: list[int]) -> dict[str, Any]:
@@ -112,7 +117,7 @@ def run_eval(config: EvalConfig, *, use_ray: bool | None = None) -> dict[str, An
 
     run = Run(config.run_path)
     steps = run.select(config.checkpoint)
-    pool = get_pool(config.pool or run.record(steps[-1])["pool"])
+    pool = config.pool or as_pool(run.record(steps[-1])["pool"])  # the run's record holds its spec whole
     if use_ray if use_ray is not None else ray.is_initialized():
         return launch(pool, evaluate_checkpoints_on_host, (config, steps), step_dir=config.output_path)[0]
     return run_local(pool, evaluate_checkpoints_on_host, (config, steps))

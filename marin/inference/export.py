@@ -512,7 +512,7 @@ def model_card(cfg, lineage: dict[str, Any], shards: int, total: int, dtype: str
         f"- experiment: {lineage.get('experiment') or 'not recorded'}",
         f"- checkpoint step: {lineage.get('checkpoint_step')}, training tokens: {lineage.get('train_tokens', 0):,}",
         f"- data: {json.dumps(lineage.get('data'))}",
-        f"- preset: {lineage.get('preset')}, pool: {lineage.get('pool')}",
+        f"- preset: {lineage.get('preset')}, pool: {(lineage.get('pool') or {}).get('name')}",
     ]
     ev = lineage.get("eval")
     if ev:

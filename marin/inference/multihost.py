@@ -20,7 +20,7 @@ from marin.inference.evaluate import every_process_agrees
 from marin.inference.generate import decode_completions, encode_prompts
 from marin.inference.run import RunLoadError, committed_run_steps, load_verified_checkpoint
 from marin.models.sampling import Sampling, check_prompts
-from marin.pools import HostContext, PoolSpec, get_pool, run_on_pool
+from marin.pools import HostContext, PoolSpec, as_pool, run_on_pool
 from marin.training.checkpoint import load_model, model_config_of
 from marin.training.run import Run
 
@@ -67,7 +67,7 @@ def run_pool(run_dir: str, step: int | None, pool: str | None) -> PoolSpec:
         steps = committed_run_steps(run_dir)
         pool = Run(run_dir).record(step if step in steps else steps[-1]).get("pool") or "local-cpu-1"
     try:
-        return get_pool(pool)
+        return as_pool(pool)  # a command line's name, or the spec the run's record holds
     except KeyError as e:
         raise ValueError(e.args[0]) from None
 

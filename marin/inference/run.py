@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from marin.evaluation.sets import load_run_tokenizer
-from marin.pools import DEVICE_COUNT_FLAG, get_pool, host_env
+from marin.pools import DEVICE_COUNT_FLAG, PoolSpec, as_pool, host_env
 from marin.training.checkpoint.format import CorruptCheckpointError
 from marin.training.config import TrainConfig, train_config_from_record
 from marin.training.run import Run
@@ -119,10 +119,10 @@ class LoadedRun:
         return self.tokenizer
 
 
-def single_host_pool(name: str):
-    """The pool ``name`` if it has one host; else a one-line ValueError: :func:`load_run` holds the
-    model in this one process."""
-    spec = get_pool(name)
+def single_host_pool(pool: str | PoolSpec | Mapping[str, Any]) -> PoolSpec:
+    """The pool (a command line's name, or the spec a run's record holds) if it has one host; else a
+    one-line ValueError: :func:`load_run` holds the model in this one process."""
+    spec = as_pool(pool)
     if spec.hosts != 1:
         raise ValueError(f"pool {spec.name} has {spec.hosts} hosts, and this command holds the model in one "
                          "process: pass --pool with a single-host pool (e.g. local-cpu-1, local-cpu or h200-1)")

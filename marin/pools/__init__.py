@@ -30,10 +30,10 @@ from marin.pools.spec import (
     SHIPPED_POOLS_FILE,
     PoolsFileError,
     PoolSpec,
+    as_pool,
     declare_pool,
     get_pool,
     load_pools_file,
-    pool_name,
     read_pools_file,
     use_pools_files,
 )
@@ -42,7 +42,7 @@ __all__ = [
     "ACCELERATOR_MEMORY_BYTES", "DEVICE_COUNT_FLAG", "LAUNCHERS", "PLACEMENT_FILE", "POOLS", "POOLS_ENV",
     "RACK_LABEL", "SHIPPED_POOLS_FILE", "SHIPPED_POOL_NAMES", "HostContext", "HostOutOfMemory", "Launcher",
     "NonRetryableError", "PlacementNote", "PoolInfeasibleError", "PoolLaunchError", "PoolLostError", "PoolSpec",
-    "PoolsFileError", "RayLauncher", "declare_pool", "get_pool", "host_env", "initialize_jax", "launch",
-    "load_pools_file", "pool_cluster", "pool_name", "read_pools_file", "register_launcher", "run_local",
+    "PoolsFileError", "RayLauncher", "as_pool", "declare_pool", "get_pool", "host_env", "initialize_jax", "launch",
+    "load_pools_file", "pool_cluster", "read_pools_file", "register_launcher", "run_local",
     "run_on_pool", "simulated_nodes", "simulated_pool_note", "use_pools_files", "with_device_count",
 ]

@@ -155,6 +155,8 @@ POOLS, ACCELERATOR_MEMORY_BYTES = _shipped()
 """Every pool known by name in this process (the shipped ones, then those of pools files), and the
 memory of one device of each accelerator marin knows, bytes."""
 SHIPPED_POOL_NAMES = tuple(POOLS)
+SHIPPED: dict[str, PoolSpec] = dict(POOLS)
+"""The pools marin ships with, by name, as shipped (a declared spec of the same name must equal its)."""
 
 # Node label that groups the nodes of one NVL72 rack (set per worker group in infra/); the shipped
 # GB200 pools name it as their rack_label.
@@ -212,7 +214,7 @@ def declare_pool(spec: PoolSpec) -> PoolSpec:
     (``--pools``, ``MARIN_POOLS``); to a step, pass the spec itself."""
     known = POOLS.get(spec.name)
     if known is not None and known != spec:
-        where = "marin's shipped pools" if spec.name in SHIPPED_POOL_NAMES else "an earlier declaration"
+        where = "marin's shipped pools" if spec.name in SHIPPED else "an earlier declaration"
         raise ValueError(f"pool {spec.name!r} is already declared, with other values, by {where}; give yours "
                          "another name")
     POOLS[spec.name] = spec
@@ -249,37 +251,49 @@ def load_env_pools() -> None:
 
 
 def use_pools_files(paths: Sequence[str]) -> list[PoolSpec]:
-    """``--pools FILE``: declare each file's pools here and add it to ``MARIN_POOLS``, so the
-    processes this one starts (a local Ray cluster's workers, a pool's hosts) know them too."""
+    """``--pools FILE``: declare each file's pools in this process (after ``MARIN_POOLS``' files).
+    A step's config carries the :class:`PoolSpec` it was built with, so the processes this one
+    starts (Ray workers, a pool's hosts) need no pools file."""
     load_env_pools()
     specs: list[PoolSpec] = []
     for path in map(os.path.abspath, paths):
-        specs += load_pools_file(path)
-        ENV_FILES_READ.append(path)
-        current = [p for p in os.environ.get(POOLS_ENV, "").split(os.pathsep) if p]
-        os.environ[POOLS_ENV] = os.pathsep.join([*current, path] if path not in current else current)
+        if path not in ENV_FILES_READ:
+            specs += load_pools_file(path)
+            ENV_FILES_READ.append(path)
     return specs
 
 
-def get_pool(pool: str | PoolSpec | Mapping[str, Any]) -> PoolSpec:
-    """The spec of ``pool``: a name (the shipped pools, then those of ``MARIN_POOLS``' files), a
-    :class:`PoolSpec` (itself), or a spec as a run's record holds it (a dict of its fields)."""
-    if isinstance(pool, PoolSpec):
-        return pool
-    if isinstance(pool, Mapping):
-        return _spec(pool["name"], pool)
-    if pool not in POOLS:
+def get_pool(name: str) -> PoolSpec:
+    """The pool known by ``name``: a shipped one, then those of pools files (``--pools``, and
+    ``MARIN_POOLS``' files, read on the first name not known yet). KeyError, one line, for a name
+    no one declared."""
+    if not isinstance(name, str):
+        raise TypeError(f"a pool name is a string, got {type(name).__name__}; a PoolSpec is used as it is")
+    if name not in POOLS:
         load_env_pools()
     try:
-        return POOLS[pool]
+        return POOLS[name]
     except KeyError:
-        raise KeyError(f"unknown pool {pool!r}; known: {sorted(POOLS)} (a pool of your own: a pools file named by "
+        raise KeyError(f"unknown pool {name!r}; known: {sorted(POOLS)} (a pool of your own: a pools file named by "
                        f"--pools FILE or {POOLS_ENV}, or a PoolSpec passed itself)") from None
 
 
-def pool_name(pool: str | PoolSpec | Mapping[str, Any]) -> str:
-    """The name of a pool given as a name, a spec or a recorded spec (for messages and tables)."""
-    if isinstance(pool, PoolSpec):
-        return pool.name
-    return str(pool["name"]) if isinstance(pool, Mapping) else str(pool)
-
+def as_pool(pool: str | PoolSpec | Mapping[str, Any]) -> PoolSpec:
+    """The :class:`PoolSpec` a step's config holds, from what a user or a record gives where the
+    config is built: a name (:func:`get_pool`), a spec declared in an experiment file, or a spec as
+    a run's record holds it (a dict of its fields). A spec that takes the name of one of marin's
+    shipped pools with other values is refused in one line: a name means one pool everywhere (in
+    ``marin plan``, in the records, to whoever reads them)."""
+    if isinstance(pool, str):
+        return get_pool(pool)
+    if isinstance(pool, Mapping):
+        return _spec(pool["name"], pool)
+    if not isinstance(pool, PoolSpec):
+        raise TypeError(f"a pool is a name or a PoolSpec, got {type(pool).__name__}")
+    shipped = SHIPPED.get(pool.name)
+    if shipped is not None and shipped != pool:
+        changed = ", ".join(f"{f.name}={getattr(pool, f.name)!r}" for f in dataclasses.fields(pool)
+                            if getattr(pool, f.name) != getattr(shipped, f.name))
+        raise ValueError(f"pool {pool.name!r} is one of marin's shipped pools, and this PoolSpec differs from it "
+                         f"({changed}): give yours another name")
+    return pool

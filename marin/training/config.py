@@ -28,7 +28,7 @@ from marin.execution.jsonable import from_jsonable
 from marin.execution.versioning import by_field, group, input_field, live
 from marin.models.config import REMAT_POLICIES, MoEConfig, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
-from marin.pools import PoolSpec
+from marin.pools import PoolSpec, as_pool
 from marin.pools.stall import StallRule
 from marin.training.checkpoint.manager import CheckpointPolicy
 from marin.training.optimizers import AdamWConfig, MuonHConfig, optimizer_from
@@ -317,9 +317,10 @@ class TrainConfig:
     model: MoEConfig | str = by_field("every resolved MoEConfig field is its own leaf (model.n_layers), so "
                                       "editing a preset moves the hash and marin explain names the field",
                                       default="tiny-ep")
-    pool: str | PoolSpec = live("where the run executes, not what it computes: a run may move to another pool and "
-                                "resume from its checkpoints", default="local-cpu")
-    """A pool's name (marin.pools.POOLS, a pools file's) or a PoolSpec itself."""
+    pool: PoolSpec = live("where the run executes, not what it computes: a run may move to another pool and "
+                          "resume from its checkpoints", default="local-cpu")
+    """The pool itself, whole (a name given here, one of marin.pools.POOLS or of a pools file, is resolved to its
+    PoolSpec when the config is built; the run's records hold the spec, so no other process looks the name up)."""
     seed: int = 0
     # horizon and batch
     train_steps: int = 100
@@ -350,6 +351,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         # one spelling of the schedule, whatever sequence the caller passed (the version encodes it)
         object.__setattr__(self, "seq_len_phases", _pairs(self.seq_len_phases, (float, int)))
+        object.__setattr__(self, "pool", as_pool(self.pool))  # resolved once, here: the spec travels
         object.__setattr__(self, "optimizer", optimizer_from(self.optimizer))  # a dict: its kind picks the class
         for name, cls in GROUPS.items():
             if name == "optimizer":  # any optimizer (the union), checked just above

@@ -72,7 +72,7 @@ from marin.parallel.layout import (
     leaf_partition,
     shard_shape,
 )
-from marin.pools import ACCELERATOR_MEMORY_BYTES, POOLS, PoolSpec, get_pool, pool_name
+from marin.pools import ACCELERATOR_MEMORY_BYTES, POOLS, PoolSpec
 from marin.textfmt import format_bytes, format_table, parse_bytes
 from marin.training.config import model_at
 from marin.training.metrics import peak_flops_per_device
@@ -535,7 +535,7 @@ def train_config_storage(config) -> dict[str, Any]:
     """:func:`storage_plan` of a TrainConfig: its checkpoint's bytes on its pool, its policy, its
     transport handoffs pinned."""
     policy = config.checkpoint
-    size = sum(checkpoint_bytes_per_host(config.model, get_pool(config.pool), config.parallelism.param_sharding,
+    size = sum(checkpoint_bytes_per_host(config.model, config.pool, config.parallelism.param_sharding,
                                          config.optimizer))
     return storage_plan(size, policy, config.train_steps,
                         pinned=handoff_steps(config.parallelism.transport_switches, policy.every_steps,
@@ -737,7 +737,7 @@ def train_config_plans(config, device_memory: int | None = None) -> list[dict[st
     """One plan per (sequence length, transport) a TrainConfig will run, with its microbatch setting
     and the phase's remat policy."""
     cfg = config.model  # resolved when the TrainConfig was built (preset, overrides and compute dtype)
-    pool = get_pool(config.pool)
+    pool = config.pool
     seq_lens = sorted({int(n) for _, n in config.seq_len_phases})
     transports = sorted({t for _, t in config.parallelism.transport_switches}) or [cfg.transport]
     plans = []
@@ -759,7 +759,7 @@ def check_train_config_fits(config, device_memory: int | None = None) -> list[di
     bad = [p for p in plans if not p["fits"]]
     if bad:
         raise StepDoesNotFit(
-            f"training step {config.preset or 'model'!r} on pool {pool_name(config.pool)!r} does not fit in device "
+            f"training step {config.preset or 'model'!r} on pool {config.pool.name!r} does not fit in device "
             f"memory ({len(bad)} of {len(plans)} phase/transport combinations):\n"
             + "\n".join(format_plan(p) for p in bad))
     return plans

@@ -50,7 +50,7 @@ from marin.execution.jsonable import to_jsonable
 from marin.models.config import flops_per_token
 from marin.models.transformer import init_params, init_router_bias, loss_and_stats, update_router_bias
 from marin.parallel.mesh import batch_sharding, make_mesh, param_shardings, replicated
-from marin.pools import HostContext, NonRetryableError, get_pool, launch, run_local
+from marin.pools import HostContext, NonRetryableError, launch, run_local
 from marin.pools.stall import report_phase, report_step
 from marin.training.accumulate import accumulate
 from marin.training.checkpoint.discovery import checkpoint_path, checkpoint_step
@@ -675,7 +675,7 @@ def run_training(config: TrainConfig, *, use_ray: bool | None = None) -> dict[st
     import ray  # Ray: only to launch on a pool; importing the trainer (lowering, benchmarks) must not start it
 
 
-    pool = get_pool(config.pool)
+    pool = config.pool
     if use_ray if use_ray is not None else ray.is_initialized():
         return launch(pool, train_on_host, (config,), step_dir=config.output_path, stall=config.stall,
                       stall_log=f"{config.output_path.rstrip('/')}/{STALLS_FILE}")[0]

@@ -23,7 +23,7 @@ def _train_configs(name: str, prefix: str):
 def test_hero_matches_the_published_run(tmp_path):
     plan, trains = _train_configs("hero", str(tmp_path))
     [(name, cfg)] = trains.items()
-    assert cfg.preset == "hero" and cfg.model.n_layers == 48 and cfg.pool == "gb200-11racks"
+    assert cfg.preset == "hero" and cfg.model.n_layers == 48 and cfg.pool.name == "gb200-11racks"
     assert cfg.train_steps == 390_139 and cfg.tokens_per_step == 11_264 * 4096 == 46_137_344
     assert round(cfg.train_steps * cfg.tokens_per_step / 1e12, 1) == 18.0  # steps x batch, not 18.75T
     assert [s for _, s in cfg.seq_len_phases] == [4096, 8192, 65536, 262144]
@@ -56,7 +56,7 @@ def test_ladder_rungs_spend_their_published_budgets(tmp_path):
         # the quality-weighted stage starts at 30% of every rung, not at the hero's step 117,042
         [stage] = cfg.data.stages
         assert stage.start_fraction == 0.3 and stage.start_step is None
-    assert trains["ladder/d768"].pool == "gb200-rack" and trains["ladder/d768"].tokens_per_step == 1024 * 4096
+    assert trains["ladder/d768"].pool.name == "gb200-rack" and trains["ladder/d768"].tokens_per_step == 1024 * 4096
     # the 11-rack rungs store their experts padded to a multiple of 11 (fsdp splits them over the racks)
     assert {n: c.model.stored_expert_width for n, c in trains.items()} == {
         "ladder/d768": 384, "ladder/d2048": 1034, "ladder/d3072": 1540, "ladder/d4096": 2057}

@@ -25,6 +25,7 @@ from marin.inference.export import PROGRESS_FILE, ExportError, export_checkpoint
 from marin.models.config import get_preset
 from marin.models.exported import INDEX_FILE, exported_shapes, read_shard
 from marin.models.transformer import init_params, init_router_bias
+from marin.pools import get_pool
 from marin.training import checkpoint as ckpt
 from marin.training.checkpoint import load_model, write_checkpoint
 
@@ -45,8 +46,8 @@ def write_run(run_dir: str, cfg, steps=(10,), seed: int = 0) -> None:
         rng = np.random.default_rng(seed + n)
         params = jax.tree.map(lambda s, rng=rng: (rng.standard_normal(s.shape) * 0.1).astype(s.dtype), shapes)
         bias = (rng.standard_normal(init_router_bias(cfg).shape) * 0.2).astype(np.float32)
-        meta = {"config": {"model": dataclasses.asdict(cfg), "pool": "local-cpu-1", "data": {"seed": 1}},
-                "tokens": 1000 * step}
+        pool = dataclasses.asdict(get_pool("local-cpu-1"))  # a run's record holds its pool's spec whole
+        meta = {"config": {"model": dataclasses.asdict(cfg), "pool": pool, "data": {"seed": 1}}, "tokens": 1000 * step}
         state = {"params": params, "router_bias": bias, "opt_state": {"count": np.int32(step)}}
         write_checkpoint(f"{run_dir}/checkpoints/{ckpt.step_dirname(step)}", state, meta, step=step)
 

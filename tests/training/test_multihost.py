@@ -36,7 +36,7 @@ _SCRIPT = textwrap.dedent(
     cluster.wait_for_nodes()
     t = time.time()
     # with the rack label, as on GB200: both hosts on distinct nodes of one rack (topology strategy)
-    pool = dataclasses.replace(get_pool(config.pool), rack_label=RACK_LABEL)
+    pool = dataclasses.replace(config.pool, rack_label=RACK_LABEL)
     two = launch(pool, train_on_host, (config,))
     t_two = time.time() - t
     print("RESULT " + json.dumps({

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from marin.cli import main as marin
-from marin.pools import POOLS, PoolsFileError, PoolSpec, get_pool, read_pools_file
+from marin.pools import POOLS, PoolsFileError, PoolSpec, as_pool, get_pool, read_pools_file
 from marin.pools import spec as P
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,9 +92,32 @@ def test_a_spec_a_name_and_a_recorded_spec_are_one_pool():
     from marin.execution.jsonable import to_jsonable
 
     spec = POOLS["gb200-rack"]
-    assert get_pool(spec) is spec and get_pool("gb200-rack") is spec
-    assert get_pool(to_jsonable(spec)) == spec  # a run's record holds the spec it was given, as JSON
-    assert P.pool_name(spec) == P.pool_name("gb200-rack") == P.pool_name(to_jsonable(spec)) == "gb200-rack"
+    assert as_pool(spec) is spec and as_pool("gb200-rack") is spec and get_pool("gb200-rack") is spec
+    assert as_pool(to_jsonable(spec)) == spec  # a run's record holds the spec it was given, as JSON
+    with pytest.raises(TypeError, match="a PoolSpec is used as it is"):
+        get_pool(spec)  # past the edges a pool travels as its spec; a name is looked up only where one is given
+
+
+def test_a_users_pool_with_a_shipped_name_and_other_values_is_refused_in_one_line(offline_k40):
+    """A name means one pool everywhere (marin plan, the records, their readers): a PoolSpec that takes
+    a shipped pool's name with other values is refused where it is given; the same values are that pool."""
+    import dataclasses
+
+    from experiments.defaults import default_eval, default_train
+    from marin.training.config import SyntheticDataConfig
+
+    imposter = dataclasses.replace(POOLS["local-cpu"], hosts=2, mesh=(4, 4))
+    with pytest.raises(ValueError) as e:
+        default_train("t", mixture=SyntheticDataConfig(vocab_size=512), model="tiny", pool=imposter)
+    assert str(e.value) == ("pool 'local-cpu' is one of marin's shipped pools, and this PoolSpec differs from it "
+                            "(hosts=2, mesh=(4, 4)): give yours another name")
+    same = dataclasses.replace(POOLS["local-cpu"])
+    train = default_train("t", mixture=SyntheticDataConfig(vocab_size=512), model="tiny", pool=same)
+    assert train.config.pool == POOLS["local-cpu"]
+    with pytest.raises(ValueError, match="is one of marin's shipped pools"):
+        default_eval("t-eval", train, held_out=True, pool=imposter)
+    with pytest.raises(ValueError, match="already declared, with other values, by marin's shipped pools"):
+        P.declare_pool(imposter)  # a pools file's table of that name is refused the same way
 
 
 def test_a_pool_passed_by_value_leaves_the_step_hash_alone(offline_k40):
@@ -118,6 +141,7 @@ def test_a_pool_passed_by_value_leaves_the_step_hash_alone(offline_k40):
     assert hashes("local-cpu") == hashes(POOLS["local-cpu"]) == hashes(mine)
     step = train(mine)
     assert step.config.pool is mine and "on my-cpu" in step.description
+    assert train("local-cpu").config.pool is POOLS["local-cpu"]  # a name is resolved once, where the config is built
 
 
 def test_a_user_pool_of_another_accelerator_plans_with_its_own_device_memory():
@@ -147,7 +171,7 @@ def test_a_pool_of_ones_own_naming_launches_its_hosts(ray_local):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this module
     mine = PoolSpec("my-cpu", hosts=1, devices_per_host=2, accelerator="cpu", mesh=(1, 2))
     config = TrainConfig(output_path="/unused", data=SyntheticDataConfig(vocab_size=512), model="tiny", pool=mine)
-    [host] = launch(get_pool(config.pool), _where)
+    [host] = launch(config.pool, _where)
     assert host["pool"] == "my-cpu" and host["devices"] == 2 and host["pid"] != os.getpid()
 
 
@@ -184,7 +208,7 @@ def test_marin_plan_plans_a_pool_of_a_pools_file(tmp_path, capsys, pools_registr
     assert marin(["plan", "tiny", "--pool", "h100-4x8", "--pools", str(path), "--json"]) == 0
     out = capsys.readouterr().out
     assert '"pool": "h100-4x8"' in out and '"devices": 32' in out
-    assert os.environ[P.POOLS_ENV] == str(path)  # what the processes it would start read
+    assert P.POOLS_ENV not in os.environ  # the processes it starts get the spec in their config, not a file
     assert marin(["plan", "tiny", "--pool", "nope", "--pools", str(path)]) == 2
     assert "unknown pool 'nope'" in capsys.readouterr().err
 

@@ -192,7 +192,9 @@ def test_the_heuristic_is_upstreams_rule():
     assert (cfg.adam_lr, cfg.peak_lr, cfg.beta2, cfg.warmup_steps) == (h["adam_lr"], h["peak_lr"], h["beta2"], 3)
 
 
-@pytest.mark.parametrize("param_sharding", ["replicated", "fsdp"])
+# fsdp splits both a dense matrix (over the mesh) and the expert stacks (experts over "expert", a matrix
+# axis over "data"); replicated splits only the experts, a subset of it (slow: one more compilation)
+@pytest.mark.parametrize("param_sharding", [pytest.param("replicated", marks=pytest.mark.slow), "fsdp"])
 def test_sharded_muonh_matches_the_unsharded_update(param_sharding):
     """On the 8-device (2 x 4) mesh, with the model's own layout (experts over "expert", fsdp splits
     the dense matrices over the mesh), every norm (Newton-Schulz's normalisation, the hyperball's

@@ -126,8 +126,11 @@ def floor_sum(n: np.ndarray | int, m: int, a: int, b: np.ndarray) -> np.ndarray:
 
     The Euclid-like reduction (as in competitive-programming libraries): vectorized over int64 arrays;
     exact while ``a * n + b`` stays below 2**63 (``n`` below 2**31 steps here)."""
-    b = np.asarray(b, dtype=np.int64).copy()
-    n = np.broadcast_to(np.asarray(n, dtype=np.int64), b.shape).copy()
+    n = np.asarray(n, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    shape = np.broadcast_shapes(n.shape, b.shape)
+    b = np.broadcast_to(b, shape).copy()
+    n = np.broadcast_to(n, shape).copy()
     m_ = np.full(b.shape, m, dtype=np.int64)
     a_ = np.full(b.shape, a, dtype=np.int64)
     ans = np.zeros(b.shape, dtype=np.int64)
@@ -172,27 +175,41 @@ class Allocation:
         edges = np.concatenate([[0], np.cumsum(x % _Q)]).astype(np.int64)
         return Allocation(base=base, edges=edges)
 
-    def rows_at(self, t: int) -> np.ndarray:
-        """Rows of each source at step ``t`` of the segment: ``base`` or ``base + 1``; they sum to the batch."""
+    def rows_at(self, t: int | np.ndarray) -> np.ndarray:
+        """Rows of each source at step ``t`` of the segment: ``base`` or ``base + 1``; they sum to the batch.
+        ``t`` an array of steps: one row of the result per step."""
+        t = np.asarray(t, dtype=np.int64)[..., None]
         e = (self.edges + t * _P) // _Q  # t * _P < 2**63 for any t below 2**31
-        return self.base + np.diff(e)
+        return self.base + np.diff(e, axis=-1)
 
     def rows_before(self, t: int | np.ndarray) -> np.ndarray:
-        """Rows of each source over steps ``0 .. t-1`` of the segment (closed form, no loop over steps)."""
-        fs = floor_sum(t, _Q, _P, self.edges)
-        return self.base * np.asarray(t, dtype=np.int64) + np.diff(fs)
+        """Rows of each source over steps ``0 .. t-1`` of the segment (closed form, no loop over steps);
+        ``t`` an array of steps: one row of the result per step."""
+        t = np.asarray(t, dtype=np.int64)[..., None]
+        fs = floor_sum(t, _Q, _P, np.broadcast_to(self.edges, t.shape[:-1] + self.edges.shape))
+        return self.base * t + np.diff(fs, axis=-1)
 
 
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_ROUND_CONSTANTS = tuple(np.uint64(0x9E3779B97F4A7C15 * (r + 1) & 0xFFFFFFFFFFFFFFFF) for r in range(4))
+
+
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer: a bijective scramble of uint64 values (wrapping arithmetic)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M2
-    return x ^ (x >> np.uint64(31))
+    return _mix_in_place(np.array(x, dtype=np.uint64))
+
+
+def _mix_in_place(x: np.ndarray) -> np.ndarray:
+    """:func:`_mix` overwriting ``x`` (no temporaries: the permutation's inner loop)."""
+    x ^= x >> _S30
+    x *= _M1
+    x ^= x >> _S27
+    x *= _M2
+    x ^= x >> _S31
+    return x
 
 
 def permute(j: np.ndarray, m: np.ndarray, key: np.ndarray) -> np.ndarray:
@@ -200,29 +217,36 @@ def permute(j: np.ndarray, m: np.ndarray, key: np.ndarray) -> np.ndarray:
 
     A 4-round balanced Feistel network on the smallest even bit width covering ``m``, with cycle
     walking (apply again while out of range: at most a few rounds on average, since the domain is
-    under 4m): a bijection with random access, so an epoch of any size needs no permutation table."""
+    under 4m): a bijection with random access, so an epoch of any size needs no permutation table.
+    Each walk works on the values still out of range only."""
     j = np.asarray(j, dtype=np.uint64)
     m = np.asarray(m, dtype=np.int64)
     key = np.asarray(key, dtype=np.uint64)
     bits = np.ceil(np.log2(np.maximum(m, 2).astype(np.float64))).astype(np.int64)
     bits = np.where((np.int64(1) << bits) < m, bits + 1, bits)  # guard log2 round-off
-    half = ((bits + 1) // 2).astype(np.uint64)
-    mask = (np.uint64(1) << half) - np.uint64(1)
     out = j.copy()
-    todo = np.ones(out.shape, dtype=bool) & (m > 1)
-    mu = m.astype(np.uint64)
-    while todo.any():
-        x = out[todo]
-        h, mk, k = half[todo], mask[todo], key[todo]
-        left, right = x >> h, x & mk
-        for r in range(4):
-            f = _mix(right ^ k ^ np.uint64(0x9E3779B97F4A7C15 * (r + 1) & 0xFFFFFFFFFFFFFFFF)) & mk
-            left, right = right, left ^ f
-        x = (left << h) | right
-        out[todo] = x
-        still = x >= mu[todo]
-        idx = np.flatnonzero(todo)
-        todo[idx[~still]] = False
+    idx = np.flatnonzero(m > 1)
+    x = out[idx]
+    half = ((bits[idx] + 1) // 2).astype(np.uint64)
+    mask = (np.uint64(1) << half) - np.uint64(1)
+    k, mu = key[idx], m[idx].astype(np.uint64)
+    while idx.size:
+        left, right = x >> half, x & mask
+        for c in _ROUND_CONSTANTS:
+            f = right ^ k
+            f ^= c
+            _mix_in_place(f)
+            f &= mask
+            left ^= f
+            left, right = right, left
+        left <<= half
+        left |= right
+        x = left
+        out[idx] = x
+        still = x >= mu
+        if not still.any():
+            break
+        idx, x, half, mask, k, mu = idx[still], x[still], half[still], mask[still], k[still], mu[still]
     return out.astype(np.int64)
 
 
@@ -372,18 +396,38 @@ class WithoutReplacementOrder:
     def windows(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, Segment]:
         """``(source, stream position, ring start, segment)`` of each row of ``step``, in source order
         (the stream position says which epoch of its source a window belongs to: ``stream // tokens``)."""
-        seg = self.segment(step)
-        t = step - seg.start
-        rows = seg.alloc.rows_at(t)
-        c = seg.cursor + seg.seq_len * seg.alloc.rows_before(t)
-        src = np.repeat(np.arange(rows.size, dtype=np.int64), rows)
-        first = np.cumsum(rows) - rows
-        j = np.arange(src.size, dtype=np.int64) - first[src]
-        x = c[src] + j * seg.seq_len
+        src, stream, starts, seg = self.windows_of_steps(step, 1)
+        return src[0], stream[0], starts[0], seg
+
+    def windows_of_steps(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, Segment]:
+        """:meth:`windows` of steps ``first .. first+count-1``, which must lie in one segment (see
+        :meth:`steps_in_segment`), as ``[count, batch_size]`` arrays: one vectorized pass, so the fixed
+        cost of the closed forms is paid once for all of them (what a small batch is dominated by)."""
+        seg = self.segment(first)
+        if count < 1 or (seg.end is not None and first + count > seg.end):
+            raise ValueError(f"steps {first}..{first + count - 1} are not inside one segment of the schedule")
+        t = np.arange(first - seg.start, first - seg.start + count, dtype=np.int64)
+        rows = seg.alloc.rows_at(t)  # [count, sources]
+        before = seg.alloc.rows_before(t[0]) + np.cumsum(rows, axis=0) - rows  # = rows_before(t), one floor sum
+        c = seg.cursor + seg.seq_len * before
+        n = rows.shape[1]
+        flat = rows.ravel()
+        group = np.repeat(np.arange(flat.size, dtype=np.int64), flat)  # (step, source) of every row
+        src = group % n
+        first_row = np.cumsum(flat) - flat
+        j = np.arange(group.size, dtype=np.int64) - first_row[group]
+        x = c.ravel()[group] + j * seg.seq_len
         stream = consumption_to_stream(x, seg.seq_len, self.block, self.k[src], seg.run_start[src],
                                        seg.run_offset[src])
         starts = stream_to_ring(stream, self.train_tokens[src], self.block, self.seed, src)
-        return src, stream, starts, seg
+        shape = (count, seg.batch_size)
+        return src.reshape(shape), stream.reshape(shape), starts.reshape(shape), seg
+
+    def steps_in_segment(self, step: int) -> int:
+        """How many steps from ``step`` on share its segment (batch shape and shares): a large number
+        for the open last segment."""
+        seg = self.segment(step)
+        return (1 << 30) if seg.end is None else seg.end - step
 
     def plan(self, step: int) -> tuple[np.ndarray, np.ndarray, int, int]:
         """``(source, ring start, batch_size, seq_len)`` of each row of ``step``, rows in source order

@@ -91,12 +91,14 @@ def test_refuses_phase_lengths_that_are_not_multiples_of_the_shortest(mini_store
 
 
 # ---- the order on random schedules (pure, no store) ------------------------------------------------
-def _marks_of_first_epochs(order: WithoutReplacementOrder, steps: int) -> list[np.ndarray]:
-    """Visits of every training token by input positions of the windows of its source's first epoch,
-    counted position by position (the slow obvious way), checking every window is contiguous text."""
+def _marks_by_epoch(order: WithoutReplacementOrder, steps: int, epochs: int = 1) -> list[np.ndarray]:
+    """Visits of every training token by the input positions of the windows of steps ``0 .. steps-1``,
+    per epoch of its source (``[epochs, tokens]`` per source; a window across an epoch's end counts
+    in both), counted position by position (the slow obvious way), checking every window is
+    contiguous text."""
     t = order.train_tokens
     offsets = np.concatenate([[0], np.cumsum(t)])
-    flat = np.zeros(int(offsets[-1]), dtype=np.int64)
+    flat = np.zeros(epochs * int(offsets[-1]), dtype=np.int64)
     for step in range(steps):
         src, stream, starts, seg = order.windows(step)
         i = np.arange(seg.seq_len)
@@ -105,40 +107,62 @@ def _marks_of_first_epochs(order: WithoutReplacementOrder, steps: int) -> list[n
         s2 = np.broadcast_to(src[:, None], pos.shape)
         assert np.array_equal(stream_to_ring(pos.ravel(), t[s2].ravel(), order.block, order.seed, s2.ravel()),
                               ring.ravel()), "a window is not contiguous text"
-        first = pos < t[src][:, None]
-        np.add.at(flat, (offsets[s2] + ring)[first], 1)
-    return [flat[offsets[k]:offsets[k + 1]] for k in range(t.size)]
+        epoch = pos // t[src][:, None]
+        keep = epoch < epochs
+        np.add.at(flat, (epoch * offsets[-1] + offsets[src][:, None] + ring)[keep], 1)
+    flat = flat.reshape(epochs, -1)
+    return [flat[:, offsets[k]:offsets[k + 1]] for k in range(t.size)]
+
+
+def _steps_to_finish(order: WithoutReplacementOrder, epochs: int) -> int:
+    """The first step by which every source has finished the group of interleaved blocks holding the end
+    of its ``epochs``-th epoch (a group's blocks are read in turn, so its first block ends last)."""
+    group = order.k * order.block
+    target = -(-(epochs * order.train_tokens) // group) * group
+
+    def short(step: int) -> bool:
+        return bool(np.any(order.cursor(step) < target))
+
+    lo, hi = 0, 1
+    while short(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if short(mid) else (lo, mid)
+    return hi
 
 
 @pytest.mark.parametrize("case", range(6))
 def test_random_schedules_visit_every_token_once_per_epoch(case):
+    """Random lengths (rising and falling), switch points, a stage switch and source sizes (from below
+    one block to several interleaved blocks): in each of the first two epochs of every source, no
+    token is an input position of two windows, and what is never visited was skipped at the switches
+    of length (less than one new window per interleaved block each)."""
     rng = np.random.default_rng(100 + case)
     n_src = int(rng.integers(2, 7))
     base = int(rng.choice([4, 8]))
     lens = [base * int(m) for m in rng.choice([1, 2, 4], size=int(rng.integers(1, 4)))]
-    # a few sources large enough to interleave several blocks
     block = block_length(lens)
+    # a few sources large enough to interleave several blocks; some cases with one below a block
     tokens = rng.integers(3 * block, 2200 * block if case % 2 else 40 * block, size=n_src)
-    tokens_per_step = int(np.lcm.reduce(lens)) * int(rng.integers(2, 6))
+    if case % 3 == 0:
+        tokens[0] = rng.integers(min(lens) // 2, block)  # windows may then be longer than the source
+    tokens_per_step = int(np.lcm.reduce(lens)) * int(rng.integers(6, 16))
     total = 400
     fractions = [0.0] + sorted(rng.choice(np.arange(1, 10) / 10, size=len(lens) - 1, replace=False).tolist())
     phases = data_schedule(total, tokens_per_step, list(zip(fractions, lens)))
     stage = int(rng.integers(1, total))
     probs = [tokens / tokens.sum(), rng.random(n_src) + 0.1]
     order = WithoutReplacementOrder(tokens, phases, [stage], probs, seed=case)
-    # enough steps that every source finishes its first epoch
-    steps = total
-    while np.any(order.cursor(steps) < tokens + 2 * block) and steps < 200_000:
-        steps *= 2
-    if steps > 20_000:
-        pytest.skip("schedule too slow to finish an epoch in a quick test")
-    marks = _marks_of_first_epochs(order, steps)
-    switches = sum(1 for a, b in zip(phases, phases[1:]) if a.seq_len != b.seq_len)
+    steps = _steps_to_finish(order, 2)
+    assert steps < 12_000, "the schedule is too slow for a quick test"
+    marks = _marks_by_epoch(order, steps, 2)
+    new_lens = [b.seq_len for a, b in zip(phases, phases[1:]) if a.seq_len != b.seq_len]
     for s, m in enumerate(marks):
         assert m.max() == 1, f"a token of source {s} is an input position of two windows in one epoch"
-        skipped = int((m == 0).sum())
-        # at each switch of length: less than one window of each length per interleaved block
-        assert skipped <= switches * order.k[s] * 2 * max(lens), (s, skipped, order.k[s])
+        for e in range(2):
+            skipped = int((m[e] == 0).sum())
+            assert skipped <= sum(order.k[s] * n - 1 for n in new_lens), (s, e, skipped, order.k[s])
 
 
 def test_a_long_lived_order_equals_a_fresh_one_at_random_steps():
@@ -176,41 +200,56 @@ def _reference_streams(loader: MixtureLoader) -> list[np.ndarray]:
 
 
 def test_exact_once_at_one_epoch_on_a_store_across_a_seq_len_and_a_stage_switch(mini_store):
-    """Natural shares: after about one epoch in total, every source's first epoch has given every one of
-    its tokens to exactly one window (less the alignment at the switch), marked from ``plan``."""
+    """On the store: 16-token windows, then 32 from 40% of the run; natural shares, then cleaner buckets
+    weighted up from 60%. Marked from ``plan`` position by position until every source has read two
+    epochs: in each epoch every token is an input position of one window at most, and all but what
+    the switch of length skipped (less than one 32-token window) of exactly one. Every batch holds the
+    planned windows' text; every step gives each source its share to within one row."""
     probe = MixtureLoader(_config(mini_store))
-    total_train = int(probe.train_tokens.sum())
     tokens_per_step = 512
-    total = math.ceil(total_train / tokens_per_step) + 40  # a little over one epoch: every source completes it
-    stages = (MixtureStage(start_fraction=0.6, quality_weights={"q1": 1, "q2": 1, "q3": 1, "q4": 1, "q5": 1}),)
+    total = math.ceil(int(probe.train_tokens.sum()) / tokens_per_step)  # one epoch of tokens in all
+    stages = (MixtureStage(start_fraction=0.6, quality_weights={"q1": 1, "q2": 1, "q3": 2, "q4": 2, "q5": 3}),)
     schedule = data_schedule(total, tokens_per_step, ((0.0, 16), (0.4, 32)))
     loader = MixtureLoader(_config(mini_store, stages=stages), total_steps=total, schedule=schedule)
     order = loader.data_order()
-    streams = _reference_streams(loader)
+    assert order.k.max() == 1  # small sources: one block at a time
     t = loader.train_tokens
-    marks = [np.zeros(int(n), dtype=np.int64) for n in t]
-    last = np.zeros(t.size, dtype=np.int64)  # each source's cursor after its last step inside its first epoch
-    for step in range(total):
-        phase = [p for p in schedule if p.start_step <= step][-1]
-        src, starts = loader.plan(step, phase.batch_size, phase.seq_len)
-        assert src.size == phase.batch_size
-        within = order.cursor(step + 1) <= t  # the steps whose windows all lie in the first epoch
-        last = np.where(within, order.cursor(step + 1), last)
-        b = loader.batch(step, phase.batch_size, phase.seq_len)
-        for r, (s, x) in enumerate(zip(src.tolist(), starts.tolist())):
-            ring = (x + np.arange(phase.seq_len + 1)) % t[s]
-            np.testing.assert_array_equal(b["tokens"][r], streams[s][ring].astype(np.int32))
-            if within[s]:
-                np.add.at(marks[s], ring[:-1], 1)
-    for s, m in enumerate(marks):
-        assert m.max() == 1, loader.source_names[s]
-        assert (m == 0).sum() <= 32 + t[s] - last[s], loader.source_names[s]
-    # the real check of the whole first epoch: stream positions counted one by one
-    marks = _marks_of_first_epochs(order, total + 40)
-    for s, m in enumerate(marks):
-        assert m.max() == 1 and (m == 0).sum() <= 32, (loader.source_names[s], (m == 0).sum())
-    seen = sum(int((m > 0).sum()) for m in marks) / int(t.sum())
-    assert seen >= 0.99
+    offsets = np.concatenate([[0], np.cumsum(t)])
+    text = np.concatenate(_reference_streams(loader)).astype(np.int32)
+    steps = _steps_to_finish(order, 2)  # past the planned steps the last shape and stage go on
+    marks = np.zeros((2, int(offsets[-1])), dtype=np.int64)
+    stage_start = loader.stage_starts()[1]
+    stage_rows = np.zeros((2, t.size))
+    for step in range(steps):
+        p = schedule[-1] if step >= total else [p for p in schedule if p.start_step <= step][-1]
+        src, starts = loader.plan(step, p.batch_size, p.seq_len)
+        rows = np.bincount(src, minlength=t.size)
+        shares = np.array([loader.effective_shares(step).get(n, 0.0) for n in loader.source_names])
+        assert np.all(np.abs(rows - shares * p.batch_size) < 1 + 1e-9)
+        stage_rows[int(step >= stage_start)] += rows * p.seq_len
+        ring = (starts[:, None] + np.arange(p.seq_len + 1)) % t[src][:, None]
+        if step < total:  # the batch is the planned windows' text (the target token included)
+            np.testing.assert_array_equal(loader.batch(step, p.batch_size, p.seq_len)["tokens"],
+                                          text[offsets[src][:, None] + ring])
+        # the plan's rows are the order's windows, shuffled: match them to read each position's epoch
+        w_src, stream, w_starts, _ = order.windows(step)
+        i, j = np.lexsort((starts, src)), np.lexsort((w_starts, w_src))
+        assert np.array_equal(src[i], w_src[j]) and np.array_equal(starts[i], w_starts[j])
+        pos = np.empty_like(stream)
+        pos[i] = stream[j]
+        epoch = (pos[:, None] + np.arange(p.seq_len)) // t[src][:, None]
+        keep = epoch < 2
+        np.add.at(marks, (epoch[keep], (offsets[src][:, None] + ring[:, :-1])[keep]), 1)
+    for s, name in enumerate(loader.source_names):
+        m = marks[:, offsets[s]:offsets[s + 1]]
+        assert m.max() == 1, name
+        assert (m[0] == 0).sum() < 32 and (m[1] == 0).sum() < 32, (name, (m == 0).sum(axis=1))
+    assert (marks[0] > 0).mean() >= 0.99
+    # each stage's tokens by source: its shares, to within a few windows (two segments in the first)
+    shares = [np.array([loader.effective_shares(st).get(n, 0.0) for n in loader.source_names])
+              for st in (0, stage_start)]
+    for k in range(2):
+        assert np.max(np.abs(stage_rows[k] - shares[k] * stage_rows[k].sum())) <= 4 * 32
 
 
 def test_host_slices_resumes_and_fresh_loaders_give_the_same_rows(mini_store):
@@ -240,6 +279,26 @@ def test_host_slices_resumes_and_fresh_loaders_give_the_same_rows(mini_store):
             np.testing.assert_array_equal(np.concatenate([x["segment_ids"] for x in parts]), whole["segment_ids"])
     with pytest.raises(ValueError, match="scheduled as 16 rows of 16 tokens"):
         long_lived.plan(0, 8, 32)
+
+
+def test_consecutive_steps_planned_together_equal_steps_planned_alone(mini_store):
+    """A loader read step after step plans chunks of consecutive steps at once (clipped at every switch
+    of length or stage); one asked the same steps backwards plans each alone: the same rows."""
+    schedule = data_schedule(120, 256, ((0.0, 16), (0.5, 32)))
+    config = _config(mini_store, stages=(MixtureStage(start_step=37, quality_weights={"q1": 0, "q2": 1}),))
+    forwards = MixtureLoader(config, total_steps=120, schedule=schedule)
+    backwards = MixtureLoader(config, total_steps=120, schedule=schedule)
+    shape = {s: [p for p in schedule if p.start_step <= s][-1] for s in range(140)}
+    ahead = {s: forwards.plan(s, shape[s].batch_size, shape[s].seq_len) for s in range(140)}
+    for s in reversed(range(140)):
+        alone = backwards.plan(s, shape[s].batch_size, shape[s].seq_len)
+        assert np.array_equal(alone[0], ahead[s][0]) and np.array_equal(alone[1], ahead[s][1]), s
+    order = forwards.data_order()
+    src, _, starts, _ = order.windows_of_steps(60, 20)
+    for i in range(20):
+        assert np.array_equal(src[i], order.windows(60 + i)[0]) and np.array_equal(starts[i], order.windows(60 + i)[2])
+    with pytest.raises(ValueError, match="not inside one segment"):
+        order.windows_of_steps(55, 10)  # steps 55..64 cross the switch of length at step 60
 
 
 def test_realised_shares_follow_the_configured_ones(mini_store):
@@ -298,7 +357,7 @@ def test_large_sources_interleave_blocks_and_still_visit_each_token_once():
     src, stream, _, seg = order.windows(10)
     places = {s: len(set((stream[src == s] // order.block).tolist())) for s in range(3)}
     assert places[0] >= 4 and places[1] >= 2  # one step's rows of a big source come from several blocks
-    marks = _marks_of_first_epochs(order, 900)
+    marks = [m[0] for m in _marks_by_epoch(order, 900)]
     for s, m in enumerate(marks):
         assert m.max() == 1 and (m == 0).sum() <= order.k[s] * 2 * 16
 
@@ -327,3 +386,66 @@ def test_marin_plan_prints_the_hero_s_data_coverage(capsys):
     block = out[out.index("data coverage"):]
     assert "reads 18.00T of 23.11T training tokens (0.78 epochs)" in block and "every token at most once" in block
     assert "council            0.78 epochs" in block
+
+
+
+# ---- the trainer ----------------------------------------------------------------------------------------
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.slow  # three short training runs: two compiles each
+def test_a_resumed_training_run_reads_what_an_uninterrupted_one_reads_and_keeps_its_order(mini_store, tmp_path,
+                                                                                          monkeypatch):
+    """Through the trainer (phases 16 -> 32): a run stopped after its step-2 checkpoint and rerun reads the
+    batches an uninterrupted run reads, and ends on the same bytes; its checkpoints name the order, and a
+    rerun under another order is refused."""
+    from marin.training.checkpoint import CheckpointManager, read_checkpoint
+    from marin.training.config import TrainConfig
+    from marin.training.trainer import IncompatibleCheckpoint, run_training
+
+    def config(name: str, order: str = WITHOUT_REPLACEMENT_V1) -> TrainConfig:
+        return TrainConfig(output_path=str(tmp_path / name),
+                           data=MixtureConfig(stores=(mini_store,), seed=3, order=order), model="tiny",
+                           pool="local-cpu-1", train_steps=4, tokens_per_step=256,
+                           seq_len_phases=((0.0, 16), (0.5, 32)), warmup_steps=1, checkpoint_every_steps=2,
+                           checkpoint_every_minutes=None, wandb_project=None, progress_every_s=0.0,
+                           model_overrides={"n_layers": 1, "vocab_size": 1024})  # the store's tokenizer
+
+    read: list[tuple[int, np.ndarray]] = []  # (step, tokens) of every batch the trainer asks for
+    real_batch, real_save = MixtureLoader.batch, CheckpointManager.save
+
+    def recording_batch(self, step, batch_size, seq_len, rows=None):
+        out = real_batch(self, step, batch_size, seq_len, rows)
+        read.append((step, out["tokens"]))
+        return out
+
+    def save_then_stop(self, step, tree, metadata):
+        path = real_save(self, step, tree, metadata)
+        if step == 2:
+            raise _Stop("stopped right after the step-2 checkpoint")
+        return path
+
+    monkeypatch.setattr(MixtureLoader, "batch", recording_batch)
+    clean = config("clean")
+    run_training(clean, use_ray=False)
+    uninterrupted = dict(read)
+    assert sorted(uninterrupted) == [0, 1, 2, 3] and uninterrupted[3].shape == (8, 33)
+
+    stopped = config("stopped")
+    monkeypatch.setattr(CheckpointManager, "save", save_then_stop)
+    with pytest.raises(_Stop):
+        run_training(stopped, use_ray=False)
+    monkeypatch.setattr(CheckpointManager, "save", real_save)
+    read.clear()
+    assert run_training(stopped, use_ray=False)["resumed_from"] == 2
+    assert [s for s, _ in read] == [2, 3]
+    for step, tokens in read:
+        np.testing.assert_array_equal(tokens, uninterrupted[step])
+    a, meta = read_checkpoint(f"{clean.output_path}/checkpoints/step-00000004")
+    b, _ = read_checkpoint(f"{stopped.output_path}/checkpoints/step-00000004")
+    assert a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
+    assert meta["data_order"] == WITHOUT_REPLACEMENT_V1
+
+    with pytest.raises(IncompatibleCheckpoint, match="data order 'without_replacement_v1'"):
+        run_training(config("stopped", order=WITH_REPLACEMENT), use_ray=False)

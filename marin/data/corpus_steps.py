@@ -200,7 +200,8 @@ def plan_files(input_path: str, output_path: str, sources: Mapping[str, str] | N
     out = output_path.rstrip("/")
     rows = sorted(((bucket_rank(src), src, rel, url) for src, files in plan.items() for url, rel in files))
     fs, _ = fsspec.core.url_to_fs(input_path)
-    sizes = {url: int(fs.size(url)) for _, _, _, url in rows}
+    urls = [url for _, _, _, url in rows]
+    sizes = dict(zip(urls, map(int, fs.sizes(urls))))  # concurrent on an object store, from its listing cache
     return [InputFile(i, src, url, rel, sizes[url], file_key(f"{src}/{rel}"), f"{out}/{src}/{rel}")
             for i, (_, src, rel, url) in enumerate(rows)]
 

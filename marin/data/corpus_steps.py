@@ -25,7 +25,6 @@ A corpus step reads document files in the layout the tokenize step reads (one di
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import hashlib
 import json
@@ -508,8 +507,3 @@ class CorpusStep:
             fs.rm_file(f"{root}/{self.failures}")
         if not keep_work and fs.exists(f"{root}/{WORK_DIR}"):
             fs.rm(f"{root}/{WORK_DIR}", recursive=True)
-
-
-def replace_input(config: Any, **changes: Any) -> Any:
-    """``config`` with fields of its ``input`` group changed (``replace_input(cfg, use_ray=False)``)."""
-    return dataclasses.replace(config, input=dataclasses.replace(config.input, **changes))

@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 from marin.data.corpus_steps import CorpusInput  # noqa: E402
 from marin.data.loader import MixtureLoader  # noqa: E402
 from marin.data.mixture import MixtureConfig  # noqa: E402
+from marin.data.order import ORDERS, WITH_REPLACEMENT  # noqa: E402
 from marin.data.readers import iter_documents, list_document_files  # noqa: E402
 from marin.data.store import TokenStore  # noqa: E402
 from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature  # noqa: E402
@@ -94,8 +95,9 @@ def _best_rate(fn, items: list, rounds: int = 5) -> float:
     return best
 
 
-def bench_loader(store: str, batch_size: int, seq_len: int, n_batches: int) -> dict:
-    loader = MixtureLoader(MixtureConfig(stores=(store,), seed=0))
+def bench_loader(store: str, batch_size: int, seq_len: int, n_batches: int, order: str = WITH_REPLACEMENT) -> dict:
+    """Loader vs memcpy on ``store`` with the data ``order`` (:mod:`marin.data.order`)."""
+    loader = MixtureLoader(MixtureConfig(stores=(store,), seed=0, order=order))
     # The baseline's source: the same store's shards, through the same memory maps. Building it
     # touches every mapped page once, so neither side pays first-touch page faults while timed
     # (a training process reaches that state after its first pass over the data).
@@ -119,7 +121,7 @@ def bench_loader(store: str, batch_size: int, seq_len: int, n_batches: int) -> d
 
     # secondary baseline: copy exactly the loader's windows (same random reads), nothing else
     flat_starts = np.concatenate([[0], np.cumsum([r.num_tokens for r in loader.readers])[:-1]])
-    plans = [loader.plan(s, batch_size) for s in range(n_batches)]
+    plans = [loader.plan(s, batch_size, seq_len) for s in range(n_batches)]
 
     def window_copy(p) -> np.ndarray:
         out = np.empty((batch_size, seq_len + 1), np.uint32)
@@ -148,7 +150,7 @@ def bench_loader(store: str, batch_size: int, seq_len: int, n_batches: int) -> d
             "window_copy_tokens_per_s": n / window_s,
             "bytes_read_per_host_per_batch": {k: v for k, v in per_host.items() if not k.endswith("_s")},
             "batch_s_per_host": {k[:-2]: v for k, v in per_host.items() if k.endswith("_s")},
-            "batch_size": batch_size, "seq_len": seq_len, "batches": n_batches}
+            "batch_size": batch_size, "seq_len": seq_len, "batches": n_batches, "order": order}
 
 
 def main(argv=None) -> dict:
@@ -159,6 +161,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--seq_len", type=int, default=4096)
     ap.add_argument("--batches", type=int, default=100)
     ap.add_argument("--workdir", default=None, help="keep files here (default: a temp dir, removed)")
+    ap.add_argument("--order", default=WITH_REPLACEMENT, choices=ORDERS, help="the mixture's data order")
     args = ap.parse_args(argv)
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="data_bench_"))
@@ -171,7 +174,7 @@ def main(argv=None) -> dict:
         tok_dir = str(work / "tok")
         train_tokenizer(TrainTokenizerConfig(corpus, tok_dir, vocab_size=args.vocab))
         tk = bench_tokenize(work, tok_dir, corpus)
-        ld = bench_loader(str(work / "store"), args.batch_size, args.seq_len, args.batches)
+        ld = bench_loader(str(work / "store"), args.batch_size, args.seq_len, args.batches, args.order)
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -46,6 +46,7 @@ from marin.training.config import (
     GROUPS,
     MODEL_KEYWORDS,
     CheckpointPolicy,
+    Cutover,
     InitFrom,
     OptimizerConfig,
     ParallelismConfig,
@@ -56,7 +57,9 @@ from marin.training.config import (
     TrainEvalConfig,
     regroup,
 )
+from marin.training.gate import GateConfig, GateThresholds, check_gate
 from marin.training.planning import StepDoesNotFit, check_train_config_fits, check_train_config_storage
+from marin.training.steps import gate as gate_step
 from marin.training.steps import train
 
 StepOrPath = ExecutorStep | str
@@ -403,6 +406,7 @@ def default_train(
     telemetry: TelemetryConfig | None = None,
     parallelism: ParallelismConfig | None = None,
     init_from: InitFrom | None = None,
+    cutovers: Sequence[Cutover] = (),
     description: str | None = None,
     memory_check: str = "error",
     **deprecated: Any,
@@ -444,6 +448,9 @@ def default_train(
         init_from: ``branch_from(step, N)`` starts from another training step's committed checkpoint
             instead of a fresh state (the source's version and the checkpoint step become part of
             this step's version).
+        cutovers: the gates the run's live changes rest on (:class:`Cutover`: the step, the gate's
+            directory, the candidate); live. A cutover whose gate failed is refused when the run
+            starts, unless forced (docs/training.md, "Changing a live run").
         description: a line for ``marin status`` and the report.
         memory_check: ``"error"``, ``"warn"`` or ``"off"``: what to do at declaration time when the
             planner says a phase of the run does not fit its pool's device memory.
@@ -471,7 +478,8 @@ def default_train(
     if "evaluation" in fields and fields["evaluation"].tasks:
         fields["evaluation"] = dataclasses.replace(fields["evaluation"], tasks=_task_paths(fields["evaluation"].tasks))
     config = TrainConfig(output_path=this_output_path(), data=mixture, preset=preset, pool=pool, seed=seed,
-                         train_steps=train_steps, tokens_per_step=tokens_per_step, init_from=init_from, **fields)
+                         train_steps=train_steps, tokens_per_step=tokens_per_step, init_from=init_from,
+                         cutovers=tuple(cutovers), **fields)
     _check_train_memory(memory_check, config)
     check_train_config_storage(config)  # checkpoint.storage_quota: refused when the file is read, not at 220 TiB
     return ExecutorStep(
@@ -512,6 +520,59 @@ def branch_from(source: ExecutorStep, step: int, *, optimizer: bool = True, data
     # versioned by TrainConfig's rule (init_from is by_field): the run through the source's hash
     return InitFrom(run=run if wait_for_source else run.nonblocking(), step=int(step), optimizer=bool(optimizer),
                     data_position=bool(data_position))
+
+
+def default_gate(name: str, run: ExecutorStep, at_step: int, candidates: Mapping[str, Mapping[str, Any]], *,
+                 steps: int = 200, pool: str | PoolSpec | None = None, thresholds: GateThresholds | None = None,
+                 checkpoint_every: int | None = None, confidence: float = 0.95, wait_for_run: bool = False,
+                 description: str | None = None) -> ExecutorStep:
+    """A paired gate of the live training step ``run`` before a change: restore its committed
+    checkpoint ``at_step`` (weights, AdamW state, data position) and train the run's own settings
+    (the control) and each candidate for ``steps`` steps from that same state on identical batches;
+    ``gate.json`` holds each arm's step time, MFU, drops, loss, grad norm and peak memory, the paired
+    loss difference with its confidence interval and the verdict against ``thresholds``
+    (:class:`~marin.training.gate.GateThresholds`); ``gate.png`` plots the arms.
+
+    Args:
+        name: step name.
+        run: the ``default_train`` step to gate (it may still be training: the gate needs only its
+            committed checkpoint ``at_step``, which it pins so the run's retention keeps it).
+        at_step: the checkpoint the arms start from.
+        candidates: label -> changes, e.g. ``{"ragged": {"transport": "ragged_capacity"},
+            "mb4": {"parallelism.microbatches": 4}}``: a live field (``group.field``), the transport from
+            ``at_step`` on, and for a modelling question an optimizer or model field or
+            ``seq_len_phases``. A change a restored state cannot take (one that changes the batches or
+            the shape of the weights, or rewrites what ran before ``at_step``) is refused here, in one line.
+        steps: the window each arm trains.
+        pool: where the arms run (None: the run's pool); a smaller pool of the run's device kind is
+            allowed and said in gate.json.
+        checkpoint_every: the arms' checkpoint cadence, so a killed gate resumes (None: twice a window).
+        confidence: of the paired loss difference's interval.
+        wait_for_run: start only after ``run`` succeeded (a gate of a finished run, e.g. a rehearsal);
+            by default the gate runs beside the live run, whose checkpoint must be committed then.
+
+    Nothing of the run's output is written but the pin. The step's version names the run's (through
+    its hash), the checkpoint step, the candidates, the window, the pool and the thresholds.
+    """
+    if not isinstance(run, ExecutorStep):
+        raise TypeError(f"default_gate needs the training step to gate (an ExecutorStep), got {type(run).__name__}")
+    source = output_path_of(run)
+    config = GateConfig(run=source if wait_for_run else source.nonblocking(), output_path=this_output_path(),
+                        at_step=int(at_step),
+                        candidates={str(k): dict(v) for k, v in candidates.items()}, steps=int(steps), pool=pool,
+                        thresholds=thresholds or GateThresholds(), checkpoint_every=checkpoint_every,
+                        confidence=confidence)
+    run_config = plain_config(run.config)
+    check_gate(config, run_config)  # refused when the file is read, before anything runs
+    return ExecutorStep(
+        name=name,
+        fn=gate_step,
+        config=versioned_config(config),
+        description=description or (f"gate {run.name} at step {at_step}: {', '.join(config.candidates)} vs control, "
+                                    f"{steps} steps"),
+        resources={"num_cpus": 0},  # as a training step: its task only waits on the pool's placement group
+        infra_retries=as_pool(pool if pool is not None else run_config.pool).infra_retries,
+    )
 
 
 def _check_train_memory(mode: str, config: TrainConfig) -> None:

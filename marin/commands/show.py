@@ -12,6 +12,7 @@ from typing import Any
 
 from marin.commands import options
 from marin.monitoring.health import format_report
+from marin.review.gate import cutover_lines, format_gate
 from marin.review.steps import filter_rows, show
 from marin.textfmt import format_duration, format_table, format_timestamp
 
@@ -50,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nwhat to do: {d['advice']}")
     if d.get("health"):
         print("\ntraining health (metrics.jsonl):\n" + format_report(d["health"]))
+    lines = cutover_lines(d.get("config"))
+    if lines:
+        print("\ncutovers (live changes and the gates they rest on):\n" + "\n".join(f"  {x}" for x in lines))
     _print_content(d.get("content") or {})
     if d.get("error"):
         print(f"\nerror: {d['error']}\n{d.get('traceback') or ''}")
@@ -85,6 +89,8 @@ def _print_content(content: dict[str, Any]) -> None:
     filt = content.get("corpus_filter")
     if filt:
         _print_filter(filt)
+    if isinstance(content.get("gate"), dict):
+        print("\n" + format_gate(content["gate"]))
     ev = content.get("eval")
     if ev:
         print(f"\nevaluation (eval.json) at step {ev.get('step')}: macro bpb {ev.get('macro_bpb')}, "

@@ -16,7 +16,14 @@ One module per concept:
 This package imports Ray and JAX lazily: experiment files read the pools without either.
 """
 
-from marin.pools.errors import HostOutOfMemory, NonRetryableError, PoolInfeasibleError, PoolLaunchError, PoolLostError
+from marin.pools.errors import (
+    HostOutOfMemory,
+    NonRetryableError,
+    PoolInfeasibleError,
+    PoolLaunchError,
+    PoolLostError,
+    RendezvousError,
+)
 from marin.pools.hostenv import DEVICE_COUNT_FLAG, HostContext, host_env, initialize_jax, with_device_count
 from marin.pools.launcher import LAUNCHERS, Launcher, RayLauncher, launch, register_launcher
 from marin.pools.local import pool_cluster, run_local, run_on_pool, simulated_nodes, simulated_pool_note
@@ -42,7 +49,7 @@ __all__ = [
     "ACCELERATOR_MEMORY_BYTES", "DEVICE_COUNT_FLAG", "LAUNCHERS", "PLACEMENT_FILE", "POOLS", "POOLS_ENV",
     "RACK_LABEL", "SHIPPED_POOLS_FILE", "SHIPPED_POOL_NAMES", "HostContext", "HostOutOfMemory", "Launcher",
     "NonRetryableError", "PlacementNote", "PoolInfeasibleError", "PoolLaunchError", "PoolLostError", "PoolSpec",
-    "PoolsFileError", "RayLauncher", "as_pool", "declare_pool", "get_pool", "host_env", "initialize_jax", "launch",
-    "load_pools_file", "pool_cluster", "read_pools_file", "register_launcher", "run_local",
+    "PoolsFileError", "RayLauncher", "RendezvousError", "as_pool", "declare_pool", "get_pool", "host_env",
+    "initialize_jax", "launch", "load_pools_file", "pool_cluster", "read_pools_file", "register_launcher", "run_local",
     "run_on_pool", "simulated_nodes", "simulated_pool_note", "use_pools_files", "with_device_count",
 ]

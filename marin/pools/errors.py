@@ -28,3 +28,11 @@ class PoolInfeasibleError(PoolLaunchError):
     """No node of the cluster can ever hold the pool's placement (it asks for more than any node, or
     more nodes than there are): a step error, not retried."""
 
+
+class RendezvousFailed(InfrastructureFailure):
+    """A host could not join the pool's start-up rendezvous (its coordinator or a peer did not answer)."""
+
+
+class RendezvousError(PoolLostError):
+    """The pool's hosts did not all join the start-up rendezvous on any attempt its
+    ``rendezvous_retries`` allowed; the message names the hosts that never joined."""

@@ -46,6 +46,16 @@ def with_device_count(xla_flags: str, devices: int | None) -> str:
 
 def initialize_jax(ctx: HostContext) -> None:
     """Join the pool's JAX processes into one runtime (no-op for one host) and check the device count."""
+    join_runtime(ctx)
+    check_devices(ctx)
+
+
+def join_runtime(ctx: HostContext) -> None:
+    """The start-up rendezvous (no-op for one host): register with the pool's coordinator within the
+    pool's ``rendezvous_timeout_s``, then a first collective across every host, so a peer that
+    registered and went away is found here, not inside the first training step. A host still
+    missing when the registration times out ends the process that waits for it (XLA's coordination
+    client aborts): the launcher tells that apart by which hosts reached and passed this point."""
     import jax  # JAX: on the pool's hosts only; planning reads pool specs without it
 
     if ctx.num_processes > 1:
@@ -62,7 +72,18 @@ def initialize_jax(ctx: HostContext) -> None:
             num_processes=ctx.num_processes,
             process_id=ctx.process_id,
             local_device_ids=None if ctx.pool.is_cpu else list(range(ctx.pool.devices_per_host)),
+            initialization_timeout=max(1, round(ctx.pool.rendezvous_timeout_s)),
         )
+        # JAX (the same); the collective compiles a one-element sum, once per host and launch
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("marin: every host of the pool joined")
+
+
+def check_devices(ctx: HostContext) -> None:
+    """The pool's devices are all visible to this process's JAX (fake CPU devices are set up front)."""
+    import jax  # JAX: on the pool's hosts only; planning reads pool specs without it
+
     if jax.device_count() < ctx.pool.num_devices:
         raise RuntimeError(
             f"pool {ctx.pool.name} wants {ctx.pool.num_devices} devices, JAX sees {jax.device_count()} "

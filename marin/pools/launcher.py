@@ -21,16 +21,24 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from marin.execution.cluster import placement_owner
 from marin.execution.failures import StopRequested, host_memory_error, is_infrastructure_failure
-from marin.pools.errors import HostOutOfMemory, NonRetryableError, PoolLaunchError, PoolLostError
-from marin.pools.hostenv import HostContext, host_env, initialize_jax
+from marin.pools.errors import (
+    HostOutOfMemory,
+    NonRetryableError,
+    PoolLaunchError,
+    PoolLostError,
+    RendezvousError,
+    RendezvousFailed,
+)
+from marin.pools.hostenv import HostContext, check_devices, host_env, join_runtime
 from marin.pools.placement import (
     PlacementNote,
     failed_hosts_nodes,
+    host_addresses,
     nodes_to_avoid,
     placement_groups,
     wait_for_placement,
@@ -65,16 +73,93 @@ class _Host:
         return os.getpid()
 
     def run(self, fn: Callable[..., Any], ctx: HostContext, args: tuple[Any, ...],
-            heartbeat: tuple[Any, StallRule] | None = None) -> Any:
-        if heartbeat is not None:  # the launcher's stall watchdog: report progress to its board
-            import ray  # Ray: only when a pool is launched; planning reads pool specs without it
+            heartbeat: tuple[Any, StallRule] | None = None, board: Any = None,
+            host_setup: Callable[[HostContext], None] | None = None) -> Any:
+        import ray  # Ray: only when a pool is launched; planning reads pool specs without it
 
+        if heartbeat is not None:  # the launcher's stall watchdog: report progress to its board
             start_reporting(heartbeat[0], ctx.process_id, heartbeat[1], node=ray.util.get_node_ip_address())
         try:
-            initialize_jax(ctx)
+            if host_setup is not None:
+                host_setup(ctx)
+            if board is not None:
+                ray.get(board.arrive.remote(ctx.process_id))
+            try:
+                join_runtime(ctx)
+            except Exception as e:  # noqa: BLE001 - whatever stopped the rendezvous, the launcher retries it
+                raise RendezvousFailed(f"host {ctx.process_id} could not join the start-up rendezvous of pool "
+                                       f"{ctx.pool.name}: {_one_line(e)}") from e
+            if board is not None:
+                ray.get(board.join.remote(ctx.process_id))
+            check_devices(ctx)
             return fn(ctx, *args)
         finally:
             stop_reporting()
+
+
+class RendezvousBoard:
+    """Which hosts of one attempt reached the start-up rendezvous and which passed it (a Ray actor the
+    launcher starts with a pool of several hosts): a host missing there may have ended, hung before
+    it, or be waiting for one that did, and only the board tells them apart afterwards."""
+
+    def __init__(self) -> None:
+        self.arrived: set[int] = set()
+        self.joined: set[int] = set()
+
+    def arrive(self, host: int) -> None:
+        self.arrived.add(host)
+
+    def join(self, host: int) -> None:
+        self.joined.add(host)
+
+    def state(self) -> tuple[list[int], list[int]]:
+        return sorted(self.arrived), sorted(self.joined)
+
+
+RENDEZVOUS_BACKOFF_MAX_S = 300.0
+"""The longest wait between two attempts at the start-up rendezvous (the backoff doubles up to it)."""
+
+
+def never_joined(board: Any, pool: PoolSpec, groups: list[Any], ended: Mapping[int, BaseException]
+                 ) -> list[dict[str, Any]]:
+    """The hosts of a failed attempt that never passed the start-up rendezvous, each with its address
+    and why (it ended before reaching it, never reached it, or reached it and waited for the others);
+    empty when every host joined (the failure came later) or the pool has one host."""
+    import ray  # Ray: only when a pool is launched; planning reads pool specs without it
+
+    if board is None:
+        return []
+    try:
+        arrived, joined = ray.get(board.state.remote(), timeout=10)
+    except Exception as e:  # noqa: BLE001 - without the board, the failure is judged as a host failure
+        logger.warning("the rendezvous board did not answer (%s)", e)
+        return []
+    if len(joined) == pool.hosts:
+        return []
+    addresses = host_addresses(groups, pool)
+    out = []
+    for host in (h for h in range(pool.hosts) if h not in joined):
+        if host in arrived:
+            why = "reached it and waited for the others"
+        elif host in ended:
+            why = f"ended before reaching it ({type(_unwrap(ended[host])).__name__})"
+        else:
+            why = "never reached it"
+        out.append({"host": host, "ip": addresses.get(host, "?"), "reached": host in arrived, "why": why})
+    return out
+
+
+def rendezvous_message(pool: PoolSpec, missing: list[dict[str, Any]], failures: int) -> str:
+    """One line: the hosts that never joined the start-up rendezvous (those that never reached it
+    first: the others waited for them), on which address, after how many failed attempts."""
+    culprits = [m for m in missing if not m["reached"]] or missing
+    hosts = ", ".join(f"{m['host']} ({m['ip']})" for m in culprits)
+    waited = [m["host"] for m in missing if m["reached"] and m not in culprits]
+    others = f"; host(s) {', '.join(map(str, waited))} reached it and waited" if waited else ""
+    return (f"pool {pool.name}: host(s) {hosts} never joined the start-up rendezvous "
+            f"({'; '.join(f'host {m['host']} {m['why']}' for m in culprits)}{others}), "
+            f"{failures} failed attempt(s) of {pool.rendezvous_retries + 1} allowed, "
+            f"{pool.rendezvous_timeout_s:g} s each (the pool's rendezvous_timeout_s and rendezvous_retries)")
 
 
 
@@ -143,33 +228,40 @@ class Launcher(Protocol):
     ``launcher`` field; the trainer, evaluation and sampling call :func:`launch` and never know which.
     It owes the contract of :class:`RayLauncher`: the results in host order, a :class:`HostContext`
     per host (its index, the host count, the coordinator address, the pool), the whole pool killed
-    and relaunched after a host failure (up to ``max_retries``), infrastructure failures raised as
-    :class:`PoolLostError` and the host's own errors as they are."""
+    and relaunched after a host failure (up to ``max_retries``) or a failed start-up rendezvous (up to
+    the pool's ``rendezvous_retries``, as :class:`RendezvousError` naming the hosts that never joined),
+    infrastructure failures raised as :class:`PoolLostError` and the host's own errors as they are."""
 
     def launch(self, pool: PoolSpec, fn: Callable[..., Any], args: Sequence[Any], *, max_retries: int | None,
-               stall: StallRule | None, stall_log: str | None, step_dir: str | None) -> list[Any]: ...
+               stall: StallRule | None, stall_log: str | None, step_dir: str | None,
+               host_setup: Callable[[HostContext], None] | None = None) -> list[Any]: ...
 
 
 class RayLauncher:
     """The launcher of this module's docstring: Ray placement groups, one Ray actor per host."""
 
     def launch(self, pool: PoolSpec, fn: Callable[..., Any], args: Sequence[Any], *, max_retries: int | None,
-               stall: StallRule | None, stall_log: str | None, step_dir: str | None) -> list[Any]:
+               stall: StallRule | None, stall_log: str | None, step_dir: str | None,
+               host_setup: Callable[[HostContext], None] | None = None) -> list[Any]:
         import ray  # Ray: only when a pool is launched; planning reads pool specs without it
         from ray.util.placement_group import remove_placement_group  # (the same)
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # (the same)
 
         retries = pool.max_retries if max_retries is None else max_retries
-        host_cls = ray.remote(_Host)
+        host_cls, board_cls = ray.remote(_Host), ray.remote(RendezvousBoard)
         errors: list[str] = []
         last_cause = ""
+        failures = rendezvous_failures = 0  # two budgets: max_retries and the pool's rendezvous_retries
         note, owner = PlacementNote(step_dir), placement_owner(step_dir)
-        for attempt in range(retries + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             avoid = nodes_to_avoid(pool, note)
             groups = placement_groups(pool, owner, avoid)
             actors: list[Any] = []
             refs: list[Any] = []  # the hosts' results, once started
             watch: ProgressWatch | None = None
+            board: Any = None  # which hosts reached and passed the start-up rendezvous (several hosts only)
             try:
                 wait_for_placement(pool, groups, lambda avoid=avoid: placement_groups(pool, owner, avoid), note)
                 for i in range(pool.hosts):
@@ -189,13 +281,15 @@ class RayLauncher:
                         ).remote()
                     )
                 coordinator = ray.get(actors[0].coordinator_address.remote()) if pool.hosts > 1 else None
+                board = board_cls.options(num_cpus=0, max_restarts=0).remote() if pool.hosts > 1 else None
                 watch = ProgressWatch(stall, pool.hosts) if stall is not None else None
                 heartbeat = (watch.board, stall) if watch is not None else None
                 refs = [
-                    a.run.remote(fn, HostContext(i, pool.hosts, coordinator, pool), tuple(args), heartbeat)
+                    a.run.remote(fn, HostContext(i, pool.hosts, coordinator, pool), tuple(args), heartbeat, board,
+                                 host_setup)
                     for i, a in enumerate(actors)
                 ]
-                _wait_for_hosts(refs, watch, pool, attempt + 1, stall_log)
+                _wait_for_hosts(refs, watch, pool, attempt, stall_log)
                 return ray.get(refs)
             except Exception as e:  # noqa: BLE001 - every host failure is handled the same way
                 inner = _unwrap(e)
@@ -210,10 +304,25 @@ class RayLauncher:
                         "smaller") from None
                 if not any(map(is_infrastructure_failure, [e, *ended.values()])):
                     raise inner from None  # a bug or a config error: the same on every attempt, so not retried
-                note.add_bad_nodes(failed_hosts_nodes(groups, pool, ended))
-                errors.append(f"attempt {attempt + 1}: {type(inner).__name__}: {inner}")
-                last_cause = _one_line(inner)
-                logger.warning("pool %s failed (attempt %d/%d): %s", pool.name, attempt + 1, retries + 1, inner)
+                missing = never_joined(board, pool, groups, ended)
+                if missing:  # the start-up rendezvous failed: its own budget, its own backoff
+                    rendezvous_failures += 1
+                    note.add_rendezvous_failure(attempt, missing)
+                    message = rendezvous_message(pool, missing, rendezvous_failures)
+                    if rendezvous_failures > pool.rendezvous_retries:
+                        raise RendezvousError(message) from None
+                    logger.warning("%s; relaunching the pool (rendezvous attempt %d of %d)", message,
+                                   rendezvous_failures + 1, pool.rendezvous_retries + 1)
+                    delay = min(RENDEZVOUS_BACKOFF_MAX_S, pool.rendezvous_backoff_s * 2 ** (rendezvous_failures - 1))
+                else:
+                    failures += 1
+                    note.add_bad_nodes(failed_hosts_nodes(groups, pool, ended))
+                    errors.append(f"attempt {attempt}: {type(inner).__name__}: {inner}")
+                    last_cause = _one_line(inner)
+                    logger.warning("pool %s failed (attempt %d/%d): %s", pool.name, failures, retries + 1, inner)
+                    if failures > retries:
+                        break
+                    delay = min(30.0, 1.0 * 2 ** (failures - 1))  # a lost node may take a while to be replaced
             finally:
                 for a in actors:
                     ray.kill(a, no_restart=True)
@@ -221,11 +330,12 @@ class RayLauncher:
                     remove_placement_group(g)
                 if watch is not None:
                     watch.close()
-            if attempt < retries:  # backoff: a lost node may take a while to be replaced
-                time.sleep(min(30.0, 1.0 * 2 ** attempt))
+                if board is not None:
+                    ray.kill(board, no_restart=True)
+            time.sleep(delay)
         # The first line is what a step's recorded failure reason shows: it must carry the cause itself.
-        raise PoolLostError(f"pool {pool.name} failed after {retries + 1} attempt(s); last: {last_cause}\n"
-                              + "\n".join(errors))
+        raise PoolLostError(f"pool {pool.name} failed after {failures} attempt(s); last: {last_cause}\n"
+                            + "\n".join(errors))
 
 
 LAUNCHERS: dict[str, Launcher] = {"ray": RayLauncher()}
@@ -243,7 +353,7 @@ def register_launcher(kind: str, launcher: Launcher) -> None:
 def launch(
     pool: PoolSpec, fn: Callable[..., Any], args: Sequence[Any] = (), *, max_retries: int | None = None,
     stall: StallRule | None = None, stall_log: str | None = None,
-    step_dir: str | None = None,
+    step_dir: str | None = None, host_setup: Callable[[HostContext], None] | None = None,
 ) -> list[Any]:
     """Run ``fn(ctx, *args)`` once per host of ``pool``; returns the per-host results in host order.
 
@@ -252,8 +362,11 @@ def launch(
     ``stall``: watch the hosts' heartbeat (:mod:`marin.pools.stall`; ``fn`` reports its steps with
     ``report_step``) and relaunch a pool that stops completing steps, recording each stall in the JSON
     list at ``stall_log``.
-    ``step_dir``: the step's directory, where the launcher notes what its reservation waits for and
-    which nodes it leaves out (:class:`PlacementNote`); its placement groups are named after it.
+    ``step_dir``: the step's directory, where the launcher notes what its reservation waits for,
+    which nodes it leaves out and each failed start-up rendezvous (:class:`PlacementNote`, read by
+    ``marin status``); its placement groups are named after it.
+    ``host_setup``: run on each host before it joins the pool's runtime (a site's per-host preparation);
+    a host that ends or hangs there fails the rendezvous like one that cannot reach its coordinator.
     """
     try:
         launcher = LAUNCHERS[pool.launcher]
@@ -262,4 +375,4 @@ def launch(
         raise PoolLaunchError(f"pool {pool.name}: no launcher {pool.launcher!r} (known: {known}; a launcher of "
                               "another kind is added with register_launcher)") from None
     return launcher.launch(pool, fn, args, max_retries=max_retries, stall=stall, stall_log=stall_log,
-                           step_dir=step_dir)
+                           step_dir=step_dir, host_setup=host_setup)

@@ -131,6 +131,12 @@ class PlacementNote:
             self.state["waiting"] = None
             self._write()
 
+    def add_rendezvous_failure(self, attempt: int, missing: list[dict[str, Any]]) -> None:
+        """An attempt whose hosts did not all join the start-up rendezvous: which never joined and why."""
+        self.state.setdefault("rendezvous_failures", []).append(
+            {"attempt": attempt, "time": time.time(), "never_joined": missing})
+        self._write()
+
     def add_bad_nodes(self, nodes: list[dict[str, str]]) -> None:
         known = {n["node_id"] for n in self.bad_nodes}
         new = [n for n in nodes if n["node_id"] not in known]
@@ -229,6 +235,21 @@ def failed_hosts_nodes(groups: list[Any], pool: PoolSpec, errors: Mapping[int, B
         if node:
             out.append({"node_id": node, "ip": addresses.get(node, "?"), "host": str(i),
                         "why": f"host {i}: {type(e).__name__}"})
+    return out
+
+
+def host_addresses(groups: list[Any], pool: PoolSpec) -> dict[int, str]:
+    """The address of the node each host of a placement was given, by host index ("?" for a bundle
+    Ray did not place)."""
+    import ray  # Ray: only when a pool is launched; planning reads pool specs without it
+    from ray.util.placement_group import placement_group_table  # (the same)
+
+    addresses = {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes()}
+    out = {}
+    for host in range(pool.hosts):
+        node = placement_group_table(groups[host // pool.hosts_per_rack])["bundles_to_node_id"].get(
+            host % pool.hosts_per_rack)
+        out[host] = addresses.get(node, "?")
     return out
 
 

@@ -64,6 +64,16 @@ class PoolSpec:
     device_memory_bytes: int | None = None
     """Memory of one device, bytes; None: the accelerator's, from :data:`ACCELERATOR_MEMORY_BYTES`
     (set it for an accelerator marin does not list; a CPU pool shares this machine's memory)."""
+    rendezvous_timeout_s: float = 300.0
+    """How long the hosts wait for each other at start-up (registering with the pool's coordinator,
+    ``jax.distributed``'s initialization timeout): a host missing past it fails the attempt."""
+    rendezvous_retries: int = 5
+    """Times the launcher relaunches a pool whose hosts did not all join the start-up rendezvous (a
+    registration timeout, a host that ended before joining, a peer missing at the first collective),
+    a budget of its own beside ``max_retries``: at scale, registration is what fails most at start
+    (a run of 704 GPUs recovered on its 12th attempt); waits ``rendezvous_backoff_s``, doubling."""
+    rendezvous_backoff_s: float = 5.0
+    """The wait before the first relaunch after a failed rendezvous; it doubles each time, up to 5 minutes."""
     launcher: str = "ray"
     """The kind of launcher that starts the pool's hosts (:data:`marin.pools.launcher.LAUNCHERS`):
     "ray", placement groups and one Ray actor per host; another kind is added with
@@ -73,6 +83,9 @@ class PoolSpec:
         data, expert = self.mesh
         if self.hosts <= 0 or self.devices_per_host <= 0 or self.racks <= 0:
             raise ValueError(f"pool {self.name}: hosts, devices_per_host and racks must be positive")
+        if self.rendezvous_timeout_s <= 0 or self.rendezvous_retries < 0 or self.rendezvous_backoff_s < 0:
+            raise ValueError(f"pool {self.name}: rendezvous_timeout_s must be positive, rendezvous_retries and "
+                             "rendezvous_backoff_s at least 0")
         if data * expert != self.num_devices:
             raise ValueError(
                 f"pool {self.name}: mesh {self.mesh} has {data * expert} devices, pool has "

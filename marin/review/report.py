@@ -27,10 +27,12 @@ from marin.review import CATEGORIES, Experiment, Step, dependency_order
 from marin.review import dag as dagmod
 from marin.review.compare import comparison_html
 from marin.review.explain import config_leaves, is_versioned
+from marin.review.gate import gate_html
 from marin.review.plots import line_plot
 from marin.review.steps import filter_rows
 from marin.textfmt import format_duration as _dur
 from marin.textfmt import format_timestamp as _when
+from marin.training.gate import GATE_FILE
 from marin.training.metrics import phase_summary
 
 TASK_PREFIX = TASK_KEY.partition("{name}")[0]  # "eval/task/": the in-training eval's task results
@@ -608,6 +610,8 @@ def _step_section(step: Step, exp: Experiment, dependents: dict[str, list[str]],
         out.append("<h3>evaluation</h3>" + _eval_table(ev))
     if "fit.json" in names and (fit := step.ladder_fit()):
         out.append("<h3>ladder fit</h3>" + _fit(fit))
+    if GATE_FILE in names and isinstance(gate := step.read_json(GATE_FILE), dict):
+        out.append("<h3>paired gate</h3>" + gate_html(gate))
     if "isoflop.json" in names and (iso := step.isoflop_fit()):
         out.append("<h3>IsoFLOP fit</h3>" + isoflop_section(iso))
     if "mixture_report.json" in names and (rep := step.mixture_report()):
@@ -649,7 +653,8 @@ def _results(exp: Experiment) -> str:
         for fname, title, render in (("health.json", "health checklist", _checklist),
                                      ("eval.json", "evaluation", _eval_table), ("fit.json", "ladder fit", _fit),
                                      ("isoflop.json", "IsoFLOP fit", isoflop_section),
-                                     ("harness.json", "lm-evaluation-harness", _harness)):
+                                     ("harness.json", "lm-evaluation-harness", _harness),
+                                     (GATE_FILE, "paired gate", gate_html)):
             data = s.read_json(fname) if storage.exists(f"{s.output_path}/{fname}") else None
             if isinstance(data, dict):
                 out.append(f'<h3>{title}: <a href="#{_anchor(s)}">{_e(s.name)}</a></h3>{render(data)}')

@@ -21,6 +21,8 @@ from marin.execution.status import StepStatus
 from marin.monitoring.health import health
 from marin.pools import PLACEMENT_FILE
 from marin.review.experiment_file import load_experiment
+from marin.review.gate import cutovers
+from marin.training.gate import GATE_FILE
 from marin.training.metrics import read_metrics
 
 CATEGORIES = ("succeeded", "reused", "failed", "running", "interrupted", "not run")
@@ -190,8 +192,9 @@ def row_for(path: str, name: str | None = None, hash_: str | None = None,
 
 def placement_lines(path: str, running: bool, now: float | None = None) -> list[str]:
     """What a pool step's launcher noted (see :class:`marin.pools.PlacementNote`): the
-    reservation it waits for and who holds it (while the step runs), and the nodes left out because
-    a host of the step failed there. None for a step without a pool, at the cost of one read."""
+    reservation it waits for and who holds it (while the step runs), the nodes left out because
+    a host of the step failed there, and how often the start-up rendezvous failed (with the hosts
+    that never joined, the last time). None for a step without a pool, at the cost of one read."""
     note = storage.read_json(f"{path.rstrip('/')}/{PLACEMENT_FILE}")
     if not isinstance(note, dict):
         return []
@@ -205,6 +208,11 @@ def placement_lines(path: str, running: bool, now: float | None = None) -> list[
     if bad:
         lines.append("hosts failed on node(s) " + ", ".join(
             f"{n.get('node_id', '?')[:12]} ({n.get('ip', '?')}, {n.get('why', '')})" for n in bad))
+    rendezvous = note.get("rendezvous_failures") or []
+    if rendezvous:
+        last = sorted(rendezvous[-1].get("never_joined") or [], key=lambda m: bool(m.get("reached")))  # culprits first
+        lines.append(f"start-up rendezvous failed {len(rendezvous)} time(s); the last time, never joined: " + "; ".join(
+            f"host {m.get('host')} ({m.get('ip', '?')}: {m.get('why', '')})" for m in last))
     return lines
 
 
@@ -268,6 +276,8 @@ def step_content(path: str, outputs: list[str]) -> dict[str, Any]:
             }
     if "eval.json" in outputs:
         out["eval"] = storage.read_json(f"{path}/eval.json")
+    if GATE_FILE in outputs:
+        out["gate"] = storage.read_json(f"{path}/{GATE_FILE}")
     for name in FILTER_MANIFESTS:
         if name in outputs:
             man = storage.read_json(f"{path}/{name}") or {}
@@ -313,6 +323,7 @@ def show(target: str, prefix: str | None = None) -> dict[str, Any]:
         **row_for(path, info.get("name"), info.get("hash")),
         "health": _health(path, outputs, info.get("config")),
         "horizon": train_horizon(info.get("config")),
+        "cutovers": cutovers(info.get("config")),
         "content": step_content(path, outputs),
         "description": info.get("description"),
         "fn": info.get("fn"),

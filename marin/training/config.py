@@ -76,6 +76,19 @@ class InitFrom:
     data_position: bool = True
 
 
+@dataclasses.dataclass(frozen=True)
+class Cutover:
+    """A change of a live run and the gate it rests on: from ``step`` on the run applies what candidate
+    ``candidate`` of the gate at ``gate`` (the gate step's output directory, whose ``gate.json`` holds
+    the verdict) tested, e.g. a transport switch at that step. The run refuses to start when that
+    verdict failed or is missing, unless ``forced`` (which the record then keeps)."""
+
+    step: int
+    gate: str
+    candidate: str
+    forced: bool = False
+
+
 def resolve_model(
     model: MoEConfig | str,
     overrides: dict[str, Any] | None = None,
@@ -347,11 +360,15 @@ class TrainConfig:
                                        default_factory=TelemetryConfig)
     parallelism: ParallelismConfig = group("how the work is spread over the devices: every field live",
                                            default_factory=ParallelismConfig)
+    cutovers: tuple[Cutover, ...] = live(
+        "the gates the run's live changes rest on (marin.training.gate): evidence for a decision, not what is "
+        "computed", default=())
 
     def __post_init__(self) -> None:
         # one spelling of the schedule, whatever sequence the caller passed (the version encodes it)
         object.__setattr__(self, "seq_len_phases", _pairs(self.seq_len_phases, (float, int)))
         object.__setattr__(self, "pool", as_pool(self.pool))  # resolved once, here: the spec travels
+        object.__setattr__(self, "cutovers", tuple(Cutover(**c) if isinstance(c, dict) else c for c in self.cutovers))
         object.__setattr__(self, "optimizer", optimizer_from(self.optimizer))  # a dict: its kind picks the class
         for name, cls in GROUPS.items():
             if name == "optimizer":  # any optimizer (the union), checked just above

@@ -223,7 +223,8 @@ def phase_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 class WandbTracker:
     """W&B run with the same keys as metrics.jsonl; offline unless the user set ``WANDB_MODE``.
 
-    The run id derives from the output path, so a resumed step continues the same W&B run. Its files
+    The run id derives from the output path, so a resumed step continues the same W&B run; ``group``
+    puts runs side by side in W&B (a gate's arms in their parent run's group). Its files
     live under the step directory (``{output_path}/wandb/``) on every backend: W&B writes through the
     local filesystem only, so for an object-store step it writes to a staging directory of this host
     named after the run, and :meth:`sync` copies what changed up to the step directory (the trainer
@@ -231,7 +232,7 @@ class WandbTracker:
     """
 
     def __init__(self, *, project: str, name: str, config: Mapping[str, Any], output_path: str,
-                 run_id: str, local_dir: str | None = None) -> None:
+                 run_id: str, local_dir: str | None = None, group: str | None = None) -> None:
         import wandb  # wandb: slow to import, only when a run logs to W&B
 
         os.environ.setdefault("WANDB_MODE", "offline")
@@ -246,6 +247,7 @@ class WandbTracker:
         self._run = wandb.init(
             project=project,
             name=name,
+            group=group,
             id=run_id,
             resume="allow",
             dir=directory,

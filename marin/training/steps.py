@@ -1,4 +1,5 @@
-"""The executor step function for training: ``ExecutorStep(fn=train, config=TrainConfig(...))``.
+"""The executor step functions for training: ``ExecutorStep(fn=train, config=TrainConfig(...))``, and
+``gate`` (a paired gate of a live run, :func:`experiments.defaults.default_gate`).
 
 The executor calls ``train(config)`` inside a Ray task with ``config.output_path`` resolved. The
 function reserves the config's pool, runs one JAX process per host, and returns after the final
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from marin.training.config import TrainConfig
+from marin.training.gate import GateConfig
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
@@ -21,3 +23,13 @@ def train(config: TrainConfig) -> dict[str, Any]:
     if not config.output_path:
         raise ValueError("TrainConfig.output_path is empty; use this_output_path() in the step config")
     return run_training(config)
+
+
+def gate(config: GateConfig) -> dict[str, Any]:
+    """Run (or resume) a paired gate's arms and write its ``gate.json`` (``default_gate``); returns the
+    verdict."""
+    from marin.training.gate_run import run_gate  # JAX: declaring a gate must not import it
+
+    if not config.output_path:
+        raise ValueError("GateConfig.output_path is empty; use this_output_path() in the step config")
+    return run_gate(config)

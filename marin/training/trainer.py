@@ -58,6 +58,7 @@ from marin.training.checkpoint.format import PERMANENT, TEMPORARY, CheckpointMis
 from marin.training.checkpoint.manager import CheckpointManager, pin_checkpoint
 from marin.training.checkpoint.restore import restore_checkpoint
 from marin.training.config import SyntheticDataConfig, TrainConfig, model_at
+from marin.training.cutover import check_cutovers
 from marin.training.metrics import (
     MetricsWriter,
     ProgressLine,
@@ -676,6 +677,9 @@ def run_training(config: TrainConfig, *, use_ray: bool | None = None) -> dict[st
 
 
     pool = config.pool
+    for c in check_cutovers(config):  # a change resting on a failed gate is refused before the pool starts
+        logger.info("cutover at step %d rests on gate %s (%s)%s: %s", c["step"], c["gate"], c["candidate"],
+                    " FORCED" if c["forced"] else "", c["verdict"])
     if use_ray if use_ray is not None else ray.is_initialized():
         return launch(pool, train_on_host, (config,), step_dir=config.output_path, stall=config.stall,
                       stall_log=f"{config.output_path.rstrip('/')}/{STALLS_FILE}")[0]

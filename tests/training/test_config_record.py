@@ -19,7 +19,7 @@ from marin.execution.jsonable import ConfigRecordError, from_jsonable, mask_secr
 from marin.execution.step import versioned
 from marin.models.config import get_preset
 from marin.training.checkpoint import write_checkpoint
-from marin.training.config import InitFrom, SyntheticDataConfig, TrainConfig, train_config_from_record
+from marin.training.config import Cutover, InitFrom, SyntheticDataConfig, TrainConfig, train_config_from_record
 from marin.training.run import Run
 
 
@@ -49,7 +49,8 @@ def every_field_train_config() -> TrainConfig:
         eval_sets=(EvalSet("val/web", "/stores/val-web", held_out=True, validation_fraction=0.5,
                            validation_min_documents=3, validation_max_documents=9, max_documents=7),),
         eval_held_out=False, eval_tasks={"choices": "/tasks/choices.jsonl"}, eval_stride=32, preset="tiny",
-        init_from=InitFrom("/runs/source-9876543210", step=40, optimizer=False, data_position=False))
+        init_from=InitFrom("/runs/source-9876543210", step=40, optimizer=False, data_position=False),
+        cutovers=(Cutover(50, "/gates/ragged-0a1b2c3d4e", "ragged", forced=True),))
 
 
 def _default_of(f: dataclasses.Field) -> Any:

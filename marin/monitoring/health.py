@@ -1,6 +1,6 @@
 """Run health from metrics records: pure checks against the published run's healthy ranges.
 
-Used by ``operations/health_report.py`` (an operator's command against a live or finished run) and
+Used by ``marin health`` (an operator's command against a live or finished run) and
 by the quickstart's final step. Checks, in the spirit of the published run's checklist ("first 3%: clear;
 next window: the real grad-norm peak near 30%"): every value finite; loss falling; token drop
 fraction on the send and receive side below 8%; per phase (sequence length x transport) of a
@@ -354,7 +354,7 @@ def propose_contingency(records: list[dict[str, Any]], total_steps: int, schedul
     out: dict[str, Any] = {"reason": reason, "at_step": at, "new_total_steps": new_total,
                            "keep_fraction_of_remaining": keep}
     if schedule is None:
-        out["note"] = "the run's LR schedule is unknown here: run operations/replan_lr.py to get lr_replans"
+        out["note"] = "the run's LR schedule is unknown here: run marin replan-lr to get lr_replans"
         return out
     if at < schedule.warmup_steps:
         out["note"] = f"still in warmup ({schedule.warmup_steps} steps): re-plan after it"

@@ -1,10 +1,7 @@
 """The operator's commands: the health report (``marin health``) and the LR re-plan helper
-(``marin replan-lr``), also reachable as ``python operations/<script>.py``."""
+(``marin replan-lr``)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import jax.numpy as jnp
 import pytest
@@ -12,8 +9,6 @@ import pytest
 from marin.cli import main as marin
 from marin.monitoring import health as health_report
 from marin.training.checkpoint import CheckpointManager, CheckpointPolicy
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _records(n=50, drop=0.03, loss0=11.8, gn_peak_at=15):
@@ -85,16 +80,6 @@ def test_replan_helper(tmp_path, capsys):
     table = [line.split() for line in text.splitlines() if line.startswith("  ")]
     assert table[0] == ["step", "lr", "before", "lr", "after"]
     assert ["600", f"{curve[600]['old_lr']:.4g}", f"{curve[600]['new_lr']:.4g}"] in table  # one row per curve step
-
-
-@pytest.mark.parametrize("script, command", [("health_report", "health"), ("replan_lr", "replan-lr")])
-def test_operations_scripts_are_the_marin_commands(script, command):
-    """The scripts are thin wrappers (no sys.path edits): same usage as the subcommand."""
-    text = open(os.path.join(REPO, "operations", f"{script}.py")).read()
-    assert "sys.path" not in text
-    r = subprocess.run([sys.executable, os.path.join(REPO, "operations", f"{script}.py"), "--help"],
-                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
-    assert r.returncode == 0 and r.stdout.startswith(f"usage: marin {command} "), r.stdout + r.stderr
 
 
 def test_replan_helper_messages_for_a_past_horizon_and_a_finished_run(tmp_path, capsys):

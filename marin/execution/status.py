@@ -29,9 +29,7 @@ from marin.execution import lease as leases
 from marin.execution import storage
 
 STATUS_FILE = ".executor_status"
-LEGACY_INFO_FILE = ".executor_info.json"
-"""Where executors before the one-file record wrote the info; still read for their steps."""
-STEP_FILES = (STATUS_FILE, leases.LEASE_FILE, LEGACY_INFO_FILE)
+STEP_FILES = (STATUS_FILE, leases.LEASE_FILE)
 """A directory holding any of these is a step directory (a first attempt in progress has no status
 file yet: its lease records it)."""
 
@@ -237,9 +235,7 @@ def read_info(step_dir: str, record: dict[str, Any] | None = None) -> dict[str, 
     for its latest attempt: from ``record`` (a :func:`read_status` result) when given, else read.
     None before the step first started."""
     record = read_status(step_dir) if record is None else record
-    if record and record.get("info") is not None:
-        return record["info"]
-    return storage.read_json(f"{step_dir}/{LEGACY_INFO_FILE}")
+    return record.get("info") if record else None
 
 
 def attempt_times(

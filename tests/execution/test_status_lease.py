@@ -106,13 +106,14 @@ def test_with_attempts_against_the_obvious_rule():
     assert st.with_attempts(legacy, dataclasses.replace(lease, abandoned=())) == legacy
 
 
-def test_info_of_steps_recorded_before_the_one_file_record_is_read(tmp_path):
-    d = tmp_path / "old-step"
+def test_a_step_record_without_info_has_none(tmp_path):
+    """The info lives in the one status record; a record that holds none (a step before it first
+    started) has none, and its attempt times still read."""
+    d = tmp_path / "step"
     d.mkdir()
     (d / st.STATUS_FILE).write_text(json.dumps({"status": "SUCCESS", "events": [
         {"status": "RUNNING", "time": 1.0, "holder": "h"}, {"status": "SUCCESS", "time": 2.0, "holder": "h"}]}))
-    (d / st.LEGACY_INFO_FILE).write_text(json.dumps({"name": "old", "config": {"x": 1}}))
-    assert st.read_info(str(d)) == {"name": "old", "config": {"x": 1}}
+    assert st.read_info(str(d)) is None and st.read_info(str(tmp_path / "never-started")) is None
     assert st.attempt_times(st.read_status(str(d)))[0] == 1.0
 
 

@@ -5,8 +5,6 @@ Layout under the prefix::
     {prefix}/experiments/{script}-{digest}/{run}.json   one file per run of the experiment (written
                                                          only by that run): every step with its
                                                          outcome and version, and the experiment card
-    {prefix}/experiments/{script}-{digest}.json          the single record older executors rewrote
-                                                         (still read and merged)
 
 ``{digest}`` names the set of steps, ``{run}`` the run (UTC start time, host, pid, a random tag).
 Readers merge the runs oldest first (:func:`read_experiment_record`). The executor writes a record
@@ -43,8 +41,7 @@ class RecordedRun(Protocol):
 
 def experiment_record_path(plan: Plan, script: str) -> str:
     """The experiment's record: ``{prefix}/experiments/{script}-{digest}.json`` names it (one name per
-    script and set of steps). Each run writes its own file under :func:`experiment_runs_dir`; a
-    file at this path itself is the single record older executors rewrote, still read."""
+    script and set of steps). Each run writes its own file under :func:`experiment_runs_dir`."""
     digest = sha256_hex(canonical_json(sorted(s.digest for s in plan.steps)))[:10]
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.splitext(os.path.basename(script))[0]) or "experiment"
     return f"{plan.prefix}/experiments/{stem}-{digest}.json"
@@ -87,10 +84,10 @@ def merged_outcomes(previous: dict[str, str | None], outcome: dict[str, str]) ->
 def read_experiment_record(record_path: str) -> dict[str, Any] | None:
     """The experiment's record as every run so far left it (None when no run wrote one).
 
-    The runs' files (and an older executor's single file at ``record_path``) are applied oldest
-    first with :func:`merged_outcomes`; the newest run's fields (script, card, argv, steps) are kept.
-    A file that does not parse is skipped (it is one run's; the others still count)."""
-    paths = [record_path, *storage.glob(f"{experiment_runs_dir(record_path)}/*.json")]
+    The runs' files are applied oldest first with :func:`merged_outcomes`; the newest run's fields
+    (script, card, argv, steps) are kept. A file that does not parse is skipped (it is one run's;
+    the others still count)."""
+    paths = storage.glob(f"{experiment_runs_dir(record_path)}/*.json")
     records = []
     for path in paths:
         try:
@@ -101,7 +98,7 @@ def read_experiment_record(record_path: str) -> dict[str, Any] | None:
             records.append(rec)
     if not records:
         return None
-    records.sort(key=lambda r: r.get("updated") or 0)  # stable: the older single record first on a tie
+    records.sort(key=lambda r: r.get("updated") or 0)
     outcomes: dict[str, str | None] = {}
     for rec in records:
         this = {s["output_path"]: s.get("outcome") for s in rec["steps"] if isinstance(s, dict) and "output_path" in s}
@@ -113,10 +110,8 @@ def read_experiment_record(record_path: str) -> dict[str, Any] | None:
 
 def experiment_record_paths(prefix: str) -> list[str]:
     """The record path (see :func:`experiment_record_path`) of every experiment with a record under
-    ``prefix``: a run directory, an older executor's single file, or both."""
-    found = {p for p in storage.glob(f"{prefix}/experiments/*.json")}
-    found |= {os.path.dirname(p) + ".json" for p in storage.glob(f"{prefix}/experiments/*/*.json")}
-    return sorted(found)
+    ``prefix``: each has a directory of run files."""
+    return sorted({os.path.dirname(p) + ".json" for p in storage.glob(f"{prefix}/experiments/*/*.json")})
 
 
 def write_experiment_record(plan: Plan, opts: RecordedRun, outcome: dict[str, str]) -> str:

@@ -2,8 +2,7 @@
 
 Two real processes write the record of one experiment at the same moment, again and again, each
 recording the step it ran; afterwards the record says both steps succeeded, on local disk and on
-the local S3 server. An experiment directory written by an older executor (one shared record file)
-is still read, and its outcomes are merged with the new runs'."""
+the local S3 server. The record is the runs' files, and nothing else."""
 
 from __future__ import annotations
 
@@ -109,7 +108,8 @@ def test_two_runs_writing_at_once_both_keep_their_outcome_on_s3(tmp_path, s3_buc
     assert all(p.startswith(f"{s3_bucket}/store/experiments/exp") for p in outs[0] + outs[1])
 
 
-def test_an_older_single_record_is_read_and_merged_with_new_runs(tmp_path):
+def test_the_record_is_the_runs_files_only(tmp_path):
+    """A file at the record's own path (the one shared file earlier executors rewrote) is not read."""
     import marin.review as mr
     from marin.execution import ExecutorStep, this_output_path, versioned
     from marin.execution.executor import RunOptions
@@ -128,15 +128,14 @@ def test_an_older_single_record_is_read_and_merged_with_new_runs(tmp_path):
                                              "outcome": "succeeded" if s is a else "failed", "dependencies": []}
                                             for s in plan.steps]}
     storage.write_text(legacy, json.dumps(old))
-    assert read_experiment_record(legacy)["description"] == "written by an older executor"
-    # a new run that found a cached and ran b: the record says both succeeded, a by the older run
+    assert read_experiment_record(legacy) is None and mr.load_prefix(prefix).records == []
     write_experiment_record(plan, RunOptions(prefix=plan.prefix, script="exp.py", description="new"),
                             {a.output_path: "cached", b.output_path: "succeeded"})
     record = read_experiment_record(legacy)
-    assert {s["name"]: s["outcome"] for s in record["steps"]} == {"a": "succeeded", "b": "succeeded"}
-    assert record["description"] == "new" and record["runs"] == 2
+    assert {s["name"]: s["outcome"] for s in record["steps"]} == {"a": "cached", "b": "succeeded"}
+    assert record["description"] == "new" and record["runs"] == 1
     exp = mr.load_prefix(prefix, "exp")
-    assert exp.name.startswith("exp-") and {s.name: s.outcome for s in exp.steps} == {"a": "succeeded",
+    assert exp.name.startswith("exp-") and {s.name: s.outcome for s in exp.steps} == {"a": "cached",
                                                                                       "b": "succeeded"}
     assert len(mr.load_prefix(prefix).records) == 1  # one experiment, not one per file
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import html
 import json
-import math
 import os
 import time
 from typing import Any
@@ -25,14 +23,15 @@ from marin.execution.main import CARD_FIELDS
 from marin.execution.versioning import input_field, live
 from marin.review import CATEGORIES, Experiment, Step, dependency_order
 from marin.review import dag as dagmod
+from marin.review import outputs as step_outputs
 from marin.review.compare import comparison_html
 from marin.review.explain import config_leaves, is_versioned
-from marin.review.gate import gate_html
 from marin.review.plots import line_plot
-from marin.review.steps import filter_rows
+from marin.review.sections import esc as _e
+from marin.review.sections import num as _num
+from marin.review.sections import pct as _pct
 from marin.textfmt import format_duration as _dur
 from marin.textfmt import format_timestamp as _when
-from marin.training.gate import GATE_FILE
 from marin.training.metrics import phase_summary
 
 TASK_PREFIX = TASK_KEY.partition("{name}")[0]  # "eval/task/": the in-training eval's task results
@@ -95,10 +94,6 @@ SCRIPT = """
 """
 
 
-def _e(v: Any) -> str:
-    return html.escape(str(v), quote=True)
-
-
 def _anchor(step: Step) -> str:
     raw = f"{step.name}-{step.hash}"
     return "step-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in raw)
@@ -112,16 +107,6 @@ def _size(n: int | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
-
-
-def _num(v: Any) -> str:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return _e(v)
-    if isinstance(v, int):
-        return f"{v:,}"
-    if not math.isfinite(v):
-        return str(v)
-    return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
 
 
 def _badge(category: str, label: str | None = None) -> str:
@@ -165,7 +150,7 @@ def outcome_rows(exp: Experiment) -> list[tuple[str, str]]:
     for s in exp.steps:
         if s.state.category not in ("succeeded", "reused"):
             continue
-        fit = s.read_json("fit.json") if storage.exists(f"{s.output_path}/fit.json") else None
+        fit = s.ladder_fit()
         if isinstance(fit, dict) and isinstance(fit.get("validation"), dict):
             v = fit["validation"]
             for m, r in (v.get("metrics") or {}).items():
@@ -177,17 +162,17 @@ def outcome_rows(exp: Experiment) -> list[tuple[str, str]]:
             for k, d in final.items():
                 rows.append((f"{s.name}: predicted {k[6:]} of {fit['target'].get('name')}",
                              f"{_num(d.get('value'))} [{_num(d.get('low'))}, {_num(d.get('high'))}]"))
-        health = s.read_json("health.json") if storage.exists(f"{s.output_path}/health.json") else None
+        health = s.health()
         if isinstance(health, dict) and "ok" in health:
             bands = [c for c in health.get("checks") or [] if isinstance(c, dict) and "predicted" in c]
             detail = "; ".join(f"{c.get('name')} {_num(c.get('actual'))} vs predicted {_num(c.get('predicted'))}"
                                for c in bands[:4])
             rows.append((f"{s.name}: health", ("clear" if health["ok"] else "needs a look")
                          + (f" ({detail})" if detail else "")))
-        ev = s.read_json("eval.json") if storage.exists(f"{s.output_path}/eval.json") else None
+        ev = s.eval_results()
         if isinstance(ev, dict) and ev.get("macro_bpb") is not None:
             rows.append((f"{s.name}: eval", f"macro bpb {_num(ev['macro_bpb'])} at step {ev.get('step')}"))
-        hr = s.read_json("harness.json") if storage.exists(f"{s.output_path}/harness.json") else None
+        hr = s.harness_results()
         if isinstance(hr, dict) and hr.get("summary"):
             rows.append((f"{s.name}: harness", "; ".join(f"{t} " + ", ".join(f"{k} {_num(v)}" for k, v in m.items())
                                                          for t, m in hr["summary"].items())))
@@ -243,30 +228,6 @@ def _step_table(exp: Experiment) -> str:
             '<th>lease holder<th>output path' + "".join(rows) + "</table>")
 
 
-def _checklist(report: dict[str, Any]) -> str:
-    out = []
-    if "ok" in report:
-        out.append(f'<p>overall: <span class="{"ok" if report["ok"] else "alert"}">'
-                   f'{"clear" if report["ok"] else "needs a look"}</span></p>')
-    checks = report.get("checks") or report.get("checklist") or []
-    if isinstance(checks, dict):
-        checks = [
-            {"name": k, **(v if isinstance(v, dict) else {"ok": bool(v), "detail": v})} for k, v in checks.items()
-        ]
-    if checks:
-        out.append("<table><tr><th>check<th>state<th>detail")
-        for c in checks:
-            ok = c.get("ok")
-            state = "clear" if ok else ("ALERT" if ok is not None else "-")
-            out.append(f'<tr><td>{_e(c.get("name"))}<td class="{"ok" if ok else "alert"}">{state}'
-                       f'<td>{_e(c.get("detail", ""))}')
-        out.append("</table>")
-    summary = report.get("summary")
-    if isinstance(summary, dict) and summary:
-        out.append(_kv(summary))
-    return "".join(out)
-
-
 def _phases(phases: list[dict[str, Any]]) -> str:
     """One row per phase of the run (sequence length x transport): its steps, drops and throughput."""
     if not phases:
@@ -279,223 +240,6 @@ def _phases(phases: list[dict[str, Any]]) -> str:
         for p in phases)
     return ("<table><tr><th>seq_len<th>transport<th>first step<th>last step<th>drops (send)<th>drops (recv)"
             "<th>tokens/s<th>mfu" + rows + "</table>")
-
-
-def _pct(x: Any) -> str:
-    return f"{100 * x:.3f}%" if isinstance(x, (int, float)) and x == x else "-"
-
-
-def _kv(d: dict[str, Any]) -> str:
-    return '<table class="kv">' + "".join(
-        f"<tr><td>{_e(k)}<td>{_num(v) if not isinstance(v, (dict, list)) else _e(json.dumps(v))}"
-        for k, v in d.items()) + "</table>"
-
-
-def _eval_table(ev: dict[str, Any]) -> str:
-    sets = ev.get("sets") or {}
-    cols = ["documents", "tokens", "bytes", "loss", "perplexity", "bpb"]
-    head = f'<p>step {_e(ev.get("step", "-"))}, checkpoint <code>{_e(ev.get("checkpoint", "-"))}</code></p>'
-    rows = "".join(f"<tr><td>{_e(name)}" + "".join(f"<td class=num>{_num(v.get(c))}" for c in cols)
-                   for name, v in sets.items())
-    foot = (f'<tr><th>macro<td colspan=5><td class=num>{_num(ev.get("macro_bpb"))}'
-            f'<tr><th>micro<td colspan=5><td class=num>{_num(ev.get("micro_bpb"))}')
-    return head + "<table><tr><th>set" + "".join(f"<th>{c}" for c in cols) + rows + foot + "</table>"
-
-
-def _fit(fit: dict[str, Any]) -> str:
-    out = []
-    if fit.get("target") is not None:
-        out.append(f"<p>target: <b>{_e(fit['target'])}</b></p>")
-    preds = fit.get("predictions") or {}
-    if preds:
-        out.append("<table><tr><th>fraction<th>loss<th>bpb<th>low<th>high")
-        for frac, p in preds.items():
-            p = p if isinstance(p, dict) else {"loss": p}
-            out.append(f"<tr><td>{_e(frac)}" + "".join(f"<td class=num>{_num(p.get(k))}"
-                                                      for k in ("loss", "bpb", "low", "high")))
-        out.append("</table>")
-    if fit.get("params"):
-        out.append("<h3>parameters</h3>" + _kv(fit["params"]))
-    if fit.get("loo_rel_error") is not None:
-        out.append(f"<p>leave-one-out relative error: {_num(fit['loo_rel_error'])}</p>")
-    if isinstance(fit.get("validation"), dict):
-        out.append("<h3>predicted vs actual (validation)</h3>" + validation_table(fit["validation"]))
-    return "".join(out)
-
-
-def validation_table(v: dict[str, Any]) -> str:
-    """Predicted vs actual for a validation run: loss, bpb (value, band, error, inside) and each
-    task's accuracy (error in points)."""
-    rows = []
-    for m, r in (v.get("metrics") or {}).items():
-        inside = r.get("inside")
-        rows.append(f"<tr><td>{_e(m)}<td class=num>{_num(r.get('predicted'))}<td class=num>{_num(r.get('low'))}"
-                    f"<td class=num>{_num(r.get('high'))}<td class=num>{_num(r.get('actual'))}"
-                    f"<td class=num>{_num(100 * r['rel_error']) if r.get('rel_error') is not None else '-'}%"
-                    f"<td>{'-' if inside is None else 'yes' if inside else '<b>no</b>'}")
-    for name, t in (v.get("tasks") or {}).items():
-        if t.get("acc") is None:
-            continue
-        inside = t.get("acc_inside")
-        pts = t.get("acc_error_points")
-        rows.append(f"<tr><td>{_e(name)} accuracy<td class=num>{_num(t['acc'])}<td class=num>{_num(t.get('acc_low'))}"
-                    f"<td class=num>{_num(t.get('acc_high'))}<td class=num>{_num(t.get('actual_acc'))}"
-                    f"<td class=num>{_num(pts) if pts is not None else '-'} points"
-                    f"<td>{'-' if inside is None else 'yes' if inside else '<b>no</b>'}")
-    head = f"<p>validation run <b>{_e(v.get('name', '-'))}</b> (never fitted), {_num(v.get('flops'))} FLOPs</p>"
-    return (head + "<table><tr><th>metric<th>predicted<th>low<th>high<th>actual<th>error<th>inside band"
-            + "".join(rows) + "</table>")
-
-
-def isoflop_section(doc: dict[str, Any]) -> str:
-    """The IsoFLOP parabolas, the surface's iso-loss contours with the runs, the frontier and the
-    exponents, the next run, and predicted vs actual for the validation run."""
-    m = doc.get("metric", "loss")
-    md = (doc.get("metrics") or {}).get(m)
-    if not isinstance(md, dict):
-        return ""
-    runs = doc.get("runs") or []
-    out = []
-    series, points = {}, {}
-    for p in md.get("parabolas", []):
-        pts = [r for r in runs if r.get("budget") == p["budget"]]
-        xs = sorted(math.log10(r["n"]) for r in pts)
-        if not xs:
-            continue
-        c2, c1, c0 = p["coef"]
-        grid = [xs[0] - 0.15 + i * (xs[-1] - xs[0] + 0.3) / 40 for i in range(41)]
-        series[f"C={_num(p['budget'])}"] = (grid, [c2 * (g * math.log(10)) ** 2 + c1 * g * math.log(10) + c0
-                                                     for g in grid])
-        points[f"runs C={_num(p['budget'])}"] = ([math.log10(r["n"]) for r in pts], [r[m] for r in pts])
-    points["optima"] = ([math.log10(p["n_opt"]) for p in md.get("parabolas", [])],
-                        [p["loss_opt"] for p in md.get("parabolas", [])])
-    v = doc.get("validation")
-    if isinstance(v, dict) and m in (v.get("metrics") or {}):
-        points[f"validation {v['name']}"] = ([math.log10(v["n"])], [v["metrics"][m]["actual"]])
-    out.append(line_plot(f"IsoFLOP parabolas: {m} vs log10 N (active parameters)", series, points=points,
-                         height=260))
-    s = md.get("surface") or {}
-    if all(k in s for k in ("E", "A", "B", "alpha", "beta")) and runs:
-        ln = [math.log10(r["n"]) for r in runs]
-        lo, hi = min(ln) - 0.3, max(ln) + 0.3
-        losses = sorted(r[m] for r in runs)
-        contours = {}
-        for q in (0.1, 0.35, 0.6, 0.85):
-            level = losses[int(q * (len(losses) - 1))]
-            xs, ys = [], []
-            for i in range(61):
-                x = lo + i * (hi - lo) / 60
-                rest = level - s["E"] - s["A"] / (10 ** x) ** s["alpha"]
-                if rest > 0 and s["beta"] > 0:
-                    xs.append(x)
-                    ys.append(math.log10((s["B"] / rest) ** (1 / s["beta"])))
-            contours[f"{m} = {_num(level)}"] = (xs, ys)
-        dots = {"runs": (ln, [math.log10(r["d"]) for r in runs]),
-                "IsoFLOP optima": ([math.log10(p["n_opt"]) for p in md["parabolas"]],
-                                   [math.log10(p["d_opt"]) for p in md["parabolas"]])}
-        if isinstance(v, dict):
-            dots[f"validation {v['name']}"] = ([math.log10(v["n"])], [math.log10(v["d"])])
-        ys_all = [y for _, ys in dots.values() for y in ys]
-        y_lo, y_hi = min(ys_all) - 1, max(ys_all) + 1
-        kept = {k: [(x, y) for x, y in zip(*c) if y_lo <= y <= y_hi] for k, c in contours.items()}
-        contours = {k: ([x for x, _ in pts], [y for _, y in pts]) for k, pts in kept.items()}
-        out.append(line_plot(f"loss surface iso-{m} contours: log10 D (tokens) vs log10 N, runs as points",
-                             contours, points=dots, height=260))
-        out.append(f"<p>surface: {m} = {_num(s['E'])} + {_num(s['A'])} / N^{_num(s['alpha'])} + {_num(s['B'])} / "
-                   f"D^{_num(s['beta'])} (R² {_num(s.get('r2'))}; {_e(s.get('why', ''))})</p>")
-    f = md.get("frontier") or {}
-    ex = md.get("exponents") or {}
-    if f:
-        cmp = ex.get("beta_over_alpha_plus_beta") or {}
-        like = ex.get("surface_slope_under_flops_model") or {}
-        out.append(f"<p>frontier: N_opt ∝ C^{_num(f.get('a'))} ± {_num(f.get('a_std'))}, D_opt ∝ C^{_num(f.get('b'))} "
-                   f"± {_num(f.get('b_std'))} (a + b = {_num(f.get('a_plus_b'))}); surface β/(α+β) = "
-                   f"{_num(cmp.get('surface'))} ± {_num(cmp.get('surface_std'))}"
-                   + (f", surface N_opt slope under the run's FLOPs {_num(like.get('surface'))} ± "
-                      f"{_num(like.get('surface_std'))}" if like else "")
-                   + (" <b>(disagree beyond their uncertainty)</b>" if cmp.get("disagree") or like.get("disagree")
-                      else "") + "</p>")
-    sel = md.get("selection") or {}
-    if sel:
-        out.append(f"<p>law for predictions: <b>{_e(sel.get('law'))}</b> ({_e(sel.get('why', ''))})</p>")
-    nxt = doc.get("next")
-    if isinstance(nxt, dict) and nxt.get("config"):
-        c = nxt["config"]
-        out.append(f"<p>compute-optimal run at {_num(nxt.get('budget'))} FLOPs: d{_e(c['width'])} x "
-                   f"{_e(c['layers'])} layers, {_e(c['train_steps'])} steps ({_num(c['tokens'])} tokens), predicted "
-                   f"{_num(c['predicted'])} [{_num(c['low'])}, {_num(c['high'])}]</p>")
-    if isinstance(v, dict):
-        out.append("<h3>predicted vs actual (validation)</h3>" + validation_table(v))
-    return "".join(out)
-
-
-def _mixture(rep: dict[str, Any]) -> str:
-    out = []
-    for i, stage in enumerate(rep.get("stages") or []):
-        out.append(f"<h3>stage {i} (from step {_e(stage.get('start_step', 0))})</h3>")
-        if stage.get("domain_shares"):
-            out.append("<p>effective domain shares</p><table><tr><th>domain<th>share")
-            out.extend(f"<tr><td>{_e(k)}<td class=num>{100 * v:.2f}%" for k, v in
-                       sorted(stage["domain_shares"].items(), key=lambda kv: -kv[1]))
-            out.append("</table>")
-        srcs = [s for s in stage.get("sources") or [] if s.get("share")]
-        if srcs:
-            out.append("<details><summary>sources with a share</summary><table><tr><th>source<th>share"
-                       "<th>train tokens<th>epochs")
-            out.extend(f"<tr><td>{_e(s.get('source'))}<td class=num>{100 * s['share']:.2f}%"
-                       f"<td class=num>{_num(s.get('train_tokens'))}<td class=num>{_num(s.get('epochs'))}"
-                       for s in sorted(srcs, key=lambda s: -s["share"]))
-            out.append("</table></details>")
-    return "".join(out)
-
-
-def _manifest(man: dict[str, Any]) -> str:
-    t = man.get("totals") or {}
-    out = [_kv({k: v for k, v in t.items() if k != "skipped"})]
-    skipped = t.get("skipped") or {}
-    out.append("<p>skipped documents: " + (", ".join(f"{_e(k)} {v:,}" for k, v in skipped.items()) or "none")
-               + "</p>")
-    bad = [(n, s) for n, s in (man.get("sources") or {}).items() if s.get("skipped")]
-    if bad:
-        out.append("<table><tr><th>source<th>skipped")
-        out.extend(f"<tr><td>{_e(n)}<td>{_e(json.dumps(s['skipped']))}" for n, s in bad)
-        out.append("</table>")
-    return "".join(out)
-
-
-def corpus_filter_section(man: dict[str, Any]) -> str:
-    """A dedup or decontamination manifest: the parameters, a table of removed documents per domain
-    with a bar of the share removed, matches per evaluation set, and the sampled removals."""
-    p = man.get("params") or {}
-    out = [_kv({k: v for k, v in p.items() if not isinstance(v, (dict, list))})]
-    if man.get("kind") == "dedup":
-        out.append(f"<p>{_num(man.get('clusters', 0))} duplicate clusters from {_num(man.get('candidate_pairs', 0))} "
-                   "candidate pairs</p>")
-    against = man.get("against") or {}
-    if against:
-        out.append("<table><tr><th>evaluation set<th>texts<th>too short<th>n-grams<th>training docs matched")
-        out.extend(f"<tr><td>{_e(n)}<td class=num>{_num(s.get('texts'))}<td class=num>{_num(s.get('too_short'))}"
-                   f"<td class=num>{_num(s.get('ngrams'))}<td class=num>{_num(s.get('matched_training_documents'))}"
-                   for n, s in against.items())
-        out.append("</table>")
-    rows = filter_rows(man)
-    reasons = list((man.get("totals") or {}).get("removed") or {})
-    top = max([r["removed_share"] for r in rows] + [1e-12])
-    out.append("<table><tr><th>domain<th>docs in<th>docs out" + "".join(f"<th>{_e(k)}" for k in reasons)
-               + "<th>removed<th>")
-    for r in rows:
-        width = 160 * r["removed_share"] / top
-        out.append(f"<tr><td>{_e(r['domain'])}<td class=num>{_num(r['documents_in'])}<td class=num>"
-                   f"{_num(r['documents_out'])}" + "".join(f"<td class=num>{_num(r['removed'].get(k, 0))}"
-                                                          for k in reasons)
-                   + f"<td class=num>{100 * r['removed_share']:.2f}%<td><svg width=160 height=10 class=bar>"
-                   f"<rect width={width:.1f} height=10 fill=#d83b3b></rect></svg>")
-    out.append("</table>")
-    sample = man.get("sample") or []
-    if sample:
-        out.append(f"<details><summary>{len(sample)} sampled removals</summary><pre>{_e(json.dumps(sample, indent=1))}"
-                   "</pre></details>")
-    return "".join(out)
 
 
 def _changes(records: list[dict[str, Any]], key: str) -> list[tuple[float, str]]:
@@ -604,26 +348,9 @@ def _step_section(step: Step, exp: Experiment, dependents: dict[str, list[str]],
     files_html, files = _files(step)
     out.append(files_html)
     names = {n for n, _ in files}
-    if "health.json" in names and (h := step.health()):
-        out.append("<h3>health checklist</h3>" + _checklist(h))
-    if "eval.json" in names and (ev := step.eval_results()):
-        out.append("<h3>evaluation</h3>" + _eval_table(ev))
-    if "fit.json" in names and (fit := step.ladder_fit()):
-        out.append("<h3>ladder fit</h3>" + _fit(fit))
-    if GATE_FILE in names and isinstance(gate := step.read_json(GATE_FILE), dict):
-        out.append("<h3>paired gate</h3>" + gate_html(gate))
-    if "isoflop.json" in names and (iso := step.isoflop_fit()):
-        out.append("<h3>IsoFLOP fit</h3>" + isoflop_section(iso))
-    if "mixture_report.json" in names and (rep := step.mixture_report()):
-        out.append("<h3>mixture</h3>" + _mixture(rep))
-    if "manifest.json" in names and (man := step.manifest()) and "totals" in man:
-        out.append("<h3>token store</h3>" + _manifest(man))
-    if names & {"dedup_manifest.json", "decontamination_manifest.json"} and (cf := step.corpus_filter()):
-        out.append(f"<h3>{'deduplication' if cf.get('kind') == 'dedup' else 'decontamination'}</h3>"
-                   + corpus_filter_section(cf))
-    if "train_summary.json" in names and (ts := step.train_summary()):
-        out.append("<details><summary>training summary</summary>" + _kv(
-            {k: v for k, v in ts.items() if not isinstance(v, (dict, list))}) + "</details>")
+    for o in step_outputs.OUTPUTS:  # the table of step outputs: one entry each, in its order
+        if o.html is not None and o.file in names and (data := step.output(o.file)) is not None:
+            out.append(f"<h3>{_e(o.title)}</h3>" + o.html(data))
     if "metrics.jsonl" in names:
         records = step.metric_records()
         out.append("<h3>training</h3>" + _phases(phase_summary([r for r in records if r.get("kind", "train") == "train"
@@ -637,27 +364,16 @@ def _step_section(step: Step, exp: Experiment, dependents: dict[str, list[str]],
     return "".join(out)
 
 
-def _harness(rec: dict[str, Any]) -> str:
-    """lm-evaluation-harness results (``harness.json``): one row per task and metric."""
-    rows = "".join(f"<tr><td>{_e(task)}<td>{_e(metric)}<td class=num>{_num(v)}"
-                   for task, metrics in (rec.get("summary") or {}).items() for metric, v in metrics.items())
-    return f"<p>checkpoint step {_e(rec.get('step'))}</p><table><tr><th>task<th>metric<th>value{rows}</table>"
-
-
 def _results(exp: Experiment) -> str:
-    """Health, evaluation and ladder results gathered at the top (each also in its step's section)."""
+    """The results of the table of step outputs (health, evaluation, fits, gates, harness) gathered at
+    the top (each also in its step's section)."""
     out = []
     for s in exp.steps:
         if s.state.category not in ("succeeded", "reused"):
             continue
-        for fname, title, render in (("health.json", "health checklist", _checklist),
-                                     ("eval.json", "evaluation", _eval_table), ("fit.json", "ladder fit", _fit),
-                                     ("isoflop.json", "IsoFLOP fit", isoflop_section),
-                                     ("harness.json", "lm-evaluation-harness", _harness),
-                                     (GATE_FILE, "paired gate", gate_html)):
-            data = s.read_json(fname) if storage.exists(f"{s.output_path}/{fname}") else None
-            if isinstance(data, dict):
-                out.append(f'<h3>{title}: <a href="#{_anchor(s)}">{_e(s.name)}</a></h3>{render(data)}')
+        for o in step_outputs.OUTPUTS:
+            if o.result and o.html is not None and (data := s.output(o.file)) is not None:
+                out.append(f'<h3>{_e(o.title)}: <a href="#{_anchor(s)}">{_e(s.name)}</a></h3>{o.html(data)}')
     return ('<h2 id="results">Results</h2>' + "".join(out)) if out else ""
 
 

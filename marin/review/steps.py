@@ -20,9 +20,9 @@ from marin.execution.prefix import resolve_prefix
 from marin.execution.status import StepStatus
 from marin.monitoring.health import health
 from marin.pools import PLACEMENT_FILE
+from marin.review import outputs as step_outputs
 from marin.review.experiment_file import load_experiment
 from marin.review.gate import cutovers
-from marin.training.gate import GATE_FILE
 from marin.training.metrics import read_metrics
 
 CATEGORIES = ("succeeded", "reused", "failed", "running", "interrupted", "not run")
@@ -257,52 +257,15 @@ def find_step(target: str, prefix: str | None = None) -> str:
 
 
 def step_content(path: str, outputs: list[str]) -> dict[str, Any]:
-    """What a step's report files say, for ``marin show``: a health checklist, a mixture's effective
-    shares, a token store's document counts and skipped documents, an evaluation's results."""
+    """What a step's output files say (:data:`marin.review.outputs.OUTPUTS`; ``outputs``: the files the
+    step has), for ``marin show``: each under its key, as much as the table keeps of it."""
     out: dict[str, Any] = {}
-    if "health.json" in outputs:
-        out["health_report"] = storage.read_json(f"{path}/health.json")
-    if "mixture_report.json" in outputs:
-        rep = storage.read_json(f"{path}/mixture_report.json") or {}
-        out["mixture_shares"] = [{"start_step": s.get("start_step", 0), "domain_shares": s.get("domain_shares")}
-                                 for s in rep.get("stages", [])]
-    if "manifest.json" in outputs:
-        man = storage.read_json(f"{path}/manifest.json") or {}
-        if "totals" in man:
-            out["token_store"] = {
-                "totals": man["totals"],
-                "skipped_by_source": {n: s["skipped"] for n, s in (man.get("sources") or {}).items()
-                                      if s.get("skipped")},
-            }
-    if "eval.json" in outputs:
-        out["eval"] = storage.read_json(f"{path}/eval.json")
-    if GATE_FILE in outputs:
-        out["gate"] = storage.read_json(f"{path}/{GATE_FILE}")
-    for name in FILTER_MANIFESTS:
-        if name in outputs:
-            man = storage.read_json(f"{path}/{name}") or {}
-            if "totals" in man:
-                out["corpus_filter"] = {k: man.get(k) for k in ("kind", "params", "totals", "domains", "clusters",
-                                                                "candidate_pairs", "against", "sample",
-                                                                "skipped_files")}
+    for o in step_outputs.OUTPUTS:
+        if o.file in outputs and o.key not in out:
+            data = storage.read_json(f"{path}/{o.file}")
+            if o.accept(data):
+                out[o.key] = o.keep(data)
     return out
-
-
-FILTER_MANIFESTS = ("dedup_manifest.json", "decontamination_manifest.json")
-"""The manifests of the steps that filter a corpus (dedup, decontamination)."""
-
-
-def filter_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per domain of a dedup or decontamination manifest, then the total: documents in and
-    out, removed per reason, and the share of documents and bytes removed."""
-    rows = []
-    for name, e in [*(manifest.get("domains") or {}).items(), ("total", manifest.get("totals") or {})]:
-        d_in, b_in = e.get("documents_in", 0), e.get("bytes_in", 0)
-        rows.append({"domain": name, "documents_in": d_in, "documents_out": e.get("documents_out", 0),
-                     "removed": dict(e.get("removed") or {}),
-                     "removed_share": (d_in - e.get("documents_out", 0)) / d_in if d_in else 0.0,
-                     "bytes_removed_share": (b_in - e.get("bytes_out", 0)) / b_in if b_in else 0.0})
-    return rows
 
 
 def show(target: str, prefix: str | None = None) -> dict[str, Any]:

@@ -396,7 +396,7 @@ def test_decontamination_removes_or_cuts_the_planted_passages(planted, tmp_path,
 
 def test_marin_show_and_the_report_show_the_manifest(planted, tmp_path, capsys):
     from marin.commands.show import _print_content  # the command's printer, tested without a step record
-    from marin.review.report import corpus_filter_section
+    from marin.review.sections import corpus_filter_section
     from marin.review.steps import step_content
 
     corpus, _ = planted

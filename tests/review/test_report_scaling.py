@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 
-from marin.review.report import isoflop_section, validation_table
+from marin.review.sections import isoflop_section, validation_table
 from marin.scaling.isoflop import isoflop_document
 
 

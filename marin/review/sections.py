@@ -1,0 +1,426 @@
+"""How each step output reads: HTML for the report (``marin report``) and text for ``marin show``,
+one renderer per output of the table in :mod:`marin.review.outputs`, and what ``marin show --json``
+keeps of the larger ones. Renderers take the output's JSON (a dict) and never read files."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from typing import Any
+
+from marin.monitoring.health import format_report
+from marin.review.plots import line_plot
+from marin.textfmt import format_table
+
+FILTER_MANIFESTS = ("dedup_manifest.json", "decontamination_manifest.json")
+"""The manifests of the steps that filter a corpus (dedup, decontamination)."""
+
+
+def esc(v: Any) -> str:
+    """HTML-escaped text of ``v``."""
+    return html.escape(str(v), quote=True)
+
+
+
+def num(v: Any) -> str:
+    """A number as a person reads it (thousands separated, 4 significant digits); anything else escaped."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return esc(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
+
+
+
+def pct(x: Any) -> str:
+    """A fraction as a percentage with 3 decimals; "-" for anything else."""
+    return f"{100 * x:.3f}%" if isinstance(x, (int, float)) and x == x else "-"
+
+
+
+def kv(d: dict[str, Any]) -> str:
+    """A two-column table of ``d``'s keys and values."""
+    return '<table class="kv">' + "".join(
+        f"<tr><td>{esc(k)}<td>{num(v) if not isinstance(v, (dict, list)) else esc(json.dumps(v))}"
+        for k, v in d.items()) + "</table>"
+
+
+
+def checklist_html(report: dict[str, Any]) -> str:
+    """A health checklist (``health.json``): the verdict, each check, the summary."""
+    out = []
+    if "ok" in report:
+        out.append(f'<p>overall: <span class="{"ok" if report["ok"] else "alert"}">'
+                   f'{"clear" if report["ok"] else "needs a look"}</span></p>')
+    checks = report.get("checks") or report.get("checklist") or []
+    if isinstance(checks, dict):
+        checks = [
+            {"name": k, **(v if isinstance(v, dict) else {"ok": bool(v), "detail": v})} for k, v in checks.items()
+        ]
+    if checks:
+        out.append("<table><tr><th>check<th>state<th>detail")
+        for c in checks:
+            ok = c.get("ok")
+            state = "clear" if ok else ("ALERT" if ok is not None else "-")
+            out.append(f'<tr><td>{esc(c.get("name"))}<td class="{"ok" if ok else "alert"}">{state}'
+                       f'<td>{esc(c.get("detail", ""))}')
+        out.append("</table>")
+    summary = report.get("summary")
+    if isinstance(summary, dict) and summary:
+        out.append(kv(summary))
+    return "".join(out)
+
+
+
+def eval_html(ev: dict[str, Any]) -> str:
+    """Evaluation results (``eval.json``): per set documents, tokens, bytes, loss, perplexity, bpb;
+    macro and micro bpb."""
+    sets = ev.get("sets") or {}
+    cols = ["documents", "tokens", "bytes", "loss", "perplexity", "bpb"]
+    head = f'<p>step {esc(ev.get("step", "-"))}, checkpoint <code>{esc(ev.get("checkpoint", "-"))}</code></p>'
+    rows = "".join(f"<tr><td>{esc(name)}" + "".join(f"<td class=num>{num(v.get(c))}" for c in cols)
+                   for name, v in sets.items())
+    foot = (f'<tr><th>macro<td colspan=5><td class=num>{num(ev.get("macro_bpb"))}'
+            f'<tr><th>micro<td colspan=5><td class=num>{num(ev.get("micro_bpb"))}')
+    return head + "<table><tr><th>set" + "".join(f"<th>{c}" for c in cols) + rows + foot + "</table>"
+
+
+
+def fit_html(fit: dict[str, Any]) -> str:
+    """A scaling-ladder fit (``fit.json``): target, predictions with bands, parameters, validation."""
+    out = []
+    if fit.get("target") is not None:
+        out.append(f"<p>target: <b>{esc(fit['target'])}</b></p>")
+    preds = fit.get("predictions") or {}
+    if preds:
+        out.append("<table><tr><th>fraction<th>loss<th>bpb<th>low<th>high")
+        for frac, p in preds.items():
+            p = p if isinstance(p, dict) else {"loss": p}
+            out.append(f"<tr><td>{esc(frac)}" + "".join(f"<td class=num>{num(p.get(k))}"
+                                                      for k in ("loss", "bpb", "low", "high")))
+        out.append("</table>")
+    if fit.get("params"):
+        out.append("<h3>parameters</h3>" + kv(fit["params"]))
+    if fit.get("loo_rel_error") is not None:
+        out.append(f"<p>leave-one-out relative error: {num(fit['loo_rel_error'])}</p>")
+    if isinstance(fit.get("validation"), dict):
+        out.append("<h3>predicted vs actual (validation)</h3>" + validation_table(fit["validation"]))
+    return "".join(out)
+
+
+
+def validation_table(v: dict[str, Any]) -> str:
+    """Predicted vs actual for a validation run: loss, bpb (value, band, error, inside) and each
+    task's accuracy (error in points)."""
+    rows = []
+    for m, r in (v.get("metrics") or {}).items():
+        inside = r.get("inside")
+        rows.append(f"<tr><td>{esc(m)}<td class=num>{num(r.get('predicted'))}<td class=num>{num(r.get('low'))}"
+                    f"<td class=num>{num(r.get('high'))}<td class=num>{num(r.get('actual'))}"
+                    f"<td class=num>{num(100 * r['rel_error']) if r.get('rel_error') is not None else '-'}%"
+                    f"<td>{'-' if inside is None else 'yes' if inside else '<b>no</b>'}")
+    for name, t in (v.get("tasks") or {}).items():
+        if t.get("acc") is None:
+            continue
+        inside = t.get("acc_inside")
+        pts = t.get("acc_error_points")
+        rows.append(f"<tr><td>{esc(name)} accuracy<td class=num>{num(t['acc'])}<td class=num>{num(t.get('acc_low'))}"
+                    f"<td class=num>{num(t.get('acc_high'))}<td class=num>{num(t.get('actual_acc'))}"
+                    f"<td class=num>{num(pts) if pts is not None else '-'} points"
+                    f"<td>{'-' if inside is None else 'yes' if inside else '<b>no</b>'}")
+    head = f"<p>validation run <b>{esc(v.get('name', '-'))}</b> (never fitted), {num(v.get('flops'))} FLOPs</p>"
+    return (head + "<table><tr><th>metric<th>predicted<th>low<th>high<th>actual<th>error<th>inside band"
+            + "".join(rows) + "</table>")
+
+
+
+def isoflop_section(doc: dict[str, Any]) -> str:
+    """The IsoFLOP parabolas, the surface's iso-loss contours with the runs, the frontier and the
+    exponents, the next run, and predicted vs actual for the validation run."""
+    m = doc.get("metric", "loss")
+    md = (doc.get("metrics") or {}).get(m)
+    if not isinstance(md, dict):
+        return ""
+    runs = doc.get("runs") or []
+    out = []
+    series, points = {}, {}
+    for p in md.get("parabolas", []):
+        pts = [r for r in runs if r.get("budget") == p["budget"]]
+        xs = sorted(math.log10(r["n"]) for r in pts)
+        if not xs:
+            continue
+        c2, c1, c0 = p["coef"]
+        grid = [xs[0] - 0.15 + i * (xs[-1] - xs[0] + 0.3) / 40 for i in range(41)]
+        series[f"C={num(p['budget'])}"] = (grid, [c2 * (g * math.log(10)) ** 2 + c1 * g * math.log(10) + c0
+                                                     for g in grid])
+        points[f"runs C={num(p['budget'])}"] = ([math.log10(r["n"]) for r in pts], [r[m] for r in pts])
+    points["optima"] = ([math.log10(p["n_opt"]) for p in md.get("parabolas", [])],
+                        [p["loss_opt"] for p in md.get("parabolas", [])])
+    v = doc.get("validation")
+    if isinstance(v, dict) and m in (v.get("metrics") or {}):
+        points[f"validation {v['name']}"] = ([math.log10(v["n"])], [v["metrics"][m]["actual"]])
+    out.append(line_plot(f"IsoFLOP parabolas: {m} vs log10 N (active parameters)", series, points=points,
+                         height=260))
+    s = md.get("surface") or {}
+    if all(k in s for k in ("E", "A", "B", "alpha", "beta")) and runs:
+        ln = [math.log10(r["n"]) for r in runs]
+        lo, hi = min(ln) - 0.3, max(ln) + 0.3
+        losses = sorted(r[m] for r in runs)
+        contours = {}
+        for q in (0.1, 0.35, 0.6, 0.85):
+            level = losses[int(q * (len(losses) - 1))]
+            xs, ys = [], []
+            for i in range(61):
+                x = lo + i * (hi - lo) / 60
+                rest = level - s["E"] - s["A"] / (10 ** x) ** s["alpha"]
+                if rest > 0 and s["beta"] > 0:
+                    xs.append(x)
+                    ys.append(math.log10((s["B"] / rest) ** (1 / s["beta"])))
+            contours[f"{m} = {num(level)}"] = (xs, ys)
+        dots = {"runs": (ln, [math.log10(r["d"]) for r in runs]),
+                "IsoFLOP optima": ([math.log10(p["n_opt"]) for p in md["parabolas"]],
+                                   [math.log10(p["d_opt"]) for p in md["parabolas"]])}
+        if isinstance(v, dict):
+            dots[f"validation {v['name']}"] = ([math.log10(v["n"])], [math.log10(v["d"])])
+        ys_all = [y for _, ys in dots.values() for y in ys]
+        y_lo, y_hi = min(ys_all) - 1, max(ys_all) + 1
+        kept = {k: [(x, y) for x, y in zip(*c) if y_lo <= y <= y_hi] for k, c in contours.items()}
+        contours = {k: ([x for x, _ in pts], [y for _, y in pts]) for k, pts in kept.items()}
+        out.append(line_plot(f"loss surface iso-{m} contours: log10 D (tokens) vs log10 N, runs as points",
+                             contours, points=dots, height=260))
+        out.append(f"<p>surface: {m} = {num(s['E'])} + {num(s['A'])} / N^{num(s['alpha'])} + {num(s['B'])} / "
+                   f"D^{num(s['beta'])} (R² {num(s.get('r2'))}; {esc(s.get('why', ''))})</p>")
+    f = md.get("frontier") or {}
+    ex = md.get("exponents") or {}
+    if f:
+        cmp = ex.get("beta_over_alpha_plus_beta") or {}
+        like = ex.get("surface_slope_under_flops_model") or {}
+        out.append(f"<p>frontier: N_opt ∝ C^{num(f.get('a'))} ± {num(f.get('a_std'))}, D_opt ∝ C^{num(f.get('b'))} "
+                   f"± {num(f.get('b_std'))} (a + b = {num(f.get('a_plus_b'))}); surface β/(α+β) = "
+                   f"{num(cmp.get('surface'))} ± {num(cmp.get('surface_std'))}"
+                   + (f", surface N_opt slope under the run's FLOPs {num(like.get('surface'))} ± "
+                      f"{num(like.get('surface_std'))}" if like else "")
+                   + (" <b>(disagree beyond their uncertainty)</b>" if cmp.get("disagree") or like.get("disagree")
+                      else "") + "</p>")
+    sel = md.get("selection") or {}
+    if sel:
+        out.append(f"<p>law for predictions: <b>{esc(sel.get('law'))}</b> ({esc(sel.get('why', ''))})</p>")
+    nxt = doc.get("next")
+    if isinstance(nxt, dict) and nxt.get("config"):
+        c = nxt["config"]
+        out.append(f"<p>compute-optimal run at {num(nxt.get('budget'))} FLOPs: d{esc(c['width'])} x "
+                   f"{esc(c['layers'])} layers, {esc(c['train_steps'])} steps ({num(c['tokens'])} tokens), predicted "
+                   f"{num(c['predicted'])} [{num(c['low'])}, {num(c['high'])}]</p>")
+    if isinstance(v, dict):
+        out.append("<h3>predicted vs actual (validation)</h3>" + validation_table(v))
+    return "".join(out)
+
+
+
+def mixture_html(rep: dict[str, Any]) -> str:
+    """A mixture report (``mixture_report.json``): effective domain shares and sources per stage."""
+    out = []
+    for i, stage in enumerate(rep.get("stages") or []):
+        out.append(f"<h3>stage {i} (from step {esc(stage.get('start_step', 0))})</h3>")
+        if stage.get("domain_shares"):
+            out.append("<p>effective domain shares</p><table><tr><th>domain<th>share")
+            out.extend(f"<tr><td>{esc(k)}<td class=num>{100 * v:.2f}%" for k, v in
+                       sorted(stage["domain_shares"].items(), key=lambda kv: -kv[1]))
+            out.append("</table>")
+        srcs = [s for s in stage.get("sources") or [] if s.get("share")]
+        if srcs:
+            out.append("<details><summary>sources with a share</summary><table><tr><th>source<th>share"
+                       "<th>train tokens<th>epochs")
+            out.extend(f"<tr><td>{esc(s.get('source'))}<td class=num>{100 * s['share']:.2f}%"
+                       f"<td class=num>{num(s.get('train_tokens'))}<td class=num>{num(s.get('epochs'))}"
+                       for s in sorted(srcs, key=lambda s: -s["share"]))
+            out.append("</table></details>")
+    return "".join(out)
+
+
+
+def manifest_html(man: dict[str, Any]) -> str:
+    """A token store's manifest (``manifest.json``): totals, skipped documents per source."""
+    t = man.get("totals") or {}
+    out = [kv({k: v for k, v in t.items() if k != "skipped"})]
+    skipped = t.get("skipped") or {}
+    out.append("<p>skipped documents: " + (", ".join(f"{esc(k)} {v:,}" for k, v in skipped.items()) or "none")
+               + "</p>")
+    bad = [(n, s) for n, s in (man.get("sources") or {}).items() if s.get("skipped")]
+    if bad:
+        out.append("<table><tr><th>source<th>skipped")
+        out.extend(f"<tr><td>{esc(n)}<td>{esc(json.dumps(s['skipped']))}" for n, s in bad)
+        out.append("</table>")
+    return "".join(out)
+
+
+
+def corpus_filter_section(man: dict[str, Any]) -> str:
+    """A dedup or decontamination manifest: the parameters, a table of removed documents per domain
+    with a bar of the share removed, matches per evaluation set, and the sampled removals."""
+    p = man.get("params") or {}
+    out = [kv({k: v for k, v in p.items() if not isinstance(v, (dict, list))})]
+    if man.get("kind") == "dedup":
+        out.append(f"<p>{num(man.get('clusters', 0))} duplicate clusters from {num(man.get('candidate_pairs', 0))} "
+                   "candidate pairs</p>")
+    against = man.get("against") or {}
+    if against:
+        out.append("<table><tr><th>evaluation set<th>texts<th>too short<th>n-grams<th>training docs matched")
+        out.extend(f"<tr><td>{esc(n)}<td class=num>{num(s.get('texts'))}<td class=num>{num(s.get('too_short'))}"
+                   f"<td class=num>{num(s.get('ngrams'))}<td class=num>{num(s.get('matched_training_documents'))}"
+                   for n, s in against.items())
+        out.append("</table>")
+    rows = filter_rows(man)
+    reasons = list((man.get("totals") or {}).get("removed") or {})
+    top = max([r["removed_share"] for r in rows] + [1e-12])
+    out.append("<table><tr><th>domain<th>docs in<th>docs out" + "".join(f"<th>{esc(k)}" for k in reasons)
+               + "<th>removed<th>")
+    for r in rows:
+        width = 160 * r["removed_share"] / top
+        out.append(f"<tr><td>{esc(r['domain'])}<td class=num>{num(r['documents_in'])}<td class=num>"
+                   f"{num(r['documents_out'])}" + "".join(f"<td class=num>{num(r['removed'].get(k, 0))}"
+                                                          for k in reasons)
+                   + f"<td class=num>{100 * r['removed_share']:.2f}%<td><svg width=160 height=10 class=bar>"
+                   f"<rect width={width:.1f} height=10 fill=#d83b3b></rect></svg>")
+    out.append("</table>")
+    sample = man.get("sample") or []
+    if sample:
+        out.append(f"<details><summary>{len(sample)} sampled removals</summary><pre>{esc(json.dumps(sample, indent=1))}"
+                   "</pre></details>")
+    return "".join(out)
+
+
+
+def harness_html(rec: dict[str, Any]) -> str:
+    """lm-evaluation-harness results (``harness.json``): one row per task and metric."""
+    rows = "".join(f"<tr><td>{esc(task)}<td>{esc(metric)}<td class=num>{num(v)}"
+                   for task, metrics in (rec.get("summary") or {}).items() for metric, v in metrics.items())
+    return f"<p>checkpoint step {esc(rec.get('step'))}</p><table><tr><th>task<th>metric<th>value{rows}</table>"
+
+
+def train_summary_html(ts: dict[str, Any]) -> str:
+    """A training run's summary (``train_summary.json``): its scalar values."""
+    return kv({k: v for k, v in ts.items() if not isinstance(v, (dict, list))})
+
+
+# --------------------------------------------------------------------------------------------- #
+# text for marin show                                                                              #
+# --------------------------------------------------------------------------------------------- #
+
+
+def checklist_text(report: dict[str, Any]) -> str:
+    """A health checklist for ``marin show`` (another writer's checklist: its checks as written)."""
+    try:
+        text = format_report(report)
+    except (KeyError, TypeError, ValueError):
+        checks = report.get("checks") or []
+        text = "\n".join(f"  [{'clear' if c.get('ok') else 'ALERT'}] {c.get('name')}: {c.get('detail', '')}"
+                         for c in checks if isinstance(c, dict))
+        if "ok" in report:
+            text += "\noverall: " + ("clear" if report["ok"] else "needs a look")
+    return "health checklist (health.json):\n" + text
+
+
+def mixture_shares(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    """What ``marin show --json`` keeps of a mixture report: each stage's start and effective domain shares."""
+    return [{"start_step": s.get("start_step", 0), "domain_shares": s.get("domain_shares")}
+            for s in rep.get("stages", [])]
+
+
+def mixture_text(stages: list[dict[str, Any]]) -> str:
+    """Effective domain shares per stage (:func:`mixture_shares`), largest first."""
+    out = []
+    for stage in stages:
+        shares = sorted((stage.get("domain_shares") or {}).items(), key=lambda kv: -kv[1])
+        out.append(f"effective domain shares from step {stage['start_step']} (mixture_report.json):\n"
+                   + format_table(("domain", "share"), [(n, f"{100 * share:.2f}%") for n, share in shares],
+                                  right=(1,), rule=False, indent="  "))
+    return "\n\n".join(out)
+
+
+def token_store(man: dict[str, Any]) -> dict[str, Any]:
+    """What ``marin show --json`` keeps of a token store's manifest: totals, skipped documents by source."""
+    return {"totals": man["totals"],
+            "skipped_by_source": {n: s["skipped"] for n, s in (man.get("sources") or {}).items() if s.get("skipped")}}
+
+
+def token_store_text(store: dict[str, Any]) -> str:
+    """A token store (:func:`token_store`) in one line, then the sources that skipped documents."""
+    t = store["totals"]
+    skipped = ", ".join(f"{k} {v}" for k, v in (t.get("skipped") or {}).items()) or "none"
+    lines = [f"token store (manifest.json): {t.get('documents', 0):,} documents, {t.get('tokens', 0):,} tokens "
+             f"from {t.get('files', 0)} files; skipped documents: {skipped} ({t.get('skipped_bytes', 0):,} bytes)"]
+    lines += [f"  {source}: skipped {json.dumps(counts)}" for source, counts in store["skipped_by_source"].items()]
+    return "\n".join(lines)
+
+
+def filter_fields(man: dict[str, Any]) -> dict[str, Any]:
+    """What ``marin show --json`` keeps of a dedup or decontamination manifest."""
+    return {k: man.get(k) for k in ("kind", "params", "totals", "domains", "clusters", "candidate_pairs", "against",
+                                    "sample", "skipped_files")}
+
+
+def eval_text(ev: dict[str, Any]) -> str:
+    """Evaluation results: macro and micro bpb, then bpb, loss and tokens per set."""
+    rows = [(name, v.get("bpb"), v.get("loss"), v.get("tokens")) for name, v in (ev.get("sets") or {}).items()]
+    return (f"evaluation (eval.json) at step {ev.get('step')}: macro bpb {ev.get('macro_bpb')}, "
+            f"micro bpb {ev.get('micro_bpb')}\n"
+            + format_table(("set", "bpb", "loss", "tokens"), rows, right=(1, 2, 3), rule=False, indent="  "))
+
+
+def fields_text(title: str, file: str, data: dict[str, Any]) -> str:
+    """Any output without a text renderer of its own: its title and file, then its top-level values
+    that are not lists or mappings."""
+    shown = ", ".join(f"{k} {json.dumps(v)}" for k, v in data.items() if not isinstance(v, (dict, list)))
+    return f"{title} ({file})" + (f": {shown}" if shown else "")
+
+
+def filter_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per domain of a dedup or decontamination manifest, then the total: documents in and
+    out, removed per reason, and the share of documents and bytes removed."""
+    rows = []
+    for name, e in [*(manifest.get("domains") or {}).items(), ("total", manifest.get("totals") or {})]:
+        d_in, b_in = e.get("documents_in", 0), e.get("bytes_in", 0)
+        rows.append({"domain": name, "documents_in": d_in, "documents_out": e.get("documents_out", 0),
+                     "removed": dict(e.get("removed") or {}),
+                     "removed_share": (d_in - e.get("documents_out", 0)) / d_in if d_in else 0.0,
+                     "bytes_removed_share": (b_in - e.get("bytes_out", 0)) / b_in if b_in else 0.0})
+    return rows
+
+
+def filter_text(man: dict[str, Any]) -> str:
+    """A dedup or decontamination manifest for ``marin show``: removed documents per domain and
+    reason, a few examples."""
+    lines: list[str] = []
+    t, p = man["totals"], man.get("params") or {}
+    if man.get("kind") == "dedup":
+        lines.append(f"deduplication (dedup_manifest.json): {p.get('shingle_size')}-word shingles, "
+                     f"{p.get('bands')} bands x {p.get('rows')} rows (Jaccard >= {p.get('threshold')}), "
+                     f"scope {p.get('scope')}; "
+                     f"{man.get('clusters', 0):,} clusters")
+    else:
+        lines.append(f"decontamination (decontamination_manifest.json): {p.get('ngram')}-grams, mode {p.get('mode')}")
+        for name, s in (man.get("against") or {}).items():
+            lines.append(f"  {name}: {s.get('texts', 0):,} texts ({s.get('too_short', 0)} too short), "
+                         f"{s.get('ngrams', 0):,} n-grams, matched {s.get('matched_training_documents', 0):,} "
+                         "training documents")
+    reasons = list(t.get("removed") or {})
+    rows = [(r["domain"], f"{r['documents_in']:,}", f"{r['documents_out']:,}",
+             *(f"{r['removed'].get(k, 0):,}" for k in reasons), f"{100 * r['removed_share']:.2f}%",
+             f"{100 * r['bytes_removed_share']:.2f}%") for r in filter_rows(man)]
+    lines.append(format_table(("domain", "docs in", "docs out", *reasons, "docs removed", "bytes removed"), rows,
+                              right=tuple(range(1, 5 + len(reasons))), rule=False, indent="  "))
+    for s in (man.get("sample") or [])[:5]:
+        if "kept" in s:
+            r, k = s["removed"], s["kept"]
+            lines.append(f"  removed {r['source']}/{r['file']}#{r['record']} ({s['reason']}, similarity "
+                         f"{s['similarity']}) kept {k['source']}/{k['file']}#{k['record']}")
+        else:
+            lines.append(f"  removed {s['source']}/{s['file']}#{s['record']} matching {', '.join(s['sets'])}: "
+                         f"\"{s['ngram'][:80]}\"")
+    if man.get("skipped_files"):
+        lines.append(f"  corrupt files skipped: {len(man['skipped_files'])}")
+    return "\n".join(lines)

@@ -54,12 +54,15 @@ PIPELINE = textwrap.dedent(
 
 RAW_RAY = textwrap.dedent(
     '''
-    import os, sys, tempfile
+    import json, os, sys, tempfile, time
+    T0 = time.perf_counter()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
     N, SHAPE, OUT = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    T1 = time.perf_counter()
     ray.init(address="local", include_dashboard=False, logging_level="WARNING")
+    T2 = time.perf_counter()
 
     @ray.remote(num_cpus=1, max_retries=0)  # what an executor step gets when it declares nothing
     def work(i, prev_path):
@@ -80,6 +83,8 @@ RAW_RAY = textwrap.dedent(
         ray.get(ref)
     else:
         ray.get([work.remote(i, None) for i in range(N)])
+    PHASES = {"import": T1 - T0, "Ray start": T2 - T1, "tasks": time.perf_counter() - T2}
+    print("PHASES " + json.dumps(PHASES), file=sys.stderr)  # Ray stops at exit (its atexit hook)
     '''
 )
 
@@ -99,7 +104,9 @@ BREAKDOWN = textwrap.dedent(
     spent, calls, depth = {}, {}, [0]
 
     def timer(owner, name, part):
-        fn = getattr(owner, name)
+        fn = getattr(owner, name, None)
+        if fn is None:  # an executor from before the part had this name
+            return
         def timed(*args, **kwargs):
             if threading.current_thread() is not threading.main_thread() or depth[0]:
                 return fn(*args, **kwargs)  # the heartbeat's renewals, or a part inside another part
@@ -114,7 +121,9 @@ BREAKDOWN = textwrap.dedent(
         setattr(owner, name, timed)
 
     def timer_cm(owner, name, part):  # a context manager: its entry and exit count, not its body
-        fn = getattr(owner, name)
+        fn = getattr(owner, name, None)
+        if fn is None:
+            return
         class Timed:
             def __init__(self, *args, **kwargs):
                 self.cm = fn(*args, **kwargs)
@@ -134,8 +143,11 @@ BREAKDOWN = textwrap.dedent(
         setattr(owner, name, Timed)
 
     timer_cm(ex, "fenced", "leases")
+    timer_cm(lease, "fenced", "leases")  # an executor that called it through the lease module
+    import ray.remote_function
+    timer(ray.remote_function.RemoteFunction, "_remote", "submission")  # inside submit, or called directly
     for owner, name, part in [
-        (main, "plan_steps", "plan"), (ex, "run_statuses", "read statuses"),
+        (main, "plan_steps", "plan"), (ex, "run_statuses", "read statuses"), (ex, "read_statuses", "read statuses"),
         (ex, "ensure_ray", "Ray start"), (ex, "shutdown_local_ray", "Ray stop"),
         (ex, "write_experiment_record", "experiment record"),
         (ex, "resolve_config", "step info"), (ex, "step_info", "step info"),
@@ -215,6 +227,20 @@ def bench_plan(n: int) -> float:
     return time.perf_counter() - t0
 
 
+def raw_phases(raw: str, steps: int, shape: str, out: str, env: dict) -> dict[str, float]:
+    """Seconds of plain Ray's import, start and tasks in one run; the rest of its process time, its
+    stop at exit (Ray's atexit hook) and the interpreter's own start and exit, as "Ray stop, exit"."""
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, raw, str(steps), shape, out], env=env, capture_output=True, text=True)
+    total = time.perf_counter() - t0
+    line = next((x for x in r.stderr.splitlines() if x.startswith("PHASES ")), None)
+    if r.returncode != 0 or line is None:
+        raise SystemExit(f"raw Ray run failed:\n{r.stderr[-3000:]}")
+    phases = json.loads(line[len("PHASES "):])
+    phases["Ray stop, exit"] = total - sum(phases.values())
+    return phases
+
+
 def print_breakdown(shape: str, parts: dict[str, list[float]], steps: int) -> None:
     """The driver's time of one first run by part, in seconds and per step."""
     total = sum(v[0] for v in parts.values())
@@ -239,6 +265,7 @@ def main() -> None:
     res: dict[str, float] = {}
     ratios: dict[str, list[float]] = {shape: [] for shape in shapes}
     parts: dict[str, dict[str, list[float]]] = {}
+    raw_parts: dict[str, dict[str, float]] = {}
     res["plan_10000_s"] = bench_plan(args.plan_steps)
     with tempfile.TemporaryDirectory(dir=args.scratch) as tmp:
         res["file_create_ms"] = file_create_ms(tmp)
@@ -261,17 +288,19 @@ def main() -> None:
             for shape in shapes:
                 parts[shape] = breakdown(exp, args.steps, shape, os.path.join(tmp, f"store-{shape}-breakdown"), env,
                                          tmp)
+                raw_parts[shape] = raw_phases(raw, args.steps, shape, os.path.join(tmp, f"raw-{shape}-breakdown"), env)
     for shape, key in (("chain", "overhead_vs_ray"), ("fanout", "fanout_overhead_vs_ray")):
         if shape in shapes:
             res[key] = min(ratios[shape])
             res[f"{key}_max"] = max(ratios[shape])
-    rows = [("plan + hash, 10,000-step chain", res["plan_10000_s"], None, "< 2 s")]
+    rows = [(f"plan + hash, {args.plan_steps:,}-step chain", res["plan_10000_s"], None, "< 2 s")]
     for shape, label in (("chain", "chain"), ("fanout", "fan-out")):
         if shape in shapes:
-            rows += [(f"no-op re-run, 1,000 {label} (process)", res[f"noop_{shape}_1000_s"], None, "< 2 s"),
-                     (f"first run, 1,000 {label}", res[f"first_{shape}_1000_s"], res[f"ray_{shape}_1000_s"],
+            n = f"{args.steps:,}"
+            rows += [(f"no-op re-run, {n} {label} (process)", res[f"noop_{shape}_1000_s"], None, "< 2 s"),
+                     (f"first run, {n} {label}", res[f"first_{shape}_1000_s"], res[f"ray_{shape}_1000_s"],
                       "<= 1.2x raw Ray"),
-                     (f"raw Ray, 1,000 {label}", res[f"ray_{shape}_1000_s"], None, "baseline")]
+                     (f"raw Ray, {n} {label}", res[f"ray_{shape}_1000_s"], None, "baseline")]
     print(f"creating a file in the scratch directory costs {res['file_create_ms']:.3f} ms of CPU "
           "(a step's bookkeeping creates one: its lease, which becomes its status record)")
     print(f"{'measurement':40s} {'seconds':>9s} {'vs raw Ray':>11s}  target")
@@ -283,9 +312,12 @@ def main() -> None:
               + ", ".join(f"{x:.2f}x" for x in ratios[shape]))
     for shape, p in parts.items():
         print_breakdown(shape, p, args.steps)
+        print(f"  plain Ray, the same {shape} (the next run): "
+              + ", ".join(f"{k} {v:.2f} s" for k, v in raw_parts[shape].items()))
     out = {k: round(v, 3) for k, v in res.items()}
     for shape, p in parts.items():
         out[f"{shape}_ms_per_step"] = {k: round(v[0] / args.steps * 1e3, 3) for k, v in p.items()}
+        out[f"ray_{shape}_ms_per_step"] = {k: round(v / args.steps * 1e3, 3) for k, v in raw_parts[shape].items()}
     print(json.dumps(out))
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -40,9 +41,9 @@ from tqdm import tqdm
 
 from marin.execution import status as st
 from marin.execution import storage
-from marin.execution.cluster import ensure_ray, placement_owner, shutdown_local_ray
+from marin.execution.cluster import ensure_ray, import_ray_for_the_driver, placement_owner, shutdown_local_ray
 from marin.execution.errors import ExecutorError, ExecutorInterrupted, PreviouslyFailedError
-from marin.execution.experiment_record import write_experiment_record
+from marin.execution.experiment_record import record_steps, write_experiment_record
 from marin.execution.failures import InputNotSucceeded, disk_full_error, error_chain, is_infrastructure_failure
 from marin.execution.jsonable import mask_text
 from marin.execution.lease import LeaseLost, fenced, is_stale, lease_path, read_lease, release, try_acquire
@@ -62,6 +63,7 @@ from marin.execution.tasks import (
     ray_options,
     step_info,
     submit,
+    task_args,
 )
 
 __all__ = [  # the executor's names, wherever they are defined, as callers import them from here
@@ -102,7 +104,14 @@ class _Runner:
         self.outcome: dict[str, Outcome] = {}
         self.errors: dict[str, str] = {}
         self.info: dict[PlannedStep, dict] = {}
-        self.configs: dict[PlannedStep, Any] = {}
+        self.args: dict[PlannedStep, bytes] = {}
+        """Each prepared step's task arguments, pickled (:func:`tasks.task_args`); kept for its retries."""
+        self.problems: dict[PlannedStep, tuple[str, str]] = {}
+        """Steps whose config could not be resolved or pickled: (error, traceback), recorded as their
+        failure once their lease is held."""
+        self._stop_preparing = threading.Event()
+        self.record_steps: list[dict] | None = None
+        """The steps as this run's experiment records list them (:func:`record_steps`), computed once."""
         self.initial_events = {s: len((statuses.get(s) or {}).get("events", [])) for s in todo}
         self.bar = None
         self._resources: dict[str, float] | None = None
@@ -110,7 +119,6 @@ class _Runner:
         self.infra_failures: dict[PlannedStep, int] = collections.Counter()
         self.resubmit_at: dict[PlannedStep, float] = {}
         """Steps waiting out the backoff before their next attempt after an infrastructure failure."""
-        self.retry_configs: dict[PlannedStep, Any] = {}
         self._pool_waits_at, self._pool_waits_n = 0.0, 0
         self.refused: set[PlannedStep] = set()
         """Steps whose task refused an input that was not SUCCESS when it started (DEP_FAILED)."""
@@ -162,14 +170,9 @@ class _Runner:
     def _start(self, s: PlannedStep) -> None:
         if s.output_path in self.outcome:  # an upstream failed after s became ready
             return
-        problem = None
-        if s not in self.info:
-            try:
-                config = resolve_config(s, self.plan)
-                self.info[s] = step_info(s, config, self.keeper.holder)
-                self.configs[s] = config
-            except Exception as e:  # recorded as the step's failure once we hold its lease
-                problem = (f"{type(e).__name__}: {e}", traceback.format_exc())
+        if s not in self.args and s not in self.problems:
+            self._prepare(s)
+        problem = self.problems.get(s)
         # the lease carries the info: starting the step is this one write (the step reads RUNNING)
         if self.keeper.acquire(s, info=self.info.get(s)) is None:
             self.waiting[s] = time.monotonic()
@@ -189,7 +192,6 @@ class _Runner:
             if problem is not None:
                 self._record_failure(s, *problem)
                 return
-            config = self.retry_configs[s] = self.configs.pop(s)
             options = ray_options(s)
             missing = infeasible(options, self._cluster_resources())
             if missing:
@@ -200,12 +202,30 @@ class _Runner:
                 self._print(f"warning: {msg}; waiting for the autoscaler")
             if s.step.stop_grace_s > 0:  # a driver killed while it waited for this step left its request
                 clear_stop_request(s.output_path)
-            ref = submit(s, config)
+            ref = submit(s, self.args[s])
         except Exception as e:  # bookkeeping or submission failed: the step failed
             self._record_failure(s, f"{type(e).__name__}: {e}", traceback.format_exc())
             return
         self.running[ref] = s
         self.refs[s] = ref
+
+    def prepare(self) -> None:
+        """Resolve every selected step's config, its info and its task's arguments, dependencies
+        first: what submitting a step needs, done while the Ray cluster starts (a thread of
+        :func:`run_plan`) rather than in the loop, one step at a time."""
+        self.record_steps = record_steps(self.plan)
+        for s in self.todo:
+            if self._stop_preparing.is_set():
+                return
+            self._prepare(s)
+
+    def _prepare(self, s: PlannedStep) -> None:
+        try:
+            config = resolve_config(s, self.plan)
+            self.info[s] = step_info(s, config, self.keeper.holder)
+            self.args[s] = task_args(s, config)
+        except Exception as e:  # recorded as the step's failure once we hold its lease
+            self.problems[s] = (f"{type(e).__name__}: {e}", traceback.format_exc())
 
     def _submission_window(self) -> int:
         """How many steps may be submitted to Ray (and hold a lease) at once.
@@ -341,7 +361,7 @@ class _Runner:
                 self._finish(s, Outcome.LOST)
                 continue
             try:
-                ref = submit(s, self.retry_configs[s])
+                ref = submit(s, self.args[s])
             except Exception as e:  # noqa: BLE001 - submission failed: the step failed
                 self._record_failure(s, f"{type(e).__name__}: {e}", traceback.format_exc())
                 continue
@@ -470,9 +490,18 @@ def _run_on_ray(runner: _Runner, outcome: dict[str, Outcome]) -> str | None:
     with storage.space_reserved(plan.prefix), StopSignals() as signals:
         runner.signals = signals
         try:
-            started = ensure_ray(opts.address)
+            # Ray imported here, before the preparing thread pickles with its cloudpickle (an import in
+            # that thread would race this one and skip import_ray_for_the_driver's care); it starts below
+            import_ray_for_the_driver()
+            preparing = threading.Thread(target=runner.prepare, name="marin-prepare-steps", daemon=True)
+            preparing.start()
+            try:
+                started = ensure_ray(opts.address)
+            finally:
+                runner._stop_preparing.set()  # from here the loop prepares what is left as it submits
+            preparing.join()
             signals.install()  # ray.init replaced our SIGTERM handler with its own
-            write_experiment_record(plan, opts, outcome)
+            write_experiment_record(plan, opts, outcome, runner.record_steps)
             runner.loop()
         except KeyboardInterrupt as e:
             with signals.deferred("recording the stop"):
@@ -487,7 +516,7 @@ def _run_on_ray(runner: _Runner, outcome: dict[str, Outcome]) -> str | None:
         with signals.deferred("recording the run"):
             outcome.update(runner.outcome)
             try:
-                record = write_experiment_record(plan, opts, outcome)
+                record = write_experiment_record(plan, opts, outcome, runner.record_steps)
             except OSError as e:
                 if disk_full_error(e) is None:
                     raise

@@ -114,12 +114,29 @@ def experiment_record_paths(prefix: str) -> list[str]:
     return sorted({os.path.dirname(p) + ".json" for p in storage.glob(f"{prefix}/experiments/*/*.json")})
 
 
-def write_experiment_record(plan: Plan, opts: RecordedRun, outcome: dict[str, str]) -> str:
+def record_steps(plan: Plan) -> list[dict[str, Any]]:
+    """Each step of ``plan`` as a record lists it, less its outcome (what each run's write adds):
+    the same for every record a run writes, so a run computes it once."""
+    return [
+        {
+            "name": s.name,
+            "hash": s.hash,
+            "output_path": s.output_path,
+            "fn": code_fingerprint(s.step.fn)["fn"],
+            "dependencies": [d.output_path for d in s.dependencies + s.nonblocking_dependencies],
+            "version": {**s.version(), "config": mask_leaves(s.config_leaves)},
+        }
+        for s in plan.steps
+    ]
+
+
+def write_experiment_record(plan: Plan, opts: RecordedRun, outcome: dict[str, str],
+                            steps: list[dict[str, Any]] | None = None) -> str:
     """Write this run's record (its own file, see :func:`experiment_runs_dir`); returns its path.
 
     Its outcomes are merged with what earlier runs recorded (:func:`merged_outcomes`), so the newest
     run's file alone reads as the whole experiment; a run writing at the same time is merged in by
-    :func:`read_experiment_record`."""
+    :func:`read_experiment_record`. ``steps``: :func:`record_steps` of ``plan``, if computed already."""
     record_path = experiment_record_path(plan, opts.script)
     path = f"{experiment_runs_dir(record_path)}/{opts.run_id}.json"
     before = read_experiment_record(record_path) or {}
@@ -135,16 +152,9 @@ def write_experiment_record(plan: Plan, opts: RecordedRun, outcome: dict[str, st
         "host": socket.gethostname(),
         "argv": mask_argv(sys.argv),
         "steps": [
-            {
-                "name": s.name,
-                "hash": s.hash,
-                "output_path": s.output_path,
-                "fn": code_fingerprint(s.step.fn)["fn"],
-                "outcome": outcome.get(s.output_path),
-                "dependencies": [d.output_path for d in s.dependencies + s.nonblocking_dependencies],
-                "version": {**s.version(), "config": mask_leaves(s.config_leaves)},
-            }
-            for s in plan.steps
+            {"name": e["name"], "hash": e["hash"], "output_path": e["output_path"], "fn": e["fn"],
+             "outcome": outcome.get(e["output_path"]), "dependencies": e["dependencies"], "version": e["version"]}
+            for e in (steps if steps is not None else record_steps(plan))
         ],
     }
     storage.write_text(path, json.dumps(record, indent=1))

@@ -78,9 +78,9 @@ def remote_body(fn: Any) -> Any:
     if entry is None or entry[0] is not fn:
         import ray  # Ray only once steps run: planning and review import this module
 
-        def run_step(config: Any, output_path: str, inputs: tuple[tuple[str, str], ...]) -> float:
+        def run_step(args: bytes) -> float:
             started = time.time()
-            execute_step(fn, config, output_path, inputs)
+            execute_step(fn, *ray.cloudpickle.loads(args))
             return started  # when the body began: the step may have waited in Ray's queue before
 
         entry = _REMOTE_BODIES[id(fn)] = (fn, ray.remote(run_step))
@@ -153,6 +153,18 @@ def describe_write_error(e: BaseException, s: PlannedStep) -> str:
     return disk_full_message(full, s) if full is not None else f"{type(e).__name__}: {e}".splitlines()[0][:500]
 
 
-def submit(ps: PlannedStep, config: Any) -> Any:
-    """Submit one attempt of ``ps`` (with its resolved ``config``) as a Ray task; its object ref."""
-    return remote_body(ps.step.fn).options(**ray_options(ps)).remote(config, ps.output_path, blocking_inputs(ps))
+def task_args(ps: PlannedStep, config: Any) -> bytes:
+    """The arguments of ``ps``'s task (its resolved ``config``, output path and blocking inputs),
+    pickled as Ray would pickle them (``ray.cloudpickle``, by value where registered so).
+
+    Pickled by the driver ahead of submission (:func:`submit` passes bytes, which Ray ships as they
+    are): the driver can do it while the cluster starts instead of in its loop, where pickling a
+    config class defined in the experiment file itself is most of a submission's cost."""
+    import ray.cloudpickle  # Ray only once steps run: planning and review import this module
+
+    return ray.cloudpickle.dumps((config, ps.output_path, blocking_inputs(ps)))
+
+
+def submit(ps: PlannedStep, args: bytes) -> Any:
+    """Submit one attempt of ``ps`` as a Ray task with its :func:`task_args`; its object ref."""
+    return remote_body(ps.step.fn).options(**ray_options(ps)).remote(args)

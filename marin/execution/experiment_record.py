@@ -27,6 +27,7 @@ from marin.execution import storage
 from marin.execution.fingerprint import code_fingerprint
 from marin.execution.hashing import canonical_json, sha256_hex
 from marin.execution.jsonable import mask_argv, mask_leaves, mask_text
+from marin.execution.outcome import Outcome
 from marin.execution.plan import Plan
 
 
@@ -73,9 +74,9 @@ def merged_outcomes(previous: dict[str, str | None], outcome: dict[str, str]) ->
     out = dict(previous)
     for path, new in outcome.items():
         old = previous.get(path)
-        if new in ("cached", "reused") and old == "succeeded":
+        if new in (Outcome.CACHED, Outcome.REUSED) and old == Outcome.SUCCEEDED:
             continue
-        if new in ("not_selected", "dry_run") and old:
+        if new in (Outcome.NOT_SELECTED, Outcome.DRY_RUN) and old:
             continue
         out[path] = new
     return out

@@ -15,6 +15,7 @@ from typing import Any
 from marin.execution import lease as leases
 from marin.execution import status as st
 from marin.execution import storage
+from marin.execution.outcome import Outcome
 from marin.execution.plan import plan_steps
 from marin.execution.prefix import resolve_prefix
 from marin.execution.status import StepStatus
@@ -68,7 +69,7 @@ def step_state(step_dir: str, record: dict | None = None, outcome: str | None = 
                          f"{record['unreadable']}; a run refuses this step until its record is repaired: "
                          f"--repair_records true rebuilds it as {rebuilt.value} ({why})")
     if status == "SUCCESS":
-        category = "reused" if outcome == "cached" else "succeeded"
+        category = "reused" if outcome == Outcome.CACHED else "succeeded"
         return StepState(status, category, status, None, None, None)
     if status in ("FAILED", "DEP_FAILED"):
         advice = ("see the error with `marin show`, fix the cause, then rerun with --retry_failed STEP "

@@ -71,7 +71,6 @@ COMMANDS: dict[str, str] = {
     "harness": "lm-evaluation-harness tasks on a training run's model",
     "compare": "put runs side by side: differing versioned fields, overlaid curves",
     "checkpoints": "a run's checkpoints: size, tier, pins, and what retention deletes next (--prune)",
-    "convert-checkpoints": "rewrite a run's single-blob checkpoints in the sharded format",
 }
 """Command name -> one-line help. The command's code is ``marin.commands.<name with _ for ->``."""
 

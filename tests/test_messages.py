@@ -288,16 +288,6 @@ def test_report_of_an_experiment_file_masks_its_card_as_the_stored_record_does(t
     assert "the endpoint wants Authorization: Bearer ***" in page and "calls the API with Bearer ***" in page
 
 
-def test_convert_checkpoints_of_no_such_directory_fails_in_one_line(tmp_path, capsys):
-    from marin.cli import main
-
-    assert main(["convert-checkpoints", str(tmp_path / "nope")]) == 2
-    assert capsys.readouterr().err == (f"marin: error: no such directory: {tmp_path}/nope (pass a training step's "
-                                       "output directory; `marin status` lists them)\n")
-    assert main(["convert-checkpoints", str(tmp_path)]) == 2
-    assert "has no committed checkpoint" in capsys.readouterr().err
-
-
 def test_marin_plan_names_a_batch_that_is_not_whole_sequences(capsys):
     from marin.cli import main
 

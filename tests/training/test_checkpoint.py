@@ -2,7 +2,6 @@
 emulator), sharded restores onto other meshes, and the earlier single-blob format."""
 
 import json
-import shutil
 from pathlib import Path
 
 import jax
@@ -10,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from marin.cli import main as cli_main
 from marin.training import checkpoint as ckpt
 from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, read_checkpoint, write_checkpoint
 
@@ -217,23 +215,3 @@ def test_a_failed_save_is_one_line_and_leaves_the_previous_checkpoint(tmp_path):
     _assert_same(mgr.restore_latest(template=_state())[1], _state(1))
 
 
-LEGACY_RUN = Path(__file__).parent / "fixtures" / "legacy-blob-run"
-
-
-def test_a_checkpoint_of_the_earlier_blob_format_restores_and_converts(tmp_path):
-    run = tmp_path / "run"
-    shutil.copytree(LEGACY_RUN, run)
-    path = str(run / "checkpoints" / "step-00000002")
-    assert ckpt.is_legacy(ckpt.read_commit(path))
-    before, meta = read_checkpoint(path)
-    assert meta["data_step"] == 2 and meta["tokens"] == 256
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "expert"))
-    placed, _ = ckpt.restore_checkpoint(path, None, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-    assert set(placed) == set(before)
-    assert cli_main(["convert-checkpoints", str(run)]) == 0
-    assert not ckpt.is_legacy(ckpt.read_commit(path))
-    assert not (run / "checkpoints" / "step-00000002" / "arrays.bin").exists()
-    after, meta2 = read_checkpoint(path)
-    assert meta2 == meta and set(after) == set(before)
-    for k in before:
-        assert after[k].dtype == before[k].dtype and after[k].tobytes() == before[k].tobytes()

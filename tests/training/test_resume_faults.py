@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
-from pathlib import Path
 
-import numpy as np
 import pytest
 
-from marin.training.checkpoint import CheckpointManager, restore_checkpoint, stage_leaves, write_staged
+from marin.training.checkpoint import CheckpointManager
 from marin.training.config import SyntheticDataConfig, TrainConfig
 from marin.training.metrics import read_metrics
 from marin.training.trainer import IncompatibleCheckpoint, run_training
 
 
 def _config(path, **kw) -> TrainConfig:
-    # the model and data of the legacy-blob fixture run (tests/training/fixtures/legacy-blob-run), for
-    # every test: the compiled step (memoised per process) and the fresh state's program are shared
+    # one model and data for every test: the compiled step (memoised per process) and the fresh
+    # state's program are shared
     base = dict(output_path=str(path), data=SyntheticDataConfig(vocab_size=64), model="tiny", pool="local-cpu-1",
                 train_steps=4, tokens_per_step=128, seq_len_phases=((0.0, 16),), warmup_steps=1,
                 checkpoint_every_steps=2, checkpoint_every_minutes=None, keep_last_checkpoints=2,
@@ -66,39 +63,6 @@ def test_resuming_a_different_model_names_the_mismatching_parameters(finished_ru
     msg = str(err.value)
     assert msg.startswith(f"checkpoint {run}/checkpoints/step-00000004 does not match the model being trained")
     assert "['params']['blocks']" in msg and "checkpoint float32[2, " in msg and "model wants float32[4, " in msg
-
-
-def test_a_run_checkpointed_in_the_earlier_blob_format_resumes_bitwise(tmp_path):
-    """A run whose step-2 checkpoint was written by the single-blob code resumes and trains steps 3
-    and 4 to exactly the losses of the same state saved in the current format, resumed on this machine."""
-    fixture = Path(__file__).parent / "fixtures" / "legacy-blob-run"
-    legacy, current = tmp_path / "legacy", tmp_path / "current"
-    shutil.copytree(fixture, legacy, ignore=shutil.ignore_patterns("*.py", "expected.json"))
-    shutil.copytree(fixture, current, ignore=shutil.ignore_patterns("*.py", "expected.json", "checkpoints"))
-    # the reference: the blob decoded the slow obvious way (its index's offsets), saved in the current format
-    blob_dir = fixture / "checkpoints" / "step-00000002"
-    blob, index = (blob_dir / "arrays.bin").read_bytes(), json.loads((blob_dir / "index.json").read_text())
-    keys = [e["key"] for e in index["leaves"]]
-    arrays = [np.frombuffer(blob[e["offset"]:e["offset"] + e["nbytes"]], dtype=e["dtype"]).reshape(e["shape"])
-              for e in index["leaves"]]
-    write_staged(stage_leaves(str(current / "checkpoints" / "step-00000002"), keys, arrays, index["metadata"], step=2))
-    restored, _ = restore_checkpoint(str(legacy / "checkpoints" / "step-00000002"))
-    for key, want in zip(keys, arrays, strict=True):
-        assert restored[key].dtype == want.dtype and np.array_equal(restored[key], want), key
-
-    for run in (legacy, current):  # _config is the fixture run's config (make_fixture.py)
-        summary = run_training(_config(run), use_ray=False)
-        assert summary["resumed_from"] == 2 and summary["final_step"] == 4
-    got, want = read_metrics(str(legacy)), read_metrics(str(current))
-    assert [r["step"] for r in got] == [1, 2, 3, 4]
-    assert [(r["loss"], r["grad_norm"]) for r in got] == [(r["loss"], r["grad_norm"]) for r in want]
-    # and close to what the blob-format code logged when it trained this run uninterrupted, on another
-    # CPU: XLA's float32 reductions differ between vector units (AVX2 vs AVX-512) by a few ulp per
-    # step (1e-7 relative); 1e-5 covers that, while a leaf decoded wrong changes the losses at the
-    # percent level
-    logged = json.loads((fixture / "expected.json").read_text())
-    assert [r["loss"] for r in got] == pytest.approx(logged["losses"], rel=1e-5)
-    assert [r["grad_norm"] for r in got] == pytest.approx(logged["grad_norms"], rel=1e-5)
 
 
 def test_a_failed_save_costs_a_save_point_and_training_goes_on(tmp_path, monkeypatch, caplog):

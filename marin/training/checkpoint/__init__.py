@@ -31,17 +31,12 @@ Why it is built this way:
   all three stores is easier to reason about and to test. Small records (index, parts, COMMIT) go
   through fsspec.
 
-Checkpoints of the earlier single-blob format (``arrays.bin`` + ``index.json`` + a COMMIT holding a
-sha256) still restore, through the same entry points; ``marin convert-checkpoints
-RUN_DIR`` rewrites them in this format.
-
 The package, by concern: :mod:`~marin.training.checkpoint.format` (layout, records, storage specs),
 :mod:`~marin.training.checkpoint.save`, :mod:`~marin.training.checkpoint.restore`,
 :mod:`~marin.training.checkpoint.manager` (policy, retention, resume),
-:mod:`~marin.training.checkpoint.discovery` (a run's committed checkpoints),
-:mod:`~marin.training.checkpoint.loading` (a trained model) and
-:mod:`~marin.training.checkpoint.legacy` (the earlier format). Modules of ``marin`` import from
-those; the names here are for experiment files, operations scripts and tests.
+:mod:`~marin.training.checkpoint.discovery` (a run's committed checkpoints) and
+:mod:`~marin.training.checkpoint.loading` (a trained model). Modules of ``marin`` import from
+those; the names here are for experiment files and tests.
 """
 
 from __future__ import annotations
@@ -66,16 +61,12 @@ from marin.training.checkpoint.format import (
     check_template,
     chunk_shape,
     flatten_with_keys,
-    is_legacy,
     kvstore_spec,
     read_commit,
     read_index,
     read_metadata,
     step_dirname,
     verify_parts,
-)
-from marin.training.checkpoint.legacy import (
-    convert_legacy,
 )
 from marin.training.checkpoint.loading import (
     LoadedModel,
@@ -128,9 +119,7 @@ __all__ = [
     "checkpoint_step",
     "chunk_shape",
     "committed_steps",
-    "convert_legacy",
     "flatten_with_keys",
-    "is_legacy",
     "kvstore_spec",
     "latest_checkpoint",
     "load_model",

@@ -23,7 +23,6 @@ INDEX_FILE = "index.json"
 COMMIT_FILE = "COMMIT"
 ARRAYS_DIR = "arrays"
 PARTS_DIR = "parts"
-LEGACY_BLOB = "arrays.bin"
 PART_TIMEOUT_S = 3600.0  # how long process 0 waits for the other processes' parts before giving up
 CHUNK_BYTES = 16 << 20
 """Target size of one stored chunk. A shard larger than this is split along its leading axis (the
@@ -135,12 +134,7 @@ def read_commit(path: str) -> dict[str, Any] | None:
         commit = json.loads(fs.cat_file(f"{root}/{COMMIT_FILE}"))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    return commit if isinstance(commit, dict) and ("format" in commit or "sha256" in commit) else None
-
-
-def is_legacy(commit: Mapping[str, Any]) -> bool:
-    """Whether a COMMIT record is of the earlier single-blob format."""
-    return "sha256" in commit and "format" not in commit
+    return commit if isinstance(commit, dict) and "format" in commit else None
 
 
 def read_index(path: str) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from marin.training.checkpoint.format import (
     CorruptCheckpointError,
     check_template,
     flatten_with_keys,
-    is_legacy,
     kvstore_spec,
     one_line,
     read_commit,
@@ -24,7 +23,6 @@ from marin.training.checkpoint.format import (
     stored_dtype,
     verify_parts,
 )
-from marin.training.checkpoint.legacy import restore_legacy
 
 READ_AHEAD_BYTES = 512 << 20  # reads in flight ahead of the leaf being placed, per process
 
@@ -118,9 +116,6 @@ def open_leaves(path: str, keys: list[str] | None = None) -> tuple[dict[str, Lea
     commit = read_commit(path)
     if commit is None:
         raise FileNotFoundError(f"{path} is not a committed checkpoint (no valid {COMMIT_FILE})")
-    if is_legacy(commit):
-        raise CorruptCheckpointError(f"{path} is in the earlier single-blob format: run `marin convert-checkpoints` "
-                                     "on its run directory first")
     verify_parts(path, commit)
     index = read_index(path)
     by_key = {e["key"]: e for e in index["leaves"]}
@@ -159,8 +154,6 @@ def restore_checkpoint(path: str, template: Any = None, shardings: Any = None, *
     commit = read_commit(path)
     if commit is None:
         raise FileNotFoundError(f"{path} is not a committed checkpoint (no valid {COMMIT_FILE})")
-    if is_legacy(commit):
-        return restore_legacy(path, commit, template, shardings, partial)
     verify_parts(path, commit)
     index = read_index(path)
     entries = index["leaves"]
@@ -176,12 +169,11 @@ def restore_checkpoint(path: str, template: Any = None, shardings: Any = None, *
     return jax.tree_util.tree_unflatten(treedef, leaves), index["metadata"]
 
 
-def read_checkpoint(path: str, template: Any = None, *, verify: bool = True) -> tuple[Any, dict[str, Any]]:
+def read_checkpoint(path: str, template: Any = None) -> tuple[Any, dict[str, Any]]:
     """Every leaf of a committed checkpoint as numpy arrays in this process; ``(tree, metadata)``.
 
     This reads the whole state into one process: for exports and small tests only (a training or
-    evaluation process restores with :func:`restore_checkpoint` and shardings). ``verify`` is kept for
-    older callers: chunks always verify their checksums.
+    evaluation process restores with :func:`restore_checkpoint` and shardings). Chunks always verify
+    their checksums.
     """
-    del verify
     return restore_checkpoint(path, template, None)

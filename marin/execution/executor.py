@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from marin.execution import status as st
 from marin.execution import storage
-from marin.execution.cluster import ensure_ray, import_ray_for_the_driver, placement_owner, shutdown_local_ray
+from marin.execution.cluster import ensure_ray, import_ray_for_the_driver, shutdown_local_ray
 from marin.execution.errors import ExecutorError, ExecutorInterrupted, PreviouslyFailedError
 from marin.execution.experiment_record import record_steps, write_experiment_record
 from marin.execution.failures import InputNotSucceeded, disk_full_error, error_chain, is_infrastructure_failure
@@ -56,6 +56,7 @@ from marin.execution.signals import StopSignals, clear_stop_request, signal_of
 from marin.execution.status import StepStatus
 from marin.execution.stop import Stopper, interrupted_error
 from marin.execution.tasks import (
+    PoolWaits,
     describe_failure,
     describe_write_error,
     disk_full_message,
@@ -72,10 +73,6 @@ __all__ = [  # the executor's names, wherever they are defined, as callers impor
 ]
 
 logger = logging.getLogger("marin.execution")
-
-
-POOL_WAITS_EVERY_S = 2.0
-"""How often the progress bar's count of steps waiting for a busy pool is refreshed (one call to Ray)."""
 
 
 # ----------------------------------------------------------------------------------------------- #
@@ -119,7 +116,7 @@ class _Runner:
         self.infra_failures: dict[PlannedStep, int] = collections.Counter()
         self.resubmit_at: dict[PlannedStep, float] = {}
         """Steps waiting out the backoff before their next attempt after an infrastructure failure."""
-        self._pool_waits_at, self._pool_waits_n = 0.0, 0
+        self.pool_waits = PoolWaits()
         self.refused: set[PlannedStep] = set()
         """Steps whose task refused an input that was not SUCCESS when it started (DEP_FAILED)."""
         self.stop_notes: dict[str, str] = {}
@@ -389,23 +386,6 @@ class _Runner:
             del self.waiting[s]
             self._start(s)  # may find SUCCESS (reuse), FAILED (fail), or take over
 
-    def _pool_waits(self) -> int:
-        """How many running steps wait for a pool reservation the cluster can hold but others hold now
-        (their placement groups, named after the step, are pending); looked up every few seconds."""
-        now = time.monotonic()
-        if now - self._pool_waits_at < POOL_WAITS_EVERY_S or not self.running:
-            return self._pool_waits_n if self.running else 0
-        self._pool_waits_at = now
-        try:
-            from ray.util.placement_group import placement_group_table  # Ray only once steps run (see above)
-
-            pending = [t["name"] for t in placement_group_table().values() if t["state"] == "PENDING"]
-        except Exception:  # noqa: BLE001 - a count for the progress bar; the run does not depend on it
-            return self._pool_waits_n
-        owners = {placement_owner(s.output_path) for s in self.running.values()}
-        self._pool_waits_n = len({o for o in owners if any(name.startswith(o) for name in pending)})
-        return self._pool_waits_n
-
     def _print(self, msg: str) -> None:
         if self.bar is not None:
             self.bar.write(msg, file=sys.stderr)
@@ -452,8 +432,8 @@ class _Runner:
                     self._on_done(ref)
         elif (self.waiting or self.resubmit_at) and not self.ready:
             time.sleep(min(self.opts.poll_interval, 0.2))
-        self.bar.set_postfix(running=len(self.running), waiting=len(self.waiting) + self._pool_waits(),
-                             refresh=False)
+        waiting = len(self.waiting) + self.pool_waits.count(list(self.running.values()))
+        self.bar.set_postfix(running=len(self.running), waiting=waiting, refresh=False)
 
 
 def run_plan(plan: Plan, opts: RunOptions) -> RunResult:

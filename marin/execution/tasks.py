@@ -18,6 +18,7 @@ from typing import Any
 
 from marin.execution import status as st
 from marin.execution import storage
+from marin.execution.cluster import placement_owner
 from marin.execution.failures import InputNotSucceeded, disk_full_error
 from marin.execution.fingerprint import code_fingerprint
 from marin.execution.jsonable import mask_leaves, to_jsonable
@@ -168,3 +169,31 @@ def task_args(ps: PlannedStep, config: Any) -> bytes:
 def submit(ps: PlannedStep, args: bytes) -> Any:
     """Submit one attempt of ``ps`` as a Ray task with its :func:`task_args`; its object ref."""
     return remote_body(ps.step.fn).options(**ray_options(ps)).remote(args)
+
+
+POOL_WAITS_EVERY_S = 2.0
+"""How often the progress bar's count of steps waiting for a busy pool is refreshed (one call to Ray)."""
+
+
+class PoolWaits:
+    """How many running steps wait for a pool reservation the cluster can hold but others hold now
+    (their placement groups, named after the step, are pending), for the progress bar: looked up at
+    most every :data:`POOL_WAITS_EVERY_S`, the last count given in between."""
+
+    def __init__(self) -> None:
+        self._at, self._n = 0.0, 0
+
+    def count(self, running: list[PlannedStep]) -> int:
+        now = time.monotonic()
+        if now - self._at < POOL_WAITS_EVERY_S or not running:
+            return self._n if running else 0
+        self._at = now
+        try:
+            from ray.util.placement_group import placement_group_table  # Ray only once steps run (see above)
+
+            pending = [t["name"] for t in placement_group_table().values() if t["state"] == "PENDING"]
+        except Exception:  # noqa: BLE001 - a count for the progress bar; the run does not depend on it
+            return self._n
+        owners = {placement_owner(s.output_path) for s in running}
+        self._n = len({o for o in owners if any(name.startswith(o) for name in pending)})
+        return self._n

@@ -888,7 +888,7 @@ def default_harness_eval(
     tasks: Sequence[str],
     include_path: str | None = None,
     checkpoint: int | None = None,
-    pool: str | None = None,
+    pool: str | PoolSpec | None = None,
     *,
     limit: int | None = None,
 ) -> ExecutorStep:
@@ -902,9 +902,10 @@ def default_harness_eval(
             no hub access needed).
         include_path: directory of task YAML files; their content is part of the step's version.
         checkpoint: a committed step number (None: the latest).
-        pool: a single-host pool (None: the training step's).
+        pool: a single-host pool, a name or a PoolSpec (None: the training step's).
         limit: at most this many documents per task.
     """
+    pool = as_pool(pool) if pool is not None else None  # a name is resolved here, once; the spec travels
     if not tasks:
         raise ValueError(f"default_harness_eval {name!r}: pass at least one task name")
     if include_path is not None:

@@ -19,6 +19,7 @@ from marin.evaluation.suite import eval_seq_len
 from marin.execution.versioning import input_field, live
 from marin.inference.multihost import run_pool
 from marin.inference.run import load_run
+from marin.pools import PoolSpec, as_pool
 
 RESULTS_FILE = "harness.json"  # in the harness step's directory; the report reads it
 
@@ -29,7 +30,7 @@ ONE_HOST_ONLY = ("pool {pool} has {hosts} hosts, and lm-evaluation-harness drive
 """Why ``marin harness`` and the harness step refuse a pool of several hosts, in one line."""
 
 
-def run_harness(run_dir: str, tasks: list[str], *, step: int | None = None, pool: str | None = None,
+def run_harness(run_dir: str, tasks: list[str], *, step: int | None = None, pool: str | PoolSpec | None = None,
                 include_path: str | None = None, output_path: str | None = None,
                 limit: int | None = None) -> dict[str, Any]:
     """lm_eval results of ``tasks`` on ``run_dir``'s checkpoint (``step``: None = the latest), on
@@ -41,7 +42,7 @@ def run_harness(run_dir: str, tasks: list[str], *, step: int | None = None, pool
     from marin.evaluation.harness import MarinLM, check_tasks, evaluate_tasks
 
     check_tasks(tasks, include_path)  # bad task files fail before the model is loaded
-    run = load_run(run_dir, step, spec.name)
+    run = load_run(run_dir, step, spec)
     seq_len = eval_seq_len(run.train_config)
     lm = MarinLM(run.params, run.router_bias, run.cfg, run.require_tokenizer(), run.mesh, seq_len=seq_len)
     results = evaluate_tasks(lm, tasks, include_path=include_path, limit=limit, output_path=output_path)
@@ -79,7 +80,12 @@ class HarnessConfig:
     """task_files_fingerprint(include_path): the tasks' YAML and data, versioned by content."""
     checkpoint: int | None = None  # None: the latest committed checkpoint
     limit: int | None = None
-    pool: str | None = live("where the harness runs; the scores do not depend on it", default=None)
+    pool: PoolSpec | None = live("where the harness runs; the scores do not depend on it", default=None)
+    """The pool itself (a name given here is resolved to its PoolSpec when the config is built)."""
+
+    def __post_init__(self) -> None:
+        if self.pool is not None:
+            object.__setattr__(self, "pool", as_pool(self.pool))  # resolved once, here: the spec travels
 
 
 def harness_eval(config: HarnessConfig) -> dict[str, Any]:

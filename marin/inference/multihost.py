@@ -59,7 +59,7 @@ def sample_on_host(ctx: HostContext, run_dir: str, step: int | None, request: Sa
     return PoolSamples(step, tokens) if ctx.process_id == 0 else None
 
 
-def run_pool(run_dir: str, step: int | None, pool: str | None) -> PoolSpec:
+def run_pool(run_dir: str, step: int | None, pool: str | PoolSpec | None) -> PoolSpec:
     """The pool a command uses ``run_dir``'s model on: ``pool`` if given, else the one the run
     trained on (one device for a run that recorded none). One-line errors for an unknown pool and
     for a directory without committed checkpoints."""

@@ -141,7 +141,7 @@ def prepare_devices(pool) -> None:
             os.environ.setdefault(k, v)
 
 
-def load_run(run_dir: str, step: int | None = None, pool: str | None = None, *,
+def load_run(run_dir: str, step: int | None = None, pool: str | PoolSpec | None = None, *,
              say: Callable[[str], None] | None = None) -> LoadedRun:
     """The model of ``run_dir`` (a training step's output directory, any fsspec path) at committed
     checkpoint ``step`` (None: the newest that verifies, see :func:`load_verified_checkpoint`), on
@@ -153,7 +153,7 @@ def load_run(run_dir: str, step: int | None = None, pool: str | None = None, *,
     return load_verified_checkpoint(run_dir, step, lambda s: _load_step(run_dir, s, pool), say=say)[1]
 
 
-def _load_step(run_dir: str, step: int, pool: str | None) -> LoadedRun:
+def _load_step(run_dir: str, step: int, pool: str | PoolSpec | None) -> LoadedRun:
     run = Run(run_dir)
     pool_spec = single_host_pool(pool or run.record(step).get("pool") or "local-cpu-1")
     prepare_devices(pool_spec)

@@ -123,7 +123,7 @@ def test_a_users_pool_with_a_shipped_name_and_other_values_is_refused_in_one_lin
 def test_a_pool_passed_by_value_leaves_the_step_hash_alone(offline_k40):
     """The pool is where a step runs, not what it computes (live): a spec, its name, or a user's pool
     of the same shape give one hash."""
-    from experiments.defaults import default_eval, default_train
+    from experiments.defaults import default_eval, default_harness_eval, default_train
     from marin.execution import plan_steps
     from marin.training.config import SyntheticDataConfig
 
@@ -135,7 +135,9 @@ def test_a_pool_passed_by_value_leaves_the_step_hash_alone(offline_k40):
     def hashes(pool):
         t = train(pool)
         e = default_eval("t-eval", t, held_out=False, tasks={"toy": "/tasks/toy.jsonl"}, pool=pool)
-        return [s.hash for s in plan_steps([t, e], "/p").steps]
+        h = default_harness_eval("t-harness", t, ["toy"], pool=pool)
+        assert e.config.pool == h.config.pool == t.config.pool  # each step carries the spec itself
+        return [s.hash for s in plan_steps([t, e, h], "/p").steps]
 
     mine = PoolSpec("my-cpu", hosts=1, devices_per_host=8, accelerator="cpu", mesh=(2, 4))
     assert hashes("local-cpu") == hashes(POOLS["local-cpu"]) == hashes(mine)

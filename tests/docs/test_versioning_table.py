@@ -54,9 +54,9 @@ def config_classes() -> list[type]:
     from marin.training.config import GROUPS, SyntheticDataConfig, TrainConfig
     from marin.training.optimizers import MuonHConfig
 
-    return [TrainConfig, *GROUPS.values(), MuonHConfig, MoEConfig, SyntheticDataConfig, SyntheticK40Config, TrainTokenizerConfig,
-            CorpusInput, DedupConfig, DecontaminateConfig, TokenizeConfig, MixtureConfig, MixtureReportConfig,
-            EvalConfig, EvalSet,
+    return [TrainConfig, *GROUPS.values(), MuonHConfig, MoEConfig, SyntheticDataConfig, SyntheticK40Config,
+            TrainTokenizerConfig, CorpusInput, DedupConfig, DecontaminateConfig, TokenizeConfig, MixtureConfig,
+            MixtureReportConfig, EvalConfig, EvalSet,
             DomainTaskConfig, HarnessConfig, HealthReportConfig, LadderFitConfig, RungRun, IsoFlopFitConfig,
             ReportConfig]
 

@@ -3,8 +3,9 @@
 Compare training runs (or other steps that run one function; a training run beside its eval step is
 refused): the versioned config fields whose values differ (shown as plain values), the
 last loss / bpb / grad norm / drop fraction, and with -o an HTML page of those curves overlaid
-against step, tokens and FLOPs. Each argument is a step directory or a step name (latest run of
-that name under the prefix).
+against step, tokens and FLOPs. Paired gates (``default_gate`` steps) compare too: each candidate's
+paired loss difference, speedup, fraction dropped and verdict, one row per candidate. Each argument
+is a step directory or a step name (latest run of that name under the prefix).
 """
 
 from __future__ import annotations

@@ -17,9 +17,11 @@ from marin.execution.hashing import plain
 from marin.execution.jsonable import from_jsonable
 from marin.models.config import MoEConfig, flops_per_token
 from marin.review import Step
+from marin.review.gate import GATE_COMPARISON_COLUMNS, gate_comparison
 from marin.review.plots import line_plot
 from marin.review.steps import train_horizon
 from marin.textfmt import format_table
+from marin.training.gate import GATE_FILE
 from marin.training.run import Run
 
 CURVES = (("loss", "loss", "train"), ("bpb (macro, eval)", "eval/macro_bpb", "eval"),
@@ -115,8 +117,9 @@ def compare(steps: list[Step]) -> dict[str, Any]:
         vals = [c[key]["value"][-1] if key in c else None for c in per_step]
         if any(v is not None for v in vals):
             last[key] = vals
+    gates = {n: doc for n, s in zip(names, steps) if isinstance(doc := s.read_json(GATE_FILE), dict)}
     return {"steps": names, "paths": [s.output_path for s in steps], "differences": differing_fields(steps),
-            "last": last, "curves": {n: c for n, c in zip(names, per_step)}}
+            "last": last, "curves": {n: c for n, c in zip(names, per_step)}, "gates": gate_comparison(gates)}
 
 
 def format_comparison(result: dict[str, Any]) -> str:
@@ -129,7 +132,10 @@ def format_comparison(result: dict[str, Any]) -> str:
     rows += [(f"last {k}", *[None if v is None else f"{v:.4g}" for v in values])
              for k, values in result["last"].items()]
     legend = "\n".join(f"[{i + 1}] {n}" for i, n in enumerate(names))
-    return legend + "\n\n" + format_table(["field", *[f"[{i + 1}]" for i in range(len(names))]], rows)
+    text = legend + "\n\n" + format_table(["field", *[f"[{i + 1}]" for i in range(len(names))]], rows)
+    if result.get("gates"):  # paired gates: each candidate's evidence side by side
+        text += "\n\n" + format_table(GATE_COMPARISON_COLUMNS, result["gates"])
+    return text
 
 
 def comparison_html(steps: list[Step], *, title: str = "Comparison") -> str:

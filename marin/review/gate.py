@@ -135,3 +135,26 @@ def cutover_lines(config: dict[str, Any] | None) -> list[str]:
                         + (" (applied anyway: forced)" if g["forced"] else ""))
         lines.append(f"step {c['step']:,}: {change}; {evidence}")
     return lines
+
+
+def gate_comparison(docs: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
+    """``marin compare`` of gate steps: one row per candidate of each gate (name -> its gate.json):
+    where it started, the changes, the paired loss difference [interval], the speedup, the fraction
+    dropped and the verdict."""
+    rows = []
+    for name, doc in docs.items():
+        for label, arm in (doc.get("arms") or {}).items():
+            if label == CONTROL or not isinstance(arm.get("verdict"), dict):
+                continue
+            paired = arm.get("paired_loss_delta") or {}
+            rows.append((name, label, str(doc.get("at_step")),
+                         ", ".join(f"{k}={v}" for k, v in (arm.get("changes") or {}).items()),
+                         f"{_num(paired.get('mean'), '+.4f')} [{_num(paired.get('low'), '+.4f')}, "
+                         f"{_num(paired.get('high'), '+.4f')}]", f"{_num(arm.get('speedup'), '.3f')}x",
+                         _num(_f(arm.get("drop_frac_send")) + _f(arm.get("drop_frac_recv")), ".2e"),
+                         "pass" if arm["verdict"].get("pass") else "FAIL"))
+    return rows
+
+
+GATE_COMPARISON_COLUMNS = ("gate", "candidate", "at step", "changes", "loss vs control", "speedup", "dropped",
+                           "verdict")

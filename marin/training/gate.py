@@ -266,7 +266,7 @@ def arm_configs(gate: GateConfig, run_config: TrainConfig) -> dict[str, TrainCon
                                            keep_last=1, keep_every=None, temp_every_minutes=None, pinned_steps=(),
                                            storage_quota=None),
             evaluation=dataclasses.replace(cfg.evaluation, every_steps=None, tasks={}),
-            telemetry=dataclasses.replace(cfg.telemetry, log_every=1, wandb_project=None, progress_every_s=0.0))
+            telemetry=dataclasses.replace(cfg.telemetry, log_every=1, wandb_project=None))
     return out
 
 

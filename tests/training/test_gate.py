@@ -238,12 +238,14 @@ def test_a_fixed_to_ragged_capacity_gate_on_identical_batches(gated):
     assert ragged["verdict"]["pass"] and "ragged" in result["passed"]
     assert os.path.getsize(f"{gate.output_path}/{GATE_PLOT}") > 0
     # marin show and the report render it
-    from marin.review.gate import format_gate, gate_html
+    from marin.review.gate import format_gate, gate_comparison, gate_html
     from marin.review.steps import step_content
 
     shown = format_gate(step_content(gate.output_path, [GATE_FILE])["gate"])
     assert "identical batches: yes" in shown and "ragged: pass: 3 finite steps" in shown and "hot: FAIL" in shown
     assert gate_html(doc).count("<svg") == 2  # the arms' loss and step time
+    rows = gate_comparison({"g": doc})  # marin compare of gates: one row per candidate
+    assert [(r[1], r[-1]) for r in rows] == [("ragged", "pass"), ("hot", "FAIL")]
     assert not os.path.exists(f"{gate.output_path}/arms/ragged/checkpoints")  # a finished arm keeps its records only
     # nothing of the run's output was written but the pin on the gated checkpoint
     assert _snapshot(Path(source.output_path)) == snapshot
@@ -326,7 +328,8 @@ def test_a_gate_killed_midway_resumes(tmp_path):
     from marin.training.gate_run import run_gate
     from marin.training.trainer import run_training
 
-    source = _run_config(tmp_path / "main", train_steps=6)
+    source = _run_config(tmp_path / "main", train_steps=6,
+                         checkpoint=CheckpointPolicy(every_steps=2, every_minutes=None, keep_last=3))
     run_training(source, use_ray=False)
     out = str(tmp_path / "gate")
     script = _GATE_SCRIPT.format(tests=os.path.join(REPO, "tests"), run=source.output_path, out=out)

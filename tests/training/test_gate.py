@@ -40,6 +40,7 @@ from marin.training.gate import (
     GateThresholds,
     arm_config,
     check_gate,
+    check_pool,
     dropped,
     gate_report,
     judge,
@@ -149,6 +150,9 @@ def test_what_a_candidate_may_change(tmp_path):
         check_gate(dataclasses.replace(gate(), steps=3), run)
     with pytest.raises(GateRefused, match=r"gate's pool h200-1 has H200 devices but the run trains on cpu"):
         check_gate(gate(pool="h200-1"), run)
+    # a smaller pool of the run's device kind is allowed, and gate.json says so
+    assert check_pool(run.pool, None) is None and check_pool(run.pool, "local-cpu") is None
+    assert "smaller than the run's local-cpu (8): step times" in check_pool(run.pool, "local-cpu-1")
     with pytest.raises(GateRefused, match="'control' is the arm of the run's own settings"):
         GateConfig(run="r", output_path="o", at_step=2, candidates={CONTROL: {"transport": "fixed"}})
 

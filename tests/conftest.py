@@ -277,6 +277,7 @@ HEAVIEST_FILES = (
     "tests/execution/test_disk_full.py",
     "tests/training/test_fsdp.py",
     "tests/training/test_trainer.py",
+    "tests/training/test_gate.py",
     "tests/evaluation/test_eval_step.py",
     "tests/training/test_storage_outage.py",
     "tests/training/test_planning.py",

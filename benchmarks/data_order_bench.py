@@ -1,6 +1,6 @@
 """Data-order benchmark: the without-replacement order against the legacy with-replacement order.
 
-    python benchmarks/data_order_bench.py                  # about 4 minutes on 2 cores
+    python benchmarks/data_order_bench.py                  # about 5 minutes on 2 cores
     python benchmarks/data_order_bench.py --loader_mb 0    # without the loader-vs-memcpy part (~30 s)
 
 1. Coverage, on a real token store shaped like the quickstart's (a K40 miniature of 1 MB: 40 domains x
@@ -228,6 +228,7 @@ def main(argv=None) -> dict:
     # five timed passes (data_bench's best-of-5) of one chunk of planned steps each: every pass pays
     # its share of planning
     ap.add_argument("--batches", type=int, default=5 * (PLAN_CHUNK_ROWS // 64), help="loader batches timed")
+    ap.add_argument("--loader_repeats", type=int, default=3, help="loader measurements per order (best kept)")
     ap.add_argument("--workdir", default=None, help="keep files here (default: a temp dir, removed)")
     args = ap.parse_args(argv)
 
@@ -239,13 +240,19 @@ def main(argv=None) -> dict:
         covs = {"quickstart": bench_coverage(store)}
         shares = bench_shares(store)
         plan = bench_plan(store)
-        loader = {}
+        loader: dict[str, float] = {}
+        loader_runs: dict[str, list[float]] = {}
         if args.loader_mb > 0:
             big = build_store(work / "big", args.loader_mb, 8192, DOMAINS)
             covs["large"] = bench_coverage(big)
-            for order in (WITH_REPLACEMENT, WITHOUT_REPLACEMENT_V1):
-                ld = bench_loader(big, 64, 4096, args.batches, order)
-                loader[order] = ld["loader_tokens_per_s"] / ld["memcpy_tokens_per_s"]
+            # the orders take turns, and each keeps its best ratio: on a shared machine the least
+            # disturbed passes, alike for both
+            for _ in range(args.loader_repeats):
+                for order in (WITH_REPLACEMENT, WITHOUT_REPLACEMENT_V1):
+                    ld = bench_loader(big, 64, 4096, args.batches, order)
+                    ratio = ld["loader_tokens_per_s"] / ld["memcpy_tokens_per_s"]
+                    loader[order] = max(loader.get(order, 0.0), ratio)
+                    loader_runs.setdefault(order, []).append(ratio)
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -278,7 +285,8 @@ def main(argv=None) -> dict:
         "loader_vs_memcpy": loader.get(WITHOUT_REPLACEMENT_V1),
         "loader_vs_memcpy_legacy": loader.get(WITH_REPLACEMENT),
         "k40_skipped_share_of_read": plan["k40_skipped_share_of_read"],
-        "details": {"coverage": covs, "shares": shares, "plan": plan, "store_build_s": build_s},
+        "details": {"coverage": covs, "shares": shares, "plan": plan, "store_build_s": build_s,
+                    "loader_vs_memcpy_runs": loader_runs},
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }

@@ -251,7 +251,16 @@ def permute(j: np.ndarray, m: np.ndarray, key: np.ndarray) -> np.ndarray:
 
 
 def _epoch_keys(seed: int, source: np.ndarray, epoch: np.ndarray) -> np.ndarray:
+    """The permutation key of each (source, epoch): computed once per pair present when there are
+    fewer pairs than values (the rows of a batch share a few), else value by value."""
     base = _mix(np.asarray([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0]
+    if source.size > 64:
+        e0 = int(epoch.min())
+        n_src, n_ep = int(source.max()) + 1, int(epoch.max()) - e0 + 1
+        if n_src * n_ep < source.size:
+            s_grid = np.repeat(np.arange(n_src, dtype=np.int64), n_ep)
+            e_grid = np.tile(np.arange(e0, e0 + n_ep, dtype=np.int64), n_src)
+            return _epoch_keys(seed, s_grid, e_grid)[source * n_ep + (epoch - e0)]
     k = _mix(source.astype(np.uint64) * np.uint64(0xD6E8FEB86659FD93) ^ base)
     return _mix(k ^ (epoch.astype(np.uint64) * np.uint64(0xA0761D6478BD642F)))
 
@@ -273,8 +282,12 @@ def stream_to_ring(stream: np.ndarray, train_tokens: np.ndarray, block: int, see
     m = np.maximum((t - head) // block, 0)
     j = (p - head) // block
     full = (p >= head) & (j < m)
+    if full.all():  # nearly always: every position in a whole block of its epoch
+        keys = _epoch_keys(seed, np.asarray(source, dtype=np.int64), e)
+        return head + permute(j, m, keys) * block + (p - head) % block
     ring = p.copy()
     if full.any():
+        source = np.asarray(source, dtype=np.int64)
         jj = permute(j[full], m[full], _epoch_keys(seed, source[full], e[full]))
         ring[full] = head[full] + jj * block + (p[full] - head[full]) % block
     return ring

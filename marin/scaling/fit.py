@@ -672,3 +672,31 @@ def fit_accuracy_sigmoid(task_loss: Sequence[float], acc: Sequence[float], chanc
     dof = len(x) - 2
     return SigmoidFit(chance, k, l0, math.sqrt(2 * best.cost / dof), len(x),
                       "; ".join(notes) if notes else "midpoint within the points")
+
+
+def compute_to_reach(E: float, A: float, alpha: float, loss: float) -> float:
+    """The compute at which the law ``E + A * c**-alpha`` reaches ``loss`` (NaN when it never does:
+    ``loss`` at or below its floor ``E``)."""
+    if not (loss > E and A > 0 and alpha > 0):
+        return float("nan")
+    return float((A / (loss - E)) ** (1.0 / alpha))
+
+
+def compute_multiplier(base: PowerLawFit, other: PowerLawFit, c: float, *, level: float = 0.68) -> dict[str, float]:
+    """How many times less compute ``other`` needs than ``base`` for ``base``'s loss at compute ``c``:
+    ``c / c_other``, where ``other``'s law reaches ``base.predict(c)`` at ``c_other`` (above 1:
+    ``other`` is cheaper; an optimizer comparison's "effective compute multiplier"). ``low`` and
+    ``high`` bound the central ``level`` interval of the same ratio over the two fits' bootstrap laws
+    paired at random (NaN with fewer than 10 usable pairs)."""
+    mid = c / compute_to_reach(other.E, other.A, other.alpha, float(base.predict(c)))
+    pairs = min(len(base.boot), len(other.boot))
+    ratios = []
+    for (eb, ab, alb), (eo, ao, alo) in zip(base.boot[:pairs], other.boot[:pairs]):
+        y = eb + ab * (c / base.c_ref) ** -alb  # boot rows: (E, a, alpha), a = A * c_ref**-alpha
+        reach = compute_to_reach(eo, ao * other.c_ref ** alo, alo, y)
+        if np.isfinite(reach) and reach > 0:
+            ratios.append(c / reach)
+    if len(ratios) < 10:
+        return {"multiplier": float(mid), "low": float("nan"), "high": float("nan"), "pairs": len(ratios)}
+    low, high = np.quantile(ratios, [0.5 - level / 2, 0.5 + level / 2])
+    return {"multiplier": float(mid), "low": float(low), "high": float(high), "pairs": len(ratios)}

@@ -80,8 +80,9 @@ class GateConfig:
     checkpoint ``at_step``: the control and each of ``candidates`` (label -> changes, see
     :func:`arm_config`) train ``steps`` steps from that checkpoint on the run's batches.
 
-    ``pool``: where the arms run (None: the run's own pool); another pool must have the run's device
-    kind, and a smaller one is allowed and said in gate.json (its step times are not the run's).
+    ``pool``: where the arms run (None: the run's own pool; a name is resolved to its PoolSpec here);
+    another pool must have the run's device kind, and a smaller one is allowed and said in gate.json
+    (its step times are not the run's).
     ``checkpoint_every``: the arms' checkpoint cadence, so a gate killed midway resumes each arm
     from its own newest checkpoint (None: twice per window). ``confidence``: of the paired loss
     difference's interval.
@@ -92,12 +93,14 @@ class GateConfig:
     at_step: int = 0
     candidates: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     steps: int = 200
-    pool: str | PoolSpec | None = None
+    pool: PoolSpec | None = None
     thresholds: GateThresholds = dataclasses.field(default_factory=GateThresholds)
     checkpoint_every: int | None = None
     confidence: float = 0.95
 
     def __post_init__(self) -> None:
+        if self.pool is not None:  # resolved once, here, as TrainConfig's: the spec travels, no process looks it up
+            object.__setattr__(self, "pool", as_pool(self.pool))
         if self.at_step <= 0 or self.steps < 2:
             raise GateRefused(f"a gate needs at_step > 0 (a committed checkpoint) and steps >= 2 (a paired "
                               f"difference has a spread), got at_step={self.at_step}, steps={self.steps}")

@@ -434,7 +434,8 @@ def default_train(
         seed: initialisation and data-order seed.
         train_steps, tokens_per_step, seq_len_phases: the horizon as planned, the batch in tokens, and
             ``(start fraction, seq_len)`` phases at that batch.
-        optimizer: AdamW and the LR schedule (:class:`OptimizerConfig`; ``lr_replans`` is live).
+        optimizer: the optimizer and the LR schedule (``AdamWConfig``, the default, or ``MuonHConfig``:
+            marin.training.optimizers; ``lr_replans`` is live).
         checkpoint: when state is saved and kept, the temporary tier, the preemption grace
             (:class:`~marin.training.checkpoint.CheckpointPolicy`).
         stall: the pool launcher's stall watchdog (:class:`~marin.pools.stall.StallRule`).
@@ -504,7 +505,8 @@ def branch_from(source: ExecutorStep, step: int, *, optimizer: bool = True, data
     resharded onto the new run's pool. The source is a dependency (its version is part of the new
     step's, and it must have succeeded, so the checkpoint exists) and ``step`` is versioned.
 
-    ``optimizer``: take the AdamW state too. ``data_position``: continue the source's data stream,
+    ``optimizer``: take the optimizer's state too (only from a source trained with the same optimizer).
+    ``data_position``: continue the source's data stream,
     step counter and LR schedule (a cooldown side branch: the same schedule with ``lr_replans=((step,
     step + cooldown_steps),)`` decays to the final LR over the cooldown; a longer horizon: a larger
     ``train_steps``); False starts at step 0 of the new run's own schedule with the source's weights.

@@ -61,10 +61,11 @@ class InitFrom:
     ``run``: the source step's output directory (``output_path_of(source_step)`` in an experiment
     file, so the source's version is part of this step's). ``step``: the checkpoint's step (it must
     be committed; retention keeps it when it is a multiple of the source's ``keep_every_steps``).
-    ``optimizer``: also take the AdamW state (else fresh moments). ``data_position``: continue the
-    source's data stream and step counter (the batch at step N is the source's batch N, the LR
-    schedule is read at N): what a cooldown side branch or a longer horizon wants; without it the
-    run starts at its own step 0 with the source's weights.
+    ``optimizer``: also take the optimizer's state (else a fresh one; a source trained with another
+    optimizer needs ``optimizer=False``). ``data_position``: continue the source's data stream and
+    step counter (the batch at step N is the source's batch N, the LR schedule is read at N): what a
+    cooldown side branch or a longer horizon wants; without it the run starts at its own step 0 with
+    the source's weights.
 
     Used only when the run has no checkpoint of its own: a branch that was interrupted resumes from
     its own checkpoints, like any run.
@@ -316,7 +317,7 @@ class TrainConfig:
     preset name is accepted too and resolved at construction, after which ``preset`` keeps the name
     for readability. ``train_steps`` is the original horizon; ``optimizer.lr_replans`` moves it later on.
     The rest is grouped by concept, each group a dataclass with its own defaults and checks:
-    ``optimizer`` (AdamW and the LR schedule), ``checkpoint`` (when state is saved and kept),
+    ``optimizer`` (AdamW or MuonH, and the LR schedule), ``checkpoint`` (when state is saved and kept),
     ``stall`` (the pool launcher's watchdog), ``evaluation`` (in training), ``telemetry`` and
     ``parallelism`` (how the work is spread). The flat keywords of before (``peak_lr=``,
     ``checkpoint_every_steps=``, ...; :data:`FLAT_NAMES`) still work for one release, with a

@@ -199,7 +199,7 @@ def state_shardings(state: dict[str, Any], mesh, param_sharding: str = "replicat
 
 
 def fresh_state(config: TrainConfig, cfg) -> dict[str, Any]:
-    """The fresh state as a pure function of the seed: params, zero AdamW moments, zero router bias,
+    """The fresh state as a pure function of the seed: params, the optimizer's fresh state, zero router bias,
     the training PRNG key. Traced by :func:`init_state` (never run eagerly for a real model)."""
     init_key, train_key = jax.random.split(jax.random.PRNGKey(config.seed))
     params = init_params(cfg, init_key)

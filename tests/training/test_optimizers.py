@@ -102,6 +102,25 @@ def test_the_planned_muonh_state_is_the_real_per_device_shards(param_sharding):
         checkpoint_bytes_per_host(cfg, pool, param_sharding))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("param_sharding,pool,transport,tokens", [("replicated", "local-cpu-1", "local", 2048),
+                                                                  ("fsdp", "local-cpu", "fixed", 4096)])
+def test_the_planned_muonh_step_is_within_15_percent_of_xla(param_sharding, pool, transport, tokens):
+    """As the planner's AdamW check (tests/training/test_planning.py): the total against XLA's own
+    memory analysis of the compiled step with MuonH (0.88 and 0.94 of it here, as AdamW's)."""
+    from marin.parallel.mesh import make_mesh
+
+    config = _config(model="tiny-ep", model_overrides={"n_layers": 2}, pool=pool, tokens_per_step=tokens,
+                     seq_len_phases=((0.0, 64),), optimizer=MuonHConfig(), param_sharding=param_sharding)
+    cfg, p = model_config(config), get_pool(pool)
+    lowered = lower_train_step(config, cfg, p.mesh, transport, batch_size=tokens // 64, seq_len=64, platform="cpu",
+                               mesh=make_mesh(*p.mesh))
+    ma = lowered.compile().memory_analysis()
+    xla = ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes + ma.temp_size_in_bytes
+    planned = memory_plan(cfg, p, tokens, 64, 1, transport, param_sharding, MuonHConfig())["total"]
+    assert abs(planned - xla) <= 0.15 * xla, (planned, xla)
+
+
 def test_the_hero_with_muonh_fits_every_phase(capsys):
     """``marin plan hero --optimizer muonh``: every sequence-length phase on both transports fits a
     GB200 (the hero's variant step is declared with the memory check that refuses one that does not)."""

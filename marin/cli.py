@@ -53,6 +53,7 @@ from marin.execution.failures import STORE_ADVICE, store_access_error, unreadabl
 from marin.execution.jsonable import mask_text
 from marin.execution.prefix import resolve_prefix
 from marin.execution.retry import refusal_fails_fast
+from marin.execution.signals import StopSignals, ignore_stop_signals, signal_of, stop_reason
 
 COMMANDS: dict[str, str] = {
     "run": "run an experiment file (flags as for python EXPERIMENT.py)",
@@ -113,10 +114,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = parser.parse_args(argv)
     module = command_module(args.command)
-    if args.command in RIDES_OUT_REFUSALS:
+    if args.command in RIDES_OUT_REFUSALS:  # an experiment's run has its own stop path (marin.execution.main)
         return _run(module, args)
-    with refusal_fails_fast():
-        return _run(module, args)
+    with refusal_fails_fast(), StopSignals() as signals:
+        try:
+            return _run(module, args)
+        except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM or SIGHUP: what was started has been stopped on the way out
+            signum = signal_of(e, signals)
+            ignore_stop_signals()  # a repeated signal must not cut the message or the exit short
+            print(f"marin {args.command}: stopped ({stop_reason(signum)})", file=sys.stderr)
+            return 128 + signum
 
 
 def _run(module: ModuleType, args: argparse.Namespace) -> int:

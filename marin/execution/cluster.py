@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,7 +21,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from marin.execution.errors import ExecutorError
-from marin.execution.signals import RunStopped
+from marin.execution.signals import RunStopped, stop_signals_held
 
 logger = logging.getLogger("marin.execution")
 T = TypeVar("T")
@@ -63,6 +64,7 @@ def ensure_ray(address: str | None) -> bool:
         return False
     quiet_default_token_notice()
     os.environ[FIXED_CLUSTER_ENV] = "1"  # before ray.init: its processes (and the steps) inherit it
+    _watchdogs.append(start_watchdog())
     try:
         retry_startup_timeouts(lambda: ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING,
                                                 log_to_driver=True), "the local Ray cluster")
@@ -75,6 +77,33 @@ def ensure_ray(address: str | None) -> bool:
             shutdown_local_ray()
         raise
     return True
+
+
+_watchdogs: list[tuple[subprocess.Popen, int]] = []
+"""The watchdog of the local cluster :func:`ensure_ray` started, until :func:`shutdown_local_ray`."""
+
+
+def start_watchdog(grace_s: float = 5.0) -> tuple[subprocess.Popen, int]:
+    """Start the watchdog (:mod:`marin.execution.reaper`) that stops what a local cluster about to
+    start would leave running if this process were killed outright; returns it with the write end
+    of its pipe, for :func:`stop_watchdog` once the cluster is stopped."""
+    read, write = os.pipe()  # not inherited by what this process starts: only its death closes the pipe
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "marin.execution.reaper", str(os.getpid()), str(grace_s)],
+                                stdin=read, stdout=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        os.close(read)
+    return proc, write
+
+
+def stop_watchdog(watchdog: tuple[subprocess.Popen, int]) -> None:
+    """Tell the watchdog the cluster was stopped here, and let it exit."""
+    proc, write = watchdog
+    with contextlib.suppress(OSError):
+        os.write(write, b"stopped")  # marin.execution.reaper.STOPPED (it imports this module)
+    os.close(write)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
 
 
 def retry_startup_timeouts(start: Callable[[], T], what: str) -> T:
@@ -260,6 +289,8 @@ def shutdown_local_ray(grace_s: float = 5.0) -> None:
     owned = node_descendants(node) if node is not None else []
     ray.shutdown(wait_for_processes=True)
     stop_processes(owned, grace_s)
+    while _watchdogs:
+        stop_watchdog(_watchdogs.pop())
 
 
 def node_descendants(node) -> list[tuple[int, str]]:
@@ -315,6 +346,7 @@ def local_cluster_with_nodes(nodes: Sequence[Mapping[str, Any]], *, grace_s: flo
     quiet_default_token_notice()
     before = os.environ.get(FIXED_CLUSTER_ENV)
     os.environ[FIXED_CLUSTER_ENV] = "1"  # before the nodes start: their workers (the pool's hosts) inherit it
+    watchdog = start_watchdog(grace_s)
     cluster = Cluster()
     owned: list[tuple[int, str]] = []
     try:
@@ -324,14 +356,16 @@ def local_cluster_with_nodes(nodes: Sequence[Mapping[str, Any]], *, grace_s: flo
         cluster.wait_for_nodes()
         yield cluster.address
     finally:
-        for node in [*cluster.worker_nodes, cluster.head_node]:
-            if node is not None:
-                owned += node_descendants(node)
-        if ray.is_initialized():
-            ray.shutdown()
-        cluster.shutdown()
-        stop_processes(owned, grace_s)
-        if before is None:
-            os.environ.pop(FIXED_CLUSTER_ENV, None)
-        else:
-            os.environ[FIXED_CLUSTER_ENV] = before
+        with stop_signals_held():  # a second Ctrl-C must not leave agents behind, nor a node still joined
+            for node in [*cluster.worker_nodes, cluster.head_node]:
+                if node is not None:
+                    owned += node_descendants(node)
+            if ray.is_initialized():
+                ray.shutdown()
+            cluster.shutdown()
+            stop_processes(owned, grace_s)
+            stop_watchdog(watchdog)
+            if before is None:
+                os.environ.pop(FIXED_CLUSTER_ENV, None)
+            else:
+                os.environ[FIXED_CLUSTER_ENV] = before

@@ -113,6 +113,29 @@ def ignore_stop_signals() -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Hold stop signals off for a block that must finish once begun (stopping a Ray cluster this
+    process started: cut short, it leaves agents behind, or Ray removes a node its client is still
+    connected to and crashes). The first signal that arrives meanwhile is raised as
+    :class:`RunStopped` after the block, unless the block already ends with an exception (a stop
+    under way, most often). Outside the main thread, or once the process is exiting on a stop
+    (:func:`ignore_stop_signals`), signals are left as they are."""
+    if _exiting or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        if not _exiting:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    if received:
+        raise RunStopped(received[0])
+
+
 def signal_of(exc: BaseException, signals: StopSignals | None) -> int:
     """The signal behind a KeyboardInterrupt: Ray's waits re-raise a plain KeyboardInterrupt in place of
     :class:`RunStopped`, so the handlers' record is the authority."""

@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -227,3 +229,36 @@ def _processes_of_ray_session_started_by(pid: int) -> list[str]:
         if f"_{pid}/" in cmd and "session_" in cmd:
             found.append(cmd[:200])
     return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["sample", "--prompt", "Council note", "--max-new-tokens", "100"], ["eval"]],
+                         ids=["sample", "eval"])
+def test_ctrl_c_on_a_two_host_pool_is_rc_130_one_line_and_nothing_left_running(text_run, command):
+    """Ctrl-C (twice, as an impatient person does) while the pool's hosts run: the terminal sends
+    SIGINT to the whole foreground process group, Ray's processes included. The command stops the
+    simulated nodes, agents included, says so in one line and exits with 128 + SIGINT."""
+    from marin.execution.cluster import descendants, still_running
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(PYTHONPATH=REPO, RAY_USAGE_STATS_ENABLED="0")
+    proc = subprocess.Popen([sys.executable, "-m", "marin.cli", command[0], text_run, *command[1:], "--pool",
+                             "local-2host"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    before = []
+    for line in proc.stderr:  # the hosts are running once they print
+        before.append(line)
+        if "(_Host" in line:
+            break
+    started = descendants(proc.pid)  # the nodes, their agents, the hosts, the watchdog
+    for _ in range(2):
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.3)
+    after = proc.stderr.read()
+    proc.wait(timeout=300)
+    assert proc.returncode == 128 + signal.SIGINT, "".join(before) + after
+    assert [x for x in after.splitlines() if "(_Host" not in x] == [f"marin {command[0]}: stopped (Ctrl-C)"], after
+    deadline = time.monotonic() + 10  # the command stopped them before it exited; the kernel reaps them
+    while [p for p in started if still_running(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in started if still_running(p)]

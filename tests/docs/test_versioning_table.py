@@ -52,13 +52,14 @@ def config_classes() -> list[type]:
     from marin.scaling.isoflop import IsoFlopFitConfig
     from marin.scaling.ladder import LadderFitConfig, RungRun
     from marin.training.config import GROUPS, SyntheticDataConfig, TrainConfig
+    from marin.training.gate import GateConfig
     from marin.training.optimizers import MuonHConfig
 
     return [TrainConfig, *GROUPS.values(), MuonHConfig, MoEConfig, SyntheticDataConfig, SyntheticK40Config,
             TrainTokenizerConfig, CorpusInput, DedupConfig, DecontaminateConfig, TokenizeConfig, MixtureConfig,
             MixtureReportConfig, EvalConfig, EvalSet,
             DomainTaskConfig, HarnessConfig, HealthReportConfig, LadderFitConfig, RungRun, IsoFlopFitConfig,
-            ReportConfig]
+            ReportConfig, GateConfig]
 
 
 def render() -> str:

@@ -261,7 +261,10 @@ def _refuse_credentials_in_config(step: ExecutorStep) -> None:
             return DESCEND
         return None
 
-    walk(step.config, visit, lambda *_: None, "", key_text)
+    try:
+        walk(step.config, visit, lambda *_: None, "", key_text)
+    except ConfigStructureError:
+        pass  # a config too deep or cyclic to walk: the version's encoding refuses it, naming the step
     if step.override_output_path is not None:
         refuse_url_credentials(f"step {step.name!r}: override_output_path", step.override_output_path)
 

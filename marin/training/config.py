@@ -482,6 +482,8 @@ def train_record_in_current_spelling(record: dict[str, Any]) -> dict[str, Any]:
     grouped (:data:`FLAT_NAMES`) move into their groups. ``model_overrides`` / ``compute_dtype`` are
     dropped: the record's ``model`` is the resolved model they were applied to."""
     out = {k: v for k, v in record.items() if k not in MODEL_KEYWORDS}
+    if isinstance(out.get("pool"), str):  # runs recorded their pool by name before the spec travelled whole
+        out["pool"] = as_pool(out["pool"])
     for flat in [k for k in out if k in FLAT_NAMES]:
         group_name, name = FLAT_NAMES[flat]
         given = out.get(group_name)

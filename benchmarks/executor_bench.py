@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -177,18 +178,66 @@ def breakdown(exp: str, steps: int, shape: str, prefix: str, env: dict, tmp: str
     wrapper = os.path.join(tmp, "breakdown.py")
     with open(wrapper, "w") as f:
         f.write(BREAKDOWN)
+    tag = f"{os.getpid()}-{time.monotonic_ns()}"
     r = subprocess.run([sys.executable, wrapper, exp, str(steps), shape, "--prefix", prefix, "--progress", "false"],
-                       env=env, capture_output=True, text=True)
+                       env={**env, RUN_MARKER: tag}, capture_output=True, text=True)
+    settle(tag)
     line = next((x for x in r.stderr.splitlines() if x.startswith("BREAKDOWN ")), None)
     if r.returncode != 0 or line is None:
         raise SystemExit(f"breakdown run failed:\n{r.stderr[-3000:]}")
     return json.loads(line[len("BREAKDOWN "):])
 
 
+RUN_MARKER = "MARIN_BENCH_RUN"
+"""Set in each measured process's environment (and so in every process its Ray cluster starts), to
+find what a run left running."""
+
+SETTLE_S = 20.0
+
+leftovers_seen: list[int] = []
+"""How many processes each measured run left running after it exited."""
+
+
+def processes_of(tag: str) -> list[int]:
+    """Pids of live processes whose environment carries ``RUN_MARKER=tag``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if f"{RUN_MARKER}={tag}".encode() in f.read().split(b"\0"):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def settle(tag: str) -> None:
+    """Wait (up to :data:`SETTLE_S`) for the processes a measured run left behind, then stop the
+    rest: plain Ray exits without waiting for its cluster (its dashboard and runtime-env agents
+    outlive the driver by minutes), and on a 2-core machine they would slow whichever run comes
+    next. The executor stops its own cluster, agents included, inside its measured time."""
+    left = processes_of(tag)
+    leftovers_seen.append(len(left))
+    deadline = time.monotonic() + SETTLE_S
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = processes_of(tag)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def timed(cmd: list[str], env: dict) -> float:
+    """Seconds of one process, ``cmd``; what it left running is stopped before the next (:func:`settle`)."""
+    tag = f"{os.getpid()}-{time.monotonic_ns()}"
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    r = subprocess.run(cmd, env={**env, RUN_MARKER: tag}, capture_output=True, text=True)
     dt = time.perf_counter() - t0
+    settle(tag)
     if r.returncode != 0:
         raise SystemExit(f"command failed: {' '.join(cmd)}\n{r.stderr[-3000:]}")
     return dt
@@ -230,9 +279,12 @@ def bench_plan(n: int) -> float:
 def raw_phases(raw: str, steps: int, shape: str, out: str, env: dict) -> dict[str, float]:
     """Seconds of plain Ray's import, start and tasks in one run; the rest of its process time, its
     stop at exit (Ray's atexit hook) and the interpreter's own start and exit, as "Ray stop, exit"."""
+    tag = f"{os.getpid()}-{time.monotonic_ns()}"
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, raw, str(steps), shape, out], env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, raw, str(steps), shape, out], env={**env, RUN_MARKER: tag},
+                       capture_output=True, text=True)
     total = time.perf_counter() - t0
+    settle(tag)
     line = next((x for x in r.stderr.splitlines() if x.startswith("PHASES ")), None)
     if r.returncode != 0 or line is None:
         raise SystemExit(f"raw Ray run failed:\n{r.stderr[-3000:]}")
@@ -301,6 +353,8 @@ def main() -> None:
                      (f"first run, {n} {label}", res[f"first_{shape}_1000_s"], res[f"ray_{shape}_1000_s"],
                       "<= 1.2x raw Ray"),
                      (f"raw Ray, {n} {label}", res[f"ray_{shape}_1000_s"], None, "baseline")]
+    print(f"processes a measured run left running after it exited (stopped before the next run): "
+          f"{leftovers_seen}")
     print(f"creating a file in the scratch directory costs {res['file_create_ms']:.3f} ms of CPU "
           "(a step's bookkeeping creates one: its lease, which becomes its status record)")
     print(f"{'measurement':40s} {'seconds':>9s} {'vs raw Ray':>11s}  target")

@@ -9,7 +9,9 @@ steps into OUT/run (fsdp: weights and AdamW state split across the two processes
 steps 2 and 4). MODE ``kill``: the state is saved at step 1, then process 1 kills itself with SIGKILL
 in the middle of the save of step 2, after its chunks are written and before its part record.
 MODE ``memory`` (optionally over 4 hosts x 2 devices): a larger model trains 3 steps with async
-saves and is restored. All print one ``RESULT {json}`` line with the process's peak resident memory.
+saves and is restored. MODE ``store``: OUT is an object-store URL; a real run trains 12 steps saving
+every 2 (the store may refuse or hold some of the writes: tests/training/test_save_faults_multihost.py),
+with a part timeout of 8 s. All print one ``RESULT {json}`` line with the process's peak resident memory.
 """
 
 import json
@@ -62,7 +64,8 @@ def main() -> None:
     from marin.training.trainer import init_state, model_config, state_shapes, state_shardings, train_on_host
 
     memory_run = {**MEMORY_RUN, "model_overrides": {**MEMORY_RUN["model_overrides"], "expert_width": expert_width}}
-    cfgt = config(f"{out}/run", **(memory_run if mode == "memory" else {}))
+    store_run = dict(train_steps=12, keep_last_checkpoints=2)
+    cfgt = config(f"{out}/run", **(memory_run if mode == "memory" else store_run if mode == "store" else {}))
     cfg = model_config(cfgt)
     mesh = make_mesh(*ctx.pool.mesh)
     shardings = state_shardings(state_shapes(cfgt, cfg), mesh, cfgt.param_sharding)
@@ -90,6 +93,10 @@ def main() -> None:
                                        if s.replica_id == 0) / sum(x.nbytes for x in jax_leaves(state))
         ckpt.write_checkpoint(f"{out}/init", state, {"kind": "fresh"}, step=0)
         del state
+        result["summary"] = train_on_host(ctx, cfgt)
+    elif mode == "store":
+        # what process 0 waits for the other parts (and the others for COMMIT): 8 s, not an hour
+        ckpt.CheckpointManager.__init__.__kwdefaults__["part_timeout_s"] = 8.0
         result["summary"] = train_on_host(ctx, cfgt)
     elif mode == "memory":
         # init sharded, 3 training steps with async saves at 2 and 3, then a restore of step 3

@@ -210,6 +210,7 @@ class CheckpointManager:
         self.last_save_s: float | None = None  # staging + writing + commit of the latest finished save
         self.failed_saves = 0  # permanent saves of this attempt that failed
         self.failed_in_a_row = 0  # ... since the last one that committed
+        self._failed_steps: list[int] = []  # the save points that failed since the last one that committed
         self.last_failure: str | None = None
         self.last_committed_step: int | None = None  # the newest permanent save this process saw commit
         self._last_commit_time = time.monotonic()
@@ -325,7 +326,7 @@ class CheckpointManager:
             logger.warning("temporary checkpoint skipped: %s (the permanent checkpoints still protect the run)", e)
             return
         if store.tier == PERMANENT:
-            self.failed_in_a_row, self.last_committed_step = 0, staged.step
+            self.failed_in_a_row, self.last_committed_step, self._failed_steps = 0, staged.step, []
             self._last_commit_time = time.monotonic()
         self.last_save_s = time.perf_counter() - self._save_started
         logger.info("saved %s checkpoint %s (%.1f MB from this process)", store.tier, staged.path, staged.nbytes / 1e6)
@@ -341,7 +342,10 @@ class CheckpointManager:
         """Count a failed permanent save; raise :class:`SavesFailing` once the policy's limit is reached."""
         self.failed_saves += 1
         self.failed_in_a_row += 1
+        self._failed_steps.append(step)
         self.last_failure = str(error)
+        if not self.is_writer:
+            self._recount_from_store()
         limit, minutes = self.policy.max_failed_saves, self.policy.max_minutes_without_commit
         age_min = (time.monotonic() - self._last_commit_time) / 60.0
         newest = (self.permanent.url(self.last_committed_step) if self.last_committed_step is not None
@@ -356,6 +360,22 @@ class CheckpointManager:
         logger.warning("checkpoint save at step %d failed (%d of %d in a row allowed): %s; training goes on and the "
                        "next save point tries again (newest committed: %s)", step, self.failed_in_a_row, limit,
                        error, newest)
+
+    def _recount_from_store(self) -> None:
+        """The store is the authority on what committed. A process other than 0 learns of a commit by
+        waiting for its COMMIT, and process 0 may write it after that wait gave up (its previous save
+        held it for up to the part timeout): failures in a row count only the save points after the
+        newest commit on the store, so every process of the pool reaches checkpoint.max_failed_saves at
+        the same save point (one ending the attempt alone leaves the others waiting in a collective)."""
+        try:
+            newest = max(self.committed_steps(), default=None)
+        except Exception:  # noqa: BLE001 - a store that cannot be read now: this process's own count stands
+            return
+        if newest is not None and (self.last_committed_step is None or newest > self.last_committed_step):
+            self.last_committed_step = newest
+            self._last_commit_time = time.monotonic()  # the first this process knows of it
+            self._failed_steps = [s for s in self._failed_steps if s > newest]
+            self.failed_in_a_row = len(self._failed_steps)
 
     def ensure_saved(self, step: int, tree: Any, metadata: Mapping[str, Any]) -> str:
         """The run's last checkpoint must exist: wait for the save in flight and, while ``step`` has not
@@ -510,7 +530,9 @@ class CheckpointManager:
         dirs = self._step_dirs()
         deleted = []
         for s, action in self.retention_plan(current).items():
-            if not action.startswith("delete"):
+            # a directory that appeared after the listing above (another process's late part of a save
+            # that already failed here) is left to the next collection
+            if not action.startswith("delete") or s not in dirs:
                 continue
             try:
                 delete_dir(self.fs, dirs[s])

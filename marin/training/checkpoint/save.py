@@ -198,8 +198,10 @@ def write_staged(staged: Staged, *, part_timeout_s: float = PART_TIMEOUT_S) -> N
                 "bytes": staged.nbytes, "time": time.time()}
         _commit(fs, f"{root}/{PARTS_DIR}/{part_name(staged.process)}", json.dumps(part).encode())
         if staged.process != 0:
-            # the save is done for this process only once it counts: when process 0 has committed it
-            _wait_for_file(fs, f"{root}/{COMMIT_FILE}", part_timeout_s, "COMMIT (written by process 0)")
+            # the save is done for this process only once it counts: when process 0 has committed it.
+            # Process 0 writes saves one after another and its previous one may have waited a whole part
+            # timeout for a part that never came, so it may start this one that much later: twice the timeout
+            _wait_for_file(fs, f"{root}/{COMMIT_FILE}", 2 * part_timeout_s, "COMMIT (written by process 0)")
             return
         _wait_for_parts(fs, root, staged.num_processes, part_timeout_s)
         commit = {"format": FORMAT, "step": staged.step, "processes": staged.num_processes, "time": time.time()}

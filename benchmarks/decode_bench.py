@@ -15,11 +15,12 @@ JSON object. Needs only JAX and marin's model code (no Ray), so it runs as is on
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import sys
 import time
+
+from _bench_setup import parse_overrides  # the benchmarks folder is on sys.path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,17 +36,6 @@ def _parse() -> argparse.Namespace:
     return p.parse_args()
 
 
-def _overrides(items: list[str]) -> dict:
-    out = {}
-    for kv in items:
-        k, _, v = kv.partition("=")
-        try:
-            out[k] = ast.literal_eval(v)
-        except (ValueError, SyntaxError):
-            out[k] = v
-    return out
-
-
 def main() -> None:
     args = _parse()
     import jax
@@ -58,7 +48,7 @@ def main() -> None:
 
     contexts = [int(c) for c in args.contexts.split(",")]
     longest = max(contexts) + args.new_tokens + 1
-    overrides = {"max_seq_len": longest, **_overrides(args.override)}
+    overrides = {"max_seq_len": longest, **parse_overrides(args.override)}
     cfg = get_preset(args.model, **overrides).replace(transport="local", remat_policy="none")
     params = init_params(cfg, jax.random.PRNGKey(0))
     bias = init_router_bias(cfg)

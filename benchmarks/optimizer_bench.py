@@ -14,12 +14,13 @@ the same model, batch and devices.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import statistics
 import sys
 import time
+
+from _bench_setup import parse_overrides  # the benchmarks folder is on sys.path
 
 
 def _parse() -> argparse.Namespace:
@@ -33,17 +34,6 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=5, help="timed steps per repeat")
     p.add_argument("--repeats", type=int, default=5, help="timed blocks per optimizer, interleaved (the median counts)")
     return p.parse_args()
-
-
-def _overrides(items: list[str]) -> dict:
-    out = {}
-    for kv in items:
-        k, v = kv.split("=", 1)
-        try:
-            out[k] = ast.literal_eval(v)
-        except (ValueError, SyntaxError):
-            out[k] = v
-    return out
 
 
 def main() -> None:
@@ -62,7 +52,7 @@ def main() -> None:
     from marin.training.optimizers import AdamWConfig, MuonHConfig
     from marin.training.trainer import init_host_state, make_train_step, model_config, state_shardings, synthetic_batch
 
-    model = get_preset(args.model, **_overrides(args.override))
+    model = get_preset(args.model, **parse_overrides(args.override))
     data = SyntheticDataConfig(vocab_size=model.vocab_size)
     batch_size = args.tokens_per_step // args.seq_len
     batches = [synthetic_batch(data, i, batch_size, args.seq_len) for i in range(args.warmup + args.steps + 1)]

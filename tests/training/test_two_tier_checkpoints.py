@@ -145,6 +145,35 @@ def test_a_damaged_temporary_checkpoint_falls_back_to_the_permanent_one(tmp_path
     mgr.close()
 
 
+def test_an_incomplete_temporary_save_blocks_neither_the_next_save_nor_a_restore(tmp_path):
+    """A host killed mid-save leaves a temporary step directory with parts but no COMMIT: a relaunch
+    restores the newest committed checkpoint, clears the leftover, and its next temporary save commits."""
+    from marin.training.checkpoint.format import COMMIT_FILE
+
+    run, fast = str(tmp_path / "run"), str(tmp_path / "fast")
+    mgr = CheckpointManager(run, CheckpointPolicy(every_steps=4, temp_every_minutes=60.0), temp_path=fast)
+    mgr.save(4, _state(4), {"tokens": 4}, blocking=True)
+    mgr.save_temporary(6, _state(6), {"tokens": 6}, blocking=True)
+    mgr.close()
+    temp_dir = tmp_path / "fast" / temp_checkpoint_root("", run).lstrip("/") / "step-00000006"
+    (temp_dir / COMMIT_FILE).unlink()  # the save that died before process 0 committed it
+    assert temp_dir.is_dir() and any(temp_dir.rglob("*"))
+
+    fresh = CheckpointManager(run, CheckpointPolicy(every_steps=4, temp_every_minutes=60.0), temp_path=fast)
+    step, tree, _ = fresh.restore_latest(template=_state(0))
+    assert step == 4 and _same(tree, _state(4))  # the incomplete one is never read
+    fresh.clear_uncommitted()  # what the writer does before training starts
+    assert not temp_dir.exists()
+    fresh.mark_restored(4)
+    fresh.save_temporary(5, _state(5), {"tokens": 5}, blocking=True)  # the next save is not blocked
+    assert fresh.temporary.committed_steps() == [5]
+    fresh.close()
+    again = CheckpointManager(run, CheckpointPolicy(every_steps=4, temp_every_minutes=60.0), temp_path=fast)
+    step, tree, _ = again.restore_latest(template=_state(0))
+    assert step == 5 and _same(tree, _state(5))
+    again.close()
+
+
 def test_a_step_in_both_tiers_is_read_from_the_permanent_one_and_the_run_directories_do_not_collide(tmp_path):
     run, fast = str(tmp_path / "run"), str(tmp_path / "fast")
     mgr = CheckpointManager(run, CheckpointPolicy(temp_every_minutes=60.0), temp_path=fast)

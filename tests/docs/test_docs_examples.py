@@ -80,3 +80,22 @@ def test_user_guide_review_in_python_runs(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "small/train" in r.stdout and "step 60 of 60" in r.stdout and "peak grad norm 4.0" in r.stdout
     assert "'ok': False" in r.stdout and "'macro_bpb': 1.315" in r.stdout
+
+
+def test_the_operations_runbook_names_only_real_commands_and_flags():
+    """operations/README.md is what an operator follows during an incident: every `marin COMMAND` it
+    names exists, and every --flag it gives that command is one the command's parser accepts."""
+    import argparse
+
+    from marin.cli import COMMANDS, command_module
+
+    text = (REPO / "operations" / "README.md").read_text()
+    uses = re.findall(r"marin ([a-z][a-z-]*)((?: [^`|\n]*)?)", text)
+    assert {name for name, _ in uses} >= {"watch", "health", "checkpoints", "replan-lr", "plan", "show", "status"}
+    for name, rest in uses:
+        assert name in COMMANDS, f"operations/README.md names marin {name}, which is not a command"
+        parser = argparse.ArgumentParser()
+        command_module(name).add_arguments(parser)
+        options = {s for a in parser._actions for s in a.option_strings}  # noqa: SLF001 - argparse keeps no public table
+        for flag in re.findall(r"(--[a-z][a-z-]*)", rest.split("#")[0]):
+            assert flag in options, f"operations/README.md gives marin {name} {flag}, which it does not take"

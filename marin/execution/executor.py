@@ -51,6 +51,7 @@ from marin.execution.lease_keeper import LeaseKeeper
 from marin.execution.options import RunOptions
 from marin.execution.outcome import Outcome, RunResult
 from marin.execution.plan import Plan, PlannedStep, resolve_config
+from marin.execution.retry import RetryPolicy
 from marin.execution.selection import print_dry_run, read_statuses, run_statuses, select_steps, selected
 from marin.execution.signals import StopSignals, clear_stop_request, signal_of
 from marin.execution.status import StepStatus
@@ -73,6 +74,9 @@ __all__ = [  # the executor's names, wherever they are defined, as callers impor
 ]
 
 logger = logging.getLogger("marin.execution")
+
+INFRA_BACKOFF = RetryPolicy(first_delay_s=2.0, max_delay_s=60.0)
+"""The wait before a step's next attempt after an infrastructure failure: 2 s, doubling, at most a minute."""
 
 
 # ----------------------------------------------------------------------------------------------- #
@@ -334,7 +338,7 @@ class _Runner:
         and resumes from whatever it committed: a training step from its last checkpoint."""
         self.infra_failures[s] += 1
         n = self.infra_failures[s]
-        delay = min(60.0, 2.0 * 2 ** (n - 1))
+        delay = INFRA_BACKOFF.delay(n)
         message = (f"infrastructure failure ({mask_text(error)}); attempt {n + 1} of {self.infra_limit(s) + 1} "
                    f"starts in {delay:.0f}s from what the step committed")
         lease = self.keeper.get(s)

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from marin.execution.cluster import placement_owner
 from marin.execution.failures import StopRequested, host_memory_error, is_infrastructure_failure
+from marin.execution.retry import RetryPolicy
 from marin.pools.errors import (
     HostOutOfMemory,
     NonRetryableError,
@@ -118,6 +119,9 @@ class RendezvousBoard:
 
 RENDEZVOUS_BACKOFF_MAX_S = 300.0
 """The longest wait between two attempts at the start-up rendezvous (the backoff doubles up to it)."""
+
+RELAUNCH_BACKOFF = RetryPolicy(first_delay_s=1.0, max_delay_s=30.0)
+"""The wait before relaunching a pool after a host failed: 1 s, doubling, at most 30 s."""
 
 
 def never_joined(board: Any, pool: PoolSpec, groups: list[Any], ended: Mapping[int, BaseException]
@@ -313,7 +317,8 @@ class RayLauncher:
                         raise RendezvousError(message) from None
                     logger.warning("%s; relaunching the pool (rendezvous attempt %d of %d)", message,
                                    rendezvous_failures + 1, pool.rendezvous_retries + 1)
-                    delay = min(RENDEZVOUS_BACKOFF_MAX_S, pool.rendezvous_backoff_s * 2 ** (rendezvous_failures - 1))
+                    backoff = RetryPolicy(first_delay_s=pool.rendezvous_backoff_s, max_delay_s=RENDEZVOUS_BACKOFF_MAX_S)
+                    delay = backoff.delay(rendezvous_failures)
                 else:
                     failures += 1
                     note.add_bad_nodes(failed_hosts_nodes(groups, pool, ended))
@@ -322,7 +327,7 @@ class RayLauncher:
                     logger.warning("pool %s failed (attempt %d/%d): %s", pool.name, failures, retries + 1, inner)
                     if failures > retries:
                         break
-                    delay = min(30.0, 1.0 * 2 ** (failures - 1))  # a lost node may take a while to be replaced
+                    delay = RELAUNCH_BACKOFF.delay(failures)  # a lost node may take a while to be replaced
             finally:
                 for a in actors:
                     ray.kill(a, no_restart=True)

@@ -7,10 +7,10 @@ experiment-file mistake (:mod:`marin.execution.errors`) is installed by the entr
 detected by :func:`marin.execution.errors.running_a_script`).
 """
 
-from marin.execution.errors import install_excepthook, running_a_script
-from marin.execution.executor import ExecutorError, PreviouslyFailedError, RunResult
+from marin.execution.errors import ExecutorError, PreviouslyFailedError, install_excepthook, running_a_script
 from marin.execution.hashing import UnhashableConfigError
 from marin.execution.main import ExecutorMainConfig, executor_main
+from marin.execution.outcome import RunResult
 from marin.execution.plan import Plan, PlanError, PlannedStep, plan_steps, resolve_config
 from marin.execution.status import StepStatus
 from marin.execution.step import (

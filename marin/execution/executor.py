@@ -42,7 +42,7 @@ from tqdm import tqdm
 from marin.execution import status as st
 from marin.execution import storage
 from marin.execution.cluster import ensure_ray, import_ray_for_the_driver, shutdown_local_ray
-from marin.execution.errors import ExecutorError, ExecutorInterrupted, PreviouslyFailedError
+from marin.execution.errors import ExecutorError, ExecutorInterrupted
 from marin.execution.experiment_record import record_steps, write_experiment_record
 from marin.execution.failures import InputNotSucceeded, disk_full_error, error_chain, is_infrastructure_failure
 from marin.execution.jsonable import mask_text
@@ -52,7 +52,7 @@ from marin.execution.options import RunOptions
 from marin.execution.outcome import Outcome, RunResult
 from marin.execution.plan import Plan, PlannedStep, resolve_config
 from marin.execution.retry import RetryPolicy
-from marin.execution.selection import print_dry_run, read_statuses, run_statuses, select_steps, selected
+from marin.execution.selection import print_dry_run, run_statuses, selected
 from marin.execution.signals import StopSignals, clear_stop_request, signal_of
 from marin.execution.status import StepStatus
 from marin.execution.stop import Stopper, interrupted_error
@@ -67,11 +67,6 @@ from marin.execution.tasks import (
     submit,
     task_args,
 )
-
-__all__ = [  # the executor's names, wherever they are defined, as callers import them from here
-    "ExecutorError", "ExecutorInterrupted", "Outcome", "PreviouslyFailedError", "RunOptions", "RunResult",
-    "describe_failure", "read_statuses", "run_plan", "select_steps", "step_info",
-]
 
 logger = logging.getLogger("marin.execution")
 

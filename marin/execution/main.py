@@ -9,10 +9,12 @@ from collections.abc import Iterator, Sequence
 
 import draccus
 
-from marin.execution.executor import ExecutorError, ExecutorInterrupted, RunResult, run_plan
+from marin.execution.errors import ExecutorError, ExecutorInterrupted
+from marin.execution.executor import run_plan
 from marin.execution.hashing import UnhashableConfigError
 from marin.execution.jsonable import mask_text
 from marin.execution.options import ExecutorMainConfig, RunOptions
+from marin.execution.outcome import RunResult
 from marin.execution.plan import PlanError, plan_steps
 from marin.execution.prefix import DEFAULT_PREFIX, resolve_prefix
 from marin.execution.signals import StopSignals, ignore_stop_signals, stop_reason

@@ -31,7 +31,7 @@ WRITER = textwrap.dedent(
     '''
     import dataclasses, os, sys, time
     from marin.execution import ExecutorStep, this_output_path, versioned
-    from marin.execution.executor import RunOptions
+    from marin.execution.options import RunOptions
     from marin.execution.experiment_record import write_experiment_record
     from marin.execution.plan import plan_steps
 
@@ -112,8 +112,8 @@ def test_the_record_is_the_runs_files_only(tmp_path):
     """A file at the record's own path (the one shared file earlier executors rewrote) is not read."""
     import marin.review as mr
     from marin.execution import ExecutorStep, this_output_path, versioned
-    from marin.execution.executor import RunOptions
     from marin.execution.experiment_record import write_experiment_record
+    from marin.execution.options import RunOptions
 
     def body(cfg):
         pass

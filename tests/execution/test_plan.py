@@ -17,7 +17,7 @@ from marin.execution import (
     this_output_path,
     versioned,
 )
-from marin.execution.executor import select_steps
+from marin.execution.selection import select_steps
 from marin.execution.versioning import live
 
 

@@ -26,9 +26,10 @@ from marin.execution import (
 )
 from marin.execution import lease as leases
 from marin.execution import status as st
-from marin.execution.executor import RunOptions, step_info
 from marin.execution.experiment_record import write_experiment_record
+from marin.execution.options import RunOptions
 from marin.execution.status import StepStatus
+from marin.execution.tasks import step_info
 from marin.execution.versioning import live
 
 

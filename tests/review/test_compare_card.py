@@ -8,8 +8,8 @@ import os
 from review_fixtures import build_small
 
 from marin.cli import main
-from marin.execution.executor import RunOptions
 from marin.execution.experiment_record import write_experiment_record
+from marin.execution.options import RunOptions
 
 CARD = {"hypothesis": "Loss falls below 2.5 by step 60.", "goal": "macro bpb under 1.4",
         "risks": "grad norm spikes", "contingency": "lower the LR and rerun"}

@@ -61,7 +61,7 @@ def test_a_quickstart_run_only_of_its_tokens_summarises_only_what_ran(tmp_path):
 
 def test_run_result_finished_is_success_now_or_before():
     from marin.execution import ExecutorStep, this_output_path
-    from marin.execution.executor import RunResult
+    from marin.execution.outcome import RunResult
     from marin.execution.plan import plan_steps
 
     steps = [ExecutorStep(f"s{i}", print, {"out": this_output_path(), "i": i}) for i in range(4)]

@@ -12,8 +12,8 @@ from marin.cli import main as marin
 from marin.execution import lease as leases
 from marin.execution import plan_steps, resolve_config
 from marin.execution import status as st
-from marin.execution.executor import step_info
 from marin.execution.status import StepStatus
+from marin.execution.tasks import step_info
 from marin.review.experiment_file import load_experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -95,7 +95,7 @@ def test_launch_retries_then_fails(ray_local, tmp_path):
     assert "host lost on attempt 1" in str(err.value)
     assert sorted(os.listdir(tmp_path)) == ["attempt-0", "attempt-1"]
     # the executor records the first line of a failure: it must name the real cause
-    from marin.execution.executor import describe_failure
+    from marin.execution.tasks import describe_failure
 
     reason, _ = describe_failure(err.value)
     assert reason == ("PoolLostError: pool tiny failed after 2 attempt(s); last: InfrastructureFailure: host lost "

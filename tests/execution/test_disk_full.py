@@ -159,15 +159,21 @@ RESERVE_SCRIPT = textwrap.dedent(
 )
 
 
-def test_the_space_held_back_is_spent_by_records_a_slice_at_a_time_and_given_back(tmp_path):
+def _run_on_a_one_mib_disk(store, script: str) -> subprocess.CompletedProcess:
+    """``script`` run by Python with ``store`` (created here) as its argument, a 1 MiB tmpfs mounted
+    there in a mount namespace of its own; skips the test where no namespace can be made."""
     problem = _namespace_problem()
     if problem:
         pytest.skip(problem)
-    store = tmp_path / "store"
     store.mkdir()
-    r = subprocess.run(["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs "$1" && exec "$2" -c "$3" "$1"',
-                        "sh", str(store), sys.executable, RESERVE_SCRIPT], env={**os.environ, "PYTHONPATH": REPO},
-                       capture_output=True, text=True, timeout=60)
+    mount_then_run = 'mount -t tmpfs -o size=1m tmpfs "$1" && exec "$2" -c "$3" "$1"'
+    return subprocess.run(["unshare", "-rm", "sh", "-c", mount_then_run, "sh", str(store), sys.executable, script],
+                          env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=60)
+
+
+def test_the_space_held_back_is_spent_by_records_a_slice_at_a_time_and_given_back(tmp_path):
+    store = tmp_path / "store"
+    r = _run_on_a_one_mib_disk(store, RESERVE_SCRIPT)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert len(out["reserve_files"]) == 1
@@ -232,14 +238,8 @@ LEASE_SCRIPT = textwrap.dedent(
 def test_a_lease_write_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     """Mid-run, once the space held back is spent, the next step's lease write finds the disk full:
     the run ends in one line (the step never started, so there is nothing of it to record)."""
-    problem = _namespace_problem()
-    if problem:
-        pytest.skip(problem)
     store = tmp_path / "store"
-    store.mkdir()
-    r = subprocess.run(["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs "$1" && exec "$2" -c "$3" "$1"',
-                        "sh", str(store), sys.executable, LEASE_SCRIPT], env={**os.environ, "PYTHONPATH": REPO},
-                       capture_output=True, text=True, timeout=60)
+    r = _run_on_a_one_mib_disk(store, LEASE_SCRIPT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
         f"cannot start {store}/step-abc: disk full: No space left on device writing its lease (0 B free of 1.0 MiB "

@@ -16,7 +16,7 @@ from marin.parallel.mesh import make_mesh, param_shardings
 from marin.training.optimizers import MuonHConfig
 from marin.training.optimizers.base import NEWTON_SCHULZ_COEFFS
 from marin.training.optimizers.muonh import heuristic_hyperparameters
-from marin.training.optimizers.updates import hyperball, newton_schulz, orthogonalise
+from marin.training.optimizers.updates import hyperball, nest, newton_schulz, orthogonalise
 
 # float32 iterations against a float64 reference: Newton-Schulz's five quintic steps amplify the
 # rounding of the normalised input by a few units in the fourth digit on these sizes
@@ -87,17 +87,6 @@ def small_params(rng, *, layers=2, experts=4, d=8, q=12, lat=6, f=5, vocab=16):
     return {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
 
 
-def nested(flat: dict) -> dict:
-    out: dict = {}
-    for k, v in flat.items():
-        *parents, last = k.split("/")
-        node = out
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = v
-    return out
-
-
 def flat(tree: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in tree.items():
@@ -113,13 +102,13 @@ def run_steps(cfg: MuonHConfig, params: dict, grads_per_step: list[dict], lrs: l
         d, s = tx.update(g, s, p, lr=lr)
         return jax.tree.map(lambda a, b: a + b, p, d), s
 
-    p = nested({k: jnp.asarray(v) for k, v in params.items()})
+    p = nest({k: jnp.asarray(v) for k, v in params.items()})
     if shardings is not None:
         p = jax.device_put(p, shardings)
     s = tx.init(p)
     jitted = jax.jit(step)
     for grads, lr in zip(grads_per_step, lrs):
-        g = nested({k: jnp.asarray(v) for k, v in grads.items()})
+        g = nest({k: jnp.asarray(v) for k, v in grads.items()})
         if shardings is not None:
             g = jax.device_put(g, shardings)
         p, s = jitted(p, s, g, jnp.float32(lr))
@@ -205,7 +194,7 @@ def test_sharded_muonh_matches_the_unsharded_update(param_sharding):
     grads = [{k: rng.normal(size=v.shape).astype(np.float32) for k, v in params.items()} for _ in range(2)]
     lrs = [0.05, 0.05]
     mesh = make_mesh(2, 4)
-    shardings = param_shardings(nested(params), mesh, param_sharding)
+    shardings = param_shardings(nest(params), mesh, param_sharding)
     assert shardings["blocks"]["expert_up"].spec[1] == "expert"
     if param_sharding == "fsdp":
         assert any(a is not None for a in shardings["blocks"]["wq"].spec)  # a dense matrix really split

@@ -400,17 +400,19 @@ def test_a_resumed_training_run_reads_what_an_uninterrupted_one_reads_and_keeps_
     """Through the trainer (phases 16 -> 32): a run stopped after its step-2 checkpoint and rerun reads the
     batches an uninterrupted run reads, and ends on the same bytes; its checkpoints name the order, and a
     rerun under another order is refused."""
+    from marin.models.config import get_preset
     from marin.training.checkpoint import CheckpointManager, read_checkpoint
-    from marin.training.config import TrainConfig
+    from marin.training.config import AdamWConfig, CheckpointPolicy, TelemetryConfig, TrainConfig
     from marin.training.trainer import IncompatibleCheckpoint, run_training
 
     def config(name: str, order: str = WITHOUT_REPLACEMENT_V1) -> TrainConfig:
         return TrainConfig(output_path=str(tmp_path / name),
-                           data=MixtureConfig(stores=(mini_store,), seed=3, order=order), model="tiny",
-                           pool="local-cpu-1", train_steps=4, tokens_per_step=256,
-                           seq_len_phases=((0.0, 16), (0.5, 32)), warmup_steps=1, checkpoint_every_steps=2,
-                           checkpoint_every_minutes=None, wandb_project=None, progress_every_s=0.0,
-                           model_overrides={"n_layers": 1, "vocab_size": 1024})  # the store's tokenizer
+                           data=MixtureConfig(stores=(mini_store,), seed=3, order=order),
+                           model=get_preset("tiny", n_layers=1, vocab_size=1024),  # the store's tokenizer
+                           preset="tiny", pool="local-cpu-1", train_steps=4, tokens_per_step=256,
+                           seq_len_phases=((0.0, 16), (0.5, 32)), optimizer=AdamWConfig(warmup_steps=1),
+                           checkpoint=CheckpointPolicy(every_steps=2, every_minutes=None),
+                           telemetry=TelemetryConfig(wandb_project=None, progress_every_s=0.0))
 
     read: list[tuple[int, np.ndarray]] = []  # (step, tokens) of every batch the trainer asks for
     real_batch, real_save = MixtureLoader.batch, CheckpointManager.save

@@ -134,15 +134,16 @@ def test_training_and_evaluation_take_their_pools_retries_other_steps_none():
     from experiments.defaults import default_eval, default_train
     from marin.execution import ExecutorStep, InvalidStepError
     from marin.pools import POOLS, SHIPPED_POOL_NAMES
-    from marin.training.config import SyntheticDataConfig
+    from marin.training.config import AdamWConfig, CheckpointPolicy, SyntheticDataConfig, TelemetryConfig
 
     assert {name: POOLS[name].infra_retries for name in SHIPPED_POOL_NAMES} == {
         "local-cpu": 0, "local-cpu-1": 0, "local-cpu-ep8": 0, "local-2host": 0,
         "h200-1": 2, "gb200-rack": 2, "gb200-11racks": 2}
     kw = dict(mixture=SyntheticDataConfig(vocab_size=512), model="tiny", train_steps=4, tokens_per_step=128,
-              seq_len_phases=((0.0, 16),), warmup_steps=1, wandb_project=None, memory_check="off")
+              seq_len_phases=((0.0, 16),), optimizer=AdamWConfig(warmup_steps=1),
+              telemetry=TelemetryConfig(wandb_project=None), memory_check="off")
     local = default_train("probe/local", pool="local-cpu-1", **kw)
-    gpu = default_train("probe/gpu", pool="gb200-rack", preemption_grace_s=30.0, **kw)
+    gpu = default_train("probe/gpu", pool="gb200-rack", checkpoint=CheckpointPolicy(preemption_grace_s=30.0), **kw)
     assert (local.infra_retries, local.stop_grace_s) == (0, 0.0)
     assert (gpu.infra_retries, gpu.stop_grace_s) == (2, 30.0)
     assert default_eval("probe/eval", gpu, held_out=True).infra_retries == 2  # on the training step's pool
@@ -165,11 +166,13 @@ TRAIN_EXPERIMENT = textwrap.dedent(
     '''
     from experiments.defaults import default_train
     from marin.execution import executor_main
-    from marin.training.config import SyntheticDataConfig
+    from marin.training.config import AdamWConfig, CheckpointPolicy, SyntheticDataConfig, TelemetryConfig
 
     train = default_train("probe/train", mixture=SyntheticDataConfig(vocab_size=512), model="tiny", pool="local-cpu-1",
-                          train_steps=120, tokens_per_step=128, seq_len_phases=((0.0, 16),), warmup_steps=1,
-                          checkpoint_every_steps=20, checkpoint_every_minutes=None, wandb_project=None)
+                          train_steps=120, tokens_per_step=128, seq_len_phases=((0.0, 16),),
+                          optimizer=AdamWConfig(warmup_steps=1),
+                          checkpoint=CheckpointPolicy(every_steps=20, every_minutes=None),
+                          telemetry=TelemetryConfig(wandb_project=None))
     if __name__ == "__main__":
         executor_main(steps=[train])
     '''
@@ -199,7 +202,7 @@ def _final_state(run_dir: Path, config) -> tuple[int, dict]:
     from marin.training.trainer import init_host_state, model_config
 
     template = init_host_state(config, model_config(config, 512))
-    step_, tree, _ = CheckpointManager(str(run_dir), config.checkpoint_policy()).restore_latest(template=template)
+    step_, tree, _ = CheckpointManager(str(run_dir), config.checkpoint).restore_latest(template=template)
     import jax
 
     return step_, {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(tree)}
@@ -261,15 +264,17 @@ def test_kill_9_of_the_training_host_is_retried_and_the_final_checkpoint_matches
 
 
 def _config(path):
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.config import AdamWConfig, CheckpointPolicy, SyntheticDataConfig, TelemetryConfig, TrainConfig
 
     return TrainConfig(output_path=str(path), data=SyntheticDataConfig(vocab_size=512), model="tiny",
                        pool="local-cpu-1", train_steps=120, tokens_per_step=128, seq_len_phases=((0.0, 16),),
-                       warmup_steps=1, checkpoint_every_steps=20, checkpoint_every_minutes=None, wandb_project=None)
+                       optimizer=AdamWConfig(warmup_steps=1),
+                       checkpoint=CheckpointPolicy(every_steps=20, every_minutes=None),
+                       telemetry=TelemetryConfig(wandb_project=None))
 
 
 def _policy():
-    return _config("/nonexistent").checkpoint_policy()
+    return _config("/nonexistent").checkpoint
 
 
 def test_retry_failed_is_spelt_either_way_and_takes_several_steps():

@@ -160,7 +160,7 @@ PIPELINE = textwrap.dedent(
     import fsspec
     from experiments.defaults import default_health_report, default_train
     from marin.execution import ExecutorStep, executor_main, output_path_of, this_output_path
-    from marin.training.config import SyntheticDataConfig
+    from marin.training.config import AdamWConfig, CheckpointPolicy, SyntheticDataConfig, TelemetryConfig
 
     @dataclasses.dataclass(frozen=True)
     class ReadSummary:
@@ -176,8 +176,9 @@ PIPELINE = textwrap.dedent(
 
     train = default_train("probe/train", mixture=SyntheticDataConfig(vocab_size=512), model="tiny",
                           pool="local-cpu-1", train_steps=120, tokens_per_step=128,
-                          seq_len_phases=((0.0, 16),), warmup_steps=1, checkpoint_every_steps=20,
-                          checkpoint_every_minutes=None, wandb_project=None)
+                          seq_len_phases=((0.0, 16),), optimizer=AdamWConfig(warmup_steps=1),
+                          checkpoint=CheckpointPolicy(every_steps=20, every_minutes=None),
+                          telemetry=TelemetryConfig(wandb_project=None))
     health = default_health_report("probe/health", train, total_steps=120)
     seen = ExecutorStep("probe/seen", read_summary, ReadSummary(output_path_of(train), this_output_path()),
                         resources={"num_cpus": 1})
@@ -195,8 +196,7 @@ def test_kill_9_of_the_training_host_leaves_its_dependents_on_the_final_step(tmp
     sys.path.insert(0, os.path.dirname(__file__))
     from test_infra_retry import _host_processes  # noqa: PLC0415 - the kill -9 test's host finder
 
-    from marin.training.checkpoint import CheckpointManager
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.checkpoint import CheckpointManager, CheckpointPolicy
 
     exp = tmp_path / "exp.py"
     exp.write_text(PIPELINE)
@@ -204,10 +204,7 @@ def test_kill_9_of_the_training_host_leaves_its_dependents_on_the_final_step(tmp
     marker = f"marin-test-{uuid.uuid4().hex}"
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
            "MARIN_TEST_MARKER": marker}
-    policy = TrainConfig(output_path="/nonexistent", data=SyntheticDataConfig(vocab_size=512), model="tiny",
-                         pool="local-cpu-1", train_steps=120, tokens_per_step=128, seq_len_phases=((0.0, 16),),
-                         warmup_steps=1, checkpoint_every_steps=20, checkpoint_every_minutes=None,
-                         wandb_project=None).checkpoint_policy()
+    policy = CheckpointPolicy(every_steps=20, every_minutes=None)  # the pipeline's
     proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(exp), "--prefix", str(store),
                              "--progress", "false", "--infra_retries", "1"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env, start_new_session=True)

@@ -8,29 +8,35 @@ import os
 import numpy as np
 import pytest
 
+from marin.models.config import get_preset
 from marin.training.checkpoint import CheckpointManager, latest_checkpoint, read_checkpoint
-from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.config import (
+    AdamWConfig,
+    CheckpointPolicy,
+    ParallelismConfig,
+    SyntheticDataConfig,
+    TelemetryConfig,
+    TrainConfig,
+)
 from marin.training.metrics import METRIC_KEYS, read_metrics
 from marin.training.trainer import TrainingDiverged, run_training, synthetic_batch
 
 
-def _config(tmp_path, name: str, **kw) -> TrainConfig:
+def _config(tmp_path, name: str, *, optimizer=None, checkpoint=None, telemetry=None, **kw) -> TrainConfig:
+    """A tiny run; ``optimizer``, ``checkpoint``, ``telemetry``: fields changed from this run's values."""
     base = dict(
         output_path=str(tmp_path / name),
         data=SyntheticDataConfig(vocab_size=512),
-        model="tiny",
+        # one layer: XLA drops the layer loop of a one-step scan, so each train step compiles in
+        # about 2/3 of the 4-layer time; nothing here depends on the depth
+        model=get_preset("tiny", n_layers=1),
         pool="local-cpu-1",
         train_steps=8,
         tokens_per_step=512,
         seq_len_phases=((0.0, 16), (0.5, 32)),
-        warmup_steps=2,
-        checkpoint_every_steps=3,
-        checkpoint_every_minutes=None,
-        wandb_project=None,
-        progress_every_s=0.0,
-        # one layer: XLA drops the layer loop of a one-step scan, so each train step compiles in
-        # about 2/3 of the 4-layer time; nothing here depends on the depth
-        model_overrides={"n_layers": 1},
+        optimizer=AdamWConfig(**{"warmup_steps": 2, **(optimizer or {})}),
+        checkpoint=CheckpointPolicy(**{"every_steps": 3, "every_minutes": None, **(checkpoint or {})}),
+        telemetry=TelemetryConfig(**{"wandb_project": None, "progress_every_s": 0.0, **(telemetry or {})}),
     )
     base.update(kw)
     return TrainConfig(**base)
@@ -45,7 +51,8 @@ def test_synthetic_batch_is_a_pure_function():
 
 
 def test_train_metrics_wandb_and_final_checkpoint(tmp_path):
-    cfg = _config(tmp_path, "run", wandb_project="marin-test", train_steps=10, peak_lr=1e-2)
+    cfg = _config(tmp_path, "run", telemetry={"wandb_project": "marin-test"}, train_steps=10,
+                  optimizer={"peak_lr": 1e-2})
     summary = run_training(cfg, use_ray=False)
     assert summary["final_step"] == 10
     records = read_metrics(cfg.output_path)
@@ -59,7 +66,7 @@ def test_train_metrics_wandb_and_final_checkpoint(tmp_path):
     assert np.mean([r["loss"] for r in records[-3:]]) < records[0]["loss"] - 0.5
     assert records[0]["lr"] == pytest.approx(1e-2 / 2)
     # checkpoints: every 3 steps, keep last 2, plus the final one
-    assert CheckpointManager(cfg.output_path, cfg.checkpoint_policy()).committed_steps() == [9, 10]
+    assert CheckpointManager(cfg.output_path, cfg.checkpoint).committed_steps() == [9, 10]
     # W&B offline run written into the step directory
     assert glob.glob(os.path.join(cfg.output_path, "wandb", "offline-run-*", "*.wandb"))
     summary_file = json.load(open(os.path.join(cfg.output_path, "train_summary.json")))
@@ -74,11 +81,12 @@ def test_train_metrics_wandb_and_final_checkpoint(tmp_path):
 
 
 def test_nan_guard_stops_and_keeps_last_good_checkpoint(tmp_path):
-    cfg = _config(tmp_path, "nan", checkpoint_every_steps=1, train_steps=6, warmup_steps=0, peak_lr=1e30)
+    cfg = _config(tmp_path, "nan", checkpoint={"every_steps": 1}, train_steps=6,
+                  optimizer={"warmup_steps": 0, "peak_lr": 1e30})
     with pytest.raises(TrainingDiverged, match=r"non-finite training signal at step \d+") as err:
         run_training(cfg, use_ray=False)
     failed_step = int(str(err.value).split("at step ")[1].split(":")[0])
-    steps = CheckpointManager(cfg.output_path, cfg.checkpoint_policy()).committed_steps()
+    steps = CheckpointManager(cfg.output_path, cfg.checkpoint).committed_steps()
     # nothing was saved for the failing step or after it; what is there is complete and finite
     assert steps and max(steps) == failed_step - 1
     assert str(max(steps)) in str(err.value) or f"step-{max(steps):08d}" in str(err.value)
@@ -123,7 +131,7 @@ def test_crash_and_resume_is_bitwise_identical(tmp_path, monkeypatch):
 
 def test_replan_horizon_on_resume(tmp_path):
     """Shorten the horizon of a resumed run: LR continuous at the switch, ends at 5% of peak."""
-    cfg = _config(tmp_path, "replan", train_steps=8, checkpoint_every_steps=4, peak_lr=1e-2)
+    cfg = _config(tmp_path, "replan", train_steps=8, checkpoint={"every_steps": 4}, optimizer={"peak_lr": 1e-2})
     real_save = CheckpointManager.save
 
     def stop_at_4(self, step, tree, metadata):
@@ -137,7 +145,8 @@ def test_replan_horizon_on_resume(tmp_path):
     with pytest.raises(_Crash):
         run_training(cfg, use_ray=False)
     mp.undo()
-    summary = run_training(dataclasses.replace(cfg, lr_replans=((4, 6),)), use_ray=False)
+    replanned = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, lr_replans=((4, 6),)))
+    summary = run_training(replanned, use_ray=False)
     assert summary["final_step"] == 6
     lrs = [r["lr"] for r in read_metrics(cfg.output_path)]
     assert len(lrs) == 6
@@ -146,7 +155,8 @@ def test_replan_horizon_on_resume(tmp_path):
 
 
 def test_bf16_compute_keeps_fp32_master_weights(tmp_path):
-    cfg = _config(tmp_path, "bf16", compute_dtype="bfloat16", train_steps=3, seq_len_phases=((0.0, 16),))
+    cfg = _config(tmp_path, "bf16", model=get_preset("tiny", n_layers=1, dtype="bfloat16"), train_steps=3,
+                  seq_len_phases=((0.0, 16),))
     run_training(cfg, use_ray=False)
     records = read_metrics(cfg.output_path)
     assert all(np.isfinite(r["loss"]) for r in records)
@@ -160,9 +170,10 @@ def test_a_run_hot_switches_its_transport_and_extends_its_sequences(tmp_path):
     """The quickstart's schedules in miniature (its end-to-end test is in the slow set): EP over 8 fake
     devices, the fixed-buffer transport then dropless, 16-token sequences then 32 at half the batch, in
     one run that never restarts: one record per step and the same tokens in every step."""
-    cfg = _config(tmp_path, "switch", model="tiny-ep", pool="local-cpu", train_steps=4, tokens_per_step=256,
-                  seq_len_phases=((0.0, 16), (0.5, 32)), transport_switches=((0, "fixed"), (2, "dropless")),
-                  checkpoint_every_steps=100, model_overrides={"n_layers": 1})
+    cfg = _config(tmp_path, "switch", model=get_preset("tiny-ep", n_layers=1), pool="local-cpu", train_steps=4,
+                  tokens_per_step=256, seq_len_phases=((0.0, 16), (0.5, 32)),
+                  parallelism=ParallelismConfig(transport_switches=((0, "fixed"), (2, "dropless"))),
+                  checkpoint={"every_steps": 100})
     summary = run_training(cfg, use_ray=False)
     assert summary["final_step"] == 4 and summary["resumed_from"] is None
     records = read_metrics(cfg.output_path)

@@ -77,6 +77,14 @@ def _data_input(x: StepOrPath) -> Any:
     return output_path_of(x) if isinstance(x, ExecutorStep) else versioned(str(x))
 
 
+def _step(name: str, fn: Any, config: Any, description: str, *, num_cpus: float = 1, **faults: Any) -> ExecutorStep:
+    """A builder's step: ``config`` versioned by its class's rule (``versioned_config``), run by ``fn``
+    in a task holding ``num_cpus`` (0 for a step that only waits on the device pool it launches);
+    ``faults``: the step's ``infra_retries`` where it resumes from its own outputs."""
+    return ExecutorStep(name=name, fn=fn, config=versioned_config(config), description=description,
+                        resources={"num_cpus": num_cpus}, **faults)
+
+
 def default_k40_miniature(
     name: str = "data/k40_miniature",
     total_bytes: int = 4_000_000,
@@ -93,19 +101,13 @@ def default_k40_miniature(
         domains: K40 domain names to generate (default: all 40).
         files_per_source: files per (domain, quality bucket) source.
     """
-    return ExecutorStep(
-        name=name,
-        fn=generate_k40_miniature,
-        config=versioned_config(SyntheticK40Config(
-            output_path=this_output_path(),
-            total_bytes=total_bytes,
-            seed=seed,
-            domains=None if domains is None else tuple(domains),
-            files_per_source=files_per_source,
-        )),
-        description=f"K40-shaped miniature corpus, ~{total_bytes:,} bytes, seed {seed}",
-        resources={"num_cpus": 1},
-    )
+    return _step(name, generate_k40_miniature, SyntheticK40Config(
+        output_path=this_output_path(),
+        total_bytes=total_bytes,
+        seed=seed,
+        domains=None if domains is None else tuple(domains),
+        files_per_source=files_per_source,
+    ), f"K40-shaped miniature corpus, ~{total_bytes:,} bytes, seed {seed}")
 
 
 def default_dedup(
@@ -141,27 +143,21 @@ def default_dedup(
         seed: seed of the MinHash permutations.
         scope: ``"corpus"`` (duplicates within and across domains), ``"domain"`` or ``"source"``.
     """
-    return ExecutorStep(
-        name=name,
-        fn=dedup,
-        config=versioned_config(DedupConfig(
-            input_path=_data_input(corpus),
-            output_path=this_output_path(),
-            input=input or CorpusInput(),
-            exact=exact,
-            fuzzy=fuzzy,
-            shingle_size=shingle_size,
-            num_perm=bands * rows,
-            bands=bands,
-            rows=rows,
-            threshold=threshold,
-            seed=seed,
-            scope=scope,
-        )),
-        description=f"dedup {name}: exact + MinHash LSH {bands}x{rows} over {shingle_size}-word shingles "
-                    f"(Jaccard >= {threshold}, verified)",
-        resources={"num_cpus": 1},
-    )
+    return _step(name, dedup, DedupConfig(
+        input_path=_data_input(corpus),
+        output_path=this_output_path(),
+        input=input or CorpusInput(),
+        exact=exact,
+        fuzzy=fuzzy,
+        shingle_size=shingle_size,
+        num_perm=bands * rows,
+        bands=bands,
+        rows=rows,
+        threshold=threshold,
+        seed=seed,
+        scope=scope,
+    ), f"dedup {name}: exact + MinHash LSH {bands}x{rows} over {shingle_size}-word shingles "
+       f"(Jaccard >= {threshold}, verified)")
 
 
 def default_decontamination_sets() -> dict[str, ExecutorStep]:
@@ -221,21 +217,37 @@ def default_decontaminate(
         input: what is read and how the work is spread (:class:`CorpusInput`), as for :func:`default_dedup`.
     """
     sets = default_decontamination_sets() if against is None else _against_sets(against)
-    return ExecutorStep(
-        name=name,
-        fn=decontaminate,
-        config=versioned_config(DecontaminateConfig(
-            input_path=_data_input(corpus),
-            output_path=this_output_path(),
-            against={k: (output_path_of(v, "task.jsonl") if isinstance(v, ExecutorStep) and v.fn is write_domain_task
-                         else _data_input(v)) for k, v in sets.items()},
-            input=input or CorpusInput(),
-            ngram=ngram,
-            mode=mode,
-        )),
-        description=f"decontaminate {name} against {', '.join(sets)} ({ngram}-grams, {mode})",
-        resources={"num_cpus": 1},
-    )
+    return _step(name, decontaminate, DecontaminateConfig(
+        input_path=_data_input(corpus),
+        output_path=this_output_path(),
+        against={k: (output_path_of(v, "task.jsonl") if isinstance(v, ExecutorStep) and v.fn is write_domain_task
+                     else _data_input(v)) for k, v in sets.items()},
+        input=input or CorpusInput(),
+        ngram=ngram,
+        mode=mode,
+    ), f"decontaminate {name} against {', '.join(sets)} ({ngram}-grams, {mode})")
+
+
+_TOKENIZER_READS = ("text_field", "on_corrupt", "max_corrupt_fraction")
+"""The fields of a :class:`CorpusInput` that the tokenizer trainer reads (the rest say which files and
+documents a per-file corpus step takes, or how it spreads its work)."""
+
+
+def _tokenizer_input(input: CorpusInput | None) -> dict[str, Any]:
+    """The fields of ``input`` the tokenizer trainer reads. It samples every document file under its
+    corpus in one process, so the execution options do not apply (live: ignored); ``sources``,
+    ``max_doc_bytes`` and ``allow_empty`` would change what it learns from, and it has none of them:
+    refused when set, in one line, rather than dropped."""
+    input = input or CorpusInput()
+    default = CorpusInput()
+    unread = [f"{f}={getattr(input, f)!r}" for f in ("sources", "max_doc_bytes", "allow_empty")
+              if getattr(input, f) != getattr(default, f)]
+    if unread:
+        small = "; allow_small_vocab=True lets a corpus too small for vocab_size succeed" if input.allow_empty else ""
+        raise ValueError(f"default_tokenizer reads {', '.join(_TOKENIZER_READS)} of input=, not {', '.join(unread)}: "
+                         "it samples every document file under its corpus; pass a corpus path holding only what it "
+                         f"should learn from and input= without them{small}")
+    return {f: getattr(input, f) for f in _TOKENIZER_READS}
 
 
 def default_tokenizer(
@@ -243,10 +255,9 @@ def default_tokenizer(
     corpus: StepOrPath,
     vocab_size: int = 8192,
     max_bytes: int = 50_000_000,
-    text_field: str = "text",
     min_frequency: int = 2,
-    on_corrupt: str = "skip",
-    max_corrupt_fraction: float = 0.01,
+    *,
+    input: CorpusInput | None = None,
     allow_small_vocab: bool = False,
 ) -> ExecutorStep:
     """Train a byte-level BPE tokenizer (``tokenizer.json`` in the step output) on ``corpus``.
@@ -256,31 +267,21 @@ def default_tokenizer(
         corpus: a corpus step or a directory of jsonl / jsonl.gz / jsonl.zst / parquet files.
         vocab_size: vocabulary size, special tokens included.
         max_bytes: text sampled for training, at most.
-        text_field: the field of each record that holds the document text.
         min_frequency: merges rarer than this are not learned.
-        on_corrupt: ``"skip"`` leaves corrupt files out (listed in ``tokenizer_info.json``) while at
-            most ``max_corrupt_fraction`` of them are corrupt; ``"fail"`` stops on the first one.
-        max_corrupt_fraction: the share of corrupt files tolerated under ``"skip"``.
+        input: the same :class:`CorpusInput` as the corpus's tokenize step; the trainer reads its
+            ``text_field`` and corrupt-input policy (skipped files are listed in ``tokenizer_info.json``).
         allow_small_vocab: let a corpus too small to learn ``vocab_size`` entries succeed with a
             smaller vocabulary (not versioned: it decides whether the step fails, not what it writes).
     """
-    return ExecutorStep(
-        name=name,
-        fn=train_tokenizer,
-        config=versioned_config(TrainTokenizerConfig(
-            input_path=_data_input(corpus),
-            output_path=this_output_path(),
-            vocab_size=vocab_size,
-            max_bytes=max_bytes,
-            text_field=text_field,
-            min_frequency=min_frequency,
-            on_corrupt=on_corrupt,
-            max_corrupt_fraction=max_corrupt_fraction,
-            allow_small_vocab=allow_small_vocab,
-        )),
-        description=f"byte-level BPE, vocab {vocab_size}",
-        resources={"num_cpus": 1},
-    )
+    return _step(name, train_tokenizer, TrainTokenizerConfig(
+        input_path=_data_input(corpus),
+        output_path=this_output_path(),
+        vocab_size=vocab_size,
+        max_bytes=max_bytes,
+        min_frequency=min_frequency,
+        allow_small_vocab=allow_small_vocab,
+        **_tokenizer_input(input),
+    ), f"byte-level BPE, vocab {vocab_size}")
 
 
 def default_tokenize(
@@ -305,19 +306,13 @@ def default_tokenize(
             document succeed; live: it decides whether the step fails, not what it writes).
         shard_max_tokens: tokens per shard file, at most.
     """
-    return ExecutorStep(
-        name=name,
-        fn=tokenize,
-        config=versioned_config(TokenizeConfig(
-            input_path=_data_input(source),
-            tokenizer=_data_input(tokenizer),
-            output_path=this_output_path(),
-            input=input or CorpusInput(),
-            shard_max_tokens=shard_max_tokens,
-        )),
-        description=f"tokenize {name}",
-        resources={"num_cpus": 1},
-    )
+    return _step(name, tokenize, TokenizeConfig(
+        input_path=_data_input(source),
+        tokenizer=_data_input(tokenizer),
+        output_path=this_output_path(),
+        input=input or CorpusInput(),
+        shard_max_tokens=shard_max_tokens,
+    ), f"tokenize {name}")
 
 
 def default_mixture(
@@ -371,13 +366,8 @@ def default_mixture_report(name: str, mixture: MixtureConfig, total_tokens: int 
         total_tokens: planned training tokens; with it the report shows expected epochs per source.
         total_steps: the run's steps; places stages that start at fractions of the run.
     """
-    return ExecutorStep(
-        name=name,
-        fn=mixture_report,
-        config=versioned_config(MixtureReportConfig(mixture, this_output_path(), total_tokens, total_steps)),
-        description="effective token shares of a mixture",
-        resources={"num_cpus": 1},
-    )
+    return _step(name, mixture_report, MixtureReportConfig(mixture, this_output_path(), total_tokens, total_steps),
+                 "effective token shares of a mixture")
 
 
 # --- training track (default_train and friends) ------------------------------------------------
@@ -609,16 +599,10 @@ def default_health_report(name: str, train_step: ExecutorStep, total_steps: int 
         plan_mfu: planned MFU; measured MFU well below it is flagged.
         plan_tokens_per_s: planned throughput; measured throughput well below it is flagged.
     """
-    return ExecutorStep(
-        name=name,
-        fn=health_report_step,
-        config=versioned_config(HealthReportConfig(
-            run_path=output_path_of(train_step), output_path=this_output_path(), total_steps=total_steps,
-            fit_path=None if fit is None else output_path_of(fit), plan_mfu=plan_mfu,
-            plan_tokens_per_s=plan_tokens_per_s)),
-        description=f"health of {train_step.name}",
-        resources={"num_cpus": 1},
-    )
+    return _step(name, health_report_step, HealthReportConfig(
+        run_path=output_path_of(train_step), output_path=this_output_path(), total_steps=total_steps,
+        fit_path=None if fit is None else output_path_of(fit), plan_mfu=plan_mfu,
+        plan_tokens_per_s=plan_tokens_per_s), f"health of {train_step.name}")
 
 
 def default_report(name: str, steps: Sequence[ExecutorStep], description: str | None = None) -> ExecutorStep:
@@ -632,14 +616,9 @@ def default_report(name: str, steps: Sequence[ExecutorStep], description: str | 
         steps: the steps to report (their dependencies are included).
         description: a line for the report's header.
     """
-    return ExecutorStep(
-        name=name,
-        fn=report_step,
-        config=versioned_config(ReportConfig(name=name, step_paths=[output_path_of(s) for s in steps],
-                                             output_path=this_output_path(), description=description)),
-        description=f"report of {', '.join(s.name for s in steps)}",
-        resources={"num_cpus": 1},
-    )
+    return _step(name, report_step, ReportConfig(name=name, step_paths=[output_path_of(s) for s in steps],
+                                                 output_path=this_output_path(), description=description),
+                 f"report of {', '.join(s.name for s in steps)}")
 
 
 # --- scaling ladder (fit the rungs, predict the target) -------------------------------------------
@@ -689,21 +668,15 @@ def default_ladder_fit(
     """
     runs = tuple(_rung_run(t.name.rsplit("/", 1)[-1], t, e) for t, e in rungs)
     val = None if validation is None else _rung_run(validation[0].name.rsplit("/", 1)[-1], *validation)
-    return ExecutorStep(
-        name=name,
-        fn=ladder_fit_step,
-        config=versioned_config(LadderFitConfig(
-            rungs=runs,
-            target=_rung_run(target.name.rsplit("/", 1)[-1], target, with_outputs=False),
-            output_path=this_output_path(),
-            validation=val,
-            fractions=tuple(float(f) for f in fractions),
-            n_boot=n_boot,
-            max_validation_rel_error=max_validation_rel_error,
-        )),
-        description=f"ladder fit over {len(runs)} rungs -> {target.name}",
-        resources={"num_cpus": 1},
-    )
+    return _step(name, ladder_fit_step, LadderFitConfig(
+        rungs=runs,
+        target=_rung_run(target.name.rsplit("/", 1)[-1], target, with_outputs=False),
+        output_path=this_output_path(),
+        validation=val,
+        fractions=tuple(float(f) for f in fractions),
+        n_boot=n_boot,
+        max_validation_rel_error=max_validation_rel_error,
+    ), f"ladder fit over {len(runs)} rungs -> {target.name}")
 
 
 def _isoflop_run(budget: float, train_step: ExecutorStep, eval_step: ExecutorStep | None) -> IsoFlopRun:
@@ -741,21 +714,15 @@ def default_isoflop_fit(
         max_validation_rel_error: fail the step (after writing) when the validation run misses by more.
     """
     iso_runs = tuple(_isoflop_run(b, t, e) for b, t, e in runs)
-    return ExecutorStep(
-        name=name,
-        fn=isoflop_fit_step,
-        config=versioned_config(IsoFlopFitConfig(
-            runs=iso_runs,
-            output_path=this_output_path(),
-            recipe=recipe,
-            next_budget=None if next_budget is None else float(next_budget),
-            validation=None if validation is None else _isoflop_run(*validation),
-            n_boot=n_boot,
-            max_validation_rel_error=max_validation_rel_error,
-        )),
-        description=f"IsoFLOP fit over {len(iso_runs)} runs at {len({b for b, _, _ in runs})} budgets",
-        resources={"num_cpus": 1},
-    )
+    return _step(name, isoflop_fit_step, IsoFlopFitConfig(
+        runs=iso_runs,
+        output_path=this_output_path(),
+        recipe=recipe,
+        next_budget=None if next_budget is None else float(next_budget),
+        validation=None if validation is None else _isoflop_run(*validation),
+        n_boot=n_boot,
+        max_validation_rel_error=max_validation_rel_error,
+    ), f"IsoFLOP fit over {len(iso_runs)} runs at {len({b for b, _, _ in runs})} budgets")
 
 
 # --- evaluation (bits per byte of held-out text; see docs/evaluation.md) ----------------------------
@@ -775,15 +742,9 @@ def default_domain_task(name: str, domains: Sequence[str], questions_per_domain:
         seed: the corpus's seed (it defines the domain languages).
         start: first document index; beyond the training corpus's documents, so no question was trained on.
     """
-    return ExecutorStep(
-        name=name,
-        fn=write_domain_task,
-        config=versioned_config(DomainTaskConfig(
-            output_path=this_output_path(), domains=tuple(domains), questions_per_domain=questions_per_domain,
-            n_choices=n_choices, seed=seed, start=start)),
-        description=f"domain-continuation task over {len(domains)} K40 domains",
-        resources={"num_cpus": 1},
-    )
+    return _step(name, write_domain_task, DomainTaskConfig(
+        output_path=this_output_path(), domains=tuple(domains), questions_per_domain=questions_per_domain,
+        n_choices=n_choices, seed=seed, start=start), f"domain-continuation task over {len(domains)} K40 domains")
 
 
 def _task_paths(tasks: Mapping[str, StepOrPath] | None) -> dict[str, Any]:
@@ -794,7 +755,7 @@ def _task_paths(tasks: Mapping[str, StepOrPath] | None) -> dict[str, Any]:
             for k, t in (tasks or {}).items()}
 
 
-def default_eval_suite(suite: Mapping[str, str], tokenizer: StepOrPath, text_field: str = "text",
+def default_eval_suite(suite: Mapping[str, str], tokenizer: StepOrPath, input: CorpusInput | None = None,
                        prefix: str = "eval") -> tuple[EvalSet, ...]:
     """A Paloma-style suite in one line, each set tokenized once with the run's tokenizer.
 
@@ -802,14 +763,18 @@ def default_eval_suite(suite: Mapping[str, str], tokenizer: StepOrPath, text_fie
         suite: ``{set name: path, directory or glob}`` of jsonl / jsonl.gz / jsonl.zst / parquet files
             on any fsspec path.
         tokenizer: the run's tokenizer (a step or a path).
-        text_field: the field of each record that holds the document text.
+        input: how each set is read (:class:`CorpusInput`: the text field, the corrupt-input policy ...);
+            its ``sources`` are the suite's, one per set.
         prefix: tokenize steps are named ``{prefix}/{set name}``.
     """
+    input = input or CorpusInput()
+    if input.sources is not None:
+        raise ValueError(f"default_eval_suite: each set's files are its suite entry; pass input= without sources "
+                         f"(got sources={input.sources!r:.80})")
     out = []
     for name, path in suite.items():
         base, loc = split_glob(str(path))
-        step = default_tokenize(f"{prefix}/{name}", base, tokenizer,
-                                CorpusInput(sources={name: loc}, text_field=text_field))
+        step = default_tokenize(f"{prefix}/{name}", base, tokenizer, dataclasses.replace(input, sources={name: loc}))
         # only the name is marked here (EvalSet's other fields stay plain): default_eval versions every
         # field by EvalSet's rule, and a training step's in-training sets keep the version they had
         out.append(EvalSet(name=versioned(name), store=output_path_of(step)))
@@ -863,25 +828,19 @@ def default_eval(
     sets = tuple(eval_sets)
     if not sets and not held_out and not tasks:
         raise ValueError(f"default_eval {name!r}: nothing to evaluate; pass eval_sets, held_out=True or tasks")
-    return ExecutorStep(
-        name=name,
-        fn=evaluate,
-        config=versioned_config(EvalConfig(
-            run_path=output_path_of(train_step),
-            output_path=this_output_path(),
-            sets=sets,
-            checkpoint=checkpoint,
-            held_out=held_out,
-            pool=pool,
-            seq_len=seq_len,
-            stride=stride,
-            tasks=_task_paths(tasks),
-        )),
-        description=f"evaluate {train_step.name} ({checkpoint} checkpoint)",
-        # Like training, the step's own task only waits on the pool it launches.
-        resources={"num_cpus": 0},
-        infra_retries=_pool_infra_retries(pool, train_step),
-    )
+    # Like training, the step's own task only waits on the pool it launches.
+    return _step(name, evaluate, EvalConfig(
+        run_path=output_path_of(train_step),
+        output_path=this_output_path(),
+        sets=sets,
+        checkpoint=checkpoint,
+        held_out=held_out,
+        pool=pool,
+        seq_len=seq_len,
+        stride=stride,
+        tasks=_task_paths(tasks),
+    ), f"evaluate {train_step.name} ({checkpoint} checkpoint)", num_cpus=0,
+        infra_retries=_pool_infra_retries(pool, train_step))
 
 
 def default_harness_eval(
@@ -914,19 +873,14 @@ def default_harness_eval(
         from marin.evaluation.harness import check_tasks
 
         check_tasks(list(tasks), include_path)
-    return ExecutorStep(
-        name=name,
-        fn=harness_eval,
-        config=versioned_config(HarnessConfig(
-            run_path=output_path_of(train_step),
-            output_path=this_output_path(),
-            tasks=tuple(tasks),
-            include_path=include_path,
-            task_files=task_files_fingerprint(include_path),
-            checkpoint=checkpoint,
-            limit=limit,
-            pool=pool,
-        )),
-        description=f"lm-evaluation-harness {', '.join(tasks)} on {train_step.name}",
-        infra_retries=_pool_infra_retries(pool, train_step),
-    )
+    return _step(name, harness_eval, HarnessConfig(
+        run_path=output_path_of(train_step),
+        output_path=this_output_path(),
+        tasks=tuple(tasks),
+        include_path=include_path,
+        task_files=task_files_fingerprint(include_path),
+        checkpoint=checkpoint,
+        limit=limit,
+        pool=pool,
+    ), f"lm-evaluation-harness {', '.join(tasks)} on {train_step.name}",
+        infra_retries=_pool_infra_retries(pool, train_step))

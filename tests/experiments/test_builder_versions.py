@@ -34,13 +34,14 @@ from marin.data.tokenize import TokenizeConfig
 from marin.data.tokenizer import TrainTokenizerConfig
 from marin.evaluation.sets import EvalSet
 from marin.execution import plan_steps
+from marin.execution.plan import plain_config
 from marin.execution.versioning import rule, versioned_leaves
 from marin.inference.evaluate import EvalConfig
 from marin.models.config import MoEConfig
 from marin.monitoring.health import HealthReportConfig
 from marin.review.report import ReportConfig
 from marin.scaling.ladder import LadderFitConfig, RungRun
-from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.config import SyntheticDataConfig, TelemetryConfig, TrainConfig, TrainEvalConfig
 
 
 def _corpus(**kw):
@@ -65,7 +66,8 @@ def _report(mixture=None, **kw):
 
 
 def _train(mixture=None):
-    return default_train("c/train", mixture=mixture or _mixture(), model="tiny", wandb_project=None)
+    return default_train("c/train", mixture=mixture or _mixture(), model="tiny",
+                         telemetry=TelemetryConfig(wandb_project=None))
 
 
 def _plan(step, prefix="/tmp/marin-test-prefix"):
@@ -172,8 +174,9 @@ INPUT_FLIPS = [{"sources": {"a": "council"}}, {"text_field": "body"}, {"max_doc_
 CASES = {
     "k40": (_corpus, [{"total_bytes": 123_456}, {"seed": 1}, {"domains": ("council",)}, {"files_per_source": 2}]),
     "tokenizer": (lambda **kw: _tokenizer(**kw), [
-        {"vocab_size": 1000}, {"max_bytes": 10}, {"text_field": "body"}, {"min_frequency": 3},
-        {"on_corrupt": "fail"}, {"max_corrupt_fraction": 0.5}]),
+        {"vocab_size": 1000}, {"max_bytes": 10}, {"min_frequency": 3},
+        *({"input": CorpusInput(**flip)} for flip in INPUT_FLIPS if set(flip) <= {"text_field", "on_corrupt",
+                                                                                    "max_corrupt_fraction"})]),
     "tokenize": (lambda **kw: _tokenized(**kw), [
         *({"input": CorpusInput(**flip)} for flip in INPUT_FLIPS), {"shard_max_tokens": 10}]),
     "dedup": (lambda **kw: default_dedup("c/dedup", _corpus(), **kw), [
@@ -213,6 +216,39 @@ def test_how_a_corpus_step_spreads_its_work_keeps_its_output(field, value):
     assert _plan(_tokenized(input=CorpusInput(**{field: value})))[1].hash == _plan(_tokenized())[1].hash
 
 
+def test_the_tokenizer_takes_the_corpus_steps_input_group_and_refuses_what_it_does_not_read():
+    """The same CorpusInput serves the tokenizer and the tokenize step: the trainer reads its text field
+    and corrupt-input policy (versioned as its config's own fields) and ignores how the work is spread;
+    a source list, a size limit or allow_empty, which it has no way to honour, is refused in one line."""
+    body = CorpusInput(text_field="body", on_corrupt="fail", use_ray=False, min_task_bytes=0)
+    tok = plain_config(_tokenizer(input=body).config)
+    assert (tok.text_field, tok.on_corrupt, tok.max_corrupt_fraction) == ("body", "fail", body.max_corrupt_fraction)
+    spread_by_default = CorpusInput(text_field="body", on_corrupt="fail")
+    assert _plan(_tokenizer(input=body))[1].hash == _plan(_tokenizer(input=spread_by_default))[1].hash
+    for unread in ({"sources": {"web": "web/*.jsonl"}}, {"max_doc_bytes": 10}, {"allow_empty": True}):
+        name = next(iter(unread))
+        with pytest.raises(ValueError, match=rf"default_tokenizer reads text_field, on_corrupt, max_corrupt_fraction "
+                                             rf"of input=, not {name}=.*: it samples every document file under its "
+                                             r"corpus; pass a corpus path holding only what it should learn from"):
+            _tokenizer(input=CorpusInput(**unread))
+
+
+def test_an_eval_suite_reads_each_set_with_the_input_group_given():
+    """default_eval_suite takes the corpus steps' input group: each set is one source of its own
+    tokenize step, read with the group's text field; a group with sources of its own is refused."""
+    from experiments.defaults import default_eval_suite
+
+    suite = {"c4": "gs://b/c4/val/*.jsonl.gz", "wiki": "s3://b/wiki/val.jsonl"}
+    sets = default_eval_suite(suite, "/tok.json", CorpusInput(text_field="body"), prefix="e")
+    stores = [s.store for s in sets]
+    assert [st.step.name for st in stores] == ["e/c4", "e/wiki"]
+    inputs = [plain_config(st.step.config).input for st in stores]
+    assert [(i.sources, i.text_field) for i in inputs] == [({"c4": "*.jsonl.gz"}, "body"), ({"wiki": ""}, "body")]
+    with pytest.raises(ValueError, match=r"default_eval_suite: each set's files are its suite entry; pass input= "
+                                         r"without sources \(got sources=\{'x': 'y'\}\)"):
+        default_eval_suite(suite, "/tok.json", CorpusInput(sources={"x": "y"}))
+
+
 def test_versioned_fields_are_a_leaf_each_named_as_before_the_input_group():
     """The input group's fields are named in the version as the configs' own fields were (``text_field``,
     not ``input.text_field``), so grouping them moved no step's hash (the pinned hashes hold the proof)."""
@@ -222,23 +258,25 @@ def test_versioned_fields_are_a_leaf_each_named_as_before_the_input_group():
 
 
 def test_in_training_tasks_are_telemetry_and_a_task_step_is_a_dependency():
-    """eval_tasks is live, like eval_sets: a path keeps the training step's hash; a task written by a
+    """evaluation.tasks is live, like evaluation.sets: a path keeps the training step's hash; a task written by a
     step makes that step a dependency (its hash is in the version) and resolves to its task.jsonl."""
     from experiments.defaults import default_domain_task
     from marin.execution import resolve_config
 
-    def train(**kw):
-        return default_train("c/train", mixture=_mixture(), model="tiny", wandb_project=None, eval_every_steps=10,
-                             **kw)
+    def train(**tasks):
+        return default_train("c/train", mixture=_mixture(), model="tiny", telemetry=TelemetryConfig(wandb_project=None),
+                             evaluation=TrainEvalConfig(every_steps=10, tasks=tasks))
 
     plain = _plan(train())[1]
-    assert _plan(train(eval_tasks={"k40": "/tasks/k40.jsonl"}))[1].hash == plain.hash
+    assert _plan(train(k40="/tasks/k40.jsonl"))[1].hash == plain.hash
     task = default_domain_task("c/task", ("council", "infra", "web_code", "science"))
-    plan, with_step = _plan(train(eval_tasks={"k40": task}))
+    plan, with_step = _plan(train(k40=task))
     assert with_step.hash != plain.hash and plan.planned(task) in with_step.dependencies
-    assert resolve_config(with_step, plan).eval_tasks == {"k40": f"{plan.planned(task).output_path}/task.jsonl"}
+    assert resolve_config(with_step, plan).evaluation.tasks == {"k40": f"{plan.planned(task).output_path}/task.jsonl"}
     with pytest.raises(ValueError, match=r"evaluation.tasks \['k40'\] are scored by the in-training eval, which "
                                          r"evaluation.every_steps=None turns off"):
-        default_train("c/train", mixture=_mixture(), eval_tasks={"k40": "/tasks/k40.jsonl"})
-    with pytest.raises(ValueError, match="eval_tasks need a run on tokenized text; synthetic tokens have no tokenizer"):
-        default_train("c/train", mixture=SyntheticDataConfig(), eval_every_steps=5, eval_tasks={"k40": "/t.jsonl"})
+        default_train("c/train", mixture=_mixture(), evaluation=TrainEvalConfig(tasks={"k40": "/tasks/k40.jsonl"}))
+    with pytest.raises(ValueError, match="evaluation.tasks need a run on tokenized text; synthetic tokens have no "
+                                         "tokenizer"):
+        default_train("c/train", mixture=SyntheticDataConfig(),
+                      evaluation=TrainEvalConfig(every_steps=5, tasks={"k40": "/t.jsonl"}))

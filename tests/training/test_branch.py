@@ -10,17 +10,25 @@ import pytest
 
 from marin.training import checkpoint as ckpt
 from marin.training.checkpoint import CheckpointManager, read_pins
-from marin.training.config import InitFrom, SyntheticDataConfig, TrainConfig
+from marin.training.config import (
+    AdamWConfig,
+    CheckpointPolicy,
+    InitFrom,
+    SyntheticDataConfig,
+    TelemetryConfig,
+    TrainConfig,
+)
 from marin.training.metrics import read_metrics
 from marin.training.schedule import lr_at
 from marin.training.trainer import run_training
 
 
-def _config(path, **kw) -> TrainConfig:
+def _config(path, *, lr_replans=(), **kw) -> TrainConfig:
     base = dict(output_path=str(path), data=SyntheticDataConfig(vocab_size=512), model="tiny", pool="local-cpu-1",
-                train_steps=4, tokens_per_step=128, seq_len_phases=((0.0, 16),), warmup_steps=1,
-                checkpoint_every_steps=2, checkpoint_every_minutes=None, keep_last_checkpoints=1,
-                keep_every_steps=2, wandb_project=None, progress_every_s=0.0)
+                train_steps=4, tokens_per_step=128, seq_len_phases=((0.0, 16),),
+                optimizer=AdamWConfig(warmup_steps=1, lr_replans=lr_replans),
+                checkpoint=CheckpointPolicy(every_steps=2, every_minutes=None, keep_last=1, keep_every=2),
+                telemetry=TelemetryConfig(wandb_project=None, progress_every_s=0.0))
     return TrainConfig(**{**base, **kw})
 
 
@@ -59,8 +67,8 @@ def test_the_early_cooldown_branch_decays_to_the_final_lr_over_its_own_horizon(s
     [rec] = read_metrics(str(tmp_path / "cooldown"))
     # the re-planned decay pivots at the branch point (same LR there) and reaches the final LR at step 3
     assert rec["lr"] == lr_at(2, cfg.lr_schedule()) and rec["loss"] == read_metrics(str(source))[2]["loss"]
-    assert lr_at(3, cfg.lr_schedule()) == pytest.approx(cfg.peak_lr * cfg.final_lr_fraction)
-    assert ckpt.CheckpointManager(str(tmp_path / "cooldown"), cfg.checkpoint_policy()).committed_steps() == [3]
+    assert lr_at(3, cfg.lr_schedule()) == pytest.approx(cfg.optimizer.peak_lr * cfg.optimizer.final_lr_fraction)
+    assert ckpt.CheckpointManager(str(tmp_path / "cooldown"), cfg.checkpoint).committed_steps() == [3]
 
 
 def test_weights_only_onto_another_pool(source, tmp_path):
@@ -97,8 +105,8 @@ def test_the_branch_version_names_its_source_and_step():
 
     def train(name, **kw):
         return default_train(name, mixture=SyntheticDataConfig(vocab_size=512), model="tiny", pool="local-cpu-1",
-                             train_steps=4, tokens_per_step=128, seq_len_phases=((0.0, 16),), wandb_project=None,
-                             **kw)
+                             train_steps=4, tokens_per_step=128, seq_len_phases=((0.0, 16),),
+                             telemetry=TelemetryConfig(wandb_project=None), **kw)
 
     def branch_hash(main, step=2, **kw):
         b = train("b", init_from=branch_from(main, step, **kw))
@@ -112,7 +120,8 @@ def test_the_branch_version_names_its_source_and_step():
     h = planned.hash
     assert branch_hash(main, 4)[0].hash != h
     assert branch_hash(main, optimizer=False)[0].hash != h
-    assert branch_hash(train("main", peak_lr=1e-3))[0].hash != h  # the source's version is part of it
+    # the source's version is part of it
+    assert branch_hash(train("main", optimizer=AdamWConfig(peak_lr=1e-3)))[0].hash != h
     assert [d.name for d in branch_hash(main, wait_for_source=True)[0].dependencies] == ["main"]
     # without init_from nothing of it is in a training step's version (existing hashes stay)
     assert not any(k.startswith("init_from") for k in plan_steps([main], "/tmp/p").planned(main).config_leaves)
@@ -140,7 +149,7 @@ def test_the_hero_declares_its_early_cooldown_branch(fresh_experiment_modules):
     assert hero.EARLY_COOLDOWN_AT_STEP % hero.HERO_TRAIN["checkpoint"].keep_every == 0  # the main run keeps it
     assert [d.name for d in p.nonblocking_dependencies] == ["hero/moe-535b-a23b"]
     cfg = hero.hero_early_cooldown.config
-    assert cfg.lr_replans == ((60_000, 66_600),)
+    assert cfg.optimizer.lr_replans == ((60_000, 66_600),)
 
 
 def test_a_branch_is_versioned_by_the_configs_rule():
@@ -149,9 +158,10 @@ def test_a_branch_is_versioned_by_the_configs_rule():
     from marin.execution import plan_steps
     from marin.execution.versioning import versioned_leaves
 
-    main = default_train("main", mixture=SyntheticDataConfig(), model="tiny", pool="local-cpu-1", wandb_project=None)
-    b = default_train("b", mixture=SyntheticDataConfig(), model="tiny", pool="local-cpu-1", wandb_project=None,
-                      init_from=branch_from(main, 2))
+    main = default_train("main", mixture=SyntheticDataConfig(), model="tiny", pool="local-cpu-1",
+                         telemetry=TelemetryConfig(wandb_project=None))
+    b = default_train("b", mixture=SyntheticDataConfig(), model="tiny", pool="local-cpu-1",
+                      telemetry=TelemetryConfig(wandb_project=None), init_from=branch_from(main, 2))
     leaves = set(plan_steps([b], "/tmp/p").planned(b).config_leaves)
     assert {"init_from.step", "init_from.optimizer", "init_from.data_position"} <= leaves
     assert leaves >= versioned_leaves(InitFrom, "init_from")

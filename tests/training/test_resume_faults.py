@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 
+from marin.models.config import get_preset
 from marin.training.checkpoint import CheckpointManager
-from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.config import AdamWConfig, CheckpointPolicy, SyntheticDataConfig, TelemetryConfig, TrainConfig
 from marin.training.metrics import read_metrics
 from marin.training.trainer import IncompatibleCheckpoint, run_training
 
@@ -16,10 +17,11 @@ from marin.training.trainer import IncompatibleCheckpoint, run_training
 def _config(path, **kw) -> TrainConfig:
     # one model and data for every test: the compiled step (memoised per process) and the fresh
     # state's program are shared
-    base = dict(output_path=str(path), data=SyntheticDataConfig(vocab_size=64), model="tiny", pool="local-cpu-1",
-                train_steps=4, tokens_per_step=128, seq_len_phases=((0.0, 16),), warmup_steps=1,
-                checkpoint_every_steps=2, checkpoint_every_minutes=None, keep_last_checkpoints=2,
-                wandb_project=None, progress_every_s=0.0, model_overrides={"vocab_size": 64, "n_layers": 2})
+    base = dict(output_path=str(path), data=SyntheticDataConfig(vocab_size=64),
+                model=get_preset("tiny", vocab_size=64, n_layers=2), pool="local-cpu-1",
+                train_steps=4, tokens_per_step=128, seq_len_phases=((0.0, 16),), optimizer=AdamWConfig(warmup_steps=1),
+                checkpoint=CheckpointPolicy(every_steps=2, every_minutes=None, keep_last=2),
+                telemetry=TelemetryConfig(wandb_project=None, progress_every_s=0.0))
     return TrainConfig(**{**base, **kw})
 
 
@@ -48,7 +50,7 @@ def test_truncated_latest_checkpoint_falls_back_to_the_previous_one(finished_run
     assert summary["resumed_from"] == 2 and summary["final_step"] == 4
     assert "checkpoint at step 4 does not verify" in caplog.text
     assert [p.name for p in (run / "checkpoints").iterdir() if ".corrupt-" in p.name]
-    assert CheckpointManager(str(run), _config(run).checkpoint_policy()).committed_steps() == [2, 4]
+    assert CheckpointManager(str(run), _config(run).checkpoint).committed_steps() == [2, 4]
     # steps 3 and 4 were trained again from step 2's state: one metrics record per step, same losses
     again = read_metrics(str(run))
     assert [r["step"] for r in again] == [1, 2, 3, 4]
@@ -59,7 +61,7 @@ def test_resuming_a_different_model_names_the_mismatching_parameters(finished_ru
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     with pytest.raises(IncompatibleCheckpoint) as err:
-        run_training(_config(run, train_steps=6, model_overrides={"vocab_size": 64, "n_layers": 4}), use_ray=False)
+        run_training(_config(run, train_steps=6, model=get_preset("tiny", vocab_size=64, n_layers=4)), use_ray=False)
     msg = str(err.value)
     assert msg.startswith(f"checkpoint {run}/checkpoints/step-00000004 does not match the model being trained")
     assert "['params']['blocks']" in msg and "checkpoint float32[2, " in msg and "model wants float32[4, " in msg

@@ -161,24 +161,17 @@ def _iter_lines(f, chunk_size: int = 1 << 20) -> Iterator[bytes]:
 
 
 def _iter_jsonl(f, text_field: str, max_doc_bytes: int | None) -> Iterator[Record]:
-    index = 0
-    for line in _iter_lines(f):
-        if not line.strip():
-            continue  # blank lines are not records
+    records = (line for line in _iter_lines(f) if line.strip())  # blank lines are not records
+    for index, line in enumerate(records):
         try:
-            s = line.decode("utf-8")
-        except UnicodeDecodeError:
+            obj = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError:  # before ValueError, its base class
             yield Record(index, None, len(line), SKIP_INVALID_UTF8)
-            index += 1
             continue
-        try:
-            obj = json.loads(s)
         except ValueError:
             yield Record(index, None, len(line), SKIP_INVALID_JSON)
-            index += 1
             continue
         yield _check_text(index, obj.get(text_field) if isinstance(obj, dict) else None, max_doc_bytes)
-        index += 1
 
 
 def _iter_parquet(f, text_field: str, max_doc_bytes: int | None) -> Iterator[Record]:
@@ -189,18 +182,16 @@ def _iter_parquet(f, text_field: str, max_doc_bytes: int | None) -> Iterator[Rec
         for i in range(pf.metadata.num_rows):
             yield Record(i, None, 0, SKIP_MISSING_TEXT)
         return
-    index = 0
-    for batch in pf.iter_batches(batch_size=4096, columns=[text_field]):
-        for value in batch.column(0).to_pylist():
-            if isinstance(value, bytes):
-                try:
-                    value = value.decode("utf-8")
-                except UnicodeDecodeError:
-                    yield Record(index, None, len(value), SKIP_INVALID_UTF8)
-                    index += 1
-                    continue
-            yield _check_text(index, value, max_doc_bytes)
-            index += 1
+    batches = pf.iter_batches(batch_size=4096, columns=[text_field])
+    values = (v for batch in batches for v in batch.column(0).to_pylist())
+    for index, value in enumerate(values):
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                yield Record(index, None, len(value), SKIP_INVALID_UTF8)
+                continue
+        yield _check_text(index, value, max_doc_bytes)
 
 
 class _CheckedZstdReader:

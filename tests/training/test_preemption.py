@@ -17,7 +17,7 @@ import pytest
 from marin.execution.failures import is_infrastructure_failure
 from marin.pools import with_device_count
 from marin.training.checkpoint import CheckpointManager
-from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.config import AdamWConfig, CheckpointPolicy, SyntheticDataConfig, TelemetryConfig, TrainConfig
 from marin.training.metrics import read_metrics
 from marin.training.preemption import Preempted, PreemptionWatch
 from marin.training.trainer import run_training
@@ -27,14 +27,17 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN = textwrap.dedent(
     """
     import sys
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.config import (AdamWConfig, CheckpointPolicy, SyntheticDataConfig, TelemetryConfig,
+                                       TrainConfig)
     from marin.training.preemption import Preempted
     from marin.training.trainer import run_training
 
     config = TrainConfig(output_path=sys.argv[1], data=SyntheticDataConfig(vocab_size=512), model="tiny",
                          pool="local-cpu-1", train_steps=100000, tokens_per_step=128, seq_len_phases=((0.0, 16),),
-                         warmup_steps=1, checkpoint_every_steps=100000, checkpoint_every_minutes=None,
-                         wandb_project=None, progress_every_s=1e9, preemption_grace_s=float(sys.argv[2]))
+                         optimizer=AdamWConfig(warmup_steps=1),
+                         checkpoint=CheckpointPolicy(every_steps=100000, every_minutes=None,
+                                                     preemption_grace_s=float(sys.argv[2])),
+                         telemetry=TelemetryConfig(wandb_project=None, progress_every_s=1e9))
     try:
         run_training(config, use_ray=False)
     except Preempted as e:
@@ -46,9 +49,10 @@ TRAIN = textwrap.dedent(
 
 def _config(path, **kw) -> TrainConfig:
     base = dict(output_path=str(path), data=SyntheticDataConfig(vocab_size=512), model="tiny", pool="local-cpu-1",
-                train_steps=100000, tokens_per_step=128, seq_len_phases=((0.0, 16),), warmup_steps=1,
-                checkpoint_every_steps=100000, checkpoint_every_minutes=None, wandb_project=None,
-                progress_every_s=1e9)
+                train_steps=100000, tokens_per_step=128, seq_len_phases=((0.0, 16),),
+                optimizer=AdamWConfig(warmup_steps=1),
+                checkpoint=CheckpointPolicy(every_steps=100000, every_minutes=None),
+                telemetry=TelemetryConfig(wandb_project=None, progress_every_s=1e9))
     return TrainConfig(**{**base, **kw})
 
 
@@ -75,7 +79,7 @@ def test_sigterm_with_a_grace_period_saves_a_final_checkpoint_and_the_rerun_resu
     assert line.startswith("preempted: SIGTERM at step "), r.stdout
     step = int(line.split("at step ")[1].split(":")[0])
     assert line.endswith(f": final checkpoint {run_dir}/checkpoints/step-{step:08d}")
-    manager = CheckpointManager(str(run_dir), _config(run_dir).checkpoint_policy())
+    manager = CheckpointManager(str(run_dir), _config(run_dir).checkpoint)
     assert manager.committed_steps() == [step]  # only the final one: the cadence never came due
     assert [rec["step"] for rec in read_metrics(str(run_dir))] == list(range(1, step + 1))
     # the rerun (what the executor's retry does) continues from that checkpoint
@@ -103,12 +107,13 @@ DRIVER_EXPERIMENT = textwrap.dedent(
     '''
     from experiments.defaults import default_train
     from marin.execution import executor_main
-    from marin.training.config import SyntheticDataConfig
+    from marin.training.config import AdamWConfig, CheckpointPolicy, SyntheticDataConfig, TelemetryConfig
 
     train = default_train("probe/train", mixture=SyntheticDataConfig(vocab_size=512), model="tiny", pool="local-cpu-1",
-                          train_steps=400, tokens_per_step=512, seq_len_phases=((0.0, 16),), warmup_steps=1,
-                          checkpoint_every_steps=40, checkpoint_every_minutes=None, wandb_project=None,
-                          preemption_grace_s=60.0)
+                          train_steps=400, tokens_per_step=512, seq_len_phases=((0.0, 16),),
+                          optimizer=AdamWConfig(warmup_steps=1),
+                          checkpoint=CheckpointPolicy(every_steps=40, every_minutes=None, preemption_grace_s=60.0),
+                          telemetry=TelemetryConfig(wandb_project=None))
     if __name__ == "__main__":
         executor_main(steps=[train])
     '''
@@ -128,7 +133,7 @@ def test_sigterm_to_the_driver_gives_training_its_grace_period_and_the_rerun_res
     cmd = [sys.executable, "-m", "marin.cli", "run", str(exp), "--prefix", str(store), "--progress", "false"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
                             start_new_session=True)
-    policy = _config("/nonexistent", checkpoint_every_steps=40).checkpoint_policy()
+    policy = CheckpointPolicy(every_steps=40, every_minutes=None)  # the experiment's, where its checkpoints go
     try:
         deadline, periodic, reached = time.time() + 240, None, 0
         while time.time() < deadline and proc.poll() is None:
@@ -212,7 +217,8 @@ _TWO_HOSTS = textwrap.dedent(
     import ray
     from ray.cluster_utils import Cluster
     from marin.execution.signals import request_stop
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.config import (AdamWConfig, CheckpointPolicy, SyntheticDataConfig, TelemetryConfig,
+                                       TrainConfig)
     from marin.training.metrics import read_metrics
     from marin.pools import get_pool, launch
     from marin.training.preemption import StopRequested
@@ -225,9 +231,10 @@ _TWO_HOSTS = textwrap.dedent(
     ray.init(address=cluster.address, log_to_driver=False)
     cluster.wait_for_nodes()
     config = TrainConfig(output_path=out, pool="local-2host", data=SyntheticDataConfig(vocab_size=512), model="tiny-ep",
-                         train_steps=100000, tokens_per_step=512, seq_len_phases=((0.0, 32),), warmup_steps=1,
-                         checkpoint_every_steps=100000, checkpoint_every_minutes=None, wandb_project=None,
-                         progress_every_s=1e9, preemption_grace_s=60.0)
+                         train_steps=100000, tokens_per_step=512, seq_len_phases=((0.0, 32),),
+                         optimizer=AdamWConfig(warmup_steps=1),
+                         checkpoint=CheckpointPolicy(every_steps=100000, every_minutes=None, preemption_grace_s=60.0),
+                         telemetry=TelemetryConfig(wandb_project=None, progress_every_s=1e9))
 
     def steps_done():
         try:
@@ -273,5 +280,5 @@ def test_both_hosts_of_a_pool_stop_on_the_drivers_request_with_one_final_checkpo
     step = res["steps"][-1]
     assert res["error"] == f"training stopped at step {step}: final checkpoint {run_dir}/checkpoints/step-{step:08d}"
     assert res["steps"] == list(range(1, step + 1))  # one attempt: the launcher did not start it again
-    manager = CheckpointManager(str(run_dir), _config(run_dir).checkpoint_policy())
+    manager = CheckpointManager(str(run_dir), _config(run_dir).checkpoint)
     assert manager.committed_steps() == [step]

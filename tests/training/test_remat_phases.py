@@ -3,13 +3,22 @@ the memory planner plans it so, and the run computes what it computes without th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from marin.models.config import get_preset
 from marin.training import trainer
-from marin.training.config import SyntheticDataConfig, TrainConfig, model_at
+from marin.training.config import (
+    AdamWConfig,
+    CheckpointPolicy,
+    ParallelismConfig,
+    SyntheticDataConfig,
+    TelemetryConfig,
+    TrainConfig,
+    model_at,
+)
 from marin.training.planning import train_config_plans
 from marin.training.trainer import run_training
 
@@ -19,11 +28,13 @@ def _losses(path) -> list[float]:
     return [r["loss"] for r in records if "loss" in r and r.get("kind", "train") == "train"]
 
 
-def _config(out, **kw) -> TrainConfig:
+def _config(out, remat_by_seq_len=()) -> TrainConfig:
     return TrainConfig(output_path=str(out), data=SyntheticDataConfig(vocab_size=512), model="tiny",
                        pool="local-cpu-1", train_steps=6, tokens_per_step=256, seq_len_phases=((0.0, 16), (0.5, 32)),
-                       warmup_steps=1, checkpoint_every_steps=100, checkpoint_every_minutes=None,
-                       wandb_project=None, progress_every_s=0.0, **kw)
+                       optimizer=AdamWConfig(warmup_steps=1),
+                       checkpoint=CheckpointPolicy(every_steps=100, every_minutes=None),
+                       telemetry=TelemetryConfig(wandb_project=None, progress_every_s=0.0),
+                       parallelism=ParallelismConfig(remat_by_seq_len=remat_by_seq_len))
 
 
 def test_model_at_overrides_only_the_named_phase():
@@ -52,10 +63,11 @@ def test_the_planner_plans_each_phase_with_its_policy():
     """The hero's 65K phase (one sequence per device) fits a GB200 only when it recomputes every layer."""
     hero = get_preset("hero")
     base = dict(output_path="", data=None, model=hero, preset="hero", pool="gb200-11racks",
-                tokens_per_step=46_137_344, seq_len_phases=((0.0, 4096), (0.95, 65536)),
-                transport_switches=((0, "fixed"),), param_sharding="fsdp")
-    without = {p["seq_len"]: p for p in train_config_plans(TrainConfig(**base))}
-    with_full = {p["seq_len"]: p for p in train_config_plans(TrainConfig(**base, remat_by_seq_len=((65536, "full"),)))}
+                tokens_per_step=46_137_344, seq_len_phases=((0.0, 4096), (0.95, 65536)))
+    par = ParallelismConfig(transport_switches=((0, "fixed"),), param_sharding="fsdp")
+    without = {p["seq_len"]: p for p in train_config_plans(TrainConfig(**base, parallelism=par))}
+    full = dataclasses.replace(par, remat_by_seq_len=((65536, "full"),))
+    with_full = {p["seq_len"]: p for p in train_config_plans(TrainConfig(**base, parallelism=full))}
     assert without[65536]["remat_policy"] == "dots" and not without[65536]["fits"]
     assert with_full[65536]["remat_policy"] == "full" and with_full[65536]["fits"]
     assert with_full[4096]["remat_policy"] == "dots" and with_full[4096]["fits"]

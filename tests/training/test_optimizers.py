@@ -17,9 +17,17 @@ import pytest
 from marin.cli import main
 from marin.execution import plan_steps
 from marin.execution.jsonable import to_jsonable
+from marin.models.config import get_preset
 from marin.pools import get_pool
 from marin.training import checkpoint as ckpt
-from marin.training.config import InitFrom, SyntheticDataConfig, TrainConfig, train_config_from_record
+from marin.training.config import (
+    InitFrom,
+    ParallelismConfig,
+    SyntheticDataConfig,
+    TelemetryConfig,
+    TrainConfig,
+    train_config_from_record,
+)
 from marin.training.lowering import abstract_mesh, abstract_state, forbidden_ops, lower_train_step
 from marin.training.optimizers import AdamWConfig, MuonHConfig, optimizer_from
 from marin.training.planning import checkpoint_bytes_per_host, memory_plan
@@ -27,7 +35,8 @@ from marin.training.trainer import IncompatibleCheckpoint, branch_state, model_c
 
 
 def _config(**kw) -> TrainConfig:
-    return TrainConfig(**{"output_path": "", "data": SyntheticDataConfig(), "wandb_project": None, **kw})
+    return TrainConfig(**{"output_path": "", "data": SyntheticDataConfig(),
+                          "telemetry": TelemetryConfig(wandb_project=None), **kw})
 
 
 # ---- the union --------------------------------------------------------------------------------------
@@ -85,7 +94,7 @@ def test_compiled_programs_are_keyed_by_the_config_less_the_host_schedule():
 @pytest.mark.parametrize("param_sharding", ["replicated", "fsdp"])
 def test_the_planned_muonh_state_is_the_real_per_device_shards(param_sharding):
     config = _config(model="d2048", pool="gb200-11racks", tokens_per_step=704 * 4096, seq_len_phases=((0.0, 4096),),
-                     optimizer=MuonHConfig(), param_sharding=param_sharding)
+                     optimizer=MuonHConfig(), parallelism=ParallelismConfig(param_sharding=param_sharding))
     cfg = model_config(config)
     pool = get_pool("gb200-11racks")
     state, _ = abstract_state(config, cfg, abstract_mesh(*pool.mesh))
@@ -110,8 +119,9 @@ def test_the_planned_muonh_step_is_within_15_percent_of_xla(param_sharding, pool
     memory analysis of the compiled step with MuonH (0.88 and 0.94 of it here, as AdamW's)."""
     from marin.parallel.mesh import make_mesh
 
-    config = _config(model="tiny-ep", model_overrides={"n_layers": 2}, pool=pool, tokens_per_step=tokens,
-                     seq_len_phases=((0.0, 64),), optimizer=MuonHConfig(), param_sharding=param_sharding)
+    config = _config(model=get_preset("tiny-ep", n_layers=2), pool=pool, tokens_per_step=tokens,
+                     seq_len_phases=((0.0, 64),), optimizer=MuonHConfig(),
+                     parallelism=ParallelismConfig(param_sharding=param_sharding))
     cfg, p = model_config(config), get_pool(pool)
     lowered = lower_train_step(config, cfg, p.mesh, transport, batch_size=tokens // 64, seq_len=64, platform="cpu",
                                mesh=make_mesh(*p.mesh))
@@ -139,7 +149,7 @@ def _run_config(path, **kw) -> TrainConfig:
                 train_steps=4, tokens_per_step=128, seq_len_phases=((0.0, 16),),
                 optimizer=MuonHConfig(peak_lr=0.02, adam_lr=3e-3, warmup_steps=1),
                 checkpoint=ckpt.CheckpointPolicy(every_steps=2, every_minutes=None, keep_last=2),
-                wandb_project=None, progress_every_s=0.0)
+                telemetry=TelemetryConfig(wandb_project=None, progress_every_s=0.0))
     return TrainConfig(**{**base, **kw})
 
 
@@ -197,8 +207,8 @@ def test_a_branch_switches_optimizer_only_with_a_fresh_state(muonh_run, tmp_path
 def test_the_hero_step_with_muonh_lowers_for_cuda():
     """The hero (2 layers) on its 11 x 64 mesh, fsdp: MuonH's Newton-Schulz and hyperball steps are in
     the GPU program, nothing CPU-only."""
-    config = _config(model="hero", model_overrides={"n_layers": 2}, seq_len_phases=((0.0, 256),),
-                     param_sharding="fsdp", optimizer=MuonHConfig())
+    config = _config(model=get_preset("hero", n_layers=2), seq_len_phases=((0.0, 256),),
+                     parallelism=ParallelismConfig(param_sharding="fsdp"), optimizer=MuonHConfig())
     text = lower_train_step(config, model_config(config), (11, 64), "fixed", batch_size=704, seq_len=256).as_text()
     assert forbidden_ops(text) == []
     assert "stablehlo.while" in text  # the layer map of the Newton-Schulz iterations

@@ -238,6 +238,23 @@ def block_times(cfg: MoEConfig, n_tok: int, reps: int, extras: bool = True, ep8:
     return r
 
 
+RATIOS = {
+    "moe_vs_dense_1dev": ("moe1", "dense1"),
+    "moe_vs_dense_ep8": ("moe8", "dense8"),
+    "moe_vs_onehot_1dev": ("moe1", "onehot"),
+    "norouting_vs_dense_1dev": ("norouting1", "dense1_f"),
+    "moe_vs_dense_1dev_cpu_time": ("c_moe1", "c_dense1"),
+    "moe_vs_dense_ep8_cpu_time": ("c_moe8", "c_dense8"),
+}
+"""The JSON line's ratios: name -> (measured, baseline) in :func:`block_times`' results."""
+
+
+def ratios(res: dict, prefix: str) -> dict:
+    """The ratios of :data:`RATIOS` that ``res`` measured (a size timed without the extras or on one
+    device has fewer), named ``prefix + name``."""
+    return {prefix + name: round(res[a] / res[b], 3) for name, (a, b) in RATIOS.items() if a in res and b in res}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--d-model", type=int, default=HEADLINE[0], help="MoE block width (latent etc. = d/2)")
@@ -266,26 +283,11 @@ def main(argv=None) -> int:
     achieved, step_s = model_step(mcfg, batch=8, seq=256)
     cpu_mfu = achieved / peak
 
-    result = {
-        "moe_vs_dense_1dev": round(r["moe1"] / r["dense1"], 3),
-        "moe_vs_dense_ep8": round(r["moe8"] / r["dense8"], 3),
-        "moe_vs_onehot_1dev": round(r["moe1"] / r["onehot"], 3),
-        "norouting_vs_dense_1dev": round(r["norouting1"] / r["dense1_f"], 3),
-        "moe_vs_dense_1dev_cpu_time": round(r["c_moe1"] / r["c_dense1"], 3),
-        "moe_vs_dense_ep8_cpu_time": round(r["c_moe8"] / r["c_dense8"], 3),
-    }
+    result = ratios(r, "")
     if small is not None:
-        result.update({
-            "d256_moe_vs_dense_1dev": round(small["moe1"] / small["dense1"], 3),
-            "d256_moe_vs_dense_ep8": round(small["moe8"] / small["dense8"], 3),
-            "d256_moe_vs_dense_1dev_cpu_time": round(small["c_moe1"] / small["c_dense1"], 3),
-            "d256_moe_vs_dense_ep8_cpu_time": round(small["c_moe8"] / small["c_dense8"], 3),
-        })
+        result.update(ratios(small, "d256_"))
     if large is not None:
-        result.update({
-            "d2048_moe_vs_dense_1dev": round(large["moe1"] / large["dense1"], 3),
-            "d2048_moe_vs_dense_1dev_cpu_time": round(large["c_moe1"] / large["c_dense1"], 3),
-        })
+        result.update(ratios(large, "d2048_"))
     result.update({
         "cpu_grouped_gemm_kernel": cpu_kernel_available(),
         **{f"expert_gemm_gflops_{k}": round(v, 1) for k, v in gemm.items()},

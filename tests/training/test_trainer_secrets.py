@@ -8,7 +8,7 @@ import os
 import time
 
 from marin.training.checkpoint import latest_checkpoint, read_metadata
-from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.config import AdamWConfig, CheckpointPolicy, SyntheticDataConfig, TelemetryConfig, TrainConfig
 from marin.training.trainer import run_training
 
 SECRET = "hf_QpZxYwVuTsRqPoNmLkJiHgFeDcBa1234"
@@ -24,9 +24,10 @@ class _AuthenticatedData(SyntheticDataConfig):
 def test_secret_named_field_is_masked_in_every_file_the_run_writes(tmp_path):
     out = tmp_path / "run"
     cfg = TrainConfig(output_path=str(out), data=_AuthenticatedData(vocab_size=512), model="tiny", pool="local-cpu-1",
-                      train_steps=2, tokens_per_step=128, seq_len_phases=((0.0, 16),), warmup_steps=1,
-                      checkpoint_every_steps=1, checkpoint_every_minutes=None, wandb_project="marin-test",
-                      progress_every_s=0.0)
+                      train_steps=2, tokens_per_step=128, seq_len_phases=((0.0, 16),),
+                      optimizer=AdamWConfig(warmup_steps=1),
+                      checkpoint=CheckpointPolicy(every_steps=1, every_minutes=None),
+                      telemetry=TelemetryConfig(wandb_project="marin-test", progress_every_s=0.0))
     run_training(cfg, use_ray=False)
     # W&B's offline run file holds the run config as JSON inside its records. W&B's own service
     # process writes it and may still be flushing when finish() returns on a loaded machine: wait.

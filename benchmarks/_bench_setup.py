@@ -1,8 +1,8 @@
 """What the training-side benchmarks share: model flags, the pool's JAX environment, the run state.
 
 `train_bench.py` and `eval_bench.py` build the same model on the same pool from the same flags; this
-is the one place that does it. Import it before JAX: :func:`pool_environment` must set the fake
-device count first.
+is the one place that does it (`decode_bench.py` and `optimizer_bench.py` take its preset flags alone).
+Import it before JAX: :func:`pool_environment` must set the fake device count first.
 """
 
 from __future__ import annotations
@@ -13,14 +13,19 @@ import os
 from typing import Any
 
 
+def add_preset_flags(p: argparse.ArgumentParser, model: str = "tiny-ep") -> None:
+    """The flags that choose the model: a preset's name and its fields overridden (:func:`parse_overrides`)."""
+    p.add_argument("--model", default=model)
+    p.add_argument("--override", action="append", default=[], help="model field=value, repeatable")
+
+
 def add_model_flags(p: argparse.ArgumentParser, seq_len: int) -> None:
     """The flags that choose the model and its batch: preset, pool, tokens per step, dtype, overrides."""
-    p.add_argument("--model", default="tiny-ep")
+    add_preset_flags(p)
     p.add_argument("--pool", default="local-cpu")
     p.add_argument("--tokens-per-step", type=int, default=4096)
     p.add_argument("--seq-len", type=int, default=seq_len)
     p.add_argument("--dtype", default=None, help="compute dtype override, e.g. bfloat16")
-    p.add_argument("--override", action="append", default=[], help="model field=value, repeatable")
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

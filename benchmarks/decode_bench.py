@@ -20,15 +20,14 @@ import os
 import sys
 import time
 
-from _bench_setup import parse_overrides  # the benchmarks folder is on sys.path
+from _bench_setup import add_preset_flags, parse_overrides  # the benchmarks folder is on sys.path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--override", action="append", default=[], help="model field=value, repeatable")
+    add_preset_flags(p, model="tiny")
     p.add_argument("--batch", type=int, default=4, help="prompts decoded together")
     p.add_argument("--contexts", default="64,512", help="comma-separated prompt lengths (first = the baseline)")
     p.add_argument("--new-tokens", type=int, default=32, help="timed decode steps per context")

@@ -20,13 +20,12 @@ import statistics
 import sys
 import time
 
-from _bench_setup import parse_overrides  # the benchmarks folder is on sys.path
+from _bench_setup import add_preset_flags, parse_overrides  # the benchmarks folder is on sys.path
 
 
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="tiny-ep")
-    p.add_argument("--override", action="append", default=[], help="model field=value, repeatable")
+    add_preset_flags(p)
     p.add_argument("--meshes", default="1x1,2x4", help="comma-separated data x expert meshes")
     p.add_argument("--tokens-per-step", type=int, default=4096)
     p.add_argument("--seq-len", type=int, default=64)

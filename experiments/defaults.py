@@ -133,15 +133,8 @@ def default_dedup(
         corpus: a corpus step or a path (K40 layout: one directory per domain/bucket).
         input: what is read (sources, text field, size limit, corrupt-input policy) and how the work
             is spread (:class:`CorpusInput`; None: its defaults).
-        exact: remove documents whose normalised text equals another's.
-        fuzzy: remove near-duplicates by MinHash LSH (``bands * rows`` permutations).
-        shingle_size: words per shingle.
-        bands, rows: LSH banding: a pair of Jaccard similarity J becomes a candidate with
-            probability ``1 - (1 - J ** rows) ** bands`` (0.975 at J = 0.7 for 20 x 5).
-        threshold: a candidate is a near-duplicate when the Jaccard similarity of its shingle sets
-            (computed from the shingle hashes, not estimated) is at least this.
-        seed: seed of the MinHash permutations.
-        scope: ``"corpus"`` (duplicates within and across domains), ``"domain"`` or ``"source"``.
+        exact, fuzzy, shingle_size, bands, rows, threshold, seed, scope: the algorithm, as
+            :class:`DedupConfig` documents its fields (MinHash with ``bands * rows`` permutations).
     """
     return _step(name, dedup, DedupConfig(
         input_path=_data_input(corpus),
@@ -297,13 +290,9 @@ def default_tokenize(
         name: step name.
         source: a corpus step or a path.
         tokenizer: a tokenizer step or a path to ``tokenizer.json`` (or its directory).
-        input: what is read and how the work is spread (:class:`CorpusInput`; None: its defaults):
-            ``sources`` (source name -> location under ``source``; None discovers one source per
-            directory, K40 layout: domain/bucket), ``text_field``, ``max_doc_bytes`` (longer documents
-            are skipped and counted), the corrupt-input policy (``on_corrupt="skip"`` leaves corrupt
-            files out, listed in the manifest, while at most ``max_corrupt_fraction`` of them are
-            corrupt; ``"fail"`` fails on any), ``allow_empty`` (let a store, or a source of it, with no
-            document succeed; live: it decides whether the step fails, not what it writes).
+        input: what is read (one source per directory of ``source`` unless ``sources`` names them)
+            and how the work is spread (:class:`CorpusInput`; None: its defaults), as for
+            :func:`default_dedup`.
         shard_max_tokens: tokens per shard file, at most.
     """
     return _step(name, tokenize, TokenizeConfig(

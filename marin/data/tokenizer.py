@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import fsspec
 
 from marin.data.readers import (
+    DEFAULT_MAX_CORRUPT_FRACTION,
+    DEFAULT_ON_CORRUPT,
     CorruptInputError,
     TooManyCorruptFilesError,
     corrupt_policy_violation,
@@ -132,10 +134,10 @@ class TrainTokenizerConfig:
     text_field: str = "text"
     min_frequency: int = 2
     eos_token: str = DEFAULT_EOS
-    on_corrupt: str = "skip"
+    on_corrupt: str = DEFAULT_ON_CORRUPT
     """"skip": leave a corrupt file out (recorded in tokenizer_info.json) while at most
     ``max_corrupt_fraction`` of the files are corrupt; "fail": stop on the first corrupt file."""
-    max_corrupt_fraction: float = 0.01
+    max_corrupt_fraction: float = DEFAULT_MAX_CORRUPT_FRACTION
     allow_small_vocab: bool = live("whether a tokenizer with fewer entries than vocab_size may succeed, not what "
                                    "the step writes", default=False)
     """A corpus too small (or empty) to learn ``vocab_size`` entries fails the step unless this is True."""

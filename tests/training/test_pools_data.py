@@ -125,12 +125,12 @@ def test_a_pool_passed_by_value_leaves_the_step_hash_alone(offline_k40):
     of the same shape give one hash."""
     from experiments.defaults import default_eval, default_harness_eval, default_train
     from marin.execution import plan_steps
-    from marin.training.config import SyntheticDataConfig
+    from marin.training.config import AdamWConfig, SyntheticDataConfig, TelemetryConfig
 
     def train(pool):
         return default_train("t", mixture=SyntheticDataConfig(vocab_size=512), model="tiny", pool=pool,
-                             train_steps=2, warmup_steps=1, tokens_per_step=128, seq_len_phases=((0.0, 16),),
-                             wandb_project=None)
+                             train_steps=2, optimizer=AdamWConfig(warmup_steps=1), tokens_per_step=128,
+                             seq_len_phases=((0.0, 16),), telemetry=TelemetryConfig(wandb_project=None))
 
     def hashes(pool):
         t = train(pool)
@@ -219,7 +219,7 @@ USER_POOL_EXPERIMENT = textwrap.dedent(
     """
     from experiments.defaults import default_train
     from marin.execution import executor_main
-    from marin.training.config import SyntheticDataConfig
+    from marin.training.config import AdamWConfig, SyntheticDataConfig, TelemetryConfig
     from marin.pools import PoolSpec
 
     # a pool of this experiment's own, passed to the step itself
@@ -228,8 +228,8 @@ USER_POOL_EXPERIMENT = textwrap.dedent(
 
     def train(name, pool):
         return default_train(name, mixture=SyntheticDataConfig(vocab_size=512), model="tiny", pool=pool,
-                             train_steps=2, warmup_steps=1, tokens_per_step=2 * 2 * 16,
-                             seq_len_phases=((0.0, 16),), wandb_project=None)
+                             train_steps=2, optimizer=AdamWConfig(warmup_steps=1), tokens_per_step=2 * 2 * 16,
+                             seq_len_phases=((0.0, 16),), telemetry=TelemetryConfig(wandb_project=None))
 
 
     steps = [train("mine/by-value", MY_CPU), train("mine/by-name", "file-cpu")]  # the latter: --pools FILE

@@ -1,6 +1,6 @@
 """Where each parameter leaf lives on the (data, expert) mesh: the sharding rule, JAX-free.
 
-Two modes (``TrainConfig.param_sharding``):
+Two modes (``TrainConfig.parallelism.param_sharding``):
 
 ``"replicated"``
     Routed-expert weights ``[layers, experts, ...]`` split their expert axis over "expert" (one "data"

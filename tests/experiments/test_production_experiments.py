@@ -27,8 +27,8 @@ def test_hero_matches_the_published_run(tmp_path):
     assert cfg.train_steps == 390_139 and cfg.tokens_per_step == 11_264 * 4096 == 46_137_344
     assert round(cfg.train_steps * cfg.tokens_per_step / 1e12, 1) == 18.0  # steps x batch, not 18.75T
     assert [s for _, s in cfg.seq_len_phases] == [4096, 8192, 65536, 262144]
-    assert cfg.context_parallel_by_seq_len == ((262144, 4),)  # 176 sequences of 262K over 704 devices
-    assert cfg.transport_switches == ((0, "fixed"), (81_716, "ragged_capacity"))
+    assert cfg.parallelism.context_parallel_by_seq_len == ((262144, 4),)  # 176 sequences of 262K over 704 devices
+    assert cfg.parallelism.transport_switches == ((0, "fixed"), (81_716, "ragged_capacity"))
     assert len(cfg.data.stores) == 40  # one token store per K40 domain
 
     [stage] = cfg.data.stages  # stage 2 at 30% of the run: step 117,042 of the hero's 390,139

@@ -19,7 +19,19 @@ from marin.execution.jsonable import ConfigRecordError, from_jsonable, mask_secr
 from marin.execution.step import versioned
 from marin.models.config import get_preset
 from marin.training.checkpoint import write_checkpoint
-from marin.training.config import Cutover, InitFrom, SyntheticDataConfig, TrainConfig, train_config_from_record
+from marin.training.config import (
+    AdamWConfig,
+    CheckpointPolicy,
+    Cutover,
+    InitFrom,
+    ParallelismConfig,
+    StallRule,
+    SyntheticDataConfig,
+    TelemetryConfig,
+    TrainConfig,
+    TrainEvalConfig,
+    train_config_from_record,
+)
 from marin.training.run import Run
 
 
@@ -36,19 +48,21 @@ def every_field_mixture() -> MixtureConfig:
 def every_field_train_config() -> TrainConfig:
     model = get_preset("tiny", dtype="bfloat16", max_seq_len=128)
     return TrainConfig(
-        output_path="/runs/train-0123456789", data=every_field_mixture(), model=model,
-        model_overrides={"dtype": "bfloat16"}, pool="local-cpu-1", seed=7, train_steps=250, tokens_per_step=8192,
-        microbatches=2, seq_len_phases=((0.0, 64), (0.5, 128)), param_sharding="fsdp",
-        remat_by_seq_len=((128, "full"),), context_parallel_by_seq_len=((128, 2),), peak_lr=1e-3, warmup_steps=5,
-        final_lr_fraction=0.1, lr_replans=((100, 300),), weight_decay=0.05, beta1=0.8, beta2=0.99, adam_eps=1e-6,
-        grad_clip=0.5, compute_dtype="bfloat16", transport_switches=((0, "fixed"), (50, "ragged_capacity")),
-        checkpoint_every_steps=50, checkpoint_every_minutes=15.0, keep_last_checkpoints=3, keep_every_steps=100,
-        temp_checkpoint_every_minutes=5.0, temp_checkpoint_path="/fast/tmp", stall_timeout_s=900.0,
-        stall_startup_s=1800.0, preemption_grace_s=30.0, log_every=5, wandb_project=None, run_name="round-trip",
-        progress_every_s=1.0, eval_every_steps=25,
-        eval_sets=(EvalSet("val/web", "/stores/val-web", held_out=True, validation_fraction=0.5,
-                           validation_min_documents=3, validation_max_documents=9, max_documents=7),),
-        eval_held_out=False, eval_tasks={"choices": "/tasks/choices.jsonl"}, eval_stride=32, preset="tiny",
+        output_path="/runs/train-0123456789", data=every_field_mixture(), model=model, pool="local-cpu-1", seed=7,
+        train_steps=250, tokens_per_step=8192, seq_len_phases=((0.0, 64), (0.5, 128)), preset="tiny",
+        optimizer=AdamWConfig(peak_lr=1e-3, warmup_steps=5, final_lr_fraction=0.1, lr_replans=((100, 300),),
+                              weight_decay=0.05, beta1=0.8, beta2=0.99, adam_eps=1e-6, grad_clip=0.5),
+        checkpoint=CheckpointPolicy(every_steps=50, every_minutes=15.0, keep_last=3, keep_every=100,
+                                    temp_every_minutes=5.0, temp_path="/fast/tmp", preemption_grace_s=30.0),
+        stall=StallRule(timeout_s=900.0, startup_s=1800.0),
+        evaluation=TrainEvalConfig(
+            every_steps=25, held_out=False, tasks={"choices": "/tasks/choices.jsonl"}, stride=32,
+            sets=(EvalSet("val/web", "/stores/val-web", held_out=True, validation_fraction=0.5,
+                          validation_min_documents=3, validation_max_documents=9, max_documents=7),)),
+        telemetry=TelemetryConfig(log_every=5, wandb_project=None, run_name="round-trip", progress_every_s=1.0),
+        parallelism=ParallelismConfig(microbatches=2, param_sharding="fsdp", remat_by_seq_len=((128, "full"),),
+                                      context_parallel_by_seq_len=((128, 2),),
+                                      transport_switches=((0, "fixed"), (50, "ragged_capacity"))),
         init_from=InitFrom("/runs/source-9876543210", step=40, optimizer=False, data_position=False),
         cutovers=(Cutover(50, "/gates/ragged-0a1b2c3d4e", "ragged", forced=True),))
 

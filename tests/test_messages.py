@@ -60,15 +60,20 @@ def test_marin_plan_refuses_non_positive_sizes(tmp_path, flag, value, message):
     assert "GiB" not in r.stdout and "fits" not in r.stdout
 
 
-def test_explain_shows_an_added_lr_replan_whole():
+def test_explain_shows_an_added_lr_replan_and_eval_set_whole():
+    from marin.evaluation.sets import EvalSet
     from marin.execution.jsonable import to_jsonable
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.config import SyntheticDataConfig, TrainConfig, TrainEvalConfig
 
     before = TrainConfig(output_path="/x", data=SyntheticDataConfig(vocab_size=512), model="tiny")
-    after = dataclasses.replace(before, lr_replans=((60, 100),))
+    after = dataclasses.replace(before, optimizer=dataclasses.replace(before.optimizer, lr_replans=((60, 100),)))
     assert unversioned_changes(to_jsonable(before), after, []) == ["optimizer.lr_replans: [] -> [[60, 100]]"]
-    again = dataclasses.replace(before, lr_replans=((60, 90),))
+    again = dataclasses.replace(before, optimizer=dataclasses.replace(before.optimizer, lr_replans=((60, 90),)))
     assert unversioned_changes(to_jsonable(after), again, []) == ["optimizer.lr_replans[0][1]: 100 -> 90"]
+    # a field of the evaluation config too: an eval set added reads as one change of evaluation.sets
+    evaluated = dataclasses.replace(before, evaluation=TrainEvalConfig(sets=(EvalSet("val", "/stores/val"),)))
+    [change] = unversioned_changes(to_jsonable(before), evaluated, [])
+    assert change.startswith("evaluation.sets: [] -> [{"), change
 
 
 def test_explain_words_a_field_added_removed_or_changed():

@@ -19,9 +19,8 @@ field's metadata:
   (``model.n_layers``); None adds nothing. Any other nested dataclass is one versioned value.
 * :func:`group` ``(reason)``: a nested config that groups fields of its parent by concept
   (``TrainConfig.optimizer``): versioned field by field like ``by_field``, but its fields are
-  named in the hash as the parent's own (``peak_lr``, not ``optimizer.peak_lr``), after the group's
-  ``prefix`` if it has one (``evaluation.sets``: ``eval_sets``), so moving the fields of a flat
-  config into a group moves no hash. Records and messages spell the group
+  named in the hash as the parent's own (``peak_lr``, not ``optimizer.peak_lr``), so moving the
+  fields of a flat config into a group moves no hash. Records and messages spell the group
   (``optimizer.peak_lr``); two versioned fields with one name in the hash are refused at planning.
 
 A field added to a config tomorrow is therefore in the version unless someone marks it live and
@@ -40,7 +39,6 @@ from typing import Any
 
 from marin.execution.hashing import VERSIONING_RULE
 from marin.execution.step import InputName, OutputName, VersionedValue, versioned
-from marin.execution.walker import GROUP_PREFIX
 
 RULE = VERSIONING_RULE
 """The field-metadata key; its value is ``("live", reason)``, ``("input", reason)`` or ``("by_field", reason)``."""
@@ -79,13 +77,12 @@ def by_field(reason: str, **field_kwargs: Any) -> Any:
     return dataclasses.field(metadata={RULE: ("by_field", reason)}, **field_kwargs)
 
 
-def group(reason: str, *, prefix: str = "", **field_kwargs: Any) -> Any:
+def group(reason: str, **field_kwargs: Any) -> Any:
     """A ``dataclasses.field`` holding a group of the parent's fields (see the module doc); it needs a
-    ``default_factory`` (the group's defaults). ``prefix``: what its fields' names in the hash start
-    with (``"eval_"``: ``evaluation.sets`` is named ``eval_sets``, as the field was before it was grouped)."""
+    ``default_factory`` (the group's defaults)."""
     if "default_factory" not in field_kwargs:
         raise ValueError("a group field needs a default_factory (the group with its defaults)")
-    return dataclasses.field(metadata={RULE: ("group", reason), GROUP_PREFIX: prefix}, **field_kwargs)
+    return dataclasses.field(metadata={RULE: ("group", reason)}, **field_kwargs)
 
 
 def rule(f: dataclasses.Field) -> tuple[str, str]:
@@ -113,12 +110,17 @@ def _nested(value: Any) -> Any:
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return versioned_config(value)
-    if isinstance(value, dict):
-        return {k: _nested(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        items = [_nested(v) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, (dict, list, tuple)):
+        return _each(value, _nested)
     return versioned(value)
+
+
+def _each(container: dict | list | tuple, fn: Any) -> Any:
+    """``container`` (a dict, list or tuple, a named tuple too) with ``fn`` applied to each entry."""
+    if isinstance(container, dict):
+        return {k: fn(v) for k, v in container.items()}
+    items = [fn(v) for v in container]
+    return type(container)(*items) if hasattr(container, "_fields") else type(container)(items)
 
 
 def versioned_config(config: Any) -> Any:
@@ -162,11 +164,8 @@ def versioned_view(config: Any) -> Any:
         return config
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         return versioned_config(config)
-    if isinstance(config, dict):
-        return {k: _as_field(v) for k, v in config.items()}
-    if isinstance(config, (list, tuple)):
-        items = [_as_field(v) for v in config]
-        return type(config)(*items) if hasattr(config, "_fields") else type(config)(items)
+    if isinstance(config, (dict, list, tuple)):
+        return _each(config, _as_field)
     return versioned(config)
 
 
@@ -182,9 +181,9 @@ def versioned_leaves(cls: type, prefix: str = "", nested: dict[str, type] | None
     """The field paths :func:`versioned_config` makes versioned leaves of, for an instance of ``cls``
     whose fields hold plain values (placeholders in input fields): every field not live and not an
     input, with a ``by_field`` field expanded into its class's leaves. ``nested`` names the class of
-    a ``by_field`` (or marked) field's value, by field name; without it the field is one leaf. A
-    ``group`` field is expanded into its default's class, named as in the version (``peak_lr``,
-    ``eval_sets``).
+    a ``by_field`` (or marked) field's value, by field name; without it a ``by_field`` field whose
+    default is a config is expanded into that config's class, any other is one leaf. A ``group``
+    field is expanded into its default's class, named as in the version (``peak_lr``).
     Tests derive the expected version of every config from this, so they follow the metadata."""
     out: set[str] = set()
     for f in dataclasses.fields(cls):
@@ -192,13 +191,20 @@ def versioned_leaves(cls: type, prefix: str = "", nested: dict[str, type] | None
         path = f"{prefix}.{f.name}" if prefix else f.name
         if kind in ("live", "input", "added_later"):  # added_later: a leaf only when set
             continue
-        if kind == "group":  # named as the parent's own fields, after the group's prefix
-            named = (f.metadata.get(GROUP_PREFIX, "") + leaf for leaf in versioned_leaves(type(f.default_factory())))
-            out |= {f"{prefix}.{leaf}" if prefix else leaf for leaf in named}
+        if kind == "group":  # named as the parent's own fields
+            out |= {f"{prefix}.{leaf}" if prefix else leaf for leaf in versioned_leaves(type(f.default_factory()))}
             continue
-        sub = (nested or {}).get(f.name)
+        sub = (nested or {}).get(f.name) or (_config_default(f) if kind == "by_field" else None)
         out |= versioned_leaves(sub, path) if sub is not None else {path}
     return out
+
+
+def _config_default(f: dataclasses.Field) -> type | None:
+    """The class of a field's default when the default is a config (a dataclass instance), else None."""
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        return None
+    value = _default(f)
+    return type(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else None
 
 
 def rule_table(cls: type) -> list[tuple[str, str, str]]:

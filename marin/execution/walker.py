@@ -38,20 +38,10 @@ VERSIONING_RULE = "marin_versioning"
 """The dataclass field-metadata key of the versioning rule (:mod:`marin.execution.versioning` sets it)."""
 
 
-GROUP_PREFIX = "marin_group_prefix"
-"""The field-metadata key of a group's prefix: what its fields' names in a step's version start with."""
-
-
 def is_group(f: dataclasses.Field) -> bool:
     """Whether ``f`` was declared with :func:`marin.execution.versioning.group`: a nested config whose
-    fields are spelled ``parent.group.field`` but named ``parent.<prefix>field`` in a step's version."""
+    fields are spelled ``parent.group.field`` but named ``parent.field`` in a step's version."""
     return (f.metadata.get(VERSIONING_RULE) or ("",))[0] == "group"
-
-
-def group_prefix(cls: type, name: str) -> str:
-    """The prefix of group field ``name`` of dataclass ``cls`` (``"eval_"``: ``evaluation.sets`` is
-    named ``eval_sets`` in the version)."""
-    return next(f.metadata.get(GROUP_PREFIX, "") for f in dataclasses.fields(cls) if f.name == name)
 
 
 class UnhashableConfigError(TypeError):
@@ -70,13 +60,11 @@ class FieldPath:
     is a dict key without a canonical encoding, because such a path cannot name a versioned value.
     """
 
-    __slots__ = ("parent", "kind", "key", "depth", "_text", "key_text", "prefix")
+    __slots__ = ("parent", "kind", "key", "depth", "_text", "key_text")
 
     def __init__(self, parent: "FieldPath | None" = None, kind: str = "", key: Any = None, text: str | None = None,
                  key_text: "Callable[[Any], str] | None" = None):
         self.parent, self.kind, self.key = parent, kind, key
-        self.prefix = ""
-        """A GROUP edge's prefix: what the names of the group's fields start with in a version."""
         self.depth = 0 if parent is None else parent.depth + 1
         self._text = text
         self.key_text = parent.key_text if parent is not None else key_text
@@ -103,9 +91,9 @@ class FieldPath:
         return self._text
 
     def version_name(self) -> str:
-        """The path as a step's version names it: a group's fields as its parent's own, with the
-        group's prefix (``optimizer.peak_lr`` is named ``peak_lr``, ``evaluation.sets[0]``
-        ``eval_sets[0]``), so grouping the fields of a flat config moves no hash."""
+        """The path as a step's version names it: a group's fields as its parent's own
+        (``optimizer.peak_lr`` is named ``peak_lr``), so grouping the fields of a flat config moves
+        no hash."""
         node, in_group = self, False
         while node is not None and not in_group:
             in_group, node = node.kind == GROUP, node.parent
@@ -114,8 +102,6 @@ class FieldPath:
         parent = self.parent.version_name()
         if self.kind == GROUP:
             return parent
-        if self.parent.kind == GROUP and self.kind == ATTR:
-            return join_attr(parent, self.parent.prefix + self.key)
         return _join(parent, self.kind, self.key, self.key_text)
 
     def describe(self) -> str:
@@ -258,18 +244,11 @@ def _walk(value: Any, visit: Visit, build: Build, path: FieldPath, on_stack: set
         raise ConfigStructureError(f"config field {path.describe()} contains itself (a reference cycle)")
     on_stack.add(id(value))
     try:
-        out = [(edge, key, _walk(child, visit, build, _child(path, value, edge, key), on_stack))
+        out = [(edge, key, _walk(child, visit, build, path.child(edge, key), on_stack))
                for edge, key, child in children(value, kind)]
     finally:
         on_stack.discard(id(value))
     return build(value, kind, out, path)
-
-
-def _child(path: FieldPath, value: Any, edge: str, key: Any) -> FieldPath:
-    out = path.child(edge, key)
-    if edge == GROUP:
-        out.prefix = group_prefix(type(value), key)
-    return out
 
 
 def leaves(value: Any, key_text: Callable[[Any], str] | None = None) -> list[tuple[FieldPath, Any]]:

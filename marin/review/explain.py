@@ -18,7 +18,7 @@ from marin.execution.jsonable import to_jsonable
 from marin.execution.plan import Plan, PlannedStep, plan_steps, resolve_config
 from marin.execution.prefix import resolve_prefix
 from marin.execution.status import StepStatus
-from marin.execution.walker import GROUP, FieldPath, leaves, path_keys
+from marin.execution.walker import ATTR, GROUP, FieldPath, leaves, path_keys
 from marin.review.experiment_file import load_experiment
 from marin.review.steps import marked_dirs, step_state
 
@@ -51,11 +51,12 @@ def unversioned_changes(recorded: Any, current: Any, versioned: Iterable[str]) -
     new = {path.keys(): (spelled.get(path.keys(), str(path)), v) for path, v in recorded_leaves(current)}
     out = []
     # a field whose shape changed (an element added to lr_replans, a tuple emptied) reads as one
-    # change of the whole field, old value -> new value, not as scattered leaves; a field of a group
-    # (marin.execution.versioning.group) is a field of its own (optimizer.lr_replans)
+    # change of the whole field, old value -> new value, not as scattered leaves; a field of a nested
+    # config (a group, the evaluation config) is a field of its own (optimizer.lr_replans, evaluation.sets)
     current_json = to_jsonable(current)
-    groups = {node.keys() for path, _ in leaves(current, key_text) for node in _nodes(path) if node.kind == GROUP}
-    reshaped = sorted({_field_of(k, groups) for k in set(old) ^ set(new)
+    configs = {node.parent.keys() for path, _ in leaves(current, key_text) for node in _nodes(path)
+               if node.kind in (ATTR, GROUP) and node.parent.parent is not None}
+    reshaped = sorted({_field_of(k, configs) for k in set(old) ^ set(new)
                        if k and not any(k[:len(v)] == v for v in versioned_keys)},
                       key=str) if isinstance(recorded, dict) and isinstance(current_json, dict) else []
     for field in reshaped:
@@ -89,10 +90,10 @@ def _nodes(path: FieldPath) -> list[FieldPath]:
     return out
 
 
-def _field_of(keys: tuple[Any, ...], groups: set[tuple[Any, ...]]) -> tuple[Any, ...]:
-    """The field a leaf path belongs to: its first part, or within a group its group's field."""
+def _field_of(keys: tuple[Any, ...], configs: set[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The field a leaf path belongs to: its first part, or within a nested config that config's field."""
     n = 1
-    while n < len(keys) and keys[:n] in groups:
+    while n < len(keys) and keys[:n] in configs:
         n += 1
     return keys[:n]
 

@@ -8,8 +8,9 @@ the checkpoint manager's and the stall watchdog's own, importable from here). Ev
 the run's version unless it is declared live, with why (:mod:`marin.execution.versioning`): what an
 operator may change on a running run (the pool, horizon re-plans, the transport switch, checkpoint
 cadence, telemetry) keeps its output path, so the step resumes from its checkpoints. In the hash a
-group's fields keep the names they had before TrainConfig was grouped (``peak_lr``, ``eval_sets``),
-so grouping moved no step's hash. The model is carried as a :class:`~marin.models.config.MoEConfig`
+group's fields are named as TrainConfig's own (``peak_lr``, not ``optimizer.peak_lr``), so grouping
+moved no step's hash; in-training evaluation's dependencies are named by their path
+(``evaluation.sets[0].store``). The model is carried as a :class:`~marin.models.config.MoEConfig`
 (every field versioned), so editing a preset changes the version of every run that uses it; the
 trainer builds exactly that model.
 """
@@ -126,7 +127,8 @@ def _pairs(value: Any, kinds: tuple[type, type]) -> Any:
 # --- the groups of a TrainConfig, one per concept ---------------------------------------------------
 # Each is versioned field by field by its own rule; in a step's hash its fields are named as
 # TrainConfig's own (peak_lr, not optimizer.peak_lr: marin.execution.versioning.group), so the
-# hashes of runs declared before TrainConfig was grouped did not move.
+# hashes of runs declared before TrainConfig was grouped did not move. evaluation is the exception:
+# every field is live, and its sets' and tasks' upstream steps are named by their path.
 
 
 OptimizerConfig = AdamWConfig
@@ -353,10 +355,10 @@ class TrainConfig:
     checkpoint: CheckpointPolicy = group("when state is saved and kept: every field live",
                                          default_factory=CheckpointPolicy)
     stall: StallRule = group("the pool launcher's stall watchdog (marin.pools.stall): every field live",
-                             default_factory=StallRule, prefix="stall_")
-    evaluation: TrainEvalConfig = group("evaluation during training: every field live (telemetry); the sets' and "
-                                        "tasks' upstream steps are versioned dependencies (as eval_sets, eval_tasks)",
-                                        default_factory=TrainEvalConfig, prefix="eval_")
+                             default_factory=StallRule)
+    evaluation: TrainEvalConfig = by_field(
+        "evaluation during training: every field live (telemetry); the sets' and tasks' upstream steps are "
+        "versioned dependencies, named by their path (evaluation.sets[0].store)", default_factory=TrainEvalConfig)
     telemetry: TelemetryConfig = group("metrics, W&B and progress lines: every field live",
                                        default_factory=TelemetryConfig)
     parallelism: ParallelismConfig = group("how the work is spread over the devices: every field live",
@@ -383,7 +385,7 @@ class TrainConfig:
         if isinstance(self.data, MixtureConfig) and getattr(order, "value", order) == WITHOUT_REPLACEMENT_V1:
             block_length([n for _, n in self.seq_len_phases])  # refuses phases it cannot keep aligned, in one line
         if self.evaluation.tasks and isinstance(self.data, SyntheticDataConfig):
-            raise ValueError("eval_tasks need a run on tokenized text; synthetic tokens have no tokenizer")
+            raise ValueError("evaluation.tasks need a run on tokenized text; synthetic tokens have no tokenizer")
         if self.checkpoint.temp_every_minutes is not None and not self.checkpoint.temp_path:
             raise ValueError("temp_checkpoint_every_minutes needs temp_checkpoint_path (checkpoint.temp_path: a fast "
                              "local or region-local prefix for the temporary checkpoint)")

@@ -41,7 +41,7 @@ from marin.models.config import MoEConfig
 from marin.monitoring.health import HealthReportConfig
 from marin.review.report import ReportConfig
 from marin.scaling.ladder import LadderFitConfig, RungRun
-from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.config import SyntheticDataConfig, TelemetryConfig, TrainConfig, TrainEvalConfig
 
 
 def _corpus(**kw):
@@ -66,7 +66,8 @@ def _report(mixture=None, **kw):
 
 
 def _train(mixture=None):
-    return default_train("c/train", mixture=mixture or _mixture(), model="tiny", wandb_project=None)
+    return default_train("c/train", mixture=mixture or _mixture(), model="tiny",
+                         telemetry=TelemetryConfig(wandb_project=None))
 
 
 def _plan(step, prefix="/tmp/marin-test-prefix"):
@@ -257,23 +258,25 @@ def test_versioned_fields_are_a_leaf_each_named_as_before_the_input_group():
 
 
 def test_in_training_tasks_are_telemetry_and_a_task_step_is_a_dependency():
-    """eval_tasks is live, like eval_sets: a path keeps the training step's hash; a task written by a
+    """evaluation.tasks is live, like evaluation.sets: a path keeps the training step's hash; a task written by a
     step makes that step a dependency (its hash is in the version) and resolves to its task.jsonl."""
     from experiments.defaults import default_domain_task
     from marin.execution import resolve_config
 
-    def train(**kw):
-        return default_train("c/train", mixture=_mixture(), model="tiny", wandb_project=None, eval_every_steps=10,
-                             **kw)
+    def train(**tasks):
+        return default_train("c/train", mixture=_mixture(), model="tiny", telemetry=TelemetryConfig(wandb_project=None),
+                             evaluation=TrainEvalConfig(every_steps=10, tasks=tasks))
 
     plain = _plan(train())[1]
-    assert _plan(train(eval_tasks={"k40": "/tasks/k40.jsonl"}))[1].hash == plain.hash
+    assert _plan(train(k40="/tasks/k40.jsonl"))[1].hash == plain.hash
     task = default_domain_task("c/task", ("council", "infra", "web_code", "science"))
-    plan, with_step = _plan(train(eval_tasks={"k40": task}))
+    plan, with_step = _plan(train(k40=task))
     assert with_step.hash != plain.hash and plan.planned(task) in with_step.dependencies
-    assert resolve_config(with_step, plan).eval_tasks == {"k40": f"{plan.planned(task).output_path}/task.jsonl"}
+    assert resolve_config(with_step, plan).evaluation.tasks == {"k40": f"{plan.planned(task).output_path}/task.jsonl"}
     with pytest.raises(ValueError, match=r"evaluation.tasks \['k40'\] are scored by the in-training eval, which "
                                          r"evaluation.every_steps=None turns off"):
-        default_train("c/train", mixture=_mixture(), eval_tasks={"k40": "/tasks/k40.jsonl"})
-    with pytest.raises(ValueError, match="eval_tasks need a run on tokenized text; synthetic tokens have no tokenizer"):
-        default_train("c/train", mixture=SyntheticDataConfig(), eval_every_steps=5, eval_tasks={"k40": "/t.jsonl"})
+        default_train("c/train", mixture=_mixture(), evaluation=TrainEvalConfig(tasks={"k40": "/tasks/k40.jsonl"}))
+    with pytest.raises(ValueError, match="evaluation.tasks need a run on tokenized text; synthetic tokens have no "
+                                         "tokenizer"):
+        default_train("c/train", mixture=SyntheticDataConfig(),
+                      evaluation=TrainEvalConfig(every_steps=5, tasks={"k40": "/t.jsonl"}))

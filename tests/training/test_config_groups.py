@@ -180,15 +180,15 @@ def _hash_steps():
 
 
 def test_grouping_moved_no_hash():
-    """The hashes of these steps as planned before TrainConfig was grouped (the same code path as
-    the pinned hashes of the shipped experiments, tests/experiments/pinned_step_hashes.json): a
-    group's fields are named in the hash as the flat fields were (optimizer.peak_lr as peak_lr,
-    evaluation.sets[0].store as eval_sets[0].store), so neither spelling moves them."""
+    """The hashes of these steps, pinned (the same code path as the pinned hashes of the shipped
+    experiments, tests/experiments/pinned_step_hashes.json): a group's fields are named in the hash
+    as the flat fields were (optimizer.peak_lr as peak_lr), so the grouping moved no hash."""
     src, branch, grouped = _hash_steps()
     hashes = {s.name: s.hash for s in plan_steps([src, branch], "/p").steps}
-    # (moved once, with the shipped experiments' pinned hashes, when default_mixture's data order became
-    # without_replacement_v1: b03ca0197d / 7421e35810 before)
-    assert hashes["h/src"] == "1380123cb0" and hashes["h/branch"] == "ff2ae7c274"
+    # (moved when default_mixture's data order became without_replacement_v1: b03ca0197d / 7421e35810
+    # before; and when in-training evaluation's dependencies were named by their path, evaluation.sets[0]
+    # instead of eval_sets[0]: 1380123cb0 / ff2ae7c274 before)
+    assert hashes["h/src"] == "bdf5ff75f6" and hashes["h/branch"] == "c14d6460f3"
     assert plan_steps([grouped], "/p").steps[-1].hash == hashes["h/src"]
 
 
@@ -197,7 +197,7 @@ def test_records_spell_the_group_and_the_version_names_the_flat_field():
     ps = plan_steps([src], "/p").steps[-1]
     # the recorded version names the leaves as before the grouping (old and new runs compare leaf by
     # leaf); "spelled" says how the config spells them, so review marks the recorded fields versioned
-    assert "peak_lr" in ps.config_leaves and 'eval_tasks["k40"]' in ps.config_leaves  # a dependency
+    assert "peak_lr" in ps.config_leaves and 'evaluation.tasks["k40"]' in ps.config_leaves  # a dependency
     assert ps.version()["spelled"]["peak_lr"] == "optimizer.peak_lr"
     versioned = [*ps.config_leaves, *ps.spelled.values()]
     assert is_versioned("optimizer.peak_lr", versioned) and is_versioned('evaluation.tasks["k40"]', versioned)
@@ -205,12 +205,12 @@ def test_records_spell_the_group_and_the_version_names_the_flat_field():
     assert "spelled" not in plan_steps([default_k40_miniature("h/k40")], "/p").steps[0].version()  # no group
     paths = {str(p): p for p, _ in walk_placeholders(src.config)}  # the versioned leaves, as planning finds them
     assert paths["optimizer.peak_lr"].version_name() == "peak_lr"
-    assert paths["evaluation.sets[0].store"].version_name() == "eval_sets[0].store"
+    assert paths["evaluation.sets[0].store"].version_name() == "evaluation.sets[0].store"  # by its path
     every = {str(p): p for p, _ in leaves(resolve_config(ps, plan_steps([src], "/p")))}  # live ones too
-    assert every["stall.timeout_s"].version_name() == "stall_timeout_s"
+    assert every["stall.timeout_s"].version_name() == "timeout_s"  # live: never in a hash
     assert every["checkpoint.every_steps"].version_name() == "every_steps"  # live: never in a hash
     assert paths["model.d_model"].version_name() == "model.d_model"
-    assert paths['evaluation.tasks["k40"]'].version_name() == 'eval_tasks["k40"]'
+    assert paths['evaluation.tasks["k40"]'].version_name() == 'evaluation.tasks["k40"]'
 
 
 @dataclasses.dataclass(frozen=True)

@@ -260,6 +260,36 @@ def k40_data(tmp_path_factory) -> K40Data:
     return K40Data(tmp_path_factory)
 
 
+class HostLost(Exception):
+    """What :func:`stop_after_checkpoint` raises inside the trainer, right after a checkpoint committed."""
+
+
+@pytest.fixture()
+def stop_after_checkpoint(monkeypatch) -> Callable[..., None]:
+    """``stop_after_checkpoint(config, step)``: run training ``config`` in this process until its
+    ``step`` checkpoint has committed, and stop it there, as a host lost right after a save stops a run
+    (the checkpoint is on the store, nothing after it ran). The real save is back when it returns, so
+    the next ``run_training(config)`` resumes from that checkpoint."""
+    from marin.training.checkpoint import CheckpointManager
+    from marin.training.trainer import run_training
+
+    def run(config, step: int) -> None:
+        real_save = CheckpointManager.save
+
+        def save_then_stop(self, saved: int, *args, **kwargs):
+            path = real_save(self, saved, *args, **kwargs)
+            if saved == step:
+                raise HostLost(f"stopped right after the step-{step} checkpoint")
+            return path
+
+        with monkeypatch.context() as patch:
+            patch.setattr(CheckpointManager, "save", save_then_stop)
+            with pytest.raises(HostLost):
+                run_training(config, use_ray=False)
+
+    return run
+
+
 
 # The files that take longest in the default run, heaviest first (from `--durations`). With two
 # workers each taking one file at a time, a heavy file dealt out last leaves the other worker idle at

@@ -390,18 +390,15 @@ def test_marin_plan_prints_the_hero_s_data_coverage(capsys):
 
 
 # ---- the trainer ----------------------------------------------------------------------------------------
-class _Stop(Exception):
-    pass
-
-
 @pytest.mark.slow  # three short training runs: two compiles each
 def test_a_resumed_training_run_reads_what_an_uninterrupted_one_reads_and_keeps_its_order(mini_store, tmp_path,
-                                                                                          monkeypatch):
+                                                                                          monkeypatch,
+                                                                                          stop_after_checkpoint):
     """Through the trainer (phases 16 -> 32): a run stopped after its step-2 checkpoint and rerun reads the
     batches an uninterrupted run reads, and ends on the same bytes; its checkpoints name the order, and a
     rerun under another order is refused."""
     from marin.models.config import get_preset
-    from marin.training.checkpoint import CheckpointManager, read_checkpoint
+    from marin.training.checkpoint import read_checkpoint
     from marin.training.config import AdamWConfig, CheckpointPolicy, TelemetryConfig, TrainConfig
     from marin.training.trainer import IncompatibleCheckpoint, run_training
 
@@ -415,18 +412,12 @@ def test_a_resumed_training_run_reads_what_an_uninterrupted_one_reads_and_keeps_
                            telemetry=TelemetryConfig(wandb_project=None, progress_every_s=0.0))
 
     read: list[tuple[int, np.ndarray]] = []  # (step, tokens) of every batch the trainer asks for
-    real_batch, real_save = MixtureLoader.batch, CheckpointManager.save
+    real_batch = MixtureLoader.batch
 
     def recording_batch(self, step, batch_size, seq_len, rows=None):
         out = real_batch(self, step, batch_size, seq_len, rows)
         read.append((step, out["tokens"]))
         return out
-
-    def save_then_stop(self, step, tree, metadata):
-        path = real_save(self, step, tree, metadata)
-        if step == 2:
-            raise _Stop("stopped right after the step-2 checkpoint")
-        return path
 
     monkeypatch.setattr(MixtureLoader, "batch", recording_batch)
     clean = config("clean")
@@ -435,10 +426,7 @@ def test_a_resumed_training_run_reads_what_an_uninterrupted_one_reads_and_keeps_
     assert sorted(uninterrupted) == [0, 1, 2, 3] and uninterrupted[3].shape == (8, 33)
 
     stopped = config("stopped")
-    monkeypatch.setattr(CheckpointManager, "save", save_then_stop)
-    with pytest.raises(_Stop):
-        run_training(stopped, use_ray=False)
-    monkeypatch.setattr(CheckpointManager, "save", real_save)
+    stop_after_checkpoint(stopped, 2)
     read.clear()
     assert run_training(stopped, use_ray=False)["resumed_from"] == 2
     assert [s for s, _ in read] == [2, 3]

@@ -94,28 +94,13 @@ def test_nan_guard_stops_and_keeps_last_good_checkpoint(tmp_path):
     assert all(np.isfinite(v).all() for v in flat.values() if v.dtype.kind == "f")
 
 
-class _Crash(Exception):
-    pass
-
-
-def test_crash_and_resume_is_bitwise_identical(tmp_path, monkeypatch):
+def test_crash_and_resume_is_bitwise_identical(tmp_path, stop_after_checkpoint):
     """A run that dies after its step-6 checkpoint and is rerun ends exactly where a clean run ends."""
     clean = _config(tmp_path, "clean")
     run_training(clean, use_ray=False)
 
     crashy = _config(tmp_path, "crashy")
-    real_save = CheckpointManager.save
-
-    def save_then_die(self, step, tree, metadata):
-        path = real_save(self, step, tree, metadata)
-        if step == 6:
-            raise _Crash("simulated host loss right after the step-6 checkpoint")
-        return path
-
-    monkeypatch.setattr(CheckpointManager, "save", save_then_die)
-    with pytest.raises(_Crash):
-        run_training(crashy, use_ray=False)
-    monkeypatch.setattr(CheckpointManager, "save", real_save)
+    stop_after_checkpoint(crashy, 6)
     summary = run_training(crashy, use_ray=False)
     assert summary["resumed_from"] == 6
 
@@ -129,22 +114,10 @@ def test_crash_and_resume_is_bitwise_identical(tmp_path, monkeypatch):
     assert [r["loss"] for r in read_metrics(crashy.output_path)] == [r["loss"] for r in read_metrics(clean.output_path)]
 
 
-def test_replan_horizon_on_resume(tmp_path):
+def test_replan_horizon_on_resume(tmp_path, stop_after_checkpoint):
     """Shorten the horizon of a resumed run: LR continuous at the switch, ends at 5% of peak."""
     cfg = _config(tmp_path, "replan", train_steps=8, checkpoint={"every_steps": 4}, optimizer={"peak_lr": 1e-2})
-    real_save = CheckpointManager.save
-
-    def stop_at_4(self, step, tree, metadata):
-        path = real_save(self, step, tree, metadata)
-        if step == 4:
-            raise _Crash("stop")
-        return path
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(CheckpointManager, "save", stop_at_4)
-    with pytest.raises(_Crash):
-        run_training(cfg, use_ray=False)
-    mp.undo()
+    stop_after_checkpoint(cfg, 4)
     replanned = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, lr_replans=((4, 6),)))
     summary = run_training(replanned, use_ray=False)
     assert summary["final_step"] == 6

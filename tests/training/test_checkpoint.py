@@ -215,3 +215,85 @@ def test_a_failed_save_is_one_line_and_leaves_the_previous_checkpoint(tmp_path):
     _assert_same(mgr.restore_latest(template=_state())[1], _state(1))
 
 
+
+
+@pytest.mark.parametrize("commit, abort, save_try, expected", [
+    (False, None, 1, None),  # undecided
+    (True, None, 1, ckpt.Verdict(True)),
+    (False, {"try": 1, "reason": "parts process-00001.json did not arrive"}, 1,
+     ckpt.Verdict(False, "parts process-00001.json did not arrive")),
+    (False, {"try": 1, "reason": "x"}, 2, None),  # an earlier try's ABORT is not this try's verdict
+    (True, {"try": 2, "reason": "x"}, 2, ckpt.Verdict(True)),  # a committed directory is the checkpoint
+])
+def test_the_verdict_on_a_save_is_what_its_directory_shows(commit, abort, save_try, expected):
+    assert ckpt.read_verdict(commit, abort, save_try) == expected
+
+
+def _two_shares(path: str, step: int, save_try: int = 1):
+    """A state sharded over the 8 devices, staged here and split as two processes of a pool hold it:
+    process 0 the first half of every leaf's rows, process 1 the second."""
+    import dataclasses
+
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    rows = NamedSharding(Mesh(np.array(jax.devices()[:8]), ("x",)), PartitionSpec("x"))
+    state = {"w": jax.device_put(np.arange(64, dtype=np.float32).reshape(16, 4), rows),
+             "b": jax.device_put(np.arange(16, dtype=np.int32), rows)}
+    staged = ckpt.stage(path, state, {"data_step": step}, step=step, save_try=save_try)
+    first = [s for s in staged.shards if s[1][0].start < 8]
+    second = [s for s in staged.shards if s[1][0].start >= 8]
+    assert first and second
+    return (state, dataclasses.replace(staged, shards=first, num_processes=2),
+            dataclasses.replace(staged, shards=second, process=1, num_processes=2))
+
+
+def test_a_held_part_costs_its_save_only_and_every_process_ends_with_process_0s_verdict(tmp_path):
+    """Two processes' shares of one save, written from two threads. Try 1: process 1's part record is
+    held (a named pipe nobody reads yet: a write the store does not answer). Process 0 gives the save
+    up after its part timeout and writes ABORT; process 1 reads that verdict while its write is still
+    held, abandons it and fails with process 0's reason (not on a timeout of its own, which is minutes
+    here). The held write lands later, uncommitted. Try 2 of the same step (a final save tried
+    again): the earlier try's ABORT is not its verdict; process 0 commits, process 1 ends with that,
+    and the checkpoint restores whole."""
+    import os
+    import threading
+    import time
+
+    root = tmp_path / "checkpoints" / "step-00000002"
+    state, p0, p1 = _two_shares(str(root), 2)
+    (root / "parts").mkdir(parents=True)
+    held = root / "parts" / "process-00001.json.tmp"  # where the local store writes the part record first
+    os.mkfifo(held)
+    errors: dict[int, str] = {}
+
+    def process_1(staged):
+        try:
+            ckpt.write_staged(staged, part_timeout_s=120, poll_s=0.05)
+        except ckpt.CheckpointWriteError as e:
+            errors[staged.save_try] = str(e)
+
+    host = threading.Thread(target=process_1, args=(p1,), daemon=True)
+    host.start()
+    with pytest.raises(ckpt.CheckpointWriteError, match=r"parts process-00001.json did not arrive within"):
+        ckpt.write_staged(p0, part_timeout_s=0.5)
+    host.join(timeout=60)
+    assert not host.is_alive(), "process 1 still waits on its held write"
+    assert "process 0 gave it up (" in errors[1] and "parts process-00001.json did not arrive" in errors[1]
+    assert "this process abandoned its unfinished writes" in errors[1] and "\n" not in errors[1]
+    assert json.loads((root / "ABORT").read_text())["try"] == 1 and not (root / "COMMIT").exists()
+    with open(held, "rb") as pipe:  # the store answers at last: the abandoned write lands, uncommitted
+        assert json.loads(pipe.read())["process"] == 1
+    deadline = time.monotonic() + 30  # the abandoned thread renames it into place
+    while held.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (root / "parts" / "process-00001.json").unlink()  # what landed is the pipe itself; not readable data
+
+    _, p0, p1 = _two_shares(str(root), 2, save_try=2)
+    host = threading.Thread(target=process_1, args=(p1,), daemon=True)
+    host.start()
+    ckpt.write_staged(p0, part_timeout_s=120)
+    host.join(timeout=60)
+    assert not host.is_alive() and 2 not in errors, errors
+    tree, meta = read_checkpoint(str(root))
+    assert meta["data_step"] == 2
+    _assert_same(tree, state)

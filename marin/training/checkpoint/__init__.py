@@ -9,6 +9,8 @@ Layout under a step's output directory::
     checkpoints/step-00000100/parts/process-00001.json  one per process, once all of its chunks are
                                                       durable: what it wrote (chunks, bytes)
     checkpoints/step-00000100/COMMIT                  process 0, last, once every part is there
+    checkpoints/step-00000100/ABORT                   process 0, instead of COMMIT, when it gives the
+                                                      save up: the save's outcome for every process
 
 Why it is built this way:
 
@@ -25,6 +27,10 @@ Why it is built this way:
   process's part record, marks a complete checkpoint. A process killed in the middle of a save never
   writes its part, COMMIT never appears, readers ignore the directory and retention deletes it.
   Deletion removes COMMIT first for the same reason.
+* **One verdict per save, process 0's.** The others read it from the store (COMMIT or ABORT) rather
+  than each giving up on a timeout of its own, and a process still writing when the verdict appears
+  abandons its writes: saves are written one after another, so a host whose part the store held
+  back would otherwise start every later save late, and a failed save would fail the ones after it.
 * **Storage through tensorstore's kvstore drivers** (``file``, ``s3``, ``gcs``): the same library
   orbax-checkpoint writes arrays with (Levanter uses it directly, as here). orbax's own path handling
   does not accept ``s3://`` URLs and its commit protocol differs per backend; one explicit protocol on
@@ -90,6 +96,8 @@ from marin.training.checkpoint.restore import (
     restore_checkpoint,
 )
 from marin.training.checkpoint.save import (
+    Verdict,
+    read_verdict,
     stage,
     stage_leaves,
     write_checkpoint,
@@ -105,6 +113,7 @@ __all__ = [
     "SavesFailing",
     "pin_checkpoint",
     "read_pins",
+    "read_verdict",
     "CheckpointWriteError",
     "CorruptCheckpointError",
     "FORMAT",
@@ -114,6 +123,7 @@ __all__ = [
     "PERMANENT",
     "READ_AHEAD_BYTES",
     "TEMPORARY",
+    "Verdict",
     "check_template",
     "checkpoint_path",
     "checkpoint_step",

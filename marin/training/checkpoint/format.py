@@ -1,4 +1,4 @@
-"""The on-disk format of a checkpoint: its layout and records (index, parts, COMMIT), the
+"""The on-disk format of a checkpoint: its layout and records (index, parts, COMMIT or ABORT), the
 storage specs its arrays are written with, the checks a restore makes before reading any array, and
 one tier's checkpoint directory (:class:`TierStore`: its step directories, which are committed,
 deletion COMMIT first).
@@ -21,6 +21,10 @@ FORMAT = "zarr3-sharded-v1"
 _STEP_RE = re.compile(r"^step-(\d{8,})$")
 INDEX_FILE = "index.json"
 COMMIT_FILE = "COMMIT"
+ABORT_FILE = "ABORT"
+"""Process 0's verdict that a save failed, written instead of COMMIT: the other processes read the
+save's outcome from the store (COMMIT or ABORT) instead of each deciding on its own timeout. Not a
+checkpoint (no COMMIT): readers ignore the directory and retention deletes it."""
 ARRAYS_DIR = "arrays"
 PARTS_DIR = "parts"
 PART_TIMEOUT_S = 3600.0  # how long process 0 waits for the other processes' parts before giving up

@@ -179,10 +179,12 @@ class CheckpointManager:
     ``max_failed_saves``-th failure in a row, or a failure once the newest commit is older than
     ``max_minutes_without_commit``, surfaces as :class:`SavesFailing` (an infrastructure failure: the
     attempt is retried from the newest committed checkpoint) from the next :meth:`save`, :meth:`check`
-    or :meth:`wait`. Every process of a pool counts the same failures: a process whose own write
-    failed fails it, and the others fail it when its part (or COMMIT) does not arrive within the part
-    timeout. A failed temporary save is logged and skipped (the permanent checkpoints still protect
-    the run).
+    or :meth:`wait`. Every process of a pool counts the same failures: a save's outcome is process 0's
+    one verdict (COMMIT, or ABORT when a part did not arrive within the part timeout or one of its own
+    writes failed), which the others read from the store; a process still writing its share when the
+    verdict appears abandons those writes, so a write the store holds back costs that save, not the
+    ones after it. A failed temporary save is logged and skipped (the permanent checkpoints still
+    protect the run).
 
     Resume (:meth:`restore_latest`) takes the newest committed checkpoint of either tier (the permanent
     one where both hold the same step). A temporary store that cannot be read (gone, unreachable,
@@ -214,6 +216,7 @@ class CheckpointManager:
         self.last_failure: str | None = None
         self.last_committed_step: int | None = None  # the newest permanent save this process saw commit
         self._last_commit_time = time.monotonic()
+        self._tries: tuple[str, int] = ("", 0)  # (directory, how many saves of it) of the latest save
 
     def path_for(self, step: int) -> str:
         """The directory of the committed checkpoint at ``step`` in whichever tier holds it (the
@@ -299,7 +302,11 @@ class CheckpointManager:
                 if tier == PERMANENT:
                     raise
                 # an unreachable temporary store: the write below fails and is logged
-        staged = stage(path, tree, metadata, step=step)
+        # every process of the pool saves at the same points, so the nth try of a directory is the same
+        # try everywhere: process 0's verdict names it (an ABORT of an earlier try is not this one's)
+        tries = self._tries[1] + 1 if self._tries[0] == path else 1
+        self._tries = (path, tries)
+        staged = stage(path, tree, metadata, step=step, save_try=tries)
         self.last_blocking_s = time.perf_counter() - t0
         self._save_started = t0
         self._last_save_step = step
@@ -344,8 +351,7 @@ class CheckpointManager:
         self.failed_in_a_row += 1
         self._failed_steps.append(step)
         self.last_failure = str(error)
-        if not self.is_writer:
-            self._recount_from_store()
+        self._recount_from_store()
         limit, minutes = self.policy.max_failed_saves, self.policy.max_minutes_without_commit
         age_min = (time.monotonic() - self._last_commit_time) / 60.0
         newest = (self.permanent.url(self.last_committed_step) if self.last_committed_step is not None
@@ -362,11 +368,13 @@ class CheckpointManager:
                        error, newest)
 
     def _recount_from_store(self) -> None:
-        """The store is the authority on what committed. A process other than 0 learns of a commit by
-        waiting for its COMMIT, and process 0 may write it after that wait gave up (its previous save
-        held it for up to the part timeout): failures in a row count only the save points after the
-        newest commit on the store, so every process of the pool reaches checkpoint.max_failed_saves at
-        the same save point (one ending the attempt alone leaves the others waiting in a collective)."""
+        """The store is the authority on what committed. Every process reads each save's outcome from
+        the store (process 0's COMMIT or ABORT), but a process that waited for it in vain gives up, and
+        process 0 may commit after that (its previous save held it for up to the part timeout), or
+        its COMMIT may land although the store's answer was lost: failures in a row count only the
+        save points after the newest commit on the store, so every process of the pool reaches
+        checkpoint.max_failed_saves at the same save point (one ending the attempt alone leaves the
+        others waiting in a collective)."""
         try:
             newest = max(self.committed_steps(), default=None)
         except Exception:  # noqa: BLE001 - a store that cannot be read now: this process's own count stands

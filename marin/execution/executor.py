@@ -44,14 +44,14 @@ from marin.execution import storage
 from marin.execution.cluster import ensure_ray, import_ray_for_the_driver, shutdown_local_ray
 from marin.execution.errors import ExecutorError, ExecutorInterrupted
 from marin.execution.experiment_record import record_steps, write_experiment_record
-from marin.execution.failures import InputNotSucceeded, disk_full_error, error_chain, is_infrastructure_failure
+from marin.execution.failures import InputNotSucceeded, disk_full_error, error_chain
+from marin.execution.infra_retry import InfraRetries
 from marin.execution.jsonable import mask_text
 from marin.execution.lease import LeaseLost, fenced, is_stale, lease_path, read_lease, release, try_acquire
 from marin.execution.lease_keeper import LeaseKeeper
 from marin.execution.options import RunOptions
 from marin.execution.outcome import Outcome, RunResult
 from marin.execution.plan import Plan, PlannedStep, resolve_config
-from marin.execution.retry import RetryPolicy
 from marin.execution.selection import print_dry_run, run_statuses, selected
 from marin.execution.signals import StopSignals, clear_stop_request, signal_of
 from marin.execution.status import StepStatus
@@ -69,10 +69,6 @@ from marin.execution.tasks import (
 )
 
 logger = logging.getLogger("marin.execution")
-
-INFRA_BACKOFF = RetryPolicy(first_delay_s=2.0, max_delay_s=60.0)
-"""The wait before a step's next attempt after an infrastructure failure: 2 s, doubling, at most a minute."""
-
 
 # ----------------------------------------------------------------------------------------------- #
 # the run loop                                                                                     #
@@ -112,9 +108,7 @@ class _Runner:
         self.bar = None
         self._resources: dict[str, float] | None = None
         self.signals: StopSignals | None = None
-        self.infra_failures: dict[PlannedStep, int] = collections.Counter()
-        self.resubmit_at: dict[PlannedStep, float] = {}
-        """Steps waiting out the backoff before their next attempt after an infrastructure failure."""
+        self.retries = InfraRetries(opts.infra_retries)
         self.pool_waits = PoolWaits()
         self.refused: set[PlannedStep] = set()
         """Steps whose task refused an input that was not SUCCESS when it started (DEP_FAILED)."""
@@ -277,11 +271,10 @@ class _Runner:
                 self._record_refused_input(s, str(refused))
                 return
             error, tb = describe_failure(e)
-            if is_infrastructure_failure(e) and self.infra_failures[s] < self.infra_limit(s):
+            if self.retries.retries(s, e):
                 self._retry_later(s, error)
                 return
-            if self.infra_failures[s]:
-                error += f" (after {self.infra_failures[s]} retried infrastructure failure(s))"
+            error = self.retries.after(s, error)
             if (full := disk_full_error(e)) is not None:
                 error = f"{disk_full_message(full, s)} ({error})"
             self._record_failure(s, error, tb)
@@ -319,40 +312,25 @@ class _Runner:
         self._print(f"NOT STARTED {s.name}: {why}")
         self._finish(s, Outcome.DEP_FAILED)
 
-    def infra_limit(self, s: PlannedStep) -> int:
-        """How often ``s`` is resubmitted after infrastructure failures: ``--infra_retries`` for every
-        step when given, else the step's own (a device pool's steps retry, the rest do not)."""
-        if self.opts.infra_retries is not None:
-            return self.opts.infra_retries
-        return s.step.infra_retries or 0
-
     def _retry_later(self, s: PlannedStep, error: str) -> None:
-        """Record an infrastructure failure as an attempt and resubmit the step after a backoff.
+        """Record an infrastructure failure as an attempt; the step is resubmitted after its backoff
+        (:class:`InfraRetries`).
 
         The step keeps its lease (it stays RUNNING for every reader, with the attempt in its events)
         and resumes from whatever it committed: a training step from its last checkpoint."""
-        self.infra_failures[s] += 1
-        n = self.infra_failures[s]
-        delay = INFRA_BACKOFF.delay(n)
-        message = (f"infrastructure failure ({mask_text(error)}); attempt {n + 1} of {self.infra_limit(s) + 1} "
-                   f"starts in {delay:.0f}s from what the step committed")
         lease = self.keeper.get(s)
         if lease is None:  # taken over meanwhile: not ours to retry
             self._finish(s, Outcome.LOST)
             return
+        message = self.retries.describe(s, mask_text(error), *self.retries.schedule(s))
         try:
             st.write_status(s.output_path, StepStatus.RUNNING, lease=lease, message=message)
         except Exception as e:  # noqa: BLE001 - the record is the store's; the retry goes on without it
             logger.error("step %s: could not record the retry: %s", s.name, e)
         self._print(f"RETRY {s.name}: {message}")
-        self.resubmit_at[s] = time.monotonic() + delay
 
     def _resubmit_due(self) -> None:
-        now = time.monotonic()
-        for s, at in list(self.resubmit_at.items()):
-            if at > now:
-                continue
-            del self.resubmit_at[s]
+        for s in self.retries.pop_due():
             if not self.keeper.holds(s):  # the lease was lost while waiting
                 self._finish(s, Outcome.LOST)
                 continue
@@ -401,7 +379,7 @@ class _Runner:
         window = self._submission_window()
         with self.keeper.running():  # the heartbeat renews every held lease, through a stop's grace period too
             try:
-                while self.ready or self.running or self.waiting or self.resubmit_at:
+                while self.ready or self.running or self.waiting or self.retries.waiting:
                     self._step_loop(ray, window)
             except KeyboardInterrupt as e:
                 self.interrupt(signal_of(e, self.signals))
@@ -414,7 +392,7 @@ class _Runner:
         backoff, cancel what lost its lease, look at steps other drivers hold, collect what finished."""
         while self.ready and len(self.running) < window:
             self._start(self.ready.popleft())
-        if self.resubmit_at:
+        if self.retries.waiting:
             self._resubmit_due()
         lost = self.keeper.lost_among(self.refs)
         for s in lost:
@@ -429,7 +407,7 @@ class _Runner:
                 # upstreams first: a dependent's result is judged after its upstream's
                 for ref in sorted(set(done + more), key=lambda r: self.order[self.running[r]]):
                     self._on_done(ref)
-        elif (self.waiting or self.resubmit_at) and not self.ready:
+        elif (self.waiting or self.retries.waiting) and not self.ready:
             time.sleep(min(self.opts.poll_interval, 0.2))
         waiting = len(self.waiting) + self.pool_waits.count(list(self.running.values()))
         self.bar.set_postfix(running=len(self.running), waiting=waiting, refresh=False)

@@ -130,6 +130,33 @@ def test_the_retry_limit_is_the_steps_own_unless_the_flag_sets_one_for_all(tmp_p
     assert len(executions(tmp_path / "capped-log")) == 1 and "retried" not in str(e.value)
 
 
+def test_each_infrastructure_failure_waits_twice_as_long_as_the_one_before_up_to_a_minute():
+    """The run's bookkeeping of resubmissions: the limit (the flag's, else the step's), which
+    failures retry, the backoff 2 s doubling to 60 s, and a step due only once its backoff is over."""
+    import dataclasses
+
+    from marin.execution import plan_steps
+    from marin.execution.infra_retry import InfraRetries
+
+    now = [100.0]
+    (s,) = plan_steps([dataclasses.replace(step("s", "/unused"), infra_retries=7)], "/tmp/unused-prefix").steps
+    retries = InfraRetries(None, clock=lambda: now[0])
+    assert retries.limit(s) == 7 and InfraRetries(0).limit(s) == 0
+    assert retries.retries(s, InfrastructureFailure("host lost")) and not retries.retries(s, ValueError("bug"))
+    delays = []
+    for n in range(1, 8):
+        assert retries.schedule(s)[0] == n
+        delays.append(retries.due_at[s] - now[0])
+        assert retries.waiting and retries.pop_due() == []
+        now[0] = retries.due_at[s]
+        assert retries.pop_due() == [s] and not retries.waiting
+    assert delays == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+    assert not retries.retries(s, InfrastructureFailure("host lost"))  # its 7 retries are spent
+    assert retries.after(s, "E: x") == "E: x (after 7 retried infrastructure failure(s))"
+    assert retries.describe(s, "E: x", 1, 2.0) == (
+        "infrastructure failure (E: x); attempt 2 of 8 starts in 2s from what the step committed")
+
+
 def test_training_and_evaluation_take_their_pools_retries_other_steps_none():
     from experiments.defaults import default_eval, default_train
     from marin.execution import ExecutorStep, InvalidStepError

@@ -13,7 +13,7 @@ from marin.parallel.layout import leaf_partition, shard_shape
 from marin.parallel.mesh import batch_sharding, make_mesh, place_host_arrays
 from marin.pools import get_pool
 from marin.training.checkpoint import CheckpointManager, CheckpointPolicy
-from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.config import ParallelismConfig, SyntheticDataConfig, TelemetryConfig, TrainConfig
 from marin.training.planning import memory_plan, params_per_device
 from marin.training.trainer import (
     init_host_state,
@@ -59,13 +59,14 @@ def test_layout_rule():
     with pytest.raises(ValueError, match="unknown param_sharding 'zero'"):
         leaf_partition("wq", (4, 64, 128), (2, 4), "zero", True)
     with pytest.raises(ValueError, match="unknown param_sharding 'zero'"):
-        TrainConfig(output_path="", data=SyntheticDataConfig(), param_sharding="zero")
+        TrainConfig(output_path="", data=SyntheticDataConfig(), parallelism=ParallelismConfig(param_sharding="zero"))
 
 
-def _config(mode, **kw):
-    return TrainConfig(output_path="", data=SyntheticDataConfig(), model="tiny-ep", tokens_per_step=64 * 32,
-                       model_overrides={"n_layers": 2}, seq_len_phases=((0.0, 32),), wandb_project=None,
-                       param_sharding=mode, **kw)
+def _config(mode):
+    return TrainConfig(output_path="", data=SyntheticDataConfig(), model=get_preset("tiny-ep", n_layers=2),
+                       tokens_per_step=64 * 32, seq_len_phases=((0.0, 32),),
+                       telemetry=TelemetryConfig(wandb_project=None),
+                       parallelism=ParallelismConfig(param_sharding=mode))
 
 
 def _steps(config, mesh, state, shardings, start, n, transport="fixed"):
@@ -162,8 +163,9 @@ def test_planner_state_is_the_sum_of_the_real_shards(pool, model):
     from marin.training.lowering import abstract_mesh, abstract_state
 
     p = get_pool(pool)
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model=model, model_overrides={"n_layers": 2},
-                         pool=pool, wandb_project=None, param_sharding="fsdp")
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model=get_preset(model, n_layers=2), pool=pool,
+                         telemetry=TelemetryConfig(wandb_project=None),
+                         parallelism=ParallelismConfig(param_sharding="fsdp"))
     cfg = model_config(config)
     state, _ = abstract_state(config, cfg, make_mesh(*p.mesh) if p.is_cpu else abstract_mesh(*p.mesh))
     shard = sum(int(np.prod(s.sharding.shard_shape(s.shape))) * s.dtype.itemsize
@@ -194,7 +196,8 @@ def test_trainer_plans_microbatches_for_its_own_layout():
     counts = {}
     for mode in ("replicated", "fsdp"):
         config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="d3072", pool=pool.name,
-                             tokens_per_step=11_264 * 4096, seq_len_phases=((0.0, 4096),), wandb_project=None,
-                             param_sharding=mode)
+                             tokens_per_step=11_264 * 4096, seq_len_phases=((0.0, 4096),),
+                             telemetry=TelemetryConfig(wandb_project=None),
+                             parallelism=ParallelismConfig(param_sharding=mode))
         counts[mode] = microbatches_for(config, config.model, pool, 4096, "fixed")
     assert counts["fsdp"] < counts["replicated"]

@@ -11,7 +11,7 @@ from marin.cli import main
 from marin.models.config import count_params, get_preset
 from marin.parallel.mesh import make_mesh
 from marin.pools import get_pool
-from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.config import ParallelismConfig, SyntheticDataConfig, TelemetryConfig, TrainConfig
 from marin.training.lowering import abstract_mesh, abstract_state, lower_train_step
 from marin.training.planning import (
     StepDoesNotFit,
@@ -24,9 +24,12 @@ from marin.training.planning import (
 from marin.training.trainer import model_config
 
 
-def _config(model="tiny-ep", overrides=None, pool="local-cpu", tokens=4096, seq_len=64, **kw):
-    return TrainConfig(output_path="", data=SyntheticDataConfig(), model=model, model_overrides=overrides or {},
-                       pool=pool, tokens_per_step=tokens, seq_len_phases=((0.0, seq_len),), wandb_project=None, **kw)
+def _config(model="tiny-ep", overrides=None, pool="local-cpu", tokens=4096, seq_len=64, param_sharding="replicated"):
+    """The preset ``model`` with ``overrides`` (MoEConfig fields)."""
+    return TrainConfig(output_path="", data=SyntheticDataConfig(), model=get_preset(model, **(overrides or {})),
+                       preset=model, pool=pool, tokens_per_step=tokens, seq_len_phases=((0.0, seq_len),),
+                       telemetry=TelemetryConfig(wandb_project=None),
+                       parallelism=ParallelismConfig(param_sharding=param_sharding))
 
 
 @pytest.mark.parametrize("param_sharding", ["replicated", "fsdp"])

@@ -532,7 +532,8 @@ def default_gate(name: str, run: ExecutorStep, at_step: int, candidates: Mapping
         wait_for_run: start only after ``run`` succeeded (a gate of a finished run, e.g. a rehearsal);
             by default the gate runs beside the live run, whose checkpoint must be committed then.
 
-    Nothing of the run's output is written but the pin. The step's version names the run's (through
+    Nothing of the run's output is written but the pins on the gated checkpoint, released with the
+    verdict. The step's version names the run's (through
     its hash), the checkpoint step, the candidates, the window, the pool and the thresholds.
     """
     if not isinstance(run, ExecutorStep):

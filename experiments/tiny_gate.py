@@ -9,7 +9,8 @@ two microbatches per step. The gate restores the run's committed checkpoint at s
 AdamW state, data position) and trains the control (the run's own settings) and each candidate for
 10 steps from it, on identical batches; ``gate.json`` holds each arm's step time, MFU, drops, loss
 and grad norm, the paired loss difference with its interval and the verdict, and ``gate.png`` plots
-the arms. Nothing of the run's output is written but the pin that keeps its step-40 checkpoint.
+the arms. Nothing of the run's output is written but the pins that keep its step-40 checkpoint while
+the arms train (released with the verdict).
 
 A passing candidate goes into the live run as a cutover: the live field changed and a relaunch from
 the newest checkpoint, recording the gate it rests on (docs/training.md, "Changing a live run"):

@@ -5,7 +5,8 @@
     marin checkpoints RUN --prune            # delete it (never a pinned or committed-and-kept one)
 
 Retention follows the run's own recorded policy (``checkpoint.keep_last``, ``keep_every``,
-``pinned_steps``), its transport handoffs and the pins other steps wrote (a branch's source). The
+``pinned_steps``), its transport handoffs and the pins other steps wrote (a branch's source, a gate
+until its verdict). The
 temporary tier (``checkpoint.temp_path``) is listed when the run has one; it keeps one checkpoint.
 """
 

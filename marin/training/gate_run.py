@@ -7,8 +7,12 @@ trainer's own parts (``setup_run``, ``run_step``, ``after_step``): the same comp
 batches, the same metrics records, plus what a gate measures per step (the step's wall time, whether
 it compiled, its MFU, a fingerprint of the batch). An arm checkpoints into its own directory, so a
 gate killed midway resumes each unfinished arm from its newest checkpoint; a finished arm leaves
-``arm.json`` and its checkpoints are removed. The run's own directory gets nothing but the pin on
-the gated checkpoint, which keeps the run's retention from deleting the gate's evidence.
+``arm.json`` and its checkpoints are removed. The run's own directory gets nothing but the pins on
+the gated checkpoint (the gate's, placed before the first arm starts, and each arm's, placed when it
+restores), which keep the run's retention from deleting it while an arm may still read it. They are
+released once ``gate.json`` is written: then no arm reads it again, a cutover relaunches the run from
+its newest checkpoint, and a branch from the gated checkpoint holds a pin of its own. A gate that
+ends before its verdict (killed, an arm's pool failed) keeps them, so it can resume.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from marin.execution.jsonable import to_jsonable
 from marin.models.config import flops_per_token
 from marin.parallel.mesh import batch_sharding
 from marin.pools import HostContext, as_pool, launch, run_local
+from marin.training.checkpoint.manager import pin_checkpoint, unpin_checkpoint
 from marin.training.config import TrainConfig, model_at
 from marin.training.gate import (
     CONTROL,
@@ -178,10 +183,26 @@ def write_plot(doc: dict[str, Any], url: str) -> None:
     plt.close(fig)
 
 
+def release_pins(gate: GateConfig, step: int, arms: dict[str, TrainConfig]) -> list[str]:
+    """Release the pins ``gate`` and its arms hold on the run's checkpoint at ``step`` (others' pins on
+    it stay); returns the holders whose pin was released. A store that refuses is logged, not raised:
+    the verdict stands, and ``marin checkpoints`` lists the pin that remains."""
+    released = []
+    for by in (gate.output_path, *(cfg.output_path for cfg in arms.values())):
+        try:
+            if unpin_checkpoint(gate.run, step, by):
+                released.append(by)
+        except Exception as e:  # noqa: BLE001 - every storage library's error means "not released now"
+            logger.warning("gate %s: could not release its pin on %s (%s); the checkpoint stays until it is "
+                           "removed by hand", gate.output_path, Run(gate.run).checkpoint_path(step), e)
+    return released
+
+
 def run_gate(gate: GateConfig, *, use_ray: bool | None = None) -> dict[str, Any]:
     """Run (or resume) every arm of ``gate`` and write ``gate.json`` and ``gate.png``; returns the
     verdict. What cannot be gated is refused (:class:`marin.training.gate.GateRefused`) before any
-    arm starts."""
+    arm starts. The gated checkpoint is pinned from before the first arm starts until the verdict is
+    written (see the module's docstring)."""
     import ray  # Ray: only to launch on a pool, as the trainer does
 
     run = Run(gate.run)
@@ -196,6 +217,8 @@ def run_gate(gate: GateConfig, *, use_ray: bool | None = None) -> dict[str, Any]
               "name": f"{run_name}/gate-{gate.output_path.rstrip('/').rsplit('/', 1)[-1]}"}
              if base.telemetry.wandb_project else None)
     on_ray = use_ray if use_ray is not None else ray.is_initialized()
+    # one pin for the whole gate: the run's retention must not delete the checkpoint between two arms
+    pin_checkpoint(gate.run, step, by=gate.output_path, role="gate")
     for label, cfg in arms.items():
         args = (cfg, gate.end_step, label, wandb)
         if on_ray:
@@ -209,6 +232,7 @@ def run_gate(gate: GateConfig, *, use_ray: bool | None = None) -> dict[str, Any]
     out = gate.output_path.rstrip("/")
     _write_json(f"{out}/{GATE_FILE}", doc)
     write_plot(doc, f"{out}/{GATE_PLOT}")
+    release_pins(gate, step, arms)
     logger.info("gate %s: %s", out, doc["verdict"])
     return {"verdict": doc["verdict"], "passed": doc["passed"], "failed": doc["failed"]}
 

@@ -186,7 +186,9 @@ def test_default_gate_refuses_before_anything_runs_and_versions_what_it_measures
 @pytest.fixture(scope="module")
 def gated(tmp_path_factory):
     """A tiny EP run (fixed transport, 5 steps, checkpoints at 2, 4 and 5) and a 3-step gate at step 2 of
-    two candidates: the ragged_capacity transport, and an absurd learning rate."""
+    two candidates: the ragged_capacity transport, and an absurd learning rate. A branch from the
+    checkpoint at step 2 pinned it before the gate."""
+    from marin.training.checkpoint import pin_checkpoint
     from marin.training.gate_run import run_gate
     from marin.training.trainer import run_training
 
@@ -195,6 +197,7 @@ def gated(tmp_path_factory):
                                                                               keep_last=3))
     run_training(source, use_ray=False)
     snapshot = _snapshot(root / "main")
+    pin_checkpoint(str(root / "main"), 2, by=str(root / "branch"))  # what a branch's start writes
     # step times on a shared CPU are not judged here, and a 3-step window's t interval is wide (t = 4.3)
     gate = GateConfig(run=str(root / "main"), output_path=str(root / "gate"), at_step=2, steps=3,
                       candidates={"ragged": {"transport": "ragged_capacity"}, "hot": {"optimizer.peak_lr": 1e6}},
@@ -251,9 +254,10 @@ def test_a_fixed_to_ragged_capacity_gate_on_identical_batches(gated):
     rows = gate_comparison({"g": doc})  # marin compare of gates: one row per candidate
     assert [(r[1], r[-1]) for r in rows] == [("ragged", "pass"), ("hot", "FAIL")]
     assert not os.path.exists(f"{gate.output_path}/arms/ragged/checkpoints")  # a finished arm keeps its records only
-    # nothing of the run's output was written but the pin on the gated checkpoint
+    # nothing of the run's output was written but the pins on the gated checkpoint, and those went with
+    # the verdict: the gate's and its arms' (the branch's pin on the same checkpoint stays)
     assert _snapshot(Path(source.output_path)) == snapshot
-    assert sorted(read_pins(source.output_path)) == [2]
+    assert read_pins(source.output_path) == {2: [f"branch {Path(gate.output_path).parent / 'branch'}"]}
 
 
 def test_a_diverging_candidate_fails_with_its_reason(gated):
@@ -347,6 +351,11 @@ def test_a_gate_killed_midway_resumes(tmp_path):
     proc.wait()
     assert (tmp_path / "gate" / "arms" / CONTROL / "arm.json").exists()
     assert not (tmp_path / "gate" / GATE_FILE).exists()
+    # no verdict yet: the gated checkpoint stays pinned (by the gate, and by each arm that restored it)
+    from marin.training.checkpoint import read_pins
+
+    assert sorted(read_pins(source.output_path)[2]) == [f"branch {out}/arms/{CONTROL}", f"branch {out}/arms/ragged",
+                                                        f"gate {out}"]
     control_before = (tmp_path / "gate" / "arms" / CONTROL / "arm.json").stat().st_mtime_ns
     gate = GateConfig(run=source.output_path, output_path=out, at_step=2, steps=4, checkpoint_every=1,
                       candidates={"ragged": {"transport": "ragged_capacity"}}, thresholds=GateThresholds(min_speedup=0))
@@ -355,6 +364,7 @@ def test_a_gate_killed_midway_resumes(tmp_path):
     with open(tmp_path / "gate" / "arms" / "ragged" / "arm.json") as f:
         assert json.load(f)["resumed_from"] > 2  # from its own checkpoint, not the run's
     resumed = _gate_json(gate)
+    assert read_pins(source.output_path) == {}  # released with the verdict
     whole = dataclasses.replace(gate, output_path=str(tmp_path / "whole"))
     run_gate(whole, use_ray=False)
     uninterrupted = _gate_json(whole)

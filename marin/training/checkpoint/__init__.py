@@ -87,6 +87,7 @@ from marin.training.checkpoint.manager import (
     pin_checkpoint,
     read_pins,
     temp_checkpoint_root,
+    unpin_checkpoint,
 )
 from marin.training.checkpoint.restore import (
     READ_AHEAD_BYTES,
@@ -114,6 +115,7 @@ __all__ = [
     "pin_checkpoint",
     "read_pins",
     "read_verdict",
+    "unpin_checkpoint",
     "CheckpointWriteError",
     "CorruptCheckpointError",
     "FORMAT",

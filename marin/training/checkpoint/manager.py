@@ -136,14 +136,31 @@ PINS_DIR = "pins"
 """Under a run's ``checkpoints/``: one JSON file per pin another step holds on one of its checkpoints."""
 
 
-def pin_checkpoint(run_path: str, step: int, by: str) -> str:
-    """Pin ``run_path``'s checkpoint at ``step`` for ``by`` (the output path of a step that depends on
-    it: a branch's source): the run's retention never deletes it. Idempotent; returns the pin's file."""
+def _pin_file(run_path: str, step: int, by: str) -> tuple[Any, str, str]:
+    """``(filesystem, pins directory, file name)`` of the pin ``by`` holds on ``run_path``'s ``step``."""
     fs, root = fsspec.core.url_to_fs(f"{run_path.rstrip('/')}/{CHECKPOINT_DIR}/{PINS_DIR}")
-    name = hashlib.sha256(f"{by}@{step}".encode()).hexdigest()[:16] + ".json"
+    return fs, root, hashlib.sha256(f"{by}@{step}".encode()).hexdigest()[:16] + ".json"
+
+
+def pin_checkpoint(run_path: str, step: int, by: str, *, role: str = "branch") -> str:
+    """Pin ``run_path``'s checkpoint at ``step`` for ``by`` (the output path of a step that depends on
+    it: a branch's source, a gate while its arms train; ``role`` names which in ``marin checkpoints``):
+    the run's retention never deletes it while the pin is there. Idempotent; returns the pin's file."""
+    fs, root, name = _pin_file(run_path, step, by)
     fs.makedirs(root, exist_ok=True)
-    fs.pipe_file(f"{root}/{name}", json.dumps({"step": int(step), "by": by, "time": time.time()}).encode())
+    fs.pipe_file(f"{root}/{name}", json.dumps({"step": int(step), "by": by, "role": role,
+                                               "time": time.time()}).encode())
     return f"{root}/{name}"
+
+
+def unpin_checkpoint(run_path: str, step: int, by: str) -> bool:
+    """Release the pin ``by`` holds on ``run_path``'s checkpoint at ``step`` (:func:`pin_checkpoint`);
+    the pins others hold on it stay. Idempotent: returns whether there was one to release."""
+    fs, root, name = _pin_file(run_path, step, by)
+    if not fs.exists(f"{root}/{name}"):
+        return False
+    fs.rm_file(f"{root}/{name}")
+    return True
 
 
 def read_pins(run_path: str) -> dict[int, list[str]]:
@@ -156,7 +173,7 @@ def read_pins(run_path: str) -> dict[int, list[str]]:
     for path in sorted(fs.ls(root, detail=False)):
         try:
             pin = json.loads(fs.cat_file(path))
-            pins.setdefault(int(pin["step"]), []).append(f"branch {pin['by']}")
+            pins.setdefault(int(pin["step"]), []).append(f"{pin.get('role', 'branch')} {pin['by']}")
         except Exception as e:  # noqa: BLE001 - a damaged pin file: say so, keep going
             logger.warning("unreadable checkpoint pin %s: %s", path, one_line(e))
     return pins
@@ -502,7 +519,7 @@ class CheckpointManager:
 
     def pins(self) -> dict[int, list[str]]:
         """``{step: [why]}`` of every pinned checkpoint: ``checkpoint.pinned_steps``, the transport
-        handoffs, and the pins other steps wrote (a branch's source)."""
+        handoffs, and the pins other steps wrote (a branch's source, a gate until its verdict)."""
         pins: dict[int, list[str]] = {int(s): ["checkpoint.pinned_steps"] for s in self.policy.pinned_steps}
         for s, why in self.handoffs.items():
             pins.setdefault(int(s), []).append(why)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 PREFIX_HELP = "output prefix (default: $MARIN_PREFIX, else ./local_store)"
 
@@ -53,26 +54,25 @@ def use_pools(args: argparse.Namespace, command: str) -> bool:
     return True
 
 
+def _positive(text: str, kind: type, what: str) -> Any:
+    """``text`` read as ``kind`` if it is a positive finite number, else the argparse error naming ``what``."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An argparse ``type`` for counts and sizes: 0 or a negative value is refused (not read as a default)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value}")
-    return value
+    return _positive(text, int, "a positive whole number")
 
 
 def positive_float(text: str) -> float:
     """An argparse ``type`` for positive amounts (tokens, rates)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
+    return _positive(text, float, "a positive number")
 
 
 def fraction(text: str) -> float:

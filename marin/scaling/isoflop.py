@@ -50,7 +50,7 @@ from marin.scaling.fit import (
     fit_power_law,
     within_band,
 )
-from marin.scaling.ladder import clean_json, read_fit_inputs, save_png, window_mean
+from marin.scaling.ladder import clean_json, finish_plot, read_fit_inputs, window_mean
 from marin.scaling.recipe import Rung, RunShape, ladder_rungs, run_flops, rung_model
 from marin.scaling.tasks import fit_task_laws, predict_task, verify_task
 
@@ -476,8 +476,8 @@ def write_plots(doc: dict[str, Any], output_path: str) -> list[str]:
     runs = doc["runs"]
     names = []
 
-    def save(fig, name):
-        names.append(save_png(fig, output_path, name))
+    def save(ax, name, **labels):
+        names.append(finish_plot(ax, output_path, name, **labels))
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for i, p in enumerate(md["parabolas"]):
@@ -501,11 +501,8 @@ def write_plots(doc: dict[str, Any], output_path: str) -> list[str]:
                           [v["metrics"][m]["high"] - v["metrics"][m]["predicted"]]], fmt="s", color="k", capsize=4,
                     label="predicted (band)")
     ax.set_xscale("log")
-    ax.set_xlabel("active parameters N")
-    ax.set_ylabel(m)
-    ax.set_title("IsoFLOP parabolas and the compute-optimal frontier")
-    ax.legend(fontsize=7)
-    save(fig, "isoflop.png")
+    save(ax, "isoflop.png", xlabel="active parameters N", ylabel=m,
+         title="IsoFLOP parabolas and the compute-optimal frontier")
 
     s = LossSurfaceFit.from_json(md["surface"])
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -522,11 +519,8 @@ def write_plots(doc: dict[str, Any], output_path: str) -> list[str]:
         ax.scatter([v["n"]], [v["d"]], marker="*", s=160, color="C3", label=f"validation {v['name']}")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("active parameters N")
-    ax.set_ylabel("training tokens D")
-    ax.set_title(f"loss surface: {m} = {s.E:.3g} + {s.A:.3g}/N^{s.alpha:.2f} + {s.B:.3g}/D^{s.beta:.2f}")
-    ax.legend(fontsize=7)
-    save(fig, "surface.png")
+    save(ax, "surface.png", xlabel="active parameters N", ylabel="training tokens D",
+         title=f"loss surface: {m} = {s.E:.3g} + {s.A:.3g}/N^{s.alpha:.2f} + {s.B:.3g}/D^{s.beta:.2f}")
     return names
 
 

@@ -359,6 +359,16 @@ def save_png(fig: Any, output_path: str, name: str) -> str:
     return name
 
 
+def finish_plot(ax: Any, output_path: str, name: str, *, xlabel: str, ylabel: str, title: str) -> str:
+    """Label, title and legend ``ax`` as every ladder and IsoFLOP plot is, then write its figure
+    (:func:`save_png`); returns ``name``."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    return save_png(ax.figure, output_path, name)
+
+
 def write_plots(doc: dict[str, Any], curves: dict[str, dict[str, list[float]]], output_path: str) -> list[str]:
     """PNG plots next to fit.json; returns their file names. Agg backend: no display needed."""
     import matplotlib  # matplotlib: the plots extra (slow to import), only when drawing
@@ -368,8 +378,8 @@ def write_plots(doc: dict[str, Any], curves: dict[str, dict[str, list[float]]], 
 
     names = []
 
-    def save(fig, name):
-        names.append(save_png(fig, output_path, name))
+    def save(ax, name, **labels):
+        names.append(finish_plot(ax, output_path, name, **labels))
 
     m = doc["metric"]
     rungs = doc["rungs"]
@@ -391,11 +401,7 @@ def write_plots(doc: dict[str, Any], curves: dict[str, dict[str, list[float]]], 
         ax.scatter([v["flops"]], [v["metrics"][m]["actual"]], marker="*", s=140, color="C3", zorder=4,
                    label=f"validation {v['name']}: {100 * v['metrics'][m]['rel_error']:+.1f}%")
     ax.set_xscale("log")
-    ax.set_xlabel("training compute C (FLOPs)")
-    ax.set_ylabel(f"final {m}")
-    ax.set_title("final value vs compute")
-    ax.legend(fontsize=7)
-    save(fig, f"fit_{m}.png")
+    save(ax, f"fit_{m}.png", xlabel="training compute C (FLOPs)", ylabel=f"final {m}", title="final value vs compute")
 
     # 2. predicted trajectory of the target with bands, and every rung's curve
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -408,11 +414,8 @@ def write_plots(doc: dict[str, Any], curves: dict[str, dict[str, list[float]]], 
     ax.fill_between(fr, lo, hi, color="k", alpha=0.15)
     ax.plot(fr, mid, "ko-", label=f"predicted {doc['target']['name']}")
     ax.set_xscale("log")
-    ax.set_xlabel("fraction of the run")
-    ax.set_ylabel("training loss (nats/token)")
-    ax.set_title("loss trajectory: rungs and the prediction")
-    ax.legend(fontsize=7)
-    save(fig, "trajectory.png")
+    save(ax, "trajectory.png", xlabel="fraction of the run", ylabel="training loss (nats/token)",
+         title="loss trajectory: rungs and the prediction")
 
     # 3. grad norm shape
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -422,22 +425,16 @@ def write_plots(doc: dict[str, Any], curves: dict[str, dict[str, list[float]]], 
         ax.plot([s["peak_fraction"]], [s["peak"]], "v", color=f"C{i % 10}")
     ax.axvline(doc["grad_norm"]["predicted_peak_fraction"], color="k", ls="--",
                label=f"predicted peak for target: {100 * doc['grad_norm']['predicted_peak_fraction']:.0f}%")
-    ax.set_xlabel("fraction of the run")
-    ax.set_ylabel("grad norm (smoothed)")
-    ax.set_title("grad-norm shape per rung")
-    ax.legend(fontsize=7)
-    save(fig, "grad_norm.png")
+    save(ax, "grad_norm.png", xlabel="fraction of the run", ylabel="grad norm (smoothed)",
+         title="grad-norm shape per rung")
 
     # 4. drop fraction
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for name, c in curves.items():
         ax.plot(c["fraction"], [100 * x for x in c["drop_frac_send"]], lw=0.8, label=name)
     ax.axhline(8.0, color="r", ls="--", label="healthy < 8%")
-    ax.set_xlabel("fraction of the run")
-    ax.set_ylabel("drop fraction, send side (%)")
-    ax.set_title("token drops per rung")
-    ax.legend(fontsize=7)
-    save(fig, "drops.png")
+    save(ax, "drops.png", xlabel="fraction of the run", ylabel="drop fraction, send side (%)",
+         title="token drops per rung")
     return names
 
 

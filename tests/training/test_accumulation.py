@@ -6,10 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from marin.models.config import get_preset
 from marin.models.transformer import loss_and_stats
 from marin.parallel.mesh import batch_sharding, make_mesh, place_host_arrays
 from marin.training.accumulate import accumulate, split_microbatches
-from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.config import ParallelismConfig, SyntheticDataConfig, TelemetryConfig, TrainConfig
 from marin.training.trainer import (
     init_host_state,
     make_train_step,
@@ -20,9 +21,11 @@ from marin.training.trainer import (
 
 
 def _config(microbatches=1, **overrides):
-    return TrainConfig(output_path="", data=SyntheticDataConfig(), model="tiny-ep", tokens_per_step=64 * 32,
-                       model_overrides={"n_layers": 1, **overrides},
-                       seq_len_phases=((0.0, 32),), wandb_project=None, microbatches=microbatches)
+    """tiny-ep with one layer and ``overrides`` (MoEConfig fields)."""
+    return TrainConfig(output_path="", data=SyntheticDataConfig(),
+                       model=get_preset("tiny-ep", **{"n_layers": 1, **overrides}), tokens_per_step=64 * 32,
+                       seq_len_phases=((0.0, 32),), telemetry=TelemetryConfig(wandb_project=None),
+                       parallelism=ParallelismConfig(microbatches=microbatches))
 
 
 @pytest.fixture(scope="module")

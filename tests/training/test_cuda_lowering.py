@@ -9,7 +9,8 @@ import pytest
 
 from marin.jaxcompat import compute_platform, lowering_for
 from marin.kernels import cpu as kernels
-from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.models.config import get_preset
+from marin.training.config import ParallelismConfig, SyntheticDataConfig, TelemetryConfig, TrainConfig
 from marin.training.lowering import custom_call_targets, forbidden_ops, lower_eval_forward, lower_train_step
 from marin.training.trainer import model_config
 
@@ -18,9 +19,14 @@ from marin.training.trainer import model_config
 MESHES = {"11 racks": (11, 64), "1 rack": (1, 64)}
 
 
+def _config(model: str, seq_len: int = 256, **kw) -> TrainConfig:
+    """The preset ``model`` with 2 layers, one sequence-length phase."""
+    return TrainConfig(output_path="", data=SyntheticDataConfig(), model=get_preset(model, n_layers=2),
+                       seq_len_phases=((0.0, seq_len),), telemetry=TelemetryConfig(wandb_project=None), **kw)
+
+
 def _lower(model, mesh_shape, transport, seq_len=256, platform="cuda"):
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model=model,
-                         model_overrides={"n_layers": 2}, seq_len_phases=((0.0, seq_len),), wandb_project=None)
+    config = _config(model, seq_len)
     devices = mesh_shape[0] * mesh_shape[1]
     return lower_train_step(config, model_config(config), mesh_shape, transport, batch_size=devices,
                             seq_len=seq_len, platform=platform).as_text()
@@ -60,8 +66,7 @@ def test_ragged_capacity_train_step_lowers_for_cuda(model, mesh):
 def test_fsdp_train_step_lowers_for_cuda(model, mesh, transport):
     """The fsdp layout (weights and AdamW state split over the mesh) at the production shapes: the
     state arrives sharded beyond the expert axis, and the program is still GPU-clean."""
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model=model, model_overrides={"n_layers": 2},
-                         seq_len_phases=((0.0, 256),), wandb_project=None, param_sharding="fsdp")
+    config = _config(model, parallelism=ParallelismConfig(param_sharding="fsdp"))
     shape = MESHES[mesh]
     lowered = lower_train_step(config, model_config(config), shape, transport, batch_size=shape[0] * shape[1],
                                seq_len=256)
@@ -98,8 +103,7 @@ def test_check_catches_cpu_kernels_on_a_cpu_lowering():
 @pytest.mark.parametrize("transport", ["fixed", "dropless", "ragged"])
 def test_accumulating_train_step_lowers_for_cuda(transport):
     """Gradient accumulation (the planner picks microbatches > 1 on GPU pools) on the one-rack mesh."""
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="d2048", model_overrides={"n_layers": 2},
-                         seq_len_phases=((0.0, 256),), wandb_project=None)
+    config = _config("d2048")
     text = lower_train_step(config, model_config(config), (1, 64), transport, batch_size=4 * 64, seq_len=256,
                             microbatches=4).as_text()
     assert forbidden_ops(text) == []
@@ -110,8 +114,7 @@ def test_accumulating_train_step_lowers_for_cuda(transport):
 @pytest.mark.parametrize("model", ["d2048", "hero"])
 def test_eval_forward_lowers_for_cuda(model, mesh):
     """The evaluator's forward (dropless experts on an EP mesh, per-token NLL) is GPU-clean too."""
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model=model, model_overrides={"n_layers": 2},
-                         seq_len_phases=((0.0, 256),), wandb_project=None)
+    config = _config(model)
     shape = MESHES[mesh]
     text = lower_eval_forward(config, model_config(config), shape, batch_size=shape[0] * shape[1],
                               seq_len=256).as_text()
@@ -124,8 +127,7 @@ def test_blocked_attention_lowers_for_cuda(lower):
     """The hero's blocked attention (and its custom backward) at the 262K phase in the CUDA train step
     and the evaluator's forward: loops over key blocks, no [L, L] scores, nothing on the host."""
     seq_len = 262_144
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="hero", model_overrides={"n_layers": 2},
-                         seq_len_phases=((0.0, seq_len),), wandb_project=None)
+    config = _config("hero", seq_len)
     cfg = model_config(config)
     block = cfg.attention_block
     assert cfg.attention_impl == "blocked" and seq_len % block == 0 and block < seq_len
@@ -147,8 +149,9 @@ def test_the_hero_state_is_created_sharded_on_the_gpus():
     from marin.training.trainer import fresh_state, model_config, state_shapes, state_shardings
 
     config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="hero", pool="gb200-11racks",
-                         tokens_per_step=11264 * 4096, seq_len_phases=((0.0, 4096),), param_sharding="fsdp",
-                         wandb_project=None)
+                         tokens_per_step=11264 * 4096, seq_len_phases=((0.0, 4096),),
+                         parallelism=ParallelismConfig(param_sharding="fsdp"),
+                         telemetry=TelemetryConfig(wandb_project=None))
     cfg = model_config(config)
     mesh = abstract_mesh(11, 64)
     with lowering_for("cuda"):

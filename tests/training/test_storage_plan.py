@@ -126,13 +126,15 @@ def test_retention_keeps_pinned_checkpoints_and_rides_out_a_refused_delete(tmp_p
 
 
 def test_marin_checkpoints_lists_sizes_pins_and_what_retention_deletes_next(tmp_path, capsys):
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.models.config import get_preset
+    from marin.training.config import AdamWConfig, SyntheticDataConfig, TrainConfig
     from marin.training.trainer import run_training
 
     run = tmp_path / "run"
-    config = TrainConfig(output_path=str(run), data=SyntheticDataConfig(vocab_size=64), model="tiny",
+    config = TrainConfig(output_path=str(run), data=SyntheticDataConfig(vocab_size=64),
+                         model=get_preset("tiny", vocab_size=64, n_layers=2),
                          pool="local-cpu-1", train_steps=4, tokens_per_step=128, seq_len_phases=((0.0, 16),),
-                         warmup_steps=1, model_overrides={"vocab_size": 64, "n_layers": 2},
+                         optimizer=AdamWConfig(warmup_steps=1),
                          checkpoint={"every_steps": 1, "every_minutes": None, "keep_last": 3},
                          telemetry={"wandb_project": None, "progress_every_s": 0.0})
     run_training(config, use_ray=False)

@@ -212,15 +212,16 @@ def test_a_run_resumes_from_its_temporary_checkpoint_and_ends_with_none(tmp_path
     """The trainer: permanent every 4 steps, temporary every step; a crash in step 6 resumes from the
     temporary step-5 one, with one metrics record per step and the losses of an uninterrupted run."""
     from marin.training import trainer
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.config import AdamWConfig, SyntheticDataConfig, TelemetryConfig, TrainConfig
     from marin.training.metrics import read_metrics
 
     def config(name: str) -> TrainConfig:
         return TrainConfig(output_path=str(tmp_path / name), data=SyntheticDataConfig(vocab_size=512), model="tiny",
                            pool="local-cpu-1", train_steps=8, tokens_per_step=256, seq_len_phases=((0.0, 16),),
-                           warmup_steps=1, checkpoint_every_steps=4, checkpoint_every_minutes=None,
-                           temp_checkpoint_every_minutes=1e-6, temp_checkpoint_path=str(tmp_path / "fast"),
-                           wandb_project=None, progress_every_s=0.0)
+                           optimizer=AdamWConfig(warmup_steps=1),
+                           checkpoint=CheckpointPolicy(every_steps=4, every_minutes=None, temp_every_minutes=1e-6,
+                                                       temp_path=str(tmp_path / "fast")),
+                           telemetry=TelemetryConfig(wandb_project=None, progress_every_s=0.0))
 
     clean = config("clean")
     trainer.run_training(clean, use_ray=False)
@@ -235,7 +236,7 @@ def test_a_run_resumes_from_its_temporary_checkpoint_and_ends_with_none(tmp_path
     monkeypatch.setattr(trainer, "report_step", crash_in_step_6)
     with pytest.raises(_Crash):
         trainer.run_training(crashy, use_ray=False)
-    mgr = CheckpointManager(crashy.output_path, crashy.checkpoint_policy(), temp_path=crashy.temp_checkpoint_path)
+    mgr = CheckpointManager(crashy.output_path, crashy.checkpoint, temp_path=crashy.checkpoint.temp_path)
     assert mgr.committed_steps() == [4] and mgr.temporary.committed_steps() == [5]
     monkeypatch.setattr(trainer, "report_step", real)
 
@@ -251,7 +252,7 @@ def test_the_config_says_what_a_temporary_checkpoint_needs():
     from marin.training.config import SyntheticDataConfig, TrainConfig
 
     with pytest.raises(ValueError, match="temp_checkpoint_every_minutes needs temp_checkpoint_path"):
-        TrainConfig(output_path="/x", data=SyntheticDataConfig(), temp_checkpoint_every_minutes=60.0)
+        TrainConfig(output_path="/x", data=SyntheticDataConfig(), checkpoint=CheckpointPolicy(temp_every_minutes=60.0))
 
 
 class _Crash(RuntimeError):

@@ -14,11 +14,19 @@ from marin.execution import status as st
 from marin.execution.versioning import rule
 from marin.models import config as model_config
 from marin.review.explain import explain
-from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.config import (
+    AdamWConfig,
+    CheckpointPolicy,
+    ParallelismConfig,
+    SyntheticDataConfig,
+    TelemetryConfig,
+    TrainConfig,
+)
 
 
 def _pipeline(**train_kwargs):
-    kwargs = {"mixture": SyntheticDataConfig(), "model": "tiny-ep", "wandb_project": None, **train_kwargs}
+    kwargs = {"mixture": SyntheticDataConfig(), "model": "tiny-ep", "telemetry": TelemetryConfig(wandb_project=None),
+              **train_kwargs}
     train = default_train("t/train", **kwargs)
     return train, default_health_report("t/health", train)
 
@@ -29,6 +37,11 @@ def _paths(prefix, **train_kwargs) -> dict[str, str]:
     return {s.name: s.output_path for s in plan.steps}
 
 
+def _tiny_ep(**fields) -> dict:
+    """default_train's model: tiny-ep with these fields, named by its preset as a preset name is."""
+    return {"model": model_config.get_preset("tiny-ep", **fields), "preset": "tiny-ep"}
+
+
 def _edit_preset(monkeypatch, **changes):
     presets = dict(model_config.PRESETS)
     presets["tiny-ep"] = dataclasses.replace(presets["tiny-ep"], **changes)
@@ -36,8 +49,7 @@ def _edit_preset(monkeypatch, **changes):
 
 
 def test_resolved_model_fields_are_versioned_leaves(tmp_path):
-    train, _ = _pipeline(model_overrides={"capacity_factor": 2.0}, compute_dtype="bfloat16",
-                         seq_len_phases=((0.0, 64), (0.5, 256)))
+    train, _ = _pipeline(**_tiny_ep(capacity_factor=2.0, dtype="bfloat16"), seq_len_phases=((0.0, 64), (0.5, 256)))
     plan = plan_steps([train], str(tmp_path))
     leaves = plan.steps[0].config_leaves
     # every field, but those added later while at their default (left out so earlier steps keep their hashes)
@@ -64,13 +76,14 @@ def test_editing_a_preset_field_moves_the_train_step_and_its_dependents(tmp_path
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"beta1": 0.8}, {"beta2": 0.99}, {"adam_eps": 1e-6}, {"final_lr_fraction": 0.1}, {"weight_decay": 0.0},
-    {"grad_clip": 0.5}, {"peak_lr": 1e-3}, {"warmup_steps": 3}, {"seed": 1}, {"train_steps": 50},
-    {"tokens_per_step": 8192}, {"seq_len_phases": ((0.0, 32),)}, {"compute_dtype": "bfloat16"},
-    {"model": "tiny"}, {"model_overrides": {"z_loss_weight": 0.0}},
-    {"model_overrides": {"router_bias_update": "sign"}}, {"model_overrides": {"router_bias_rate": 0.5}},
-    {"model_overrides": {"capacity_factor": 2.0}}, {"model_overrides": {"remat_policy": "full"}},
-    {"model_overrides": {"attention_impl": "blocked"}}, {"model_overrides": {"attention_block": 64}},
+    {"optimizer": AdamWConfig(beta1=0.8)}, {"optimizer": AdamWConfig(beta2=0.99)},
+    {"optimizer": AdamWConfig(adam_eps=1e-6)}, {"optimizer": AdamWConfig(final_lr_fraction=0.1)},
+    {"optimizer": AdamWConfig(weight_decay=0.0)}, {"optimizer": AdamWConfig(grad_clip=0.5)},
+    {"optimizer": AdamWConfig(peak_lr=1e-3)}, {"optimizer": AdamWConfig(warmup_steps=3)},
+    {"seed": 1}, {"train_steps": 50}, {"tokens_per_step": 8192}, {"seq_len_phases": ((0.0, 32),)},
+    _tiny_ep(dtype="bfloat16"), {"model": "tiny"}, _tiny_ep(z_loss_weight=0.0), _tiny_ep(router_bias_update="sign"),
+    _tiny_ep(router_bias_rate=0.5), _tiny_ep(capacity_factor=2.0), _tiny_ep(remat_policy="full"),
+    _tiny_ep(attention_impl="blocked"), _tiny_ep(attention_block=64),
     {"mixture": SyntheticDataConfig(noise=0.1)},
 ])
 def test_every_field_that_changes_the_math_moves_the_hash(tmp_path, kwargs):
@@ -78,9 +91,13 @@ def test_every_field_that_changes_the_math_moves_the_hash(tmp_path, kwargs):
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"pool": "local-cpu-ep8"}, {"lr_replans": ((50, 200),)}, {"transport_switches": ((0, "fixed"), (5, "dropless"))},
-    {"checkpoint_every_steps": 7}, {"checkpoint_every_minutes": None}, {"keep_last_checkpoints": 5},
-    {"keep_every_steps": 10}, {"wandb_project": "other"}, {"log_every": 5}, {"param_sharding": "fsdp"},
+    {"pool": "local-cpu-ep8"}, {"optimizer": AdamWConfig(lr_replans=((50, 200),))},
+    {"parallelism": ParallelismConfig(transport_switches=((0, "fixed"), (5, "dropless")))},
+    {"checkpoint": CheckpointPolicy(every_steps=7)}, {"checkpoint": CheckpointPolicy(every_minutes=None)},
+    {"checkpoint": CheckpointPolicy(keep_last=5)}, {"checkpoint": CheckpointPolicy(keep_every=10)},
+    {"telemetry": TelemetryConfig(wandb_project="other")},
+    {"telemetry": TelemetryConfig(wandb_project=None, log_every=5)},
+    {"parallelism": ParallelismConfig(param_sharding="fsdp")},
 ])
 def test_operator_settings_keep_the_output_path(tmp_path, kwargs):
     assert _paths(str(tmp_path), **kwargs)["t/train"] == _paths(str(tmp_path))["t/train"]
@@ -89,9 +106,10 @@ def test_operator_settings_keep_the_output_path(tmp_path, kwargs):
 EXPERIMENT = textwrap.dedent("""
     from experiments.defaults import default_health_report, default_train
     from marin.execution import executor_main
-    from marin.training.config import SyntheticDataConfig
+    from marin.training.config import SyntheticDataConfig, TelemetryConfig
 
-    train = default_train("t/train", mixture=SyntheticDataConfig(), model="tiny-ep", wandb_project=None)
+    train = default_train("t/train", mixture=SyntheticDataConfig(), model="tiny-ep",
+                          telemetry=TelemetryConfig(wandb_project=None))
     executor_main(steps=[default_health_report("t/health", train)])
 """)
 
@@ -114,18 +132,22 @@ def test_explain_names_the_preset_field_that_changed(tmp_path, monkeypatch):
     assert rows["t/health"]["would_run"]
 
 
-def test_a_preset_name_is_resolved_once_and_later_overrides_are_not_ignored():
-    cfg = TrainConfig(output_path="x", data=SyntheticDataConfig(), model="tiny", model_overrides={"n_layers": 2},
-                      compute_dtype="bfloat16", seq_len_phases=((0.0, 512),))
+def test_a_preset_name_is_resolved_once_and_a_models_fields_are_kept():
+    cfg = TrainConfig(output_path="x", data=SyntheticDataConfig(), model="tiny", seq_len_phases=((0.0, 512),))
     assert cfg.preset == "tiny"
-    assert cfg.model == model_config.get_preset("tiny", n_layers=2, dtype="bfloat16", max_seq_len=512)
+    assert cfg.model == model_config.get_preset("tiny", max_seq_len=512)  # raised to the longest phase
     assert dataclasses.replace(cfg, seed=1).model == cfg.model
-    with pytest.raises(ValueError, match=r"model_overrides/compute_dtype \{'n_layers': 3\} disagree with the resolved"):
-        dataclasses.replace(cfg, model_overrides={"n_layers": 3})
+    two = TrainConfig(output_path="x", data=SyntheticDataConfig(), preset="tiny",
+                      model=model_config.get_preset("tiny", n_layers=2, dtype="bfloat16"), seq_len_phases=((0.0, 512),))
+    assert two.preset == "tiny"
+    assert two.model == model_config.get_preset("tiny", n_layers=2, dtype="bfloat16", max_seq_len=512)
+    assert dataclasses.replace(two, seed=1).model == two.model
 
 
 def test_default_train_takes_train_config_fields_and_refuses_a_misspelt_one():
-    step = default_train("t/train", mixture=SyntheticDataConfig(), peak_lr=1e-3, lr_replans=[(5, 50)])
-    assert step.config.peak_lr.value == 1e-3 and step.config.lr_replans == ((5, 50),)  # one spelling, live
+    step = default_train("t/train", mixture=SyntheticDataConfig(), optimizer=AdamWConfig(peak_lr=1e-3,
+                                                                                          lr_replans=[(5, 50)]))
+    # one spelling, live
+    assert step.config.optimizer.peak_lr.value == 1e-3 and step.config.optimizer.lr_replans == ((5, 50),)
     with pytest.raises(TypeError, match=r"unknown TrainConfig field\(s\) peak_lrr; the fields are: .*peak_lr"):
         default_train("t/train", mixture=SyntheticDataConfig(), peak_lrr=1e-3)

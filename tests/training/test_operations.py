@@ -64,7 +64,8 @@ def test_health_cli(tmp_path, capsys):
 
 
 def test_replan_helper(tmp_path, capsys):
-    config = {"peak_lr": 1e-3, "warmup_steps": 10, "train_steps": 1000, "tokens_per_step": 4096, "lr_replans": []}
+    config = {"optimizer": {"peak_lr": 1e-3, "warmup_steps": 10, "lr_replans": []}, "train_steps": 1000,
+              "tokens_per_step": 4096}
     mgr = CheckpointManager(str(tmp_path), CheckpointPolicy(every_steps=1))
     mgr.save(200, {"x": jnp.zeros(1)}, {"config": config, "tokens": 0}, blocking=True)
     assert marin(["replan-lr", str(tmp_path), "--new-total-steps", "600", "--json"]) == 0
@@ -86,7 +87,8 @@ def test_replan_helper_messages_for_a_past_horizon_and_a_finished_run(tmp_path, 
     from marin.execution import lease as leases
     from marin.execution import status as st
 
-    config = {"peak_lr": 1e-3, "warmup_steps": 10, "train_steps": 1000, "tokens_per_step": 4096, "lr_replans": []}
+    config = {"optimizer": {"peak_lr": 1e-3, "warmup_steps": 10, "lr_replans": []}, "train_steps": 1000,
+              "tokens_per_step": 4096}
     mgr = CheckpointManager(str(tmp_path), CheckpointPolicy(every_steps=1))
     mgr.save(200, {"x": jnp.zeros(1)}, {"config": config, "tokens": 0}, blocking=True)
     assert marin(["replan-lr", str(tmp_path), "--new-total-steps", "150"]) == 2

@@ -85,15 +85,16 @@ def test_forward_and_gradients_equal_single_device(degree, length):
 
 def _train(context_parallel: int, steps: int = 2, microbatches: int = 1):
     from marin.parallel.mesh import batch_sharding, place_host_arrays
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.config import ParallelismConfig, SyntheticDataConfig, TelemetryConfig, TrainConfig
     from marin.training.trainer import init_host_state, make_train_step, model_config, state_shardings, synthetic_batch
 
     # 2 layers (one local, one global), window 5 < the 8-token chunks of C = 2: the halo path
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="tiny-ep", tokens_per_step=8 * 32,
-                         model_overrides={"n_layers": 2, "sliding_window": 5, "attention_impl": "blocked",
-                                          "attention_block": 8, "n_kv_heads_global": 1},
-                         seq_len_phases=((0.0, 32),), wandb_project=None,
-                         context_parallel_by_seq_len=((32, context_parallel),) if context_parallel > 1 else ())
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), tokens_per_step=8 * 32,
+                         model=get_preset("tiny-ep", n_layers=2, sliding_window=5, attention_impl="blocked",
+                                          attention_block=8, n_kv_heads_global=1),
+                         seq_len_phases=((0.0, 32),), telemetry=TelemetryConfig(wandb_project=None),
+                         parallelism=ParallelismConfig(context_parallel_by_seq_len=(
+                             ((32, context_parallel),) if context_parallel > 1 else ())))
     from marin.training.config import model_at
 
     cfg = model_at(config, model_config(config), 32)
@@ -143,13 +144,13 @@ def test_microbatches_with_context_parallelism_equal_the_whole_batch_step_withou
 
 @pytest.mark.parametrize("seq_len", [16384, 1024])  # chunks of 2,048 (halo) and of 128 (< window: gathered)
 def test_context_parallel_train_step_lowers_for_cuda(seq_len):
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.config import ParallelismConfig, SyntheticDataConfig, TelemetryConfig, TrainConfig
     from marin.training.lowering import forbidden_ops, lower_train_step
     from marin.training.trainer import model_config
 
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="hero", model_overrides={"n_layers": 2},
-                         seq_len_phases=((0.0, seq_len),), wandb_project=None,
-                         context_parallel_by_seq_len=((seq_len, 4),))
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model=get_preset("hero", n_layers=2),
+                         seq_len_phases=((0.0, seq_len),), telemetry=TelemetryConfig(wandb_project=None),
+                         parallelism=ParallelismConfig(context_parallel_by_seq_len=((seq_len, 4),)))
     from marin.training.config import model_at
 
     cfg = model_at(config, model_config(config), seq_len)
@@ -163,17 +164,17 @@ def test_the_hero_attention_shape_at_a_tiny_width_lowers_for_cuda_with_context_p
     # the hero's attention (head dim 128, 4:1 KV heads on the local layers and 8:1 on the global
     # ones, window 2,048: 8 heads, 2 and 1 KV heads) at width 1,024, one local and one global layer,
     # C = 2 with 4,096-token chunks (the halo path) and gradient accumulation over the groups
-    from marin.training.config import SyntheticDataConfig, TrainConfig, model_at
+    from marin.training.config import ParallelismConfig, SyntheticDataConfig, TelemetryConfig, TrainConfig, model_at
     from marin.training.lowering import forbidden_ops, lower_train_step
     from marin.training.trainer import model_config
 
     seq_len, degree = 16384, 2
-    config = TrainConfig(output_path="", data=SyntheticDataConfig(), model="hero",
-                         model_overrides={"n_layers": 2, "d_model": 1024, "n_heads": 8, "n_kv_heads": 2,
-                                          "n_kv_heads_global": 1, "latent_dim": 512, "expert_width": 512,
-                                          "shared_width": 512, "expert_width_multiple": 1},
-                         seq_len_phases=((0.0, seq_len),), wandb_project=None,
-                         context_parallel_by_seq_len=((seq_len, degree),))
+    config = TrainConfig(output_path="", data=SyntheticDataConfig(),
+                         model=get_preset("hero", n_layers=2, d_model=1024, n_heads=8, n_kv_heads=2,
+                                          n_kv_heads_global=1, latent_dim=512, expert_width=512,
+                                          shared_width=512, expert_width_multiple=1),
+                         seq_len_phases=((0.0, seq_len),), telemetry=TelemetryConfig(wandb_project=None),
+                         parallelism=ParallelismConfig(context_parallel_by_seq_len=((seq_len, degree),)))
     cfg = model_at(config, model_config(config), seq_len)
     assert (cfg.head_dim, cfg.n_heads // cfg.n_kv_heads, cfg.n_heads // cfg.kv_heads_global,
             cfg.sliding_window, cfg.context_parallel) == (128, 4, 8, 2048, degree)

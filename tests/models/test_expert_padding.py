@@ -11,7 +11,7 @@ from marin.models.config import MoEConfig, count_params, get_preset, param_shape
 from marin.models.reference import moe_reference
 from marin.models.transformer import init_params, loss_and_stats
 from marin.parallel.mesh import batch_sharding, make_mesh, place_host_arrays
-from marin.training.config import SyntheticDataConfig, TrainConfig
+from marin.training.config import ParallelismConfig, SyntheticDataConfig, TelemetryConfig, TrainConfig
 from marin.training.trainer import (
     init_host_state,
     make_train_step,
@@ -114,9 +114,10 @@ def test_padded_model_computes_the_unpadded_model_exactly():
 
 
 def _config(multiple):
-    return TrainConfig(output_path="", data=SyntheticDataConfig(), model="tiny-ep", tokens_per_step=48 * 32,
-                       model_overrides={"n_layers": 2, "expert_width_multiple": multiple},
-                       seq_len_phases=((0.0, 32),), wandb_project=None, param_sharding="fsdp")
+    return TrainConfig(output_path="", data=SyntheticDataConfig(), tokens_per_step=48 * 32,
+                       model=get_preset("tiny-ep", n_layers=2, expert_width_multiple=multiple),
+                       seq_len_phases=((0.0, 32),), telemetry=TelemetryConfig(wandb_project=None),
+                       parallelism=ParallelismConfig(param_sharding="fsdp"))
 
 
 # 200 s on the loaded 2-core VM (two 3 x 2 meshes, three train steps each); its core, the padded model
@@ -151,7 +152,7 @@ def test_training_keeps_the_padding_zero_and_fsdp_splits_it_over_data(transport)
         runs[multiple] = (metrics, jax.device_get(state))
 
     (m1, s1), (m3, s3) = runs[1], runs[3]
-    assert config.weight_decay > 0
+    assert config.optimizer.weight_decay > 0
     for tree in (s3["params"]["blocks"], s3["opt_state"][1].mu["blocks"], s3["opt_state"][1].nu["blocks"]):
         for name in EXPERTS:
             assert not np.any(_pad(name, tree[name], 32)), name

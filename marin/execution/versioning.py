@@ -160,13 +160,9 @@ def versioned_view(config: Any) -> Any:
     in a dataclass field declared ``live("why")``). ``versioned(x)`` is still accepted anywhere and is
     the same version as ``x``, so configs written for the opt-in rule of upstream Marin plan the same.
     The step's function still receives the config as declared, resolved; this view is only hashed."""
-    if config is None or isinstance(config, (VersionedValue, InputName, OutputName)):
-        return config
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        return versioned_config(config)
     if isinstance(config, (dict, list, tuple)):
         return _each(config, _as_field)
-    return versioned(config)
+    return _nested(config)  # a dataclass by its rule, a placeholder or None as it is, any other value versioned
 
 
 def _as_field(value: Any) -> Any:

@@ -41,9 +41,9 @@ class FaultProxy:
     (``"deny"``), held ``HOLD_S`` seconds before they go through (``"hold"``) or only recorded
     (``"see"``). Every other request goes through unchanged. ``hits`` records what matched."""
 
-    # well past the hosts' part timeout (8 s) and past process 0's lag behind host 1 on a loaded machine
-    # (several seconds: it also writes the index and every array's metadata): the write arrives too late
-    HOLD_S = 30.0
+    # far past the hosts' part timeout (8 s) and the client's own patience (it gives the request up
+    # and sends it again, held again while the fault's count lasts): the write does not arrive in time
+    HOLD_S = 60.0
 
     def __init__(self, upstream: str, faults: list[tuple[str, str, str, int]]) -> None:
         self.upstream = upstream.removeprefix("http://")
@@ -145,17 +145,17 @@ def _two_hosts(run: str, endpoint: str, timeout: float = 900) -> list[dict]:
 @pytest.mark.slow  # two JAX processes train 12 steps; failed saves wait out the part timeout (8 s)
 def test_a_two_host_run_rides_out_a_denied_commit_a_rejected_part_and_a_held_save(s3_bucket, s3_endpoint):
     """Step 2: the store denies process 0's COMMIT. Step 4: it refuses host 1's part record. Step 8:
-    host 1's part record is held longer than the part timeout, with saves every 2 steps. Each save's
-    outcome is process 0's one decision, which every host reads from the store: a failed save is one
-    line on every host and counted, never the end of the run, and a host whose part is held abandons
-    it once the save has failed, so the held part costs that one save and the next saves (10, 12)
-    commit at their first try. Both hosts train all 12 steps (each logged once), the failed saves
-    never commit, and the newest committed checkpoint restores."""
+    host 1's part record is held (every try of it) far past the part timeout; saves every 2 steps.
+    Each save's outcome is process 0's one decision, which every host reads from the store: a failed
+    save is one line on every host and counted, never the end of the run, and a host whose part is
+    held abandons it once the save has failed, so the held part costs that one save and the next
+    saves (10, 12) commit at their first try. Both hosts train all 12 steps (each logged once), the
+    failed saves never commit, and the newest committed checkpoint restores."""
     steps = "checkpoints/step-{:08d}"
     proxy = FaultProxy(s3_endpoint, [
         ("PUT", re.escape(steps.format(2)) + r"/COMMIT", "deny", 1),
         ("PUT", re.escape(steps.format(4)) + r"/parts/process-00001", "deny", 1),
-        ("PUT", re.escape(steps.format(8)) + r"/parts/process-00001", "hold", 1),
+        ("PUT", re.escape(steps.format(8)) + r"/parts/process-00001", "hold", 10),
         ("PUT", r"step-000000(06|10|12)/COMMIT", "see", 10),
     ])
     run = f"{s3_bucket}/two"
@@ -164,7 +164,7 @@ def test_a_two_host_run_rides_out_a_denied_commit_a_rejected_part_and_a_held_sav
     finally:
         proxy.close()
     assert [r["rc"] for r in results] == [0, 0], [r["stderr"][-3000:] for r in results]
-    assert [a for _, _, a in proxy.hits if a != "see"] == ["deny", "deny", "hold"], proxy.hits
+    assert [a for _, _, a in proxy.hits if a != "see"][:3] == ["deny", "deny", "hold"], proxy.hits
     # the saves after the held one commit at their first try (no retry of the final save either)
     commits = [int(re.search(r"step-(\d+)/COMMIT", p).group(1)) for _, p, a in proxy.hits if a == "see"]
     assert commits == [6, 10, 12], proxy.hits
@@ -173,9 +173,7 @@ def test_a_two_host_run_rides_out_a_denied_commit_a_rejected_part_and_a_held_sav
         failed.append([int(m.group(1)) for m in re.finditer(r"checkpoint save at step (\d+) failed", r["stderr"])])
         assert r["summary"]["final_step"] == 12, r["summary"]
         assert r["summary"]["checkpoint_failed_saves"] == len(failed[-1]), (r["summary"], failed[-1])
-    # both hosts count the same failed saves: the held part arrives 30 s after it was sent, long after
-    # process 0's part timeout (8 s) has run out, however late process 0 began waiting
-    assert failed[0] == failed[1] == [2, 4, 8], failed
+    assert failed[0] == failed[1] == [2, 4, 8], failed  # both hosts count the same failed saves
     assert results[0]["summary"]["final_loss"] == results[1]["summary"]["final_loss"]  # one run, two hosts
     err0, err1 = results[0]["stderr"], results[1]["stderr"]
     assert "step-00000002 failed on process 0: Access Denied" in err0  # the COMMIT refused

@@ -51,16 +51,25 @@ _SCRIPT = textwrap.dedent(
 
 def test_two_host_cluster_matches_single_process(tmp_path):
     from marin.execution.jsonable import mask_secrets
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.config import (
+        AdamWConfig,
+        CheckpointPolicy,
+        ParallelismConfig,
+        SyntheticDataConfig,
+        TelemetryConfig,
+        TrainConfig,
+    )
     from marin.training.metrics import read_metrics
     from marin.training.trainer import run_training
 
     base = dict(data=SyntheticDataConfig(vocab_size=512), model="tiny-ep", train_steps=4, tokens_per_step=512,
-                seq_len_phases=((0.0, 32),), warmup_steps=1, peak_lr=1e-2, checkpoint_every_steps=2,
-                checkpoint_every_minutes=None, wandb_project=None, progress_every_s=0.0)
+                seq_len_phases=((0.0, 32),), optimizer=AdamWConfig(warmup_steps=1, peak_lr=1e-2),
+                checkpoint=CheckpointPolicy(every_steps=2, every_minutes=None),
+                telemetry=TelemetryConfig(wandb_project=None, progress_every_s=0.0))
     # fsdp on the two hosts (weights and AdamW state split across the process boundary, checkpoints
     # gathered from both), replicated in the twin: the same losses up to float reassociation
-    two = TrainConfig(output_path=str(tmp_path / "out" / "two"), pool="local-2host", param_sharding="fsdp", **base)
+    two = TrainConfig(output_path=str(tmp_path / "out" / "two"), pool="local-2host",
+                      parallelism=ParallelismConfig(param_sharding="fsdp"), **base)
     script = tmp_path / "two_hosts.py"
     script.write_text(_SCRIPT)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=REPO, JAX_PLATFORMS="cpu")

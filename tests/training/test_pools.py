@@ -169,13 +169,21 @@ def _flaky_train(ctx, config, marker):
 def test_host_death_is_retried_and_resumes_from_checkpoint(ray_local, tmp_path):
     import dataclasses
 
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.config import (
+        AdamWConfig,
+        CheckpointPolicy,
+        SyntheticDataConfig,
+        TelemetryConfig,
+        TrainConfig,
+    )
     from marin.training.metrics import read_metrics
 
     pool = dataclasses.replace(get_pool("local-cpu-1"), max_retries=1)
     config = TrainConfig(output_path=str(tmp_path / "run"), data=SyntheticDataConfig(vocab_size=512), model="tiny",
                          pool="local-cpu-1", train_steps=6, tokens_per_step=256, seq_len_phases=((0.0, 16),),
-                         warmup_steps=1, checkpoint_every_steps=2, checkpoint_every_minutes=None, wandb_project=None)
+                         optimizer=AdamWConfig(warmup_steps=1),
+                         checkpoint=CheckpointPolicy(every_steps=2, every_minutes=None),
+                         telemetry=TelemetryConfig(wandb_project=None))
     [summary] = launch(pool, _flaky_train, (config, str(tmp_path / "died-once")))
     assert summary["resumed_from"] == 4 and summary["final_step"] == 6
     assert [r["step"] for r in read_metrics(config.output_path)] == [1, 2, 3, 4, 5, 6]

@@ -14,30 +14,27 @@ from marin.execution import ExecutorMainConfig, executor_main
 from marin.execution.status import current_status, read_info, read_status
 from marin.pools import with_device_count
 from marin.training.checkpoint import read_checkpoint
-from marin.training.config import SyntheticDataConfig
+from marin.training.config import AdamWConfig, CheckpointPolicy, SyntheticDataConfig, TelemetryConfig
 from marin.training.metrics import read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _step(name="train/tiny-ep", **kw):
+def _step(name="train/tiny-ep", lr_replans=()):
     from experiments.defaults import default_train
 
-    args = dict(
+    return default_train(
+        name,
         mixture=SyntheticDataConfig(vocab_size=512),
         model="tiny-ep",
         pool="local-cpu",
         train_steps=6,
         tokens_per_step=1024,
         seq_len_phases=((0.0, 32),),
-        warmup_steps=1,
-        peak_lr=1e-2,
-        checkpoint_every_steps=2,
-        checkpoint_every_minutes=None,
-        wandb_project=None,
+        optimizer=AdamWConfig(warmup_steps=1, peak_lr=1e-2, lr_replans=lr_replans),
+        checkpoint=CheckpointPolicy(every_steps=2, every_minutes=None),
+        telemetry=TelemetryConfig(wandb_project=None),
     )
-    args.update(kw)
-    return default_train(name, **args)
 
 
 def test_default_train_runs_as_executor_step(ray_local, tmp_path):
@@ -72,12 +69,13 @@ _SCRIPT = textwrap.dedent(
     sys.path.insert(0, {repo!r})
     from experiments.defaults import default_train
     from marin.execution import executor_main
-    from marin.training.config import SyntheticDataConfig
+    from marin.training.config import AdamWConfig, CheckpointPolicy, SyntheticDataConfig, TelemetryConfig
 
     step = default_train(
         "train/killme", mixture=SyntheticDataConfig(vocab_size=512), model="tiny-ep", pool="local-cpu",
-        train_steps={steps}, tokens_per_step=1024, seq_len_phases=((0.0, 32),), warmup_steps=1,
-        peak_lr={lr}, checkpoint_every_steps=2, checkpoint_every_minutes=None, wandb_project=None,
+        train_steps={steps}, tokens_per_step=1024, seq_len_phases=((0.0, 32),),
+        optimizer=AdamWConfig(warmup_steps=1, peak_lr={lr}),
+        checkpoint=CheckpointPolicy(every_steps=2, every_minutes=None), telemetry=TelemetryConfig(wandb_project=None),
     )
     if __name__ == "__main__":
         executor_main(steps=[step])

@@ -45,15 +45,24 @@ def trained_run(k40_data, eval_store, eval_task):
     reads sharded state while the standalone evaluator places the checkpoint's whole arrays. Trained
     once per test run (the workers share it); a test that changes the run copies it first."""
     from marin.data.mixture import MixtureConfig
-    from marin.training.config import TrainConfig
+    from marin.training.config import (
+        AdamWConfig,
+        CheckpointPolicy,
+        ParallelismConfig,
+        TelemetryConfig,
+        TrainConfig,
+        TrainEvalConfig,
+    )
     from marin.training.trainer import run_training
 
     def config(out: str) -> TrainConfig:
         return TrainConfig(output_path=out, data=MixtureConfig(stores=(eval_store,), validation_fraction=0.05),
                            model="tiny-ep", pool="local-cpu", train_steps=TRAIN_STEPS, tokens_per_step=2048,
-                           seq_len_phases=((0.0, 64),), peak_lr=1e-2, warmup_steps=4, checkpoint_every_steps=15,
-                           checkpoint_every_minutes=None, keep_last_checkpoints=3, wandb_project=None,
-                           eval_every_steps=15, eval_tasks={"k40_domains": eval_task}, param_sharding="fsdp")
+                           seq_len_phases=((0.0, 64),), optimizer=AdamWConfig(peak_lr=1e-2, warmup_steps=4),
+                           checkpoint=CheckpointPolicy(every_steps=15, every_minutes=None, keep_last=3),
+                           telemetry=TelemetryConfig(wandb_project=None),
+                           evaluation=TrainEvalConfig(every_steps=15, tasks={"k40_domains": eval_task}),
+                           parallelism=ParallelismConfig(param_sharding="fsdp"))
 
     out = k40_data.once("trainedrun", (eval_store, eval_task, TRAIN_STEPS), lambda out: run_training(
         config(out), use_ray=False))

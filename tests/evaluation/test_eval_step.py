@@ -91,7 +91,7 @@ def test_in_training_eval_equals_standalone_eval_of_the_checkpoint(trained_run):
 
     # the eval step on the same checkpoints, sets and task file as the run's in-training eval
     result = run_eval(EvalConfig(trained_run.output_path, "", held_out=True, checkpoint="all",
-                                 tasks=dict(trained_run.eval_tasks)), use_ray=False)
+                                 tasks=dict(trained_run.evaluation.tasks)), use_ray=False)
     assert [c["step"] for c in result["checkpoints"]] == [15, 30, TRAIN_STEPS] and result["step"] == TRAIN_STEPS
     for rec, ck in zip(records, result["checkpoints"]):
         assert ck["macro_bpb"] == pytest.approx(rec["eval/macro_bpb"], rel=1e-5)

@@ -89,12 +89,13 @@ def test_pair_encoding_and_bad_files(eval_tokenizer, tmp_path):
 
 def _train_config(out: str, store: str | None = None, steps: int = 200):
     from marin.data.mixture import MixtureConfig
-    from marin.training.config import TrainConfig
+    from marin.training.config import AdamWConfig, CheckpointPolicy, TelemetryConfig, TrainConfig
 
     return TrainConfig(output_path=out, data=MixtureConfig(stores=(store or "unused",)), model="tiny-ep",
                        pool="local-cpu-1", train_steps=steps, tokens_per_step=2048, seq_len_phases=((0.0, 64),),
-                       peak_lr=1e-2, warmup_steps=4, checkpoint_every_steps=1000, checkpoint_every_minutes=None,
-                       wandb_project=None, progress_every_s=1e9)
+                       optimizer=AdamWConfig(peak_lr=1e-2, warmup_steps=4),
+                       checkpoint=CheckpointPolicy(every_steps=1000, every_minutes=None),
+                       telemetry=TelemetryConfig(wandb_project=None, progress_every_s=1e9))
 
 
 @pytest.mark.slow

@@ -73,7 +73,14 @@ def main() -> None:
 
     from marin.pools import RACK_LABEL, launch
     from marin.training.checkpoint import committed_steps
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.config import (
+        AdamWConfig,
+        CheckpointPolicy,
+        ParallelismConfig,
+        SyntheticDataConfig,
+        TelemetryConfig,
+        TrainConfig,
+    )
     from marin.training.metrics import read_metrics
 
     out, hosts = sys.argv[1], int(sys.argv[2])
@@ -91,10 +98,11 @@ def main() -> None:
     config = TrainConfig(
         output_path=run_dir, pool="gb200-rack", data=SyntheticDataConfig(vocab_size=512), model=rack_model(),
         train_steps=TRAIN_STEPS, tokens_per_step=pool.num_devices * ROWS_PER_DEVICE * SEQ_LEN,
-        seq_len_phases=((0.0, SEQ_LEN),), microbatches=1, warmup_steps=1, peak_lr=1e-2,
-        transport_switches=((0, "fixed"), (SWITCH_STEP, "ragged_capacity")),
-        checkpoint_every_steps=CHECKPOINT_EVERY, checkpoint_every_minutes=None, wandb_project=None,
-        progress_every_s=1e9)
+        seq_len_phases=((0.0, SEQ_LEN),), optimizer=AdamWConfig(warmup_steps=1, peak_lr=1e-2),
+        parallelism=ParallelismConfig(microbatches=1,
+                                      transport_switches=((0, "fixed"), (SWITCH_STEP, "ragged_capacity"))),
+        checkpoint=CheckpointPolicy(every_steps=CHECKPOINT_EVERY, every_minutes=None),
+        telemetry=TelemetryConfig(wandb_project=None, progress_every_s=1e9))
 
     killed: dict = {}
     first_step_at: list[float] = []

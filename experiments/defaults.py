@@ -48,7 +48,6 @@ from marin.training.config import (
     CheckpointPolicy,
     Cutover,
     InitFrom,
-    OptimizerConfig,
     ParallelismConfig,
     StallRule,
     SyntheticDataConfig,
@@ -58,6 +57,7 @@ from marin.training.config import (
     regroup,
 )
 from marin.training.gate import GateConfig, GateThresholds, check_gate
+from marin.training.optimizers import OptimizerConfig
 from marin.training.planning import StepDoesNotFit, check_train_config_fits, check_train_config_storage
 from marin.training.steps import gate as gate_step
 from marin.training.steps import train

@@ -42,7 +42,7 @@ from marin.scaling.recipe import (
     ladder_rungs,
     run_flops,
 )
-from marin.training.config import CheckpointPolicy, OptimizerConfig, ParallelismConfig, TelemetryConfig
+from marin.training.config import AdamWConfig, CheckpointPolicy, ParallelismConfig, TelemetryConfig
 
 SEQ_LEN = 4096
 HERO = get_preset("hero")
@@ -89,7 +89,7 @@ def ladder_steps():
             train_steps=rung.train_steps,
             tokens_per_step=rung.tokens_per_step,
             seq_len_phases=rung.shape.seq_len_phases,
-            optimizer=OptimizerConfig(peak_lr=3e-4, warmup_steps=rung.warmup_steps),
+            optimizer=AdamWConfig(peak_lr=3e-4, warmup_steps=rung.warmup_steps),
             checkpoint=CheckpointPolicy(every_steps=1000, keep_every=10_000),
             telemetry=TelemetryConfig(wandb_project="marin-ladder"),
             parallelism=ParallelismConfig(

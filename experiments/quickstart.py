@@ -36,7 +36,7 @@ from experiments.defaults import (
     default_train,
 )
 from marin.execution import executor_main
-from marin.training.config import CheckpointPolicy, OptimizerConfig, ParallelismConfig, TelemetryConfig
+from marin.training.config import AdamWConfig, CheckpointPolicy, ParallelismConfig, TelemetryConfig
 
 TRAIN_STEPS = 60
 
@@ -65,7 +65,7 @@ train = default_train(
     train_steps=TRAIN_STEPS,
     tokens_per_step=4096,
     seq_len_phases=((0.0, 64), (0.5, 128)),  # 64 tokens per sequence, then 128 at half the batch
-    optimizer=OptimizerConfig(peak_lr=1e-2, warmup_steps=5),
+    optimizer=AdamWConfig(peak_lr=1e-2, warmup_steps=5),
     checkpoint=CheckpointPolicy(every_steps=20),
     telemetry=TelemetryConfig(wandb_project="marin-quickstart"),
     parallelism=ParallelismConfig(transport_switches=((0, "fixed"), (40, "dropless"))),

@@ -42,7 +42,7 @@ from marin.data.mixture import MixtureStage
 from marin.execution import executor_main
 from marin.models.config import get_preset
 from marin.scaling.recipe import Rung, RunShape, ladder_rungs
-from marin.training.config import CheckpointPolicy, OptimizerConfig, TelemetryConfig
+from marin.training.config import AdamWConfig, CheckpointPolicy, TelemetryConfig
 
 # The K40 stage-2 quality weights and start (as a fraction of each run), as in the hero's mixture.
 QUALITY_WEIGHTS = {"q1": 0.25, "q2": 0.5, "q3": 1.0, "q4": 2.0, "q5": 4.0}
@@ -79,7 +79,7 @@ def train_rung(name: str, rung: Rung, mixture, description: str):
         train_steps=rung.train_steps,
         tokens_per_step=rung.tokens_per_step,
         seq_len_phases=rung.shape.seq_len_phases,
-        optimizer=OptimizerConfig(peak_lr=PEAK_LR, warmup_steps=rung.warmup_steps),
+        optimizer=AdamWConfig(peak_lr=PEAK_LR, warmup_steps=rung.warmup_steps),
         checkpoint=CheckpointPolicy(every_steps=rung.train_steps, every_minutes=None),
         telemetry=TelemetryConfig(wandb_project=None),
         description=description,

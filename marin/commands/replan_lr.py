@@ -61,8 +61,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(("step", "lr before", "lr after"),
                        [(row["step"], f"{row['old_lr']:.4g}", f"{row['new_lr']:.4g}") for row in out["curve"]],
                        right=(0, 1, 2), rule=False, indent="  "))
-    print(f"\nadd to default_train(...)'s optimizer: OptimizerConfig(..., "
-          f"lr_replans={tuple(tuple(r) for r in out['lr_replans'])})")
+    print(f"\nset the optimizer's lr_replans={tuple(tuple(r) for r in out['lr_replans'])} in default_train(...)")
     if finished:
         print(f"note: this step already finished ({finished}): a rerun reuses it and trains nothing more. To train "
               "on under the new plan, declare a new training step (another name) that starts from this checkpoint.")

@@ -389,9 +389,9 @@ def format_prediction_report(report: dict[str, Any]) -> str:
             f"to {c['new_total_steps']:,} steps from step {c['at_step']:,}"
         )
         if "lr_replans" in c:
-            lines.append(f"    default_train(..., optimizer=OptimizerConfig(..., lr_replans="
-                         f"{tuple(tuple(r) for r in c['lr_replans'])})): the LR still "
-                         f"decays linearly to 5% of peak, now at step {c['new_total_steps']:,}")
+            replans = tuple(tuple(r) for r in c["lr_replans"])
+            lines.append(f"    the optimizer's lr_replans={replans} in default_train(...): the LR still decays "
+                         f"linearly to 5% of peak, now at step {c['new_total_steps']:,}")
         if "note" in c:
             lines.append(f"    {c['note']}")
     return "\n".join(lines)

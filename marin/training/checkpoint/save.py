@@ -321,17 +321,16 @@ def write_staged(staged: Staged, *, part_timeout_s: float = PART_TIMEOUT_S, poll
                      "processes": staged.num_processes}
             raw = json.dumps(index, indent=1, sort_keys=True).encode()
             call_with_retry(lambda: fs.pipe_file(f"{root}/{INDEX_FILE}", raw), what=f"write {root}/{INDEX_FILE}")
-        part_path = f"{root}/{PARTS_DIR}/{part_name(staged.process)}"
         part = json.dumps({"step": staged.step, "process": staged.process, "chunks": len(staged.shards),
                            "bytes": staged.nbytes, "time": time.time()}).encode()
         # the chunk writes are repeatable (same bytes under the same keys): an outage of the store is
         # ridden out by the one retry policy, which re-issues only the writes that did not land
         what = f"write the chunks of {staged.path} (process {staged.process})"
         if staged.process != 0:
-            _write_share(staged, ts, fs, part_path, part, what, part_timeout_s, poll_s)
+            _write_share(staged, ts, fs, root, part, what, part_timeout_s, poll_s)
             return
         call_with_retry(_ShardWriter(staged, ts), what=what)
-        _commit(fs, part_path, part)
+        _commit(fs, f"{root}/{PARTS_DIR}/{part_name(0)}", part)
         _wait_for_parts(fs, root, staged.num_processes, part_timeout_s)
         commit = {"format": FORMAT, "step": staged.step, "processes": staged.num_processes, "time": time.time()}
         _commit(fs, f"{root}/{COMMIT_FILE}", json.dumps(commit).encode())
@@ -349,14 +348,14 @@ def write_staged(staged: Staged, *, part_timeout_s: float = PART_TIMEOUT_S, poll
         ) from e
 
 
-def _write_share(staged: Staged, ts: Any, fs: Any, part_path: str, part: bytes, what: str, part_timeout_s: float,
+def _write_share(staged: Staged, ts: Any, fs: Any, root: str, part: bytes, what: str, part_timeout_s: float,
                  poll_s: float) -> None:
     """A process other than 0: its chunks, then its part record, then process 0's verdict. A verdict
     that comes while the writes are still under way (process 0 gave the save up without this part,
     or committed it from an earlier try's) ends them: this save's outcome is known, and the next save
     must not start late. Process 0 writes saves one after another and its previous one may have
     waited a whole part timeout, so it may decide this one that much later: twice the timeout."""
-    _, root = fsspec.core.url_to_fs(staged.path)
+    part_path = f"{root}/{PARTS_DIR}/{part_name(staged.process)}"
     watch, stop = _VerdictWatch(fs, root, staged.save_try, poll_s), threading.Event()
     writer = _ShardWriter(staged, ts, stop)
     verdict = _until_verdict(lambda: call_with_retry(writer, what=what), watch, stop)

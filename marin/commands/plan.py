@@ -134,7 +134,7 @@ def _run_inference(args: argparse.Namespace) -> int:
         # plan says): its samples can be that long; any other preset up to its own max_seq_len
         trained = max(n for _, n in HERO_SEQ_LEN_PHASES) if args.preset == "hero" else cfg.max_seq_len
         if args.context and cfg.max_seq_len < args.context <= trained:
-            cfg = resolve_model(args.preset, overrides, None, ((0.0, args.context),))
+            cfg = resolve_model(args.preset, overrides, seq_len_phases=((0.0, args.context),))
         p = inference_plan(cfg, get_pool(args.pool), batch=args.batch, context=args.context or cfg.max_seq_len,
                            weights_dtype=args.weights_dtype)
     except (KeyError, ValueError) as e:
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--microbatches must be >= 1, got {args.microbatches}")
         phases = HERO_SEQ_LEN_PHASES if is_hero and args.seq_len is None and args.steps is None else None
         # the model a run trains: the preset with its context raised to the longest sequence, as training does
-        cfg = resolve_model(args.preset, overrides, None, phases or ((0.0, seq_len),))
+        cfg = resolve_model(args.preset, overrides, seq_len_phases=phases or ((0.0, seq_len),))
         optimizer = OPTIMIZERS[args.optimizer]()
         p = plan_with_context_parallel(
                  cfg, pool, context_parallel=args.context_parallel,

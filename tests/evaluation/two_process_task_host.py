@@ -13,14 +13,22 @@ import sys
 
 def config(out: str, store: str, task: str):
     from marin.data.mixture import MixtureConfig
-    from marin.training.config import TrainConfig
+    from marin.training.config import (
+        AdamWConfig,
+        CheckpointPolicy,
+        ParallelismConfig,
+        TelemetryConfig,
+        TrainConfig,
+        TrainEvalConfig,
+    )
 
     return TrainConfig(output_path=out, data=MixtureConfig(stores=(store,), validation_fraction=0.05),
-                       model="tiny-ep", pool="local-2host", param_sharding="fsdp", train_steps=4, tokens_per_step=1024,
-                       seq_len_phases=((0.0, 64),), warmup_steps=1, peak_lr=1e-2, checkpoint_every_steps=2,
-                       checkpoint_every_minutes=None, keep_last_checkpoints=3, wandb_project=None,
-                       progress_every_s=0.0, eval_every_steps=2, eval_held_out=False,
-                       eval_tasks={"k40_domains": task})
+                       model="tiny-ep", pool="local-2host", train_steps=4, tokens_per_step=1024,
+                       seq_len_phases=((0.0, 64),), optimizer=AdamWConfig(warmup_steps=1, peak_lr=1e-2),
+                       checkpoint=CheckpointPolicy(every_steps=2, every_minutes=None, keep_last=3),
+                       telemetry=TelemetryConfig(wandb_project=None, progress_every_s=0.0),
+                       evaluation=TrainEvalConfig(every_steps=2, held_out=False, tasks={"k40_domains": task}),
+                       parallelism=ParallelismConfig(param_sharding="fsdp"))
 
 
 def main() -> None:

@@ -134,7 +134,7 @@ def test_kill_9_of_one_process_mid_save_leaves_the_previous_checkpoint(tmp_path)
     assert err and "parts process-00001.json did not arrive" in err and "\n" not in err
     root = tmp_path / "run" / "checkpoints"
     assert (root / "step-00000002").exists() and not (root / "step-00000002" / "COMMIT").exists()
-    mgr = ckpt.CheckpointManager(str(tmp_path / "run"), config(str(tmp_path)).checkpoint_policy())
+    mgr = ckpt.CheckpointManager(str(tmp_path / "run"), config(str(tmp_path)).checkpoint)
     assert mgr.committed_steps() == [1] and ckpt.latest_checkpoint(str(tmp_path / "run")).endswith("step-00000001")
     # the partial one is ignored by readers and deleted before the next attempt trains
     assert mgr.clear_uncommitted() == [2] and not (root / "step-00000002").exists()

@@ -22,7 +22,8 @@ _SCRIPT = textwrap.dedent(
     import ray
     import ray.cloudpickle
     from ray.cluster_utils import Cluster
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.config import (AdamWConfig, CheckpointPolicy, StallRule, SyntheticDataConfig,
+                                       TelemetryConfig, TrainConfig)
     from marin.training.metrics import read_metrics
     from marin.pools import get_pool, launch
     from marin.training.trainer import STALLS_FILE, train_on_host
@@ -57,11 +58,13 @@ _SCRIPT = textwrap.dedent(
     cluster.wait_for_nodes()
     config = TrainConfig(output_path=out + "/run", pool="local-2host", data=SyntheticDataConfig(vocab_size=512),
                          model="tiny-ep", train_steps=10, tokens_per_step=512, seq_len_phases=((0.0, 32),),
-                         warmup_steps=1, checkpoint_every_steps=3, checkpoint_every_minutes=None,
-                         wandb_project=None, progress_every_s=0.0, stall_timeout_s=8.0, stall_startup_s=300.0)
+                         optimizer=AdamWConfig(warmup_steps=1),
+                         checkpoint=CheckpointPolicy(every_steps=3, every_minutes=None),
+                         telemetry=TelemetryConfig(wandb_project=None, progress_every_s=0.0),
+                         stall=StallRule(timeout_s=8.0, startup_s=300.0))
     pool = dataclasses.replace(get_pool("local-2host"), max_retries=1)
     t = time.time()
-    summaries = launch(pool, train_then_freeze_host_1, (config, out + "/frozen"), stall=config.stall_rule(),
+    summaries = launch(pool, train_then_freeze_host_1, (config, out + "/frozen"), stall=config.stall,
                        stall_log=config.output_path + "/" + STALLS_FILE)
     with open(config.output_path + "/" + STALLS_FILE) as f:
         stalls = json.load(f)

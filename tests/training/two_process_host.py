@@ -20,21 +20,32 @@ import signal
 import sys
 
 
-def config(out: str, **kw):
-    from marin.training.config import SyntheticDataConfig, TrainConfig
+def config(out: str, *, param_sharding: str = "fsdp", keep_last: int = 3, **kw):
+    """The run both hosts train; ``param_sharding`` and ``keep_last`` (checkpoints kept) as named, ``kw``:
+    TrainConfig's other fields."""
+    from marin.training.config import (
+        AdamWConfig,
+        CheckpointPolicy,
+        ParallelismConfig,
+        SyntheticDataConfig,
+        TelemetryConfig,
+        TrainConfig,
+    )
 
     base = dict(output_path=out, data=SyntheticDataConfig(vocab_size=512), model="tiny-ep", pool="local-2host",
-                param_sharding="fsdp", train_steps=4, tokens_per_step=256, seq_len_phases=((0.0, 32),),
-                warmup_steps=1, peak_lr=1e-2, checkpoint_every_steps=2, checkpoint_every_minutes=None,
-                keep_last_checkpoints=3, wandb_project=None, progress_every_s=0.0)
+                train_steps=4, tokens_per_step=256, seq_len_phases=((0.0, 32),),
+                optimizer=AdamWConfig(warmup_steps=1, peak_lr=1e-2),
+                checkpoint=CheckpointPolicy(every_steps=2, every_minutes=None, keep_last=keep_last),
+                telemetry=TelemetryConfig(wandb_project=None, progress_every_s=0.0),
+                parallelism=ParallelismConfig(param_sharding=param_sharding))
     return TrainConfig(**{**base, **kw})
 
 
 # A model whose state (about 30M parameters: 360 MB with AdamW) dwarfs the activations of a small
-# batch, so a process's memory is dominated by its share of the state.
-MEMORY_RUN = dict(model_overrides={"d_model": 256, "latent_dim": 256, "expert_width": 2048, "n_layers": 2,
-                                   "vocab_size": 8192, "n_heads": 4, "head_dim": 64},
-                  train_steps=3, tokens_per_step=256, seq_len_phases=((0.0, 16),), keep_last_checkpoints=2)
+# batch, so a process's memory is dominated by its share of the state: tiny-ep with these fields.
+MEMORY_MODEL = {"d_model": 256, "latent_dim": 256, "expert_width": 2048, "n_layers": 2, "vocab_size": 8192,
+                "n_heads": 4, "head_dim": 64}
+MEMORY_RUN = dict(train_steps=3, tokens_per_step=256, seq_len_phases=((0.0, 16),), keep_last=2)
 
 
 def main() -> None:
@@ -59,16 +70,18 @@ def main() -> None:
     runtime_rss = peak_rss()  # the process with JAX up, before any state exists
     import numpy as np
 
+    from marin.models.config import get_preset
     from marin.parallel.mesh import make_mesh
     from marin.training import checkpoint as ckpt
     from marin.training.trainer import init_state, model_config, state_shapes, state_shardings, train_on_host
 
-    memory_run = {**MEMORY_RUN, "model_overrides": {**MEMORY_RUN["model_overrides"], "expert_width": expert_width}}
-    store_run = dict(train_steps=12, keep_last_checkpoints=2)
+    memory_run = {**MEMORY_RUN, "model": get_preset("tiny-ep", **{**MEMORY_MODEL, "expert_width": expert_width}),
+                  "preset": "tiny-ep"}
+    store_run = dict(train_steps=12, keep_last=2)
     cfgt = config(f"{out}/run", **(memory_run if mode == "memory" else store_run if mode == "store" else {}))
     cfg = model_config(cfgt)
     mesh = make_mesh(*ctx.pool.mesh)
-    shardings = state_shardings(state_shapes(cfgt, cfg), mesh, cfgt.param_sharding)
+    shardings = state_shardings(state_shapes(cfgt, cfg), mesh, cfgt.parallelism.param_sharding)
     result: dict = {"process": pid}
     if mode == "train":
         # per-host batches: each process builds only its rows; the assembled batch is the whole one
@@ -111,7 +124,7 @@ def main() -> None:
 
         multihost_utils.sync_global_devices("memory: done")  # process 0 hosts the coordination service
     elif mode == "kill":
-        mgr = ckpt.CheckpointManager(f"{out}/run", cfgt.checkpoint_policy(), is_writer=pid == 0, part_timeout_s=8)
+        mgr = ckpt.CheckpointManager(f"{out}/run", cfgt.checkpoint, is_writer=pid == 0, part_timeout_s=8)
         state = init_state(cfgt, cfg, mesh, shardings)
         mgr.save(1, state, {"tokens": 0, "data_step": 1}, blocking=True)
         real_commit = ckpt.save._commit

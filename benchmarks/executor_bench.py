@@ -22,6 +22,8 @@ import tempfile
 import textwrap
 import time
 
+from marin.execution.reaper import processes_with_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PIPELINE = textwrap.dedent(
@@ -200,17 +202,7 @@ leftovers_seen: list[int] = []
 
 def processes_of(tag: str) -> list[int]:
     """Pids of live processes whose environment carries ``RUN_MARKER=tag``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if f"{RUN_MARKER}={tag}".encode() in f.read().split(b"\0"):
-                    pids.append(int(entry))
-        except OSError:
-            continue
-    return pids
+    return list(processes_with_env(f"{RUN_MARKER}={tag}"))
 
 
 def settle(tag: str) -> None:

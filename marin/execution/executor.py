@@ -41,7 +41,12 @@ from tqdm import tqdm
 
 from marin.execution import status as st
 from marin.execution import storage
-from marin.execution.cluster import ensure_ray, import_ray_for_the_driver, shutdown_local_ray
+from marin.execution.cluster import (
+    build_serialization_context,
+    ensure_ray,
+    import_ray_for_the_driver,
+    shutdown_local_ray,
+)
 from marin.execution.errors import ExecutorError, ExecutorInterrupted
 from marin.execution.experiment_record import record_steps, write_experiment_record
 from marin.execution.failures import InputNotSucceeded, disk_full_error, error_chain
@@ -204,6 +209,7 @@ class _Runner:
         first: what submitting a step needs, done while the Ray cluster starts (a thread of
         :func:`run_plan`) rather than in the loop, one step at a time."""
         self.record_steps = record_steps(self.plan)
+        build_serialization_context()  # before the first pickling here: it registers Ray's reducers
         for s in self.todo:
             if self._stop_preparing.is_set():
                 return

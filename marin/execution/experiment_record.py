@@ -158,5 +158,5 @@ def write_experiment_record(plan: Plan, opts: RecordedRun, outcome: dict[str, st
             for e in (steps if steps is not None else record_steps(plan))
         ],
     }
-    storage.write_text(path, json.dumps(record, indent=1))
+    storage.write_text(path, json.dumps(record))  # not indented: see status.record_text
     return path

@@ -83,7 +83,9 @@ class Lease:
         return (self.holder, self.token, self.since)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=repr)
+        # the fields as they are (dataclasses.asdict would deep-copy info first, for every write and renewal)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return json.dumps(fields, sort_keys=True, default=repr)
 
     @staticmethod
     def from_json(text: str) -> "Lease":

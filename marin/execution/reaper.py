@@ -15,23 +15,113 @@ closes without that word the driver died without stopping its cluster, and the w
 process it noted that still runs (SIGTERM, then SIGKILL; never a reused pid). It says ``watching`` on
 stdout once it has noted the driver's processes a first time::
 
-    python -m marin.execution.reaper DRIVER_PID GRACE_S   (stdin: the pipe)
+    python -I -S marin/execution/reaper.py DRIVER_PID GRACE_S   (stdin: the pipe)
+
+It starts while the cluster does, on the CPUs the cluster's start is waiting for, so it is this
+file alone on the standard library (``-I -S``, not ``-m``: importing the package would import the
+whole executor, a tenth of a CPU-second or two). The helpers for a cluster's processes (found under
+a pid in /proc, stopped by pid and start time) live here for that reason, and the driver's
+:mod:`marin.execution.cluster` uses them from here.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import select
 import signal
 import sys
+import time
 
-from marin.execution.cluster import descendants, still_running, stop_processes
+REAPER_SCRIPT = os.path.abspath(__file__)
+"""This file, as the driver starts it (``python -I -S REAPER_SCRIPT DRIVER_PID GRACE_S``)."""
 
 STOPPED = b"stopped"
 """What the driver writes into the pipe once it has stopped its cluster itself."""
 
 PERIOD_S = 1.0
 """How often the driver's descendants are noted: the agents start with their node and live as long."""
+
+
+def proc_stat(pid: int | str) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state, ppid, ..., starttime at index 19)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """``(pid, start time)`` of every process below ``pid`` (from /proc; empty where there is none).
+
+    The start time identifies a process for later signals even if its pid is reused meanwhile."""
+    children: dict[int, list[tuple[int, str]]] = collections.defaultdict(list)
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        stat = proc_stat(entry)
+        if stat is None or len(stat) < 20:
+            continue
+        children[int(stat[1])].append((int(entry), stat[19]))
+    out, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child[0])
+    return out
+
+
+def still_running(proc: tuple[int, str]) -> bool:
+    stat = proc_stat(proc[0])
+    return stat is not None and len(stat) >= 20 and stat[19] == proc[1] and stat[0] != "Z"
+
+
+def processes_with_env(entry: str) -> dict[int, str]:
+    """Live (non-zombie) processes other than this one whose environment holds ``entry``
+    (``NAME=value``, exactly), with their command lines: everything started under that variable,
+    whoever's descendant it became since (a Ray worker is its raylet's, an agent outlives its
+    parent). How a benchmark or a test finds what a run it started left running."""
+    want = entry.encode()
+    found: dict[int, str] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if want not in f.read().split(b"\0"):
+                    continue
+            stat = proc_stat(name)
+            if stat is None or stat[0] == "Z":
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                found[int(name)] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+    return found
+
+
+def stop_processes(owned: list[tuple[int, str]], grace_s: float) -> None:
+    """SIGTERM each process of ``owned`` (``(pid, start time)`` pairs) still running, then SIGKILL
+    what is left after ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
+        alive = [p for p in owned if still_running(p)]
+        for pid, _ in alive:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + wait_s
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+            alive = [p for p in alive if still_running(p)]
+        if not alive:
+            return
+        owned = alive
 
 
 def watch(driver: int, grace_s: float, period_s: float = PERIOD_S) -> list[tuple[int, str]]:

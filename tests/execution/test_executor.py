@@ -46,14 +46,19 @@ def body(cfg: StepCfg) -> None:
     if cfg.fail_if_missing and not os.path.exists(cfg.fail_if_missing):
         raise ValueError(f"bad shard 3 (create {cfg.fail_if_missing} to fix)")
     time.sleep(cfg.sleep)
-    total = cfg.value
-    for inp in cfg.inputs:
-        with fsspec.open(inp) as f:
-            total += json.load(f)["total"]
-    with fsspec.open(f"{cfg.out}/result.json", "w") as f:
-        json.dump({"total": total}, f)
+    write_total(cfg.out, cfg.value, cfg.inputs)
     with open(cfg.log, "a") as f:
         f.write(f"{cfg.out}\t{time.time()}\tend\n")
+
+
+def write_total(out: str, value: int, inputs: tuple) -> None:
+    """A step's output: ``value`` plus the ``total`` of each input's ``result.json``, as ``out/result.json``."""
+    total = value
+    for inp in inputs:
+        with fsspec.open(inp) as f:
+            total += json.load(f)["total"]
+    with fsspec.open(f"{out}/result.json", "w") as f:
+        json.dump({"total": total}, f)
 
 
 def kill_worker(cfg: StepCfg) -> None:
@@ -209,22 +214,23 @@ def test_object_store_prefix_end_to_end(store, request, tmp_path, ray_local):
     assert len(executions(log)) == 2
 
 
-def test_holder_that_loses_its_lease_stops_and_never_writes_success(tmp_path, ray_local):
+def run_losing_a_lease(steps, prefix, path: str, while_held=None) -> tuple[ExecutorError, list]:
+    """Run ``steps`` while another executor (a thread here) presumes this one dead and takes the lease
+    of the step at ``path`` over as soon as it is held; returns the run's error and what
+    ``while_held()`` returned just before the takeover (what holds while that step runs)."""
     import threading
 
     from marin.execution import lease as leases
 
-    s = step("contested", tmp_path / "log", sleep=4.0)
-    prefix = tmp_path / "out"
-    from marin.execution import plan_steps
+    seen = []
 
-    path = plan_steps([s], str(prefix)).steps[0].output_path
-
-    def thief():  # another executor presumes us dead and takes the lease over
+    def thief():
         deadline = time.time() + 30
         while time.time() < deadline:
             current = leases.read_lease(path)
             if current is not None and not current.released:
+                if while_held is not None:
+                    seen.append(while_held())
                 stolen = dataclasses.replace(current, holder="thief", token=current.token + 1, host="elsewhere",
                                              expiry=time.time() + 60)
                 open(f"{path}/.executor_lease", "w").write(stolen.to_json())
@@ -234,10 +240,21 @@ def test_holder_that_loses_its_lease_stops_and_never_writes_success(tmp_path, ra
     t = threading.Thread(target=thief)
     t.start()
     with pytest.raises(ExecutorError) as e:
-        run([s], prefix, lease_ttl=0.8)
+        run(steps, prefix, lease_ttl=0.8)
     t.join()
-    assert "lease lost" in str(e.value)
-    assert e.value.result.outcome[path] == "lost"
+    return e.value, seen
+
+
+def test_holder_that_loses_its_lease_stops_and_never_writes_success(tmp_path, ray_local):
+    from marin.execution import lease as leases
+    from marin.execution import plan_steps
+
+    s = step("contested", tmp_path / "log", sleep=4.0)
+    prefix = tmp_path / "out"
+    path = plan_steps([s], str(prefix)).steps[0].output_path
+    error, _ = run_losing_a_lease([s], prefix, path)
+    assert "lease lost" in str(error)
+    assert error.result.outcome[path] == "lost"
     assert st.read_status(path)["status"] == "RUNNING"  # never SUCCESS, never FAILED from the loser
     assert leases.read_lease(path).holder == "thief"
     assert not os.path.exists(f"{path}/result.json")  # the body was stopped before finishing
@@ -255,8 +272,6 @@ def test_resources_no_node_offers_fail_fast_with_a_clear_message(tmp_path, ray_l
 def test_dependent_of_a_step_that_loses_its_lease_never_runs_or_succeeds(tmp_path, ray_local):
     """Dependents are handed to Ray only after their upstream's SUCCESS; an upstream that loses its
     lease mid-run takes its dependents down with it, never submitted."""
-    import threading
-
     from marin.execution import lease as leases
     from marin.execution import plan_steps
 
@@ -265,25 +280,9 @@ def test_dependent_of_a_step_that_loses_its_lease_never_runs_or_succeeds(tmp_pat
     down = step("down", log, up)
     prefix = tmp_path / "out"
     p_up, p_down = (s.output_path for s in plan_steps([down], str(prefix)).steps)
-
-    def thief():
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            current = leases.read_lease(p_up)
-            if current is not None and not current.released:  # up is running
-                assert leases.read_lease(p_down) is None  # down is not submitted before up succeeds
-                stolen = dataclasses.replace(current, holder="thief", token=current.token + 1, host="elsewhere",
-                                             expiry=time.time() + 60)
-                open(f"{p_up}/.executor_lease", "w").write(stolen.to_json())
-                return
-            time.sleep(0.05)
-
-    t = threading.Thread(target=thief)
-    t.start()
-    with pytest.raises(ExecutorError) as e:
-        run([down], prefix, lease_ttl=0.8)
-    t.join()
-    outcome = e.value.result.outcome
+    error, down_lease = run_losing_a_lease([down], prefix, p_up, while_held=lambda: leases.read_lease(p_down))
+    assert down_lease == [None]  # while up ran, down was not submitted (no lease)
+    outcome = error.result.outcome
     assert outcome[p_up] == "lost" and outcome[p_down] == "dep_failed"
     assert st.read_status(p_down)["status"] == "DEP_FAILED"  # never SUCCESS
     assert p_down not in executions(log)  # its body never ran

@@ -206,22 +206,43 @@ TRAIN_EXPERIMENT = textwrap.dedent(
 )
 
 
-def _host_processes(marker: str) -> list[int]:
-    """Pids of the training host actors of the run whose environment holds ``marker``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if marker.encode() not in f.read():
-                    continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if f.read().startswith(b"ray::_Host"):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
+def run_killing_the_training_host(exp_text: str, tmp_path: Path, *, infra_retries: int, kill_at_step: int,
+                                  start_s: float, finish_s: float) -> tuple[int, str, Path]:
+    """Run the experiment ``exp_text`` (with ``probe/train``, checkpointing every 20 steps) through
+    ``marin run --infra_retries N`` and kill -9 its ``ray::_Host`` training process once a checkpoint
+    at or past ``kill_at_step`` (and before the final 120) is committed, within ``start_s`` seconds;
+    returns the run's exit status, its stderr and its store once it finished (within ``finish_s``)."""
+    from marin.execution.reaper import processes_with_env
+    from marin.training.checkpoint import CheckpointManager
+
+    exp = tmp_path / "exp.py"
+    exp.write_text(exp_text)
+    store = tmp_path / "store"
+    marker = f"MARIN_TEST_MARKER=marin-test-{uuid.uuid4().hex}"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+           "MARIN_TEST_MARKER": marker.split("=", 1)[1]}
+    proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(exp), "--prefix", str(store),
+                             "--progress", "false", "--infra_retries", str(infra_retries)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + start_s
+        killed = None
+        while time.time() < deadline and proc.poll() is None and killed is None:
+            runs = list(store.glob("probe/train-*"))
+            if runs and (runs[0] / "checkpoints").exists():
+                steps = CheckpointManager(str(runs[0]), _policy()).committed_steps()
+                if steps and steps[-1] >= kill_at_step:
+                    hosts = [pid for pid, cmd in processes_with_env(marker).items() if cmd.startswith("ray::_Host")]
+                    if hosts:
+                        os.kill(hosts[0], signal.SIGKILL)
+                        killed = steps[-1]
+            time.sleep(0.1)
+        assert killed is not None and killed < 120, proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=finish_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, err, store
 
 
 def _final_state(run_dir: Path, config) -> tuple[int, dict]:
@@ -237,38 +258,11 @@ def _final_state(run_dir: Path, config) -> tuple[int, dict]:
 
 @pytest.mark.slow  # about 90 s: two launches of a training host, and an uninterrupted run to compare with
 def test_kill_9_of_the_training_host_is_retried_and_the_final_checkpoint_matches(tmp_path):
-    from marin.training.checkpoint import CheckpointManager
     from marin.training.metrics import read_metrics
 
-    exp = tmp_path / "exp.py"
-    exp.write_text(TRAIN_EXPERIMENT)
-    store = tmp_path / "store"
-    marker = f"marin-test-{uuid.uuid4().hex}"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
-           "MARIN_TEST_MARKER": marker}
-    proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(exp), "--prefix", str(store),
-                             "--progress", "false", "--infra_retries", "2"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env, start_new_session=True)
-    try:
-        deadline = time.time() + 240
-        killed = None
-        while time.time() < deadline and proc.poll() is None and killed is None:
-            runs = list(store.glob("probe/train-*"))
-            if runs and (runs[0] / "checkpoints").exists():
-                config_policy = None
-                steps = CheckpointManager(str(runs[0]), config_policy or _policy()).committed_steps()
-                if steps and steps[-1] >= 40:
-                    hosts = _host_processes(marker)
-                    if hosts:
-                        os.kill(hosts[0], signal.SIGKILL)
-                        killed = steps[-1]
-            time.sleep(0.1)
-        assert killed is not None and killed < 120, proc.communicate(timeout=60)
-        _, err = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, err
+    returncode, err, store = run_killing_the_training_host(TRAIN_EXPERIMENT, tmp_path, infra_retries=2, kill_at_step=40,
+                                                           start_s=240, finish_s=400)
+    assert returncode == 0, err
     assert "RETRY probe/train: infrastructure failure" in err
     (run_dir,) = store.glob("probe/train-*")
     record = json.loads((run_dir / ".executor_status").read_text())

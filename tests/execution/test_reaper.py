@@ -12,8 +12,7 @@ import time
 
 import pytest
 
-from marin.execution.cluster import descendants, still_running
-from marin.execution.reaper import STOPPED
+from marin.execution.reaper import REAPER_SCRIPT, STOPPED, descendants, still_running
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DRIVER = "import subprocess, time; subprocess.Popen(['sleep', '300']); time.sleep(300)"
@@ -26,9 +25,9 @@ def _driver_and_watchdog():
         time.sleep(0.05)
     [agent] = descendants(driver.pid)
     read, write = os.pipe()
-    watchdog = subprocess.Popen([sys.executable, "-m", "marin.execution.reaper", str(driver.pid), "1"], stdin=read,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONPATH": REPO}, start_new_session=True)
+    # started as the driver starts it: the file alone, on the standard library
+    watchdog = subprocess.Popen([sys.executable, "-I", "-S", REAPER_SCRIPT, str(driver.pid), "1"], stdin=read,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     os.close(read)
     assert watchdog.stdout.readline() == "watching\n"  # it has noted the agent
     return driver, agent, watchdog, write

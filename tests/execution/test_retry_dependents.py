@@ -10,17 +10,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
-import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from pathlib import Path
 
 import fsspec
 import pytest
 import ray.cloudpickle
+from test_executor import write_total
 
 from marin.execution import ExecutorError, ExecutorStep, output_path_of, this_output_path, versioned
 from marin.execution import status as st
@@ -28,7 +26,6 @@ from marin.execution.failures import InfrastructureFailure
 from marin.execution.main import ExecutorMainConfig, executor_main
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import tests/
-REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,12 +50,7 @@ def work(cfg: Cfg) -> None:
     time.sleep(cfg.sleep)
     if cfg.fail_first and first:
         raise InfrastructureFailure("host lost mid-run")
-    total = cfg.value
-    for inp in cfg.inputs:
-        with fsspec.open(inp) as f:
-            total += json.load(f)["total"]
-    with fsspec.open(f"{cfg.out}/result.json", "w") as f:
-        json.dump({"total": total}, f)
+    write_total(cfg.out, cfg.value, cfg.inputs)
 
 
 def step(name, log, *inputs, **kw) -> ExecutorStep:
@@ -194,39 +186,11 @@ def test_kill_9_of_the_training_host_leaves_its_dependents_on_the_final_step(tmp
     process mid-run. Health and the summary reader run once, after training's final SUCCESS, and
     record step 120; no step's start or SUCCESS predates an input's SUCCESS."""
     sys.path.insert(0, os.path.dirname(__file__))
-    from test_infra_retry import _host_processes  # noqa: PLC0415 - the kill -9 test's host finder
+    from test_infra_retry import run_killing_the_training_host
 
-    from marin.training.checkpoint import CheckpointManager, CheckpointPolicy
-
-    exp = tmp_path / "exp.py"
-    exp.write_text(PIPELINE)
-    store = tmp_path / "store"
-    marker = f"marin-test-{uuid.uuid4().hex}"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
-           "MARIN_TEST_MARKER": marker}
-    policy = CheckpointPolicy(every_steps=20, every_minutes=None)  # the pipeline's
-    proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(exp), "--prefix", str(store),
-                             "--progress", "false", "--infra_retries", "1"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env, start_new_session=True)
-    try:
-        deadline = time.time() + 300
-        killed = None
-        while time.time() < deadline and proc.poll() is None and killed is None:
-            runs = list(store.glob("probe/train-*"))
-            if runs and (runs[0] / "checkpoints").exists():
-                steps = CheckpointManager(str(runs[0]), policy).committed_steps()
-                if steps and steps[-1] >= 20:
-                    hosts = _host_processes(marker)
-                    if hosts:
-                        os.kill(hosts[0], signal.SIGKILL)
-                        killed = steps[-1]
-            time.sleep(0.1)
-        assert killed is not None and killed < 120, proc.communicate(timeout=60)
-        _, err = proc.communicate(timeout=500)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, err
+    returncode, err, store = run_killing_the_training_host(PIPELINE, tmp_path, infra_retries=1, kill_at_step=20,
+                                                           start_s=300, finish_s=500)
+    assert returncode == 0, err
     assert "RETRY probe/train: infrastructure failure" in err
     assert "RETRY probe/health" not in err and "RETRY probe/seen" not in err
     (health_dir,) = store.glob("probe/health-*")

@@ -31,7 +31,7 @@ EXPERIMENT = textwrap.dedent(
         inp: str | None = None
 
     def work(cfg):
-        if cfg.n == 2 and os.environ.get("TEST_BLOCK"):
+        if os.environ.get("TEST_BLOCK") and cfg.n == int(os.environ.get("TEST_BLOCK_STEP", "2")):
             open(os.environ["TEST_BLOCK"], "w").close()
             time.sleep(600)
         with open(os.path.join(cfg.out, "out.txt"), "w") as f:
@@ -57,6 +57,8 @@ def env_for(tmp_path: Path, **extra: str) -> dict:
 
 
 def write_experiment(tmp_path: Path) -> Path:
+    """The chain ``first`` -> ``second`` as an experiment file; with ``TEST_BLOCK`` in its environment the
+    step numbered ``TEST_BLOCK_STEP`` (default 2, ``second``) creates that file and blocks once started."""
     exp = tmp_path / "exp.py"
     exp.write_text(EXPERIMENT)
     return exp
@@ -67,25 +69,11 @@ def run(args: list[str], tmp_path: Path, **extra: str) -> subprocess.CompletedPr
                           timeout=240)
 
 
-def _processes_with_marker(marker: str) -> list[str]:
-    """Live (non-zombie) processes whose environment holds ``marker``: everything a run spawned."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if marker.encode() not in f.read():
-                    continue
-            with open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            found.append(f"{entry}: {cmdline[:100]}")
-        except OSError:
-            continue
-    return found
+def processes_with_marker(marker: str) -> list[str]:
+    """``pid: command line`` of each live process whose ``MARIN_TEST_MARKER`` is ``marker``: what a run spawned."""
+    from marin.execution.reaper import processes_with_env
+
+    return [f"{pid}: {cmd[:100]}" for pid, cmd in processes_with_env(f"MARIN_TEST_MARKER={marker}").items()]
 
 
 def test_unwritable_prefix_is_one_line_before_ray_starts_and_the_cluster_ends_with_the_run(tmp_path):
@@ -109,9 +97,9 @@ def test_unwritable_prefix_is_one_line_before_ray_starts_and_the_cluster_ends_wi
     assert len(outputs) == 2
     # the local cluster started for the run ended with it, the raylet's agents included
     deadline = time.time() + 5
-    while _processes_with_marker(marker) and time.time() < deadline:
+    while processes_with_marker(marker) and time.time() < deadline:
         time.sleep(0.2)
-    assert _processes_with_marker(marker) == []
+    assert processes_with_marker(marker) == []
     shutil.rmtree(store / "experiments")
     (store / "experiments").write_text("in the way")
     r = run([sys.executable, "-c", DRIVER, str(exp), "--prefix", str(store)], tmp_path)
@@ -172,7 +160,7 @@ def test_address_joins_a_cluster_started_with_token_authentication(tmp_path):
     import shutil
     import tempfile
 
-    from marin.execution.cluster import descendants, still_running
+    from marin.execution.reaper import descendants, still_running
 
     exp = write_experiment(tmp_path)
     home, empty_home = tmp_path / "home", tmp_path / "empty-home"

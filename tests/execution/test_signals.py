@@ -67,38 +67,16 @@ def test_stop_signal_marks_the_step_interrupted_names_the_signal_and_the_rerun_r
         assert events == ["RUNNING", "INTERRUPTED", "RUNNING", "SUCCESS"]
 
 
-CHAIN = '''
-import dataclasses, os, time
-from marin.execution import ExecutorStep, executor_main, output_path_of, this_output_path, versioned
-
-@dataclasses.dataclass(frozen=True)
-class Cfg:
-    out: str
-    n: int
-    inp: str | None = None
-
-def work(cfg):
-    if cfg.n == 1:
-        open(os.environ["TEST_BLOCK"], "w").close()
-        time.sleep(600)
-
-first = ExecutorStep("first", work, Cfg(this_output_path(), versioned(1)))
-second = ExecutorStep("second", work, Cfg(this_output_path(), versioned(2), output_path_of(first)))
-if __name__ == "__main__":
-    executor_main(steps=[second])
-'''
-
-
 def test_a_dependent_waits_unsubmitted_for_its_running_upstream_and_a_stop_interrupts_the_upstream(tmp_path):
     """``second`` is submitted only after ``first``'s SUCCESS: while ``first`` runs, ``second`` has no
     record at all (no lease, nothing in Ray's queue); a stop interrupts ``first`` and leaves ``second``
     for the next run."""
-    (tmp_path / "exp.py").write_text(CHAIN)
+    exp = write_experiment(tmp_path)  # the chain first -> second, here blocking in first
     store, started = tmp_path / "store", tmp_path / "first-started"
-    proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(tmp_path / "exp.py"), "--prefix",
+    proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(exp), "--prefix",
                              str(store), "--progress", "false"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=tmp_path, env=env_for(tmp_path, TEST_BLOCK=str(started)),
-                            start_new_session=True)
+                            text=True, cwd=tmp_path, start_new_session=True,
+                            env=env_for(tmp_path, TEST_BLOCK=str(started), TEST_BLOCK_STEP="1"))
     deadline = time.time() + 120
     while not started.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
@@ -118,7 +96,7 @@ def test_a_dependent_waits_unsubmitted_for_its_running_upstream_and_a_stop_inter
 
 
 def test_sigterm_while_ray_starts_is_a_clean_stop(tmp_path):
-    from test_run_lifecycle import _processes_with_marker
+    from test_run_lifecycle import processes_with_marker
 
     exp = write_experiment(tmp_path)
     marker = f"marin-test-{time.time_ns()}"
@@ -127,7 +105,7 @@ def test_sigterm_while_ray_starts_is_a_clean_stop(tmp_path):
                             cwd=tmp_path, env=env_for(tmp_path, MARIN_TEST_MARKER=marker), start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:  # the first Ray process: the cluster is starting
-        if any("gcs_server" in p for p in _processes_with_marker(marker)):
+        if any("gcs_server" in p for p in processes_with_marker(marker)):
             break
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
@@ -136,9 +114,9 @@ def test_sigterm_while_ray_starts_is_a_clean_stop(tmp_path):
     assert "Traceback" not in err and "marin: stopped by SIGTERM." in err, err
     assert "No step was running." in err, err  # it arrived before any step started: while Ray started
     deadline = time.time() + 10
-    while _processes_with_marker(marker) and time.time() < deadline:
+    while processes_with_marker(marker) and time.time() < deadline:
         time.sleep(0.2)
-    assert _processes_with_marker(marker) == []  # the half-started cluster is gone too
+    assert processes_with_marker(marker) == []  # the half-started cluster is gone too
 
 
 GRACEFUL = '''
@@ -287,7 +265,7 @@ def test_a_stop_signal_while_ray_stops_is_a_clean_stop_and_the_records_are_intac
     begin (its raylet is gone) until the driver exits: no traceback, the step's record untouched, the
     experiment record complete, the signal's exit status, and no process of the cluster left behind.
     After a failure too (the cleanup of a failed run)."""
-    from test_run_lifecycle import _processes_with_marker
+    from test_run_lifecycle import processes_with_marker
 
     (tmp_path / "exp.py").write_text(ENDING)
     store, marker = tmp_path / "store", f"marin-test-{time.time_ns()}"
@@ -306,7 +284,7 @@ def test_a_stop_signal_while_ray_stops_is_a_clean_stop_and_the_records_are_intac
     assert status == outcome, proc.communicate(timeout=30)
     # the raylet exits early in the driver's shutdown of the cluster, which then takes about 2 s more
     # (the GCS, the agents, waiting for each): from then on every signal lands inside the shutdown
-    while proc.poll() is None and any("raylet" in p for p in _processes_with_marker(marker)):
+    while proc.poll() is None and any("raylet" in p for p in processes_with_marker(marker)):
         time.sleep(0.005)
     sent = 0
     while proc.poll() is None and sent < 2000:  # across the whole shutdown, until the driver exits
@@ -332,9 +310,9 @@ def test_a_stop_signal_while_ray_stops_is_a_clean_stop_and_the_records_are_intac
         assert f"1 step(s) failed (see why with `marin show PATH`; rerun one with --retry_failed STEP):\n" \
                f"  only ({step_dir}): ValueError: the step's own error" in err, err
     deadline = time.time() + 10
-    while _processes_with_marker(marker) and time.time() < deadline:
+    while processes_with_marker(marker) and time.time() < deadline:
         time.sleep(0.2)
-    assert _processes_with_marker(marker) == []
+    assert processes_with_marker(marker) == []
 
 
 def _burst(proc: subprocess.Popen, count: int = 50, within_s: float = 1.0) -> None:
@@ -353,7 +331,7 @@ def _burst(proc: subprocess.Popen, count: int = 50, within_s: float = 1.0) -> No
 def test_fifty_sigterms_within_a_second_at_any_phase_are_one_clean_stop(tmp_path, phase):
     """However many signals arrive, the stop runs once: the signal's exit status, one message and no
     traceback, every record whole, nothing of the cluster left behind."""
-    from test_run_lifecycle import _processes_with_marker
+    from test_run_lifecycle import processes_with_marker
 
     (tmp_path / "exp.py").write_text(ENDING)
     store, marker, started = tmp_path / "store", f"marin-test-{time.time_ns()}", tmp_path / "started"
@@ -370,11 +348,11 @@ def test_fifty_sigterms_within_a_second_at_any_phase_are_one_clean_stop(tmp_path
         return json.loads(found[-1].read_text())["status"] if found else None
 
     reached = {
-        "starting": lambda: any("gcs_server" in p for p in _processes_with_marker(marker)),
+        "starting": lambda: any("gcs_server" in p for p in processes_with_marker(marker)),
         "running": started.exists,
         "writing SUCCESS": lambda: status() == "SUCCESS",
         "stopping the cluster": lambda: status() == "SUCCESS" and not any(
-            "raylet" in p for p in _processes_with_marker(marker)),
+            "raylet" in p for p in processes_with_marker(marker)),
     }[phase]
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None and not reached():
@@ -402,6 +380,6 @@ def test_fifty_sigterms_within_a_second_at_any_phase_are_one_clean_stop(tmp_path
         assert all(outcomes[name] == ("succeeded" if r["status"] == "SUCCESS" else "interrupted")
                    for name, r in records.items()), outcomes
     deadline = time.time() + 10
-    while _processes_with_marker(marker) and time.time() < deadline:
+    while processes_with_marker(marker) and time.time() < deadline:
         time.sleep(0.2)
-    assert _processes_with_marker(marker) == []
+    assert processes_with_marker(marker) == []

@@ -21,6 +21,7 @@ from marin.review.steps import show, status_rows
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_executor import executions, run, step  # noqa: E402
+from test_run_lifecycle import DRIVER, write_experiment  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -149,23 +150,10 @@ def test_a_writer_killed_mid_write_leaves_the_old_record_whole(tmp_path):
 
 def test_a_missing_bucket_is_found_by_the_prefix_check_before_ray_starts(s3_endpoint, tmp_path):
     r = subprocess.run(
-        [sys.executable, "-c", "import runpy, sys\nsys.argv = sys.argv[1:]\ntry:\n    runpy.run_path(sys.argv[0], "
-         "run_name='__main__')\nfinally:\n    print('ray imported:', 'ray' in sys.modules)\n",
-         str(_experiment(tmp_path)), "--prefix", "s3://no-such-bucket-here/run"],
+        [sys.executable, "-c", DRIVER, str(write_experiment(tmp_path)), "--prefix", "s3://no-such-bucket-here/run"],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert r.returncode == 1, r.stderr
     assert r.stderr.strip().splitlines() == [
         "marin: error: cannot write under the prefix s3://no-such-bucket-here/run (the bucket 'no-such-bucket-here' "
         "does not exist or is not visible with these credentials); choose a writable --prefix or $MARIN_PREFIX"]
     assert "ray imported: False" in r.stdout
-
-
-def _experiment(tmp_path):
-    exp = tmp_path / "exp.py"
-    exp.write_text(
-        "import dataclasses\nfrom marin.execution import ExecutorStep, executor_main, this_output_path, versioned\n"
-        "@dataclasses.dataclass(frozen=True)\nclass Cfg:\n    out: str\n    n: int\n"
-        "def work(cfg):\n    pass\n"
-        "if __name__ == '__main__':\n"
-        "    executor_main(steps=[ExecutorStep('a', work, Cfg(this_output_path(), versioned(1)))])\n")
-    return exp

@@ -238,7 +238,7 @@ def test_ctrl_c_on_a_two_host_pool_is_rc_130_one_line_and_nothing_left_running(t
     """Ctrl-C (twice, as an impatient person does) while the pool's hosts run: the terminal sends
     SIGINT to the whole foreground process group, Ray's processes included. The command stops the
     simulated nodes, agents included, says so in one line and exits with 128 + SIGINT."""
-    from marin.execution.cluster import descendants, still_running
+    from marin.execution.reaper import descendants, still_running
 
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(PYTHONPATH=REPO, RAY_USAGE_STATS_ENABLED="0")

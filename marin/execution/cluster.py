@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any, TypeVar
@@ -65,17 +66,44 @@ def ensure_ray(address: str | None) -> bool:
     os.environ[FIXED_CLUSTER_ENV] = "1"  # before ray.init: its processes (and the steps) inherit it
     _watchdogs.append(start_watchdog())
     try:
-        retry_startup_timeouts(lambda: ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING,
-                                                log_to_driver=True), "the local Ray cluster")
+        with ray_sigterm_handler_left_out(ray):
+            retry_startup_timeouts(lambda: ray.init(address="local", include_dashboard=False,
+                                                    logging_level=logging.WARNING, log_to_driver=True),
+                                   "the local Ray cluster")
     except SystemExit:
-        # ray.init installs SIGTERM handlers that exit (after stopping what it started): a SIGTERM
-        # while the cluster starts is a stop like any other
+        # a Ray whose SIGTERM handler could not be left out exits from it: a SIGTERM while the
+        # cluster starts is a stop like any other
         raise RunStopped(signal.SIGTERM) from None
     except BaseException:  # a signal (or an error) halfway through: stop whatever part of it started
         if ray.is_initialized():
             shutdown_local_ray()
         raise
     return True
+
+
+@contextlib.contextmanager
+def ray_sigterm_handler_left_out(ray: ModuleType) -> Iterator[None]:
+    """``ray.init`` without the SIGTERM handler it installs first thing (``sys.exit``, no stop path), so
+    that the driver's own stop signals (:mod:`marin.execution.signals`) hold through the start.
+
+    Ray's handler raised SystemExit wherever the signal landed, also where Python only prints an
+    exception and goes on (``logging``'s fork handlers: the stop was lost), and it stayed installed
+    when the start was cut short, so the next SIGTERM of a burst (schedulers send several) exited the
+    driver halfway through its stop, or killed it without a word once its handlers were put back to
+    the default. Ray's helper is not public API: on a Ray without it, the caller's handler is put
+    back as soon as the start returns or is cut short."""
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    original = getattr(utils, "set_sigterm_handler", None)
+    caller = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    if original is not None:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        if original is not None:
+            utils.set_sigterm_handler = original
+        if caller is not None and signal.getsignal(signal.SIGTERM) is not caller:
+            signal.signal(signal.SIGTERM, caller)
 
 
 _watchdogs: list[tuple[subprocess.Popen, int]] = []

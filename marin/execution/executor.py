@@ -58,7 +58,7 @@ from marin.execution.options import RunOptions
 from marin.execution.outcome import Outcome, RunResult
 from marin.execution.plan import Plan, PlannedStep, resolve_config
 from marin.execution.selection import print_dry_run, run_statuses, selected
-from marin.execution.signals import StopSignals, clear_stop_request, signal_of
+from marin.execution.signals import RunStopped, StopSignals, clear_stop_request, signal_of
 from marin.execution.status import StepStatus
 from marin.execution.stop import Stopper, interrupted_error
 from marin.execution.tasks import (
@@ -460,6 +460,9 @@ def _run_on_ray(runner: _Runner, outcome: dict[str, Outcome]) -> str | None:
             preparing.start()
             try:
                 started = ensure_ray(opts.address)
+            except RunStopped as e:  # ray.init's own handler took it, not ours: later signals are only noted
+                signals.note(e.signum)
+                raise
             finally:
                 runner._stop_preparing.set()  # from here the loop prepares what is left as it submits
             preparing.join()

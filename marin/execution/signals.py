@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -29,9 +31,11 @@ class RunStopped(KeyboardInterrupt):
     or SIGHUP (the terminal went away). A KeyboardInterrupt, so every cleanup path of Ctrl-C serves all
     three."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, source: StopSignals | None = None) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.source = source
+        """The handlers that raised it, if any (to raise it again if Python swallowed it)."""
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -56,6 +60,7 @@ class StopSignals:
         self.received_during: str | None = None
         self._previous: dict[int, Any] = {}
         self._deferring: list[str] = []
+        self._unraisable_previous: Any = None
         self.active = threading.current_thread() is threading.main_thread()
 
     def _handler(self, signum: int, frame: Any) -> None:
@@ -64,7 +69,14 @@ class StopSignals:
         self.received = signum
         self.received_during = self._deferring[-1] if self._deferring else None
         if not self._deferring:
-            raise RunStopped(signum)
+            raise RunStopped(signum, self)
+
+    def note(self, signum: int) -> None:
+        """Count a stop signal that reached the process past these handlers as received (``ray.init``'s
+        own SIGTERM handler takes the signals while a local cluster starts): the stop path that follows
+        runs once, and later signals are noted, not raised."""
+        if self.received is None:
+            self.received = signum
 
     def install(self) -> None:
         if not self.active or _exiting:
@@ -72,6 +84,10 @@ class StopSignals:
         for sig in STOP_SIGNALS:
             previous = signal.signal(sig, self._handler)
             self._previous.setdefault(sig, previous)
+        global _unraisablehook_before
+        if sys.unraisablehook is not raise_swallowed_stop_again:
+            self._unraisable_previous = _unraisablehook_before = sys.unraisablehook
+            sys.unraisablehook = raise_swallowed_stop_again
 
     def restore(self) -> None:
         if _exiting:  # the process is on its way out because of a stop: signals stay ignored
@@ -80,6 +96,8 @@ class StopSignals:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
+        if self._unraisable_previous is not None:
+            sys.unraisablehook, self._unraisable_previous = self._unraisable_previous, None
 
     @contextlib.contextmanager
     def deferred(self, doing: str = "recording the stop") -> Iterator[None]:
@@ -96,6 +114,37 @@ class StopSignals:
 
     def __exit__(self, *exc: Any) -> None:
         self.restore()
+
+
+def raise_swallowed_stop_again(unraisable: Any) -> None:
+    """``sys.unraisablehook`` while :class:`StopSignals` are installed.
+
+    A signal handler runs wherever the main thread is, also where Python only reports an exception and
+    goes on: ``logging``'s fork handlers, which run at every ``os.fork`` (a local cluster's start forks
+    its processes). A :class:`RunStopped` raised there was lost (a traceback printed, and the run went
+    on to its end with its stop noted as begun), so the same signal is sent again instead, shortly, from
+    a thread: sent from here, its handler would run in this hook, where it is swallowed too; until then
+    further signals are noted, as after any stop. Anything else is reported as before."""
+    exc = unraisable.exc_value
+    source = getattr(exc, "source", None)
+    if isinstance(exc, RunStopped) and source is not None and source.received == exc.signum:
+        def again() -> None:
+            source.received = source.received_during = None  # not begun after all: this one raises
+            os.kill(os.getpid(), exc.signum)
+
+        timer = threading.Timer(STOP_AGAIN_AFTER_S, again)
+        timer.daemon = True
+        timer.start()
+        return
+    (_unraisablehook_before or sys.__unraisablehook__)(unraisable)
+
+
+STOP_AGAIN_AFTER_S = 0.05
+"""How long after a swallowed stop :func:`raise_swallowed_stop_again` sends its signal again: long
+enough for the main thread to have left the hook, short against any stop's own time."""
+
+_unraisablehook_before: Any = None
+"""The ``sys.unraisablehook`` that :func:`raise_swallowed_stop_again` replaced, for everything else."""
 
 
 _exiting = False

@@ -71,12 +71,16 @@ def test_a_dependent_waits_unsubmitted_for_its_running_upstream_and_a_stop_inter
     """``second`` is submitted only after ``first``'s SUCCESS: while ``first`` runs, ``second`` has no
     record at all (no lease, nothing in Ray's queue); a stop interrupts ``first`` and leaves ``second``
     for the next run."""
+    from test_run_lifecycle import processes_with_marker
+
     exp = write_experiment(tmp_path)  # the chain first -> second, here blocking in first
     store, started = tmp_path / "store", tmp_path / "first-started"
+    marker = f"marin-test-{time.time_ns()}"
     proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(exp), "--prefix",
                              str(store), "--progress", "false"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=tmp_path, start_new_session=True,
-                            env=env_for(tmp_path, TEST_BLOCK=str(started), TEST_BLOCK_STEP="1"))
+                            env=env_for(tmp_path, TEST_BLOCK=str(started), TEST_BLOCK_STEP="1",
+                                        MARIN_TEST_MARKER=marker))
     deadline = time.time() + 120
     while not started.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
@@ -87,14 +91,26 @@ def test_a_dependent_waits_unsubmitted_for_its_running_upstream_and_a_stop_inter
         assert "RUNNING" in rows["first"] and "QUEUED" not in rows["first"], r.stdout
         assert "second" not in rows and not list(store.glob("second-*")), r.stdout
     finally:
-        proc.send_signal(signal.SIGTERM)
+        _burst(proc)  # as a scheduler sends them: fifty within a second, one clean stop
         _, err = proc.communicate(timeout=90)
     assert proc.returncode == 143, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.count("marin: stopped by SIGTERM") == 1, err
     (d,) = store.glob("first-*")
     assert json.loads((d / ".executor_status").read_text())["status"] == "INTERRUPTED"
     assert not list(store.glob("second-*"))
+    from marin.execution.experiment_record import experiment_record_paths, read_experiment_record
+
+    (experiment,) = experiment_record_paths(str(store))
+    outcomes = {s["name"]: s["outcome"] for s in read_experiment_record(experiment)["steps"]}
+    assert outcomes["first"] == "interrupted", outcomes
+    deadline = time.time() + 10
+    while processes_with_marker(marker) and time.time() < deadline:
+        time.sleep(0.2)
+    assert processes_with_marker(marker) == []  # nothing of the cluster left behind
 
 
+@pytest.mark.slow  # the same moment, fifty signals instead of one: the default run's fifty-SIGTERMs test [starting]
 def test_sigterm_while_ray_starts_is_a_clean_stop(tmp_path):
     from test_run_lifecycle import processes_with_marker
 
@@ -324,9 +340,11 @@ def _burst(proc: subprocess.Popen, count: int = 50, within_s: float = 1.0) -> No
         time.sleep(within_s / count)
 
 
-# each phase starts a local cluster (~10-20 s on the 2-core VM): the two that the other tests here do
-# not reach run by default, the shutdown (covered above with 2,000 signals) and SUCCESS in the slow set
-@pytest.mark.parametrize("phase", ["starting", "running", pytest.param("writing SUCCESS", marks=pytest.mark.slow),
+# each phase starts a local cluster (~10-20 s on the 2-core VM): the start runs by default; a running
+# step (the dependent test above sends the same fifty), the shutdown (covered above with 2,000 signals)
+# and SUCCESS in the slow set
+@pytest.mark.parametrize("phase", ["starting", pytest.param("running", marks=pytest.mark.slow),
+                                   pytest.param("writing SUCCESS", marks=pytest.mark.slow),
                                    pytest.param("stopping the cluster", marks=pytest.mark.slow)])
 def test_fifty_sigterms_within_a_second_at_any_phase_are_one_clean_stop(tmp_path, phase):
     """However many signals arrive, the stop runs once: the signal's exit status, one message and no
@@ -363,6 +381,8 @@ def test_fifty_sigterms_within_a_second_at_any_phase_are_one_clean_stop(tmp_path
     assert proc.returncode == 143, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.count("marin: stopped by SIGTERM") == 1, err
+    if phase == "starting":  # they arrived before any step started: while Ray started
+        assert "marin: stopped by SIGTERM.\nNo step was running." in err, err
     from marin.execution.experiment_record import experiment_record_paths, read_experiment_record
 
     records = {p.name.rsplit("-", 1)[0]: json.loads((p / ".executor_status").read_text())
@@ -383,3 +403,35 @@ def test_fifty_sigterms_within_a_second_at_any_phase_are_one_clean_stop(tmp_path
     while processes_with_marker(marker) and time.time() < deadline:
         time.sleep(0.2)
     assert processes_with_marker(marker) == []
+
+
+FORK_HANDLER_STOP = """
+import os, signal, sys, time
+from marin.execution.signals import RunStopped, StopSignals
+
+# a signal whose handler runs inside a fork handler, where Python only prints what it raises
+os.register_at_fork(after_in_parent=lambda: signal.raise_signal(signal.SIGTERM))
+with StopSignals() as signals:
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            time.sleep(0.01)
+        print("not stopped")
+    except RunStopped as e:
+        print("stopped after the fork by", signal.Signals(e.signum).name)
+"""
+
+
+def test_a_stop_signal_landing_in_a_fork_handler_still_stops_the_run(tmp_path):
+    """A local cluster's start forks its processes, and ``logging``'s fork handlers run at each fork: a
+    stop raised in one was printed as ignored and lost (the run went on to its end). It is raised again
+    after the fork, and nothing is printed."""
+    script = tmp_path / "fork_stop.py"  # a file: run with -c, Python raised it from the fork itself
+    script.write_text(FORK_HANDLER_STOP)
+    r = run([sys.executable, str(script)], tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "stopped after the fork by SIGTERM", r.stdout + r.stderr
+    assert r.stderr == "", r.stderr

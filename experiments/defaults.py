@@ -42,9 +42,6 @@ from marin.review.report import ReportConfig, report_step
 from marin.scaling.isoflop import IsoFlopFitConfig, IsoFlopRun, RecipeSpace, isoflop_fit_step
 from marin.scaling.ladder import LadderFitConfig, RungRun, ladder_fit_step
 from marin.training.config import (
-    FLAT_NAMES,
-    GROUPS,
-    MODEL_KEYWORDS,
     CheckpointPolicy,
     Cutover,
     InitFrom,
@@ -54,7 +51,6 @@ from marin.training.config import (
     TelemetryConfig,
     TrainConfig,
     TrainEvalConfig,
-    regroup,
 )
 from marin.training.gate import GateConfig, GateThresholds, check_gate
 from marin.training.optimizers import OptimizerConfig
@@ -388,7 +384,6 @@ def default_train(
     cutovers: Sequence[Cutover] = (),
     description: str | None = None,
     memory_check: str = "error",
-    **deprecated: Any,
 ) -> ExecutorStep:
     """A training step: ``model`` on ``mixture``, one :class:`TrainConfig` built from these arguments
     (a group left out, e.g. ``checkpoint``, keeps its class's defaults).
@@ -434,32 +429,17 @@ def default_train(
         description: a line for ``marin status`` and the report.
         memory_check: ``"error"``, ``"warn"`` or ``"off"``: what to do at declaration time when the
             planner says a phase of the run does not fit its pool's device memory.
-        deprecated: the flat keywords of before (``peak_lr=``, ``checkpoint_every_steps=``,
-            ``eval_every_steps=``, ..., and ``model_overrides=`` / ``compute_dtype=``), accepted for
-            one release with a DeprecationWarning naming the new spelling; an unknown name is
-            refused with the list of arguments.
     """
-    unknown = sorted(set(deprecated) - set(FLAT_NAMES) - set(MODEL_KEYWORDS))
-    if unknown:
-        groups = "; ".join(f"{g} ({cls.__name__}: {', '.join(f.name for f in dataclasses.fields(cls))})"
-                           for g, cls in GROUPS.items())
-        raise TypeError(f"default_train() got unknown TrainConfig field(s) {', '.join(unknown)}; the fields are: "
-                        f"pool, seed, train_steps, tokens_per_step, seq_len_phases, init_from; {groups}")
-    if deprecated.get("final_lr_fraction", 0.0) is None:  # the flat spelling's "the default"
-        del deprecated["final_lr_fraction"]
-    given = {g: v for g, v in (("optimizer", optimizer), ("checkpoint", checkpoint), ("stall", stall),
-                               ("evaluation", evaluation), ("telemetry", telemetry),
-                               ("parallelism", parallelism)) if v is not None}
-    fields = regroup({"model": model, "seq_len_phases": seq_len_phases, **given, **deprecated},
-                     where="default_train")
-    fields.pop("preset", None)  # a preset name given as model is its own preset
     if isinstance(model, str):
-        preset = preset or model
-    if "evaluation" in fields and fields["evaluation"].tasks:
-        fields["evaluation"] = dataclasses.replace(fields["evaluation"], tasks=_task_paths(fields["evaluation"].tasks))
-    config = TrainConfig(output_path=this_output_path(), data=mixture, preset=preset, pool=pool, seed=seed,
-                         train_steps=train_steps, tokens_per_step=tokens_per_step, init_from=init_from,
-                         cutovers=tuple(cutovers), **fields)
+        preset = preset or model  # a preset name given as model is its own preset
+    if evaluation is not None and evaluation.tasks:
+        evaluation = dataclasses.replace(evaluation, tasks=_task_paths(evaluation.tasks))
+    groups = {g: v for g, v in (("optimizer", optimizer), ("checkpoint", checkpoint), ("stall", stall),
+                                ("evaluation", evaluation), ("telemetry", telemetry),
+                                ("parallelism", parallelism)) if v is not None}  # None: the group's defaults
+    config = TrainConfig(output_path=this_output_path(), data=mixture, model=model, preset=preset, pool=pool,
+                         seed=seed, train_steps=train_steps, tokens_per_step=tokens_per_step,
+                         seq_len_phases=seq_len_phases, init_from=init_from, cutovers=tuple(cutovers), **groups)
     _check_train_memory(memory_check, config)
     check_train_config_storage(config)  # checkpoint.storage_quota: refused when the file is read, not at 220 TiB
     return ExecutorStep(

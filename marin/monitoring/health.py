@@ -404,7 +404,7 @@ def run_schedule(run_path: str) -> tuple[Any, int, int | None]:
         config = Run(run_path).recorded_config
     except Exception:  # noqa: BLE001 - a damaged checkpoint record: the report says what it can without it
         config = None
-    if not config or "peak_lr" not in (config.get("optimizer") or config):  # grouped or flat (older runs)
+    if not config or "peak_lr" not in (config.get("optimizer") or {}):
         return None, 0, None
     sched = schedule_from_config(config)
     return sched, int(config.get("tokens_per_step", 0)), sched.final_total_steps

@@ -83,7 +83,7 @@ class StallRule:
 
     def __post_init__(self) -> None:
         if self.timeout_s is not None and self.timeout_s <= 0:
-            raise ValueError(f"stall_timeout_s must be > 0 (or None: derived from the step time), got {self.timeout_s}")
+            raise ValueError(f"stall.timeout_s must be > 0 (or None: derived from the step time), got {self.timeout_s}")
         if self.startup_s <= 0 or self.factor <= 0 or self.floor_s <= 0:
             raise ValueError("stall startup, factor and floor must be > 0")
 

@@ -18,8 +18,6 @@ trainer builds exactly that model.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import warnings
 from typing import Any
 
 from marin.data.mixture import MixtureConfig
@@ -94,16 +92,13 @@ class Cutover:
 def resolve_model(
     model: MoEConfig | str,
     overrides: dict[str, Any] | None = None,
-    compute_dtype: str | None = None,
     seq_len_phases: tuple[tuple[float, int], ...] = (),
 ) -> MoEConfig:
-    """The model a run trains: ``model`` (a preset name or a :class:`MoEConfig`) with ``overrides``
-    (+ ``compute_dtype``), and ``max_seq_len`` raised to the longest sequence phase. Resolved once,
-    when the config is built, so the version of a step names the model itself rather than a preset
-    name whose meaning can change."""
+    """The model a run trains: ``model`` (a preset name or a :class:`MoEConfig`) with ``overrides``,
+    and ``max_seq_len`` raised to the longest sequence phase. Resolved once, when the config is
+    built, so the version of a step names the model itself rather than a preset name whose meaning
+    can change."""
     overrides = dict(overrides or {})
-    if compute_dtype is not None:
-        overrides["dtype"] = compute_dtype
     if isinstance(model, MoEConfig):
         cfg = model.replace(**overrides) if overrides else model
     elif isinstance(model, str):
@@ -129,11 +124,6 @@ def _pairs(value: Any, kinds: tuple[type, type]) -> Any:
 # TrainConfig's own (peak_lr, not optimizer.peak_lr: marin.execution.versioning.group), so the
 # hashes of runs declared before TrainConfig was grouped did not move. evaluation is the exception:
 # every field is live, and its sets' and tasks' upstream steps are named by their path.
-
-
-OptimizerConfig = AdamWConfig
-"""The name TrainConfig's optimizer group had when it could only be AdamW (experiment files still
-spell it): :class:`~marin.training.optimizers.adamw.AdamWConfig` itself."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,80 +224,6 @@ GROUPS: dict[str, type] = {"optimizer": AdamWConfig, "checkpoint": CheckpointPol
                            "parallelism": ParallelismConfig}
 """TrainConfig's groups: field name -> class."""
 
-FLAT_NAMES: dict[str, tuple[str, str]] = {
-    **{n: ("optimizer", n) for n in ("peak_lr", "warmup_steps", "final_lr_fraction", "lr_replans", "weight_decay",
-                                     "beta1", "beta2", "adam_eps", "grad_clip")},
-    "checkpoint_every_steps": ("checkpoint", "every_steps"),
-    "checkpoint_every_minutes": ("checkpoint", "every_minutes"),
-    "keep_last_checkpoints": ("checkpoint", "keep_last"),
-    "keep_every_steps": ("checkpoint", "keep_every"),
-    "temp_checkpoint_every_minutes": ("checkpoint", "temp_every_minutes"),
-    "temp_checkpoint_path": ("checkpoint", "temp_path"),
-    "preemption_grace_s": ("checkpoint", "preemption_grace_s"),
-    "stall_timeout_s": ("stall", "timeout_s"),
-    "stall_startup_s": ("stall", "startup_s"),
-    **{n: ("telemetry", n) for n in ("log_every", "wandb_project", "run_name", "progress_every_s")},
-    **{f"eval_{n}": ("evaluation", n) for n in ("every_steps", "sets", "held_out", "tasks", "stride")},
-    **{n: ("parallelism", n) for n in ("microbatches", "param_sharding", "remat_by_seq_len",
-                                       "context_parallel_by_seq_len", "transport_switches")},
-}
-"""The flat spellings of TrainConfig's fields before it was grouped -> (group, field): still accepted
-as keywords for one release (with a DeprecationWarning naming the new spelling), and read from the
-configs that runs recorded before."""
-
-MODEL_KEYWORDS = ("model_overrides", "compute_dtype")
-"""Keywords TrainConfig took before a model was passed as a MoEConfig (deprecated; applied to the model)."""
-
-
-def new_spelling(flat: str) -> str:
-    """How a flat TrainConfig keyword is spelled now: ``peak_lr`` -> ``optimizer=OptimizerConfig(peak_lr=...)``."""
-    group, name = FLAT_NAMES[flat]
-    return f"{group}={GROUPS[group].__name__}({name}=...)"
-
-
-def regroup(kwargs: dict[str, Any], *, warn: bool = True, where: str = "TrainConfig", stacklevel: int = 3,
-            ) -> dict[str, Any]:
-    """``kwargs`` of a TrainConfig with the flat spellings (:data:`FLAT_NAMES`) moved into their groups
-    (a given group is updated, else its defaults), and the deprecated ``model_overrides`` /
-    ``compute_dtype`` applied to the model. ``warn``: a DeprecationWarning per flat name, naming
-    the new spelling (off for reading recorded configs, which are data, not code)."""
-    out = dict(kwargs)
-    moved: dict[str, dict[str, Any]] = {}
-    for flat in [k for k in out if k in FLAT_NAMES]:
-        group, name = FLAT_NAMES[flat]
-        moved.setdefault(group, {})[name] = out.pop(flat)
-        if warn:
-            warnings.warn(f"{where}({flat}=...) is deprecated; use {new_spelling(flat)} "
-                          f"(read it as config.{group}.{name})", DeprecationWarning, stacklevel=stacklevel)
-    for group, fields in moved.items():
-        base = out.get(group)
-        if base is None:
-            out[group] = GROUPS[group](**fields)
-        elif isinstance(base, dict):
-            out[group] = GROUPS[group](**{**base, **fields})
-        else:
-            out[group] = dataclasses.replace(base, **fields)
-    overrides, dtype = dict(out.pop("model_overrides", None) or {}), out.pop("compute_dtype", None)
-    if overrides or dtype is not None:
-        if warn:
-            warnings.warn(f"{where}(model_overrides=..., compute_dtype=...) is deprecated; pass the model as a "
-                          "MoEConfig: model=get_preset(name, **overrides, dtype=...)", DeprecationWarning,
-                          stacklevel=stacklevel)
-        model = out.get("model", "tiny-ep")
-        if isinstance(model, str):
-            out.setdefault("preset", model)
-            phases = out.get("seq_len_phases", ((0.0, 64),))
-            out["model"] = resolve_model(model, overrides, dtype, tuple(phases))
-        else:
-            # e.g. dataclasses.replace(config, model_overrides=...) on a resolved config: never ignore it
-            wanted = {**overrides, **({"dtype": dtype} if dtype is not None else {})}
-            differ = {k: v for k, v in wanted.items() if getattr(model, k, v) != v}
-            if differ:
-                raise ValueError(
-                    f"model_overrides/compute_dtype {differ} disagree with the resolved model; the model is "
-                    "resolved once, so pass model=<preset name> (or a MoEConfig with these values) to change it")
-    return out
-
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
@@ -321,9 +237,7 @@ class TrainConfig:
     The rest is grouped by concept, each group a dataclass with its own defaults and checks:
     ``optimizer`` (AdamW or MuonH, and the LR schedule), ``checkpoint`` (when state is saved and kept),
     ``stall`` (the pool launcher's watchdog), ``evaluation`` (in training), ``telemetry`` and
-    ``parallelism`` (how the work is spread). The flat keywords of before (``peak_lr=``,
-    ``checkpoint_every_steps=``, ...; :data:`FLAT_NAMES`) still work for one release, with a
-    DeprecationWarning naming the new spelling.
+    ``parallelism`` (how the work is spread).
     """
 
     output_path: str = input_field()
@@ -387,8 +301,8 @@ class TrainConfig:
         if self.evaluation.tasks and isinstance(self.data, SyntheticDataConfig):
             raise ValueError("evaluation.tasks need a run on tokenized text; synthetic tokens have no tokenizer")
         if self.checkpoint.temp_every_minutes is not None and not self.checkpoint.temp_path:
-            raise ValueError("temp_checkpoint_every_minutes needs temp_checkpoint_path (checkpoint.temp_path: a fast "
-                             "local or region-local prefix for the temporary checkpoint)")
+            raise ValueError("checkpoint.temp_every_minutes needs checkpoint.temp_path (a fast local or region-local "
+                             "prefix for the temporary checkpoint)")
         if isinstance(self.model, str):
             object.__setattr__(self, "preset", self.preset or self.model)
         elif not isinstance(self.model, MoEConfig):
@@ -412,44 +326,6 @@ class TrainConfig:
     def transport_schedule(self, default: str) -> TransportSchedule:
         return self.parallelism.transport_schedule(default)
 
-    def checkpoint_policy(self) -> CheckpointPolicy:
-        """Deprecated: the policy is the ``checkpoint`` group itself."""
-        warnings.warn("TrainConfig.checkpoint_policy() is deprecated; read config.checkpoint", DeprecationWarning,
-                      stacklevel=2)
-        return self.checkpoint
-
-    def stall_rule(self) -> StallRule:
-        """Deprecated: the rule is the ``stall`` group itself."""
-        warnings.warn("TrainConfig.stall_rule() is deprecated; read config.stall", DeprecationWarning, stacklevel=2)
-        return self.stall
-
-
-_dataclass_init = TrainConfig.__init__
-
-
-@functools.wraps(_dataclass_init)
-def _train_config_init(self: TrainConfig, *args: Any, **kwargs: Any) -> None:
-    # the flat keywords of before (TrainConfig(peak_lr=...), dataclasses.replace(config, peak_lr=...))
-    _dataclass_init(self, *args, **regroup(kwargs))
-
-
-TrainConfig.__init__ = _train_config_init  # type: ignore[method-assign]
-
-
-def _flat_property(flat: str) -> property:
-    group, name = FLAT_NAMES[flat]
-
-    def get(self: TrainConfig) -> Any:
-        warnings.warn(f"TrainConfig.{flat} is deprecated; read config.{group}.{name}", DeprecationWarning,
-                      stacklevel=2)
-        return getattr(getattr(self, group), name)
-
-    return property(get, doc=f"Deprecated: ``{group}.{name}``.")
-
-
-for _flat in FLAT_NAMES:
-    setattr(TrainConfig, _flat, _flat_property(_flat))
-
 
 def model_at(config: TrainConfig, cfg: MoEConfig, seq_len: int) -> MoEConfig:
     """The model one sequence-length phase runs: ``cfg`` with the phase's remat policy and context
@@ -470,24 +346,7 @@ def context_parallel_at(config: TrainConfig, seq_len: int) -> int:
 def train_config_from_record(record: dict[str, Any]) -> TrainConfig:
     """The :class:`TrainConfig` a run recorded (a checkpoint's config record, or the step's), every
     field read back by the one generic reader (:func:`marin.execution.jsonable.from_jsonable`), so
-    a field added to the config comes back without a change here; in either spelling (see
-    :func:`train_record_in_current_spelling`). Masked secrets read back as ``***``; fields the
-    config no longer has are skipped. ValueError naming the field otherwise."""
+    a field added to the config comes back without a change here. Masked secrets read back as
+    ``***``; fields the config no longer has are skipped. ValueError naming the field otherwise."""
     types = {"data": MixtureConfig | SyntheticDataConfig, "evaluation.sets": tuple[EvalSet, ...]}
-    return from_jsonable(TrainConfig, train_record_in_current_spelling(record), types=types, ignore_unknown=True)
-
-
-
-def train_record_in_current_spelling(record: dict[str, Any]) -> dict[str, Any]:
-    """A recorded TrainConfig in today's field names: grouped (``{"optimizer": {"peak_lr": ...}}``,
-    what runs record now) stays as it is; the flat names runs recorded before TrainConfig was
-    grouped (:data:`FLAT_NAMES`) move into their groups. ``model_overrides`` / ``compute_dtype`` are
-    dropped: the record's ``model`` is the resolved model they were applied to."""
-    out = {k: v for k, v in record.items() if k not in MODEL_KEYWORDS}
-    if isinstance(out.get("pool"), str):  # runs recorded their pool by name before the spec travelled whole
-        out["pool"] = as_pool(out["pool"])
-    for flat in [k for k in out if k in FLAT_NAMES]:
-        group_name, name = FLAT_NAMES[flat]
-        given = out.get(group_name)
-        out[group_name] = {**(given if isinstance(given, dict) else {}), name: out.pop(flat)}
-    return out
+    return from_jsonable(TrainConfig, record, types=types, ignore_unknown=True)

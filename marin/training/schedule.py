@@ -69,10 +69,8 @@ class LRSchedule:
 
 def schedule_from_config(config: dict) -> LRSchedule:
     """The LR schedule of a run from its recorded config (the step's status record or a checkpoint's
-    metadata): peak, warmup, original horizon, final fraction and the re-plans already made. Either
-    spelling of the record: grouped (``config["optimizer"]["peak_lr"]``) or flat, as runs recorded it
-    before TrainConfig was grouped (``config["peak_lr"]``)."""
-    opt = config.get("optimizer") or config
+    metadata): peak, warmup, original horizon, final fraction and the re-plans already made."""
+    opt = config["optimizer"]
     return LRSchedule(
         peak_lr=float(opt["peak_lr"]),
         warmup_steps=int(opt["warmup_steps"]),

@@ -21,9 +21,9 @@ from scipy import stats
 
 from marin.execution.jsonable import to_jsonable
 from marin.training.config import (
+    AdamWConfig,
     CheckpointPolicy,
     Cutover,
-    OptimizerConfig,
     ParallelismConfig,
     SyntheticDataConfig,
     TelemetryConfig,
@@ -54,7 +54,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _run_config(path, **kw) -> TrainConfig:
     base = dict(output_path=str(path), data=SyntheticDataConfig(vocab_size=512), model="tiny-ep", pool="local-cpu",
                 train_steps=4, tokens_per_step=1024, seq_len_phases=((0.0, 32),),
-                optimizer=OptimizerConfig(peak_lr=1e-2, warmup_steps=1),
+                optimizer=AdamWConfig(peak_lr=1e-2, warmup_steps=1),
                 checkpoint=CheckpointPolicy(every_steps=2, every_minutes=None, keep_last=2),
                 telemetry=TelemetryConfig(wandb_project=None, progress_every_s=1e9))
     return TrainConfig(**{**base, **kw})

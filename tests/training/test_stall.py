@@ -34,7 +34,7 @@ def test_step_timeout_is_the_explicit_one_or_ten_times_the_median_with_a_floor()
     assert step_timeout(StallRule(floor_s=1.0), times) == 10 * middle == 205.0
     assert step_timeout(StallRule(floor_s=1.0, factor=3.0), [1.0, 2.0, 3.0, 4.0]) == 3 * (2.0 + 3.0) / 2
     assert step_timeout(StallRule(), [0.1] * 5) == 600.0  # a tiny step: the floor holds
-    with pytest.raises(ValueError, match="stall_timeout_s must be > 0"):
+    with pytest.raises(ValueError, match="stall.timeout_s must be > 0"):
         StallRule(timeout_s=0)
 
 

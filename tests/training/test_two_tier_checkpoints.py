@@ -203,7 +203,7 @@ def test_which_tier_is_due():
     assert without_store.due(11, now=time.monotonic() + 3601) is None
     with pytest.raises(ValueError, match="cannot save a 'temporary' checkpoint"):
         without_store.save_temporary(11, _state(1), {})
-    with pytest.raises(ValueError, match="temp_checkpoint_every_minutes must be > 0"):
+    with pytest.raises(ValueError, match="checkpoint.temp_every_minutes must be > 0"):
         CheckpointPolicy(temp_every_minutes=0)
 
 
@@ -251,7 +251,7 @@ def test_a_run_resumes_from_its_temporary_checkpoint_and_ends_with_none(tmp_path
 def test_the_config_says_what_a_temporary_checkpoint_needs():
     from marin.training.config import SyntheticDataConfig, TrainConfig
 
-    with pytest.raises(ValueError, match="temp_checkpoint_every_minutes needs temp_checkpoint_path"):
+    with pytest.raises(ValueError, match="checkpoint.temp_every_minutes needs checkpoint.temp_path"):
         TrainConfig(output_path="/x", data=SyntheticDataConfig(), checkpoint=CheckpointPolicy(temp_every_minutes=60.0))
 
 

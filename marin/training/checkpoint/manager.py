@@ -108,7 +108,7 @@ class CheckpointPolicy:
         if self.keep_every is not None and self.keep_every <= 0:
             raise ValueError(f"keep_every must be > 0, got {self.keep_every}")
         if self.temp_every_minutes is not None and self.temp_every_minutes <= 0:
-            raise ValueError(f"temp_checkpoint_every_minutes must be > 0, got {self.temp_every_minutes}")
+            raise ValueError(f"checkpoint.temp_every_minutes must be > 0, got {self.temp_every_minutes}")
         if self.every_minutes is not None and self.every_minutes <= 0:
             raise ValueError(f"every_minutes must be > 0 (or None: by steps only), got {self.every_minutes}")
         if self.max_failed_saves < 1:

@@ -286,11 +286,13 @@ def test_marin_harness_cli_writes_lm_evals_results(capsys, trained_run, tasks, t
     ("no_data", "data file"),
     ("unknown", "unknown harness task 'nope'"),
 ])
-def test_harness_bad_task_files_are_one_line(capsys, trained_run, tmp_path, setup, message):
+def test_harness_bad_task_files_are_one_line(capsys, trained_run, tasks, tmp_path, setup, message):
     d = tmp_path / "tasks"
     d.mkdir()
     task = "nope"
-    if setup == "missing_dir":
+    if setup == "unknown":  # among the local tasks the harness tests indexed: that index, not a new one
+        d = tasks
+    elif setup == "missing_dir":
         d = tmp_path / "absent"
     elif setup == "bad_yaml":
         (d / "t.yaml").write_text("task: t\ndataset_path: [json\n")

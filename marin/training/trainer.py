@@ -275,7 +275,7 @@ def build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: 
         (loss, stats), grads = accumulate(jax.value_and_grad(loss_fn, has_aux=True), state["params"],
                                           state["router_bias"], tokens, segment_ids, microbatches=microbatches,
                                           mesh=mesh, top_k=step_cfg.top_k, context_parallel=step_cfg.context_parallel)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"], lr=lr)
         params = jax.tree.map(lambda p, u: (p + u).astype(p.dtype), state["params"], updates)
         bias = update_router_bias(state["router_bias"], jax.lax.stop_gradient(stats), step_cfg)

@@ -466,7 +466,7 @@ def _run_on_ray(runner: _Runner, outcome: dict[str, Outcome]) -> str | None:
             finally:
                 runner._stop_preparing.set()  # from here the loop prepares what is left as it submits
             preparing.join()
-            signals.install()  # ray.init replaced our SIGTERM handler with its own
+            signals.install()  # in case ray.init put its own SIGTERM handler in (ensure_ray leaves it out)
             write_experiment_record(plan, opts, outcome, runner.record_steps)
             runner.loop()
         except KeyboardInterrupt as e:

@@ -49,8 +49,9 @@ def stop_reason(signum: int) -> str:
 class StopSignals:
     """The driver's handlers for :data:`STOP_SIGNALS`: each raises :class:`RunStopped` in the main thread.
 
-    :meth:`install` again after ``ray.init``, which replaces the SIGTERM handler with its own (it
-    would stop the cluster and exit with status 1, leaving RUNNING steps behind). :meth:`deferred`
+    :meth:`install` again after ``ray.init``, in case it put its own SIGTERM handler in (the driver
+    leaves Ray's out, where Ray's helper for it exists: it would exit the process at once, leaving
+    RUNNING steps behind). :meth:`deferred`
     holds signals off while a section must not be cut short (stopping the cluster, recording an
     interruption); the first one that arrived meanwhile is kept in :attr:`received`, and what the
     driver was doing then in :attr:`received_during`."""

@@ -56,6 +56,22 @@ def env_for(tmp_path: Path, **extra: str) -> dict:
             **extra}
 
 
+def start_blocked(tmp_path: Path, runner: list[str], **env: str) -> tuple[subprocess.Popen, Path, Path]:
+    """Run the chain of :func:`write_experiment` with ``runner`` (the command before the file: ``python``,
+    or ``python -m marin.cli run``) into ``tmp_path/store`` and wait until its blocking step has started;
+    returns the process (its own session, stdout and stderr piped), the experiment file and the store."""
+    exp = write_experiment(tmp_path)
+    store, started = tmp_path / "store", tmp_path / "blocked-started"
+    proc = subprocess.Popen([*runner, str(exp), "--prefix", str(store), "--progress", "false"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env=env_for(tmp_path, TEST_BLOCK=str(started), **env), start_new_session=True)
+    deadline = time.time() + 120
+    while not started.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert started.exists(), proc.communicate(timeout=30)
+    return proc, exp, store
+
+
 def write_experiment(tmp_path: Path) -> Path:
     """The chain ``first`` -> ``second`` as an experiment file; with ``TEST_BLOCK`` in its environment the
     step numbered ``TEST_BLOCK_STEP`` (default 2, ``second``) creates that file and blocks once started."""
@@ -114,15 +130,7 @@ def test_unwritable_prefix_is_one_line_before_ray_starts_and_the_cluster_ends_wi
 @pytest.mark.slow  # 85 s on the loaded 2-core VM; SIGTERM takes the same stop path, and its test (interrupted
 # record, released lease, the rerun resuming) stays in the default run: test_signals.py
 def test_ctrl_c_marks_the_running_step_interrupted_and_the_next_run_resumes_it(tmp_path):
-    exp = write_experiment(tmp_path)
-    store, started = tmp_path / "store", tmp_path / "second-started"
-    proc = subprocess.Popen([sys.executable, str(exp), "--prefix", str(store), "--progress", "false"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env=env_for(tmp_path, TEST_BLOCK=str(started)), start_new_session=True)
-    deadline = time.time() + 120
-    while not started.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    assert started.exists(), proc.communicate(timeout=30)
+    proc, exp, store = start_blocked(tmp_path, [sys.executable])
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_run_lifecycle import env_for, run, write_experiment
+from test_run_lifecycle import env_for, run, start_blocked, write_experiment
 
 from marin.execution import ExecutorMainConfig, ExecutorStep, executor_main, this_output_path, versioned
 from marin.execution.failures import StopRequested
@@ -22,16 +22,7 @@ from marin.execution.signals import read_stop_request, request_stop
 
 
 def _start_and_signal(tmp_path, sig: int) -> tuple[subprocess.Popen, str]:
-    exp = write_experiment(tmp_path)
-    store, started = tmp_path / "store", tmp_path / "second-started"
-    proc = subprocess.Popen([sys.executable, "-m", "marin.cli", "run", str(exp), "--prefix", str(store),
-                             "--progress", "false"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env=env_for(tmp_path, TEST_BLOCK=str(started)), start_new_session=True)
-    deadline = time.time() + 120
-    while not started.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    assert started.exists(), proc.communicate(timeout=30)
+    proc, _, _ = start_blocked(tmp_path, [sys.executable, "-m", "marin.cli", "run"])
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=90)
     return proc, err

@@ -199,7 +199,9 @@ def gated(tmp_path_factory):
     snapshot = _snapshot(root / "main")
     pin_checkpoint(str(root / "main"), 2, by=str(root / "branch"))  # what a branch's start writes
     # step times on a shared CPU are not judged here, and a 3-step window's t interval is wide (t = 4.3)
-    gate = GateConfig(run=str(root / "main"), output_path=str(root / "gate"), at_step=2, steps=3,
+    # the arms checkpoint at steps 3 and 5 only (the default cadence, every step here, writes and then
+    # deletes three per arm): a finished arm's removed checkpoints are still checked below
+    gate = GateConfig(run=str(root / "main"), output_path=str(root / "gate"), at_step=2, steps=3, checkpoint_every=3,
                       candidates={"ragged": {"transport": "ragged_capacity"}, "hot": {"optimizer.peak_lr": 1e6}},
                       thresholds=GateThresholds(min_speedup=0.0, max_loss_delta=0.05))
     result = run_gate(gate, use_ray=False)

@@ -132,7 +132,7 @@ def test_marin_checkpoints_lists_sizes_pins_and_what_retention_deletes_next(tmp_
 
     run = tmp_path / "run"
     config = TrainConfig(output_path=str(run), data=SyntheticDataConfig(vocab_size=64),
-                         model=get_preset("tiny", vocab_size=64, n_layers=2),
+                         model=get_preset("tiny", vocab_size=64, n_layers=1),  # one layer: compiles fastest
                          pool="local-cpu-1", train_steps=4, tokens_per_step=128, seq_len_phases=((0.0, 16),),
                          optimizer=AdamWConfig(warmup_steps=1),
                          checkpoint={"every_steps": 1, "every_minutes": None, "keep_last": 3},

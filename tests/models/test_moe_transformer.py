@@ -15,11 +15,12 @@ needs8 = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (fake) devic
 
 
 def setup(name="tiny", batch=8, seq=16, **overrides):
-    """The model, its state and a batch. "tiny" defaults to one layer: XLA drops the layer loop of a
-    one-step scan, so its gradient compiles in about 2/3 of the 4-layer time, and the claims of the
-    tests using it (losses, stats, gradients, remat, bias rules, masks, dtype) do not depend on depth;
-    the local-window layers are tested on their own (test_local_layer_ignores_tokens_outside_window)."""
-    if name == "tiny":
+    """The model, its state and a batch. "tiny" and "tiny-ep" default to one layer: XLA drops the layer
+    loop of a one-step scan, so its gradient compiles in about 2/3 of the 4-layer time, and the claims
+    of the tests using it (losses, stats, gradients, remat, bias rules, masks, dtype, EP transports
+    against the local path, drops) do not depend on depth; the local-window layers are tested on their
+    own (test_local_layer_ignores_tokens_outside_window)."""
+    if name in ("tiny", "tiny-ep"):
         overrides.setdefault("n_layers", 1)
     cfg = get_preset(name, **overrides)
     params = tf.init_params(cfg, jax.random.key(0))

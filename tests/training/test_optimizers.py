@@ -145,7 +145,8 @@ def test_the_hero_with_muonh_fits_every_phase(capsys):
 
 # ---- checkpoints ------------------------------------------------------------------------------------
 def _run_config(path, **kw) -> TrainConfig:
-    base = dict(output_path=str(path), data=SyntheticDataConfig(vocab_size=512), model="tiny", pool="local-cpu-1",
+    base = dict(output_path=str(path), data=SyntheticDataConfig(vocab_size=512), model=get_preset("tiny", n_layers=1),
+                pool="local-cpu-1",
                 train_steps=4, tokens_per_step=128, seq_len_phases=((0.0, 16),),
                 optimizer=MuonHConfig(peak_lr=0.02, adam_lr=3e-3, warmup_steps=1),
                 checkpoint=ckpt.CheckpointPolicy(every_steps=2, every_minutes=None, keep_last=2),

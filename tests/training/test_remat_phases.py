@@ -29,8 +29,9 @@ def _losses(path) -> list[float]:
 
 
 def _config(out, remat_by_seq_len=()) -> TrainConfig:
-    return TrainConfig(output_path=str(out), data=SyntheticDataConfig(vocab_size=512), model="tiny",
-                       pool="local-cpu-1", train_steps=6, tokens_per_step=256, seq_len_phases=((0.0, 16), (0.5, 32)),
+    return TrainConfig(output_path=str(out), data=SyntheticDataConfig(vocab_size=512),
+                       model=get_preset("tiny", n_layers=1), pool="local-cpu-1", train_steps=6, tokens_per_step=256,
+                       seq_len_phases=((0.0, 16), (0.5, 32)),
                        optimizer=AdamWConfig(warmup_steps=1),
                        checkpoint=CheckpointPolicy(every_steps=100, every_minutes=None),
                        telemetry=TelemetryConfig(wandb_project=None, progress_every_s=0.0),

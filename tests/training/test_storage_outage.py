@@ -12,13 +12,15 @@ import fsspec
 import pytest
 
 from marin.execution.retry import StorageUnavailable
+from marin.models.config import get_preset
 from marin.training.config import AdamWConfig, CheckpointPolicy, SyntheticDataConfig, TelemetryConfig, TrainConfig
 from marin.training.metrics import MetricsWriter, read_metrics
 from marin.training.trainer import run_training
 
 
 def _config(path, **kw) -> TrainConfig:
-    base = dict(output_path=str(path), data=SyntheticDataConfig(vocab_size=512), model="tiny", pool="local-cpu-1",
+    base = dict(output_path=str(path), data=SyntheticDataConfig(vocab_size=512), model=get_preset("tiny", n_layers=1),
+                pool="local-cpu-1",
                 train_steps=16, tokens_per_step=128, seq_len_phases=((0.0, 16),), optimizer=AdamWConfig(warmup_steps=1),
                 checkpoint=CheckpointPolicy(every_steps=1000, every_minutes=None, keep_last=2),
                 telemetry=TelemetryConfig(wandb_project=None, progress_every_s=0.0, log_every=1))

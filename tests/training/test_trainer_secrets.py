@@ -7,6 +7,7 @@ import glob
 import os
 import time
 
+from marin.models.config import get_preset
 from marin.training.checkpoint import latest_checkpoint, read_metadata
 from marin.training.config import AdamWConfig, CheckpointPolicy, SyntheticDataConfig, TelemetryConfig, TrainConfig
 from marin.training.trainer import run_training
@@ -23,7 +24,8 @@ class _AuthenticatedData(SyntheticDataConfig):
 
 def test_secret_named_field_is_masked_in_every_file_the_run_writes(tmp_path):
     out = tmp_path / "run"
-    cfg = TrainConfig(output_path=str(out), data=_AuthenticatedData(vocab_size=512), model="tiny", pool="local-cpu-1",
+    cfg = TrainConfig(output_path=str(out), data=_AuthenticatedData(vocab_size=512),
+                      model=get_preset("tiny", n_layers=1), pool="local-cpu-1",
                       train_steps=2, tokens_per_step=128, seq_len_phases=((0.0, 16),),
                       optimizer=AdamWConfig(warmup_steps=1),
                       checkpoint=CheckpointPolicy(every_steps=1, every_minutes=None),

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from marin.models.config import get_preset
 from marin.training import checkpoint as ckpt
 from marin.training.checkpoint import (
     PERMANENT,
@@ -216,7 +217,8 @@ def test_a_run_resumes_from_its_temporary_checkpoint_and_ends_with_none(tmp_path
     from marin.training.metrics import read_metrics
 
     def config(name: str) -> TrainConfig:
-        return TrainConfig(output_path=str(tmp_path / name), data=SyntheticDataConfig(vocab_size=512), model="tiny",
+        return TrainConfig(output_path=str(tmp_path / name), data=SyntheticDataConfig(vocab_size=512),
+                           model=get_preset("tiny", n_layers=1),
                            pool="local-cpu-1", train_steps=8, tokens_per_step=256, seq_len_phases=((0.0, 16),),
                            optimizer=AdamWConfig(warmup_steps=1),
                            checkpoint=CheckpointPolicy(every_steps=4, every_minutes=None, temp_every_minutes=1e-6,

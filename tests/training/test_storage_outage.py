@@ -146,6 +146,9 @@ def test_a_store_outage_past_the_limit_fails_the_save_with_its_cause_and_keeps_t
     from marin.training.checkpoint import CheckpointManager, CheckpointPolicy, CheckpointWriteError, SavesFailing
 
     monkeypatch.setenv("MARIN_STORAGE_RETRY_S", "3")
+    # one botocore attempt per write (as in test_an_outage_past_the_limit_fails_with_the_stores_error):
+    # its own retries of the refused connection only stretch the best-effort ABORT write past the limit
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     policy = CheckpointPolicy(every_steps=1, keep_last=3, max_failed_saves=1)  # the first failure ends it
     mgr = CheckpointManager("s3://outage/short-ckpt", policy)
     mgr.save(1, _sharded_state(1), {"data_step": 1}, blocking=True)

@@ -73,12 +73,14 @@ def _data_input(x: StepOrPath) -> Any:
     return output_path_of(x) if isinstance(x, ExecutorStep) else versioned(str(x))
 
 
-def _step(name: str, fn: Any, config: Any, description: str, *, num_cpus: float = 1, **faults: Any) -> ExecutorStep:
+def _step(name: str, fn: Any, config: Any, description: str, *, num_cpus: float = 1,
+          infra_retries: int | None = None) -> ExecutorStep:
     """A builder's step: ``config`` versioned by its class's rule (``versioned_config``), run by ``fn``
     in a task holding ``num_cpus`` (0 for a step that only waits on the device pool it launches);
-    ``faults``: the step's ``infra_retries`` where it resumes from its own outputs."""
+    ``infra_retries``: the step's own resubmissions after an infrastructure failure, where it resumes
+    from its own outputs (None: the executor's default)."""
     return ExecutorStep(name=name, fn=fn, config=versioned_config(config), description=description,
-                        resources={"num_cpus": num_cpus}, **faults)
+                        resources={"num_cpus": num_cpus}, infra_retries=infra_retries)
 
 
 def default_k40_miniature(

@@ -15,6 +15,7 @@
     marin export RUN_DIR -o DIR                  safetensors shards, config, tokenizer, model card
     marin harness RUN_DIR --tasks T1,T2          EleutherAI lm-evaluation-harness tasks on a run's model
     marin compare RUN_OR_STEP ... [-o FILE]      versioned fields that differ; loss/bpb/grad norm/drops overlaid
+    marin checkpoints RUN_DIR [--prune]          a run's checkpoints: size, tier, pins, damage, what retention deletes
 
 Every command takes --help; status, show and explain take --json for scripts.
 

@@ -39,6 +39,8 @@ def test_top_level_help_lists_every_command(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0 and all(f"    {name}" in out for name in COMMANDS)
+    synopsis = out.split("positional arguments")[0]  # the usage lines above the argparse listing
+    assert not [name for name in COMMANDS if f"    marin {name} " not in synopsis]
     assert main([]) == 2  # no command: the help, and a usage error status
 
 

@@ -19,7 +19,7 @@ from marin.models.config import MoEConfig, flops_per_token
 from marin.review import Step
 from marin.review.gate import GATE_COMPARISON_COLUMNS, gate_comparison
 from marin.review.plots import line_plot
-from marin.review.steps import train_horizon
+from marin.review.steps import TRAIN_STEPS_KEYS, train_horizon
 from marin.textfmt import format_table
 from marin.training.gate import GATE_FILE
 from marin.training.run import Run
@@ -44,8 +44,9 @@ def differing_fields(steps: list[Step]) -> dict[str, list[Any]]:
 
 
 def is_training_run(step: Step) -> bool:
-    """Whether a step trains: it wrote ``metrics.jsonl`` or its config has a training horizon."""
-    return bool(step.metric_records()) or train_horizon(step.config) is not None
+    """Whether a step trains: it wrote ``metrics.jsonl`` or its config has a training horizon of its
+    own (``train_steps``). A step that reads a run (a health report's ``total_steps``) does not train."""
+    return bool(step.metric_records()) or train_horizon(step.config, keys=TRAIN_STEPS_KEYS) is not None
 
 
 def check_one_kind(steps: list[Step]) -> None:

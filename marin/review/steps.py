@@ -136,17 +136,23 @@ def marked_dirs(pattern: str) -> list[str]:
     return sorted({p.rsplit("/", 1)[0] for p in found if p.rsplit("/", 1)[-1] in st.STEP_FILES})
 
 
-def train_horizon(config: Any) -> int | None:
-    """``train_steps`` (or ``total_steps``) of a training config as recorded, wherever it sits."""
+TRAIN_STEPS_KEYS = ("train_steps", "num_train_steps")
+"""The fields that give a training config its own horizon (a step that only reads a run, such as a
+health report, names the run's horizon ``total_steps``)."""
+
+
+def train_horizon(config: Any, keys: tuple[str, ...] = ("train_steps", "total_steps", "num_train_steps")
+                  ) -> int | None:
+    """The first of ``keys`` (``train_steps``, or ``total_steps``) of a config as recorded, wherever it sits."""
     if not isinstance(config, dict):
         return None
-    for key in ("train_steps", "total_steps", "num_train_steps"):
+    for key in keys:
         v = config.get(key)
         if isinstance(v, int) and not isinstance(v, bool):
             return v
     for v in config.values():
         if isinstance(v, dict):
-            found = train_horizon(v)
+            found = train_horizon(v, keys)
             if found is not None:
                 return found
     return None

@@ -196,3 +196,20 @@ def build_fanout(prefix: str, n: int) -> None:
         _finish(ps, lease, rec)
     write_experiment_record(plan, RunOptions(prefix=prefix, script="fan.py"),
                             {s.output_path: "succeeded" for s in plan.steps})
+
+
+def build_health(prefix: str, run_path: str, total_steps: int) -> str:
+    """A succeeded health-report step of the training run at ``run_path`` (its real step function
+    writes health.json from the run's metrics); its directory. Its config names the run's horizon
+    ``total_steps``, as ``default_health_report`` does."""
+    from marin.monitoring.health import HealthReportConfig, health_report_step
+
+    step = ExecutorStep("small/health", health_report_step,
+                        HealthReportConfig(run_path=run_path, output_path=this_output_path(),
+                                           total_steps=versioned(total_steps)))
+    plan = plan_steps([step], prefix)
+    ps = plan.planned(step)
+    lease, rec = _succeed(ps, plan)
+    health_report_step(resolve_config(ps, plan))
+    _finish(ps, lease, rec)
+    return ps.output_path

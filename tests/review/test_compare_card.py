@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from review_fixtures import build_small
+from review_fixtures import build_health, build_small
 
 from marin.cli import main
 from marin.execution.experiment_record import write_experiment_record
@@ -98,5 +98,18 @@ def test_compare_shows_plain_values_and_refuses_a_step_that_does_not_train(capsy
     assert main(["compare", "small/train", "small/eval", "--prefix", prefix]) == 2
     err = capsys.readouterr()[1]
     assert err.startswith("marin: error: [2] small/eval-") and err.count("\n") == 1
+    assert err.rstrip().endswith(": not a training run (no metrics.jsonl, no train_steps in its config); compare "
+                                 "training runs with training runs")
+
+
+def test_compare_refuses_a_health_step_beside_its_run_in_one_line(capsys, tmp_path):
+    """A health report's config names the run's horizon (``total_steps``) but it trains nothing."""
+    prefix = str(tmp_path / "store")
+    fx = build_small(prefix)
+    health_dir = build_health(prefix, fx["paths"]["small/train"], 60)
+    assert main(["compare", "small/train", health_dir, "--prefix", prefix]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("marin: error: [2] small/health-") and "health_report_step" in err
     assert err.rstrip().endswith(": not a training run (no metrics.jsonl, no train_steps in its config); compare "
                                  "training runs with training runs")

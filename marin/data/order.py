@@ -491,7 +491,9 @@ def domain_coverage(rows: Sequence[dict], order: str = CURRENT_ORDER) -> list[di
         e = drawn / n if n else 0.0
         out.append({"domain": d, "train_tokens": n, "drawn_tokens": drawn, "epochs": e, "seen": seen,
                     "repeated": rep, "max_epochs": max(r["epochs"] for r in rs),
-                    "warning": any(r["warning"] for r in rs)})
+                    "warning": any(r["warning"] for r in rs),
+                    # the domain's mean can sit under the limit while one of its sources is far past it
+                    "warned_sources": [{"source": r["source"], "epochs": r["epochs"]} for r in rs if r["warning"]]})
     return out
 
 
@@ -522,7 +524,7 @@ def format_coverage(rows: Sequence[dict], order: str, what: str, per_domain: int
     drawn = sum(r["drawn_tokens"] for r in rows)
     seen = sum(r["seen"] * r["train_tokens"] for r in rows) / n if n else 0.0
     rep = sum(r["repeated"] * r["train_tokens"] for r in rows) / n if n else 0.0
-    max_e = max((r["epochs"] for r in rows), default=0.0)
+    max_e = max((r.get("max_epochs", r["epochs"]) for r in rows), default=0.0)  # a domain's most-read source
     lines = [f"data coverage ({what}, order {order}):",
              f"  reads {_t(drawn)} of {_t(n)} training tokens ({drawn / n if n else 0:.2f} epochs): "
              f"{seen:.1%} of the tokens seen, {rep:.1%} seen more than once"]
@@ -540,8 +542,24 @@ def format_coverage(rows: Sequence[dict], order: str, what: str, per_domain: int
                      f"  ({_t(r['drawn_tokens'])} of {_t(r['train_tokens'])})")
     if per_domain is not None and len(shown) > per_domain:
         lines.append(f"  ... {len(shown) - per_domain} more, the least read at {shown[-1]['epochs']:.2f} epochs")
-    for r in rows:
-        if r["warning"]:
-            lines.append(f"  warning: {r[key]} is read {r['epochs']:.1f} epochs (more than "
-                         f"{REPEAT_WARNING_EPOCHS:g}: repeated data is worth much less beyond that)")
+    lines += [f"  warning: {w}" for w in repeat_warnings(rows)]
     return "\n".join(lines)
+
+
+def repeat_warnings(rows: Sequence[dict]) -> list[str]:
+    """One line per source read more than :data:`REPEAT_WARNING_EPOCHS` epochs, naming that source and
+    its epochs (a domain row names the sources that fired it, with the domain's mean beside them: the
+    mean alone can sit under the limit)."""
+    out = []
+    limit = f"more than {REPEAT_WARNING_EPOCHS:g}: repeated data is worth much less beyond that"
+    for r in rows:
+        if not r["warning"]:
+            continue
+        if "domain" not in r:
+            out.append(f"{r['source']} is read {r['epochs']:.1f} epochs ({limit})")
+            continue
+        fired = r.get("warned_sources") or [{"source": r["domain"], "epochs": r["max_epochs"]}]  # an older record
+        for w in fired:
+            mean = "" if w["source"] == r["domain"] else f"; its domain {r['domain']} {r['epochs']:.1f} on average"
+            out.append(f"{w['source']} is read {w['epochs']:.1f} epochs ({limit}{mean})")
+    return out

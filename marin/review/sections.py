@@ -9,6 +9,7 @@ import json
 import math
 from typing import Any
 
+from marin.data.order import format_coverage, repeat_warnings
 from marin.monitoring.health import format_report
 from marin.review.plots import line_plot
 from marin.textfmt import format_table
@@ -238,6 +239,68 @@ def mixture_html(rep: dict[str, Any]) -> str:
                        f"<td class=num>{num(s.get('train_tokens'))}<td class=num>{num(s.get('epochs'))}"
                        for s in sorted(srcs, key=lambda s: -s["share"]))
             out.append("</table></details>")
+    if has_coverage(rep):
+        out.append(coverage_html(rep["coverage"]))
+    return "".join(out)
+
+
+COVERAGE_COLUMNS = ("epochs", "seen", "repeated", "read tokens", "training tokens")
+"""What a coverage row says: epochs over the run, the share of the tokens seen at least once and
+seen more than once, the tokens the run reads and the tokens there are."""
+
+
+def _coverage_cells(r: dict[str, Any]) -> tuple[str, ...]:
+    return (f"{r['epochs']:.2f}", f"{100 * r['seen']:.1f}%", f"{100 * r['repeated']:.1f}%",
+            f"{r['drawn_tokens']:,.0f}", f"{r['train_tokens']:,.0f}")
+
+
+def has_coverage(rep: Any) -> bool:
+    """A mixture report written with the run's planned tokens (it then says what the run reads)."""
+    return isinstance(rep, dict) and isinstance(rep.get("coverage"), dict) and bool(rep["coverage"].get("domains"))
+
+
+def mixture_coverage(rep: dict[str, Any]) -> dict[str, Any]:
+    """What ``marin show --json`` keeps of a mixture report's coverage: all of it (order, planned
+    tokens, one row per domain and per source, the repeat warnings)."""
+    return rep["coverage"]
+
+
+def coverage_text(cov: dict[str, Any], most_read_sources: int = 12) -> str:
+    """The run's data coverage (:func:`mixture_coverage`): totals, every domain, the
+    ``most_read_sources`` sources read most, and a warning per source past the repeat limit."""
+    domains, sources = cov["domains"], cov.get("sources") or []
+    out = [format_coverage(domains, cov["order"], f"{len(domains)} domains, {len(sources)} sources; "
+                           f"{cov.get('total_tokens', 0):,} planned tokens, mixture_report.json", per_domain=None)]
+    shown = sorted(sources, key=lambda r: -r["epochs"])[:most_read_sources]
+    if shown:
+        out.append(f"  sources read most ({len(shown)} of {len(sources)}):")
+        out.append(format_table(("source", *COVERAGE_COLUMNS), [(r["source"], *_coverage_cells(r)) for r in shown],
+                                right=(1, 2, 3, 4, 5), rule=False, indent="    "))
+    return "\n".join(out)
+
+
+def coverage_html(cov: dict[str, Any]) -> str:
+    """The report's data coverage of a mixture: per domain and (folded) per source, how much of it
+    the planned run reads and how much more than once, and the repeat warnings by source."""
+    head = "".join(f"<th>{esc(c)}" for c in COVERAGE_COLUMNS)
+
+    def table(rows: list[dict[str, Any]], key: str) -> str:
+        body = "".join(f"<tr><td>{esc(r[key])}" + "".join(f"<td class=num>{esc(c)}" for c in _coverage_cells(r))
+                       for r in sorted(rows, key=lambda r: -r["epochs"]))
+        return f"<table><tr><th>{key}{head}{body}</table>"
+
+    domains, sources = cov["domains"], cov.get("sources") or []
+    n = sum(r["train_tokens"] for r in domains)
+    drawn = sum(r["drawn_tokens"] for r in domains)
+    seen = sum(r["seen"] * r["train_tokens"] for r in domains) / n if n else 0.0
+    rep = sum(r["repeated"] * r["train_tokens"] for r in domains) / n if n else 0.0
+    out = [f"<h3>data coverage (order {esc(cov.get('order'))})</h3><p>the planned {num(cov.get('total_tokens'))} "
+           f"tokens read {drawn:,.0f} of {n:,.0f} training tokens ({drawn / n if n else 0:.2f} epochs): "
+           f"{100 * seen:.1f}% of them seen, {100 * rep:.1f}% seen more than once</p>"]
+    out += [f'<p class="alert">warning: {esc(w)}</p>' for w in repeat_warnings(domains)]
+    out.append(table(domains, "domain"))
+    if sources:
+        out.append(f"<details><summary>per source ({len(sources)})</summary>{table(sources, 'source')}</details>")
     return "".join(out)
 
 
@@ -253,6 +316,13 @@ def manifest_html(man: dict[str, Any]) -> str:
     if bad:
         out.append("<table><tr><th>source<th>skipped")
         out.extend(f"<tr><td>{esc(n)}<td>{esc(json.dumps(s['skipped']))}" for n, s in bad)
+        out.append("</table>")
+    files = man.get("skipped_files") or []
+    out.append(f"<p>corrupt files skipped: {len(files) or 'none'}</p>")
+    if files:
+        out.append("<table><tr><th>input file<th>source<th>why")
+        out.extend(f"<tr><td>{esc(f.get('input_file'))}<td>{esc(f.get('source'))}<td>{esc(f.get('reason'))}"
+                   for f in files)
         out.append("</table>")
     return "".join(out)
 
@@ -342,18 +412,24 @@ def mixture_text(stages: list[dict[str, Any]]) -> str:
 
 
 def token_store(man: dict[str, Any]) -> dict[str, Any]:
-    """What ``marin show --json`` keeps of a token store's manifest: totals, skipped documents by source."""
+    """What ``marin show --json`` keeps of a token store's manifest: totals, skipped documents by
+    source, and the corrupt input files the corrupt-input policy left out of the store (with why)."""
     return {"totals": man["totals"],
-            "skipped_by_source": {n: s["skipped"] for n, s in (man.get("sources") or {}).items() if s.get("skipped")}}
+            "skipped_by_source": {n: s["skipped"] for n, s in (man.get("sources") or {}).items() if s.get("skipped")},
+            "skipped_files": man.get("skipped_files") or []}
 
 
 def token_store_text(store: dict[str, Any]) -> str:
-    """A token store (:func:`token_store`) in one line, then the sources that skipped documents."""
+    """A token store (:func:`token_store`) in one line, then the sources that skipped documents and
+    each corrupt input file left out of the store (a store can be complete and still miss a file)."""
     t = store["totals"]
     skipped = ", ".join(f"{k} {v}" for k, v in (t.get("skipped") or {}).items()) or "none"
+    files = store.get("skipped_files") or []
     lines = [f"token store (manifest.json): {t.get('documents', 0):,} documents, {t.get('tokens', 0):,} tokens "
-             f"from {t.get('files', 0)} files; skipped documents: {skipped} ({t.get('skipped_bytes', 0):,} bytes)"]
+             f"from {t.get('files', 0)} files; skipped documents: {skipped} ({t.get('skipped_bytes', 0):,} bytes); "
+             f"corrupt files skipped: {len(files) or t.get('skipped_files') or 'none'}"]
     lines += [f"  {source}: skipped {json.dumps(counts)}" for source, counts in store["skipped_by_source"].items()]
+    lines += [f"  corrupt file skipped: {f.get('input_file')} ({f.get('source')}): {f.get('reason')}" for f in files]
     return "\n".join(lines)
 
 

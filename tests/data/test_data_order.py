@@ -340,7 +340,13 @@ def test_coverage_against_simulation_and_by_hand():
     dom = {d["domain"]: d for d in domain_coverage(rows)}
     assert dom["a"]["seen"] == pytest.approx((500 + 3000) / 4000) and dom["b"]["warning"]
     text = format_coverage(domain_coverage(rows), WITHOUT_REPLACEMENT_V1, "test")
-    assert "warning: b is read 5.5 epochs" in text
+    assert "warning: b/q1 is read 5.5 epochs" in text
+    # a domain whose mean is under the limit names the source that is past it, with its own epochs
+    skewed = coverage({"c/q1": 1000, "c/q5": 100}, {"c/q1": 1000, "c/q5": 470})
+    (line,) = [x for x in format_coverage(domain_coverage(skewed), WITHOUT_REPLACEMENT_V1, "test").splitlines()
+               if "warning" in x]
+    assert line == ("  warning: c/q5 is read 4.7 epochs (more than 4: repeated data is worth much less beyond "
+                    "that; its domain c 1.3 on average)")
     # with replacement: Poisson visits, checked against a simulation
     rng = np.random.default_rng(0)
     n, e = 20_000, 0.78

@@ -3,6 +3,7 @@
 Write one HTML file (no network access needed to open it): the DAG coloured by status, a step table,
 results (health, evaluation, ladder fits), and per step its config, inputs, files, plots and errors.
 Give an experiment file, or a --prefix (every experiment record under it, or one with --experiment NAME).
+``-o`` names the file; an existing directory (or a path ending in ``/``) gets ``report.html`` in it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--experiment", dest="name",
                         help="with --prefix: the experiment record to report (e.g. quickstart)")
     parser.add_argument("-o", "--output", default="report.html",
-                        help="where to write the report (default: report.html)")
+                        help="where to write the report (default: report.html; a directory: DIR/report.html)")
 
 
 def run(args: argparse.Namespace) -> int:

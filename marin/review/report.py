@@ -400,11 +400,32 @@ def render(exp: Experiment) -> str:
             + f"<h2>Step details</h2>{sections}</main><script>{SCRIPT}</script></body></html>")
 
 
-def write_report(exp: Experiment, path: str) -> str:
-    """Write the report to ``path`` (local or object store) atomically; returns the path."""
-    text = render(exp)
+REPORT_FILE = "report.html"
+"""The report's name in a directory given as its output (as ``cp FILE DIR/`` names the copy)."""
+
+
+def report_path(path: str) -> str:
+    """Where a report given ``path`` goes: ``path`` itself, or ``path/report.html`` when ``path`` is
+    an existing directory or ends with ``/``. ValueError (one line) when a file stands where a folder
+    of the path must be."""
+    if path.endswith("/") or (storage.is_local(path) and os.path.isdir(path)):
+        path = f"{path.rstrip('/')}/{REPORT_FILE}"
     if storage.is_local(path):
         path = os.path.abspath(path)
+        parent = os.path.dirname(path)
+        while parent and not os.path.exists(parent):
+            parent = os.path.dirname(parent) if os.path.dirname(parent) != parent else ""
+        if parent and not os.path.isdir(parent):
+            raise ValueError(f"cannot write the report to {path}: {parent} is a file, not a folder")
+    return path
+
+
+def write_report(exp: Experiment, path: str) -> str:
+    """Write the report to ``path`` (local or object store; a directory gets ``report.html``)
+    atomically; returns the path written."""
+    path = report_path(path)
+    text = render(exp)
+    if storage.is_local(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
     storage.write_text(path, text)
     return path
@@ -450,4 +471,4 @@ def experiment_from_steps(name: str, step_paths: list[str], prefix: str | None =
 def report_step(config: ReportConfig) -> str:
     """Write ``report.html`` for the given steps into the step's output (the ``default_report`` step)."""
     exp = experiment_from_steps(config.name, config.step_paths, description=config.description)
-    return write_report(exp, f"{config.output_path}/report.html")
+    return write_report(exp, f"{config.output_path}/{REPORT_FILE}")

@@ -168,3 +168,21 @@ def test_report_command_writes_one_file(small_experiment, tmp_path, capsys, monk
     assert "no experiment record 'nope'" in capsys.readouterr().err
     assert marin(["report", "--prefix", str(tmp_path / "void"), "-o", str(out)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_report_into_an_existing_directory_writes_report_html_there(small_experiment, tmp_path, capsys):
+    """``-o DIR`` behaves like ``cp FILE DIR``: the report is DIR/report.html (not an IsADirectoryError)."""
+    prefix, _ = small_experiment
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    assert marin(["report", "--prefix", prefix, "-o", str(folder)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {folder}/report.html (9 steps")
+    assert (folder / "report.html").read_text().startswith("<!DOCTYPE html>")
+    assert marin(["report", "--prefix", prefix, "-o", f"{tmp_path}/new/"]) == 0  # a path ending in / is a folder
+    assert (tmp_path / "new" / "report.html").is_file()
+    (tmp_path / "afile").write_text("x")
+    assert marin(["report", "--prefix", prefix, "-o", str(tmp_path / "afile" / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"marin: error: cannot write the report to {tmp_path}/afile/r.html: {tmp_path}/afile is a file, "
+                   "not a folder\n")
+    assert (tmp_path / "afile").read_text() == "x"

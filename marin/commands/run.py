@@ -23,7 +23,8 @@ import sys
 
 from marin.commands.options import add_pools, use_pools
 from marin.execution.cluster import local_cluster_with_nodes
-from marin.execution.main import ExecutorMainConfig
+from marin.execution.errors import without_launch_frames
+from marin.execution.main import ExecutorMainConfig, executor_main_calls
 from marin.pools import get_pool, simulated_nodes, simulated_pool_note
 from marin.review.experiment_file import ExperimentFileError, check_experiment_file
 
@@ -57,12 +58,24 @@ def run(args: argparse.Namespace) -> int:
         return 2
     sys.argv = [path, *args.flags]
     sys.path.insert(0, os.path.dirname(path))
-    if not nodes:
-        runpy.run_path(path, run_name="__main__")
-        return 0
-    print(f"marin run: {simulated_pool_note(get_pool(args.pool))}", file=sys.stderr, flush=True)
-    with local_cluster_with_nodes(nodes):  # the executor joins it (a cluster is up) and leaves it to us to stop
-        runpy.run_path(path, run_name="__main__")
+    calls = executor_main_calls()
+    try:
+        if not nodes:
+            runpy.run_path(path, run_name="__main__")
+        else:
+            print(f"marin run: {simulated_pool_note(get_pool(args.pool))}", file=sys.stderr, flush=True)
+            with local_cluster_with_nodes(nodes):  # the executor joins it (a cluster is up) and leaves it to us
+                runpy.run_path(path, run_name="__main__")
+    except Exception as e:  # the file's error, shown from its own first frame (or as one line: excepthook)
+        if os.environ.get("MARIN_TRACEBACK"):
+            raise
+        tb = without_launch_frames(e.__traceback__, path)
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        return 1
+    if executor_main_calls() == calls:
+        print(f"marin: error: {args.experiment} ran to its end without calling executor_main(steps=[...]), so no "
+              "step ran; call it at the bottom of the file, under `if __name__ == \"__main__\":`", file=sys.stderr)
+        return 1
     return 0
 
 

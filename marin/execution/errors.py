@@ -7,13 +7,17 @@ The entry points install it: ``marin`` (:func:`marin.cli.main`) and, for ``pytho
 :mod:`marin.execution` when :func:`running_a_script` (never in a library, notebook or test run).
 A ``ValueError`` that a library function raised for a declaration at the top level of the experiment
 file (``default_train(...)`` with a batch its pool cannot split, a step that does not fit) is an
-experiment-file mistake too, printed the same way, as ``marin explain`` prints it. Every other
-exception keeps Python's usual report; ``MARIN_TRACEBACK=1`` shows the full traceback.
+experiment-file mistake too, printed the same way, as ``marin explain`` prints it, and so are a call
+at the file's top level whose arguments do not fit (a misspelt keyword) and a syntax error in the
+file (:func:`file_mistake_line`). Every other exception keeps Python's usual report, from the file's
+first frame on under ``marin run`` (:func:`without_launch_frames`); ``MARIN_TRACEBACK=1`` shows the
+full traceback.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 from types import TracebackType
@@ -77,16 +81,56 @@ def declaration_location(tb: TracebackType | None, script: str | None) -> str | 
     return f"{frame.filename if rel.startswith('..') else rel}:{frame.lineno}"
 
 
+def _shown(path: str) -> str:
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+BINDING_ERROR = re.compile(r"got an unexpected keyword argument|missing \d+ required|takes \d+ positional|"
+                           r"got multiple values for argument")
+"""Python's words for a call whose arguments do not fit the function (a misspelt keyword, a field left out)."""
+
+
+def file_mistake_line(exc: BaseException, tb: TracebackType | None, script: str | None) -> str | None:
+    """The one line an experiment-file mistake is shown as (``marin: error: <message> (at exp.py:12)``),
+    or None for an error that keeps its traceback (the file's own code raised it, or a step failed).
+
+    The mistakes: an executor refusal (:func:`user_error_types`), anywhere; a ``ValueError`` a library
+    function raised for a top-level declaration of ``script`` (a config field's check, a batch the pool
+    cannot split); a call of that top level whose arguments do not fit (a misspelt keyword: Python's
+    ``TypeError``, which names it and suggests the spelling); a syntax error in a file outside marin."""
+    if isinstance(exc, user_error_types()):
+        where = user_location(tb)
+        return f"marin: error: {exc}" + (f" (at {where})" if where else "")
+    if isinstance(exc, SyntaxError) and exc.filename and os.path.isfile(exc.filename) \
+            and not os.path.abspath(exc.filename).startswith(_PACKAGE_DIR + os.sep):
+        return f"marin: error: {exc.msg} (at {_shown(exc.filename)}:{exc.lineno})"
+    if isinstance(exc, ValueError) and (where := declaration_location(tb, script)):
+        first, _, rest = str(exc).partition("\n")  # a message with a table: the place on its first line
+        return f"marin: error: {first} (at {where})" + (f"\n{rest}" if rest else "")
+    if type(exc) is TypeError and BINDING_ERROR.search(str(exc)) and script:
+        frames = traceback.extract_tb(tb)
+        last = frames[-1] if frames else None
+        if last is not None and last.name == "<module>" and os.path.abspath(last.filename) == os.path.abspath(script):
+            return f"marin: error: {exc} (at {_shown(last.filename)}:{last.lineno})"
+    return None
+
+
+def without_launch_frames(tb: TracebackType | None, script: str) -> TracebackType | None:
+    """``tb`` from the experiment file's first frame on: the frames above it are marin's launcher
+    (``marin run``, runpy), not the user's; None when the file never ran (it does not compile)."""
+    script = os.path.abspath(script)
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
+        tb = tb.tb_next
+    return tb
+
+
 def excepthook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None,
                _previous=sys.excepthook) -> None:
     if not os.environ.get("MARIN_TRACEBACK"):
-        if issubclass(kind, user_error_types()):
-            where = user_location(tb)
-            print(f"marin: error: {exc}" + (f" (at {where})" if where else ""), file=sys.stderr)
-            return
-        if issubclass(kind, ValueError) and (where := declaration_location(tb, sys.argv[0] if sys.argv else None)):
-            first, _, rest = str(exc).partition("\n")  # a message with a table: the place on its first line
-            print(f"marin: error: {first} (at {where})" + (f"\n{rest}" if rest else ""), file=sys.stderr)
+        line = file_mistake_line(exc, tb, sys.argv[0] if sys.argv else None)
+        if line is not None:
+            print(line, file=sys.stderr)
             return
     _previous(kind, exc, tb)
 

@@ -13,7 +13,7 @@ from marin.execution.errors import ExecutorError, ExecutorInterrupted
 from marin.execution.executor import run_plan
 from marin.execution.hashing import UnhashableConfigError
 from marin.execution.jsonable import mask_text
-from marin.execution.options import ExecutorMainConfig, RunOptions
+from marin.execution.options import ExecutorMainConfig, FlagError, RunOptions, check_flags
 from marin.execution.outcome import RunResult
 from marin.execution.plan import PlanError, plan_steps
 from marin.execution.prefix import DEFAULT_PREFIX, resolve_prefix
@@ -46,14 +46,20 @@ def _extract_run_only(argv: list[str], flag: str = "--run_only") -> tuple[list[s
 
 
 def parse_executor_args(argv: Sequence[str]) -> ExecutorMainConfig:
+    """The executor flags of ``argv``, checked (:func:`marin.execution.options.check_flags`); a value
+    that does not parse (``--dry_run maybe``) or cannot be used (``--max_concurrent 0``) is a
+    :class:`~marin.execution.options.FlagError` in one line naming the flag."""
     rest, run_only = _extract_run_only(list(argv))
     rest, retry_failed = _extract_run_only(rest, "--retry_failed")
-    config = draccus.parse(config_class=ExecutorMainConfig, args=rest)
+    try:
+        config = draccus.parse(config_class=ExecutorMainConfig, args=rest)
+    except draccus.utils.DecodingError as e:  # draccus's message names the field in backquotes
+        raise FlagError(f"--{'.'.join(map(str, e.key_path))}: {' '.join(str(e.message).split())}") from None
     if run_only is not None:
         config.run_only = run_only
     if retry_failed is not None:
         config.retry_failed = retry_failed
-    return config
+    return check_flags(config)
 
 
 def _script_name() -> str:
@@ -95,6 +101,14 @@ class ExperimentLoaded(BaseException):
 _capturing = False
 _script_calls: list[str] = []
 """Where ``executor_main`` was called from, in command-line mode, in this process (one call per file)."""
+_calls = 0
+"""How many times ``executor_main`` was called in this process, in any mode."""
+
+
+def executor_main_calls() -> int:
+    """How many times :func:`executor_main` was called in this process: ``marin run`` says so when a
+    file ran to its end without calling it (no step ran, which would otherwise pass silently)."""
+    return _calls
 
 
 @contextlib.contextmanager
@@ -143,6 +157,8 @@ def executor_main(
     versioned): written to the experiment record and shown at the top of ``marin report`` next to
     the outcome.
     """
+    global _calls
+    _calls += 1
     card = experiment_card(hypothesis, goal, risks, contingency)
     description = mask_text(description) if description else description  # as the card: one masking for both
     if _capturing:
@@ -155,8 +171,8 @@ def executor_main(
                   "pass every step to one call: executor_main(steps=[...])", file=sys.stderr)
             raise SystemExit(1)
         _script_calls.append(here)
-        config = parse_executor_args(sys.argv[1:] if argv is None else argv)
     try:
+        config = parse_executor_args(sys.argv[1:] if argv is None else argv) if from_cli else check_flags(config)
         if not steps:
             raise PlanError("executor_main() got no steps; pass steps=[...]")
         plan = plan_steps(list(steps), resolve_prefix(config.prefix))
@@ -178,7 +194,7 @@ def executor_main(
                 raise SystemExit(128 + outer.received)
         else:
             result = run_plan(plan, opts)
-    except (PlanError, InvalidStepError, UnhashableConfigError, ExecutorError) as e:
+    except (PlanError, InvalidStepError, UnhashableConfigError, ExecutorError, FlagError) as e:
         if not from_cli:
             raise
         if isinstance(e, ExecutorInterrupted):

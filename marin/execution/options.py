@@ -5,9 +5,15 @@ the script that runs it, its name among the experiment's records)."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 
 from marin.execution.experiment_record import new_run_id
 from marin.execution.lease import DEFAULT_TTL_S
+
+
+class FlagError(ValueError):
+    """An executor flag with a value no run can use; the message is one line naming the flag."""
 
 
 @dataclasses.dataclass
@@ -44,6 +50,33 @@ class ExecutorMainConfig:
     repair_records: bool = False
     """Rebuild status records that cannot be read (torn, truncated) where that is safe, and say how
     (off by default: the run stops and lists them, since their outputs may be complete)."""
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_flags(flags: ExecutorMainConfig) -> ExecutorMainConfig:
+    """``flags`` if every flag holds a value a run can use, else :class:`FlagError` in one line naming
+    the flag. Checked before anything is planned: ``--max_concurrent 0`` or ``-1`` would otherwise
+    submit no step and wait forever, a regex that does not compile would fail only after the
+    statuses were read, and a lease that lives 0 seconds is lost as soon as it is taken."""
+    if flags.max_concurrent is not None and not (_count(flags.max_concurrent) and flags.max_concurrent >= 1):
+        raise FlagError(f"--max_concurrent must be a whole number >= 1 (or left out: as many as Ray's resources "
+                        f"allow), got {flags.max_concurrent!r}")
+    if flags.infra_retries is not None and not (_count(flags.infra_retries) and flags.infra_retries >= 0):
+        raise FlagError(f"--infra_retries must be a whole number >= 0 (or left out: each step's own), "
+                        f"got {flags.infra_retries!r}")
+    ttl = flags.lease_ttl
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not (math.isfinite(ttl) and ttl > 0):
+        raise FlagError(f"--lease_ttl must be a finite number of seconds > 0, got {ttl!r}")
+    for flag in ("run_only", "retry_failed"):
+        for pattern in getattr(flags, flag) or ():
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise FlagError(f"--{flag} {pattern!r} is not a regular expression: {e}") from None
+    return flags
 
 
 @dataclasses.dataclass(kw_only=True)

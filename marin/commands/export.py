@@ -5,8 +5,10 @@ float32), model.safetensors.index.json (the Hugging Face sharded layout), config
 model config, marin's version, the run's lineage), tokenizer.json, reference_forward.py (the model in
 numpy alone) and README.md (a model card). The checkpoint is streamed, slice by slice, without JAX;
 --processes N writes shards from N processes, and an interrupted export, rerun, continues. A
-non-empty output directory is refused unless --overwrite. --dry-run says what it would write and
-hold. See docs/use.md.
+non-empty output directory is refused unless --overwrite, which writes the new export beside it and
+replaces it only once complete (a failed export leaves the old one as it was); an output that is,
+holds or lies inside the run, or any step's output, is refused. --dry-run says what it would write
+and hold. See docs/use.md.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from marin.inference.export import (
     DEFAULT_DTYPE,
     DEFAULT_MAX_SHARD_BYTES,
     ExportError,
+    check_destination,
     export_checkpoint,
     export_estimate,
     model_readers,
@@ -38,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_arguments(p)
     p.add_argument("-o", "--output", required=True, help="directory to write (local, s3://, gs://; must be empty "
                    "or new, or hold an unfinished export to continue)")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory (once the new "
+                   "export is complete; never the run itself or another step's output)")
     p.add_argument("--max-shard-size", type=options.positive_int, default=DEFAULT_MAX_SHARD_BYTES,
                    help=f"bytes per safetensors shard (default {DEFAULT_MAX_SHARD_BYTES})")
     p.add_argument("--dtype", choices=EXPORT_DTYPES, default=DEFAULT_DTYPE,
@@ -70,6 +74,7 @@ def _dry_run(args: argparse.Namespace) -> int:
                                      max_shard_bytes=args.max_shard_size, processes=args.processes, remote=remote)
 
     step, (_, est) = load_verified_checkpoint(args.run, args.step, estimate)
+    check_destination(args.output, args.run)
     try:
         fs, root = fsspec.core.url_to_fs(args.output)
         busy = fs.isdir(root) and fs.ls(root, detail=False)

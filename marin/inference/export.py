@@ -40,7 +40,7 @@ from marin.evaluation.sets import run_tokenizer_path
 from marin.execution.experiment_record import experiment_record_paths, read_experiment_record
 from marin.execution.failures import disk_full_error
 from marin.execution.plan import CREDENTIALS_HELP, url_credentials_masked
-from marin.inference.run import load_verified_checkpoint
+from marin.inference.run import RunLoadError, committed_run_steps, load_verified_checkpoint
 from marin.models import numpy_forward
 from marin.models.config import count_params
 from marin.models.exported import (
@@ -95,20 +95,29 @@ def marin_version() -> str:
         return "unknown"
 
 
-def check_output_dir(out_dir: str, overwrite: bool) -> None:
+def check_output_dir(out_dir: str, overwrite: bool, source: str | None = None) -> str:
+    """Where :func:`export_model` writes (local disk): ``out_dir`` when it is new or empty, its staging
+    sibling when ``overwrite`` replaces what is there (swapped in by :func:`swap_in` once complete)."""
     if os.path.isfile(out_dir):
         raise ExportError(f"{out_dir} is a file: give a directory to export into")
+    check_destination(out_dir, source)
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         if not overwrite:
             raise ExportError(f"{out_dir} is not empty: choose a new directory or pass --overwrite to replace it")
-        shutil.rmtree(out_dir)
+        staging = sibling(out_dir, STAGING_SUFFIX)
+        if os.path.isdir(staging):
+            shutil.rmtree(staging)
+        return staging
+    return out_dir
 
 
 def export_model(params, router_bias, cfg, out_dir: str, *, tokenizer_path: str | None = None,
                  lineage: dict[str, Any] | None = None, overwrite: bool = False,
                  max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> dict[str, Any]:
-    """Write an export directory; returns ``{"dir", "shards", "tensors", "total_size"}``."""
-    check_output_dir(out_dir, overwrite)
+    """Write an export directory; returns ``{"dir", "shards", "tensors", "total_size"}``. A non-empty
+    ``out_dir`` is replaced (``overwrite``) only once the new export is complete: see :func:`swap_in`."""
+    final_dir = out_dir
+    out_dir = check_output_dir(out_dir, overwrite, (lineage or {}).get("run_dir"))
     os.makedirs(out_dir, exist_ok=True)
     shapes = exported_shapes(cfg)
     plan = plan_shards(shapes, max_shard_bytes)
@@ -134,7 +143,9 @@ def export_model(params, router_bias, cfg, out_dir: str, *, tokenizer_path: str 
     shutil.copyfile(numpy_forward.__file__, os.path.join(out_dir, REFERENCE_FILE))
     with open(os.path.join(out_dir, CARD_FILE), "w") as f:
         f.write(model_card(cfg, lineage, len(plan), total))
-    return {"dir": out_dir, "shards": len(plan), "tensors": len(shapes), "total_size": total}
+    if out_dir != final_dir:
+        swap_in(out_dir, final_dir)
+    return {"dir": final_dir, "shards": len(plan), "tensors": len(shapes), "total_size": total}
 
 
 # ---- streaming from a checkpoint -------------------------------------------------------------------
@@ -224,6 +235,123 @@ def refuse_credentials(out_dir: str) -> None:
         raise ExportError(f"-o {shown} has credentials in it (the part before '@'); {CREDENTIALS_HELP}")
 
 
+
+# ---- replacing an export: check first, replace last ---------------------------------------------------
+STAGING_SUFFIX = ".export-partial"
+"""An export that replaces a non-empty directory is written into ``.{name}.export-partial`` beside it."""
+REPLACED_SUFFIX = ".export-replaced"
+"""Where the directory being replaced is moved, on local disk, for the moment of the swap."""
+
+
+def _place(url: str) -> tuple[str, str]:
+    """``(filesystem, absolute path)`` of a location, to compare two of them: a local path resolved
+    (symlinks and ``..`` included), a URL as its store's path without a trailing ``/``."""
+    fs, root = fsspec.core.url_to_fs(url)
+    if _is_local(fs):
+        return "file", os.path.realpath(root)
+    return type(fs).__name__, root.rstrip("/")
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def sibling(out_dir: str, suffix: str) -> str:
+    """``out_dir``'s hidden sibling ``.{name}{suffix}``, on the same store (a rename on local disk
+    stays on one filesystem); an export directory without a parent (a bucket) cannot be replaced."""
+    fs, root = fsspec.core.url_to_fs(out_dir)
+    root = root.rstrip("/")
+    parent, _, name = root.rpartition("/")
+    if not name or not parent:
+        raise ExportError(f"cannot replace {out_dir}: it has no parent directory to write the new export beside it")
+    where = f"{parent}/.{name}{suffix}"
+    return where if _is_local(fs) else f"{out_dir.split('://', 1)[0]}://{where}"
+
+
+def check_destination(out_dir: str, source: str | None = None) -> None:
+    """Refuse, in one line and before anything is read or written, a destination whose replacement
+    would destroy more than an export: one that is, contains or lies inside ``source`` (the run being
+    exported), or is, contains or lies inside any step's output (a directory holding a step record).
+    Only what exists is looked at: a destination's step outputs by walking it (a step's record sits
+    at the top of its directory, so a prefix of runs is refused at its first run), its parents by
+    one lookup each."""
+    from marin.execution.status import STATUS_FILE  # the step record's name
+
+    fs, root = fsspec.core.url_to_fs(out_dir)
+    root = root.rstrip("/")
+    kind, out = _place(out_dir)
+    if source is not None:
+        src_kind, src = _place(source)
+        if src_kind == kind and _within(out, src):
+            where = "is" if out == src else "lies inside"
+            raise ExportError(f"-o {out_dir} {where} the run being exported ({source}): export it to a directory of "
+                              "its own")
+        if src_kind == kind and _within(src, out):
+            raise ExportError(f"-o {out_dir} contains the run being exported ({source}): replacing it would delete "
+                              "the run; export it to a directory of its own")
+    try:
+        parent = root
+        while "/" in parent.strip("/"):
+            parent = parent.rsplit("/", 1)[0]
+            if fs.isfile(f"{parent}/{STATUS_FILE}"):
+                raise ExportError(f"-o {out_dir} lies inside the output of a step ({_url_of(out_dir, parent)}): "
+                                  "export to a directory of its own")
+        if fs.isdir(root):
+            for folder, _, files in fs.walk(root):
+                if STATUS_FILE in files:
+                    which = "is" if folder.rstrip("/") == root else "contains"
+                    raise ExportError(f"-o {out_dir} {which} the output of a step ({_url_of(out_dir, folder)}): "
+                                      "an export never replaces a step's outputs; choose another directory")
+    except ExportError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure to look (a store without credentials) is one answer
+        raise ExportError(f"cannot write the export to {out_dir}: {storage_reason(e)}") from None
+
+
+def _url_of(like: str, path: str) -> str:
+    """A store path written as ``like`` is (a URL keeps its scheme)."""
+    return f"{like.split('://', 1)[0]}://{path.rstrip('/')}" if "://" in like else path.rstrip("/")
+
+
+def swap_in(staging: str, out_dir: str) -> None:
+    """Put the complete export in ``staging`` in ``out_dir``'s place, replacing what was there.
+
+    On local disk: ``out_dir`` is renamed aside (``.{name}.export-replaced``), ``staging`` renamed
+    to ``out_dir``, then the old one deleted: two renames, so ``out_dir`` is always either the whole
+    old export or the whole new one (a crash between them leaves both, under their sibling names).
+    An object store has no rename of a directory (nor an atomic one of a file), so the replacement
+    is file by file: the old index is deleted first (without it the directory never reads as a
+    complete export, see :func:`marin.models.load_exported`), each new file is copied in by the
+    store (a server-side copy), the new index last, then the old files the new export does not have
+    and the staging copy are deleted. Until the index's copy the old export's files are in place
+    less its index; a swap cut short is redone by rerunning the export."""
+    fs, src = fsspec.core.url_to_fs(staging)
+    _, dst = fsspec.core.url_to_fs(out_dir)
+    src, dst = src.rstrip("/"), dst.rstrip("/")
+    if _is_local(fs):
+        aside = sibling(out_dir, REPLACED_SUFFIX)
+        if os.path.lexists(aside):
+            shutil.rmtree(aside)
+        exists = os.path.lexists(dst)
+        if exists:
+            os.rename(dst, aside)
+        os.rename(src, dst)
+        if exists:
+            shutil.rmtree(aside)
+        return
+    new = sorted((p[len(src) + 1:] for p in fs.find(src)), key=lambda rel: rel == INDEX_FILE)
+    old = [p for p in fs.find(dst)] if fs.isdir(dst) else []
+    if fs.isfile(f"{dst}/{INDEX_FILE}"):
+        fs.rm_file(f"{dst}/{INDEX_FILE}")
+    for rel in new:
+        fs.copy(f"{src}/{rel}", f"{dst}/{rel}")
+    keep = {f"{dst}/{rel}" for rel in new}
+    for p in old:
+        if p not in keep:
+            fs.rm_file(p)
+    fs.rm(src, recursive=True)
+
+
 _KEY_PART = re.compile(r"\['([^']*)'\]")
 
 
@@ -299,10 +427,12 @@ def export_estimate(cfg, entries: list[dict[str, Any]], *, dtype: str, max_shard
             "host_bytes": per_process * max(1, min(processes, len(plan)))}
 
 
-def prepare_output(out_dir: str, overwrite: bool) -> None:
-    """Check the destination before any weight is read: not a file, empty, new, holding an unfinished
-    export (continued), or ``overwrite`` (emptied); and writable (a probe file is written and removed).
-    Raises :class:`ExportError` in one line."""
+def prepare_output(out_dir: str, overwrite: bool) -> str:
+    """Check the destination before any weight is read and return where to write: ``out_dir`` when
+    it is new, empty or holds an unfinished export (continued); its staging sibling
+    (:func:`sibling`) when ``overwrite`` replaces a non-empty one, which stays as it is until the new
+    export is complete (:func:`swap_in`). Not a file, and writable (a probe file is written and
+    removed). Raises :class:`ExportError` in one line; deletes nothing."""
     fs, root = fsspec.core.url_to_fs(out_dir)
     root = root.rstrip("/")
     try:
@@ -312,13 +442,13 @@ def prepare_output(out_dir: str, overwrite: bool) -> None:
         resumable = any(p.rstrip("/").endswith(f"/{PROGRESS_FILE}") for p in present)
         if present and not resumable and not overwrite:
             raise ExportError(f"{out_dir} is not empty: choose a new directory or pass --overwrite to replace it")
-        fs.makedirs(root, exist_ok=True)
-        probe = f"{root}/.marin-export-write-check"
+        target = sibling(out_dir, STAGING_SUFFIX) if present and overwrite else out_dir
+        troot = fsspec.core.url_to_fs(target)[1].rstrip("/")
+        fs.makedirs(troot, exist_ok=True)
+        probe = f"{troot}/.marin-export-write-check"
         fs.pipe_file(probe, b"")
         fs.rm_file(probe)
-        if present and overwrite:
-            for p in present:
-                fs.rm(p, recursive=True)
+        return target
     except ExportError:
         raise
     except Exception as e:  # noqa: BLE001 - any failure here (a read-only disk, a store without credentials) is one answer
@@ -346,17 +476,31 @@ def export_checkpoint(run_dir: str, out_dir: str, *, step: int | None = None, dt
     """Stream a run's committed checkpoint (``step``; None: the newest that verifies) into an export
     directory (local, ``s3://``, ``gs://``) without JAX; returns ``{"dir", "step", "shards", "tensors",
     "total_size", "resumed"}``. ``processes`` > 1 writes the shards from that many worker processes.
-    An unfinished export of the same checkpoint and options in ``out_dir`` is continued."""
+    An unfinished export of the same checkpoint and options in ``out_dir`` is continued.
+
+    Checks first, replaces last: the run is looked up (it exists, it has the committed checkpoint)
+    and the destination checked (:func:`check_destination`: never the run, a directory holding it
+    or any step's output) before anything is written; with ``overwrite`` a non-empty ``out_dir`` is
+    kept as it is while the new export is written beside it, and swapped in only once complete
+    (:func:`swap_in`), so a failed export leaves the old one intact and a rerun continues it."""
     to_export_dtype(np.zeros(0, np.float32), dtype)  # an unknown dtype is refused before anything else
     if processes < 1:
         raise ExportError(f"--processes must be at least 1, got {processes}")
     refuse_credentials(out_dir)
-    prepare_output(out_dir, overwrite)
+    steps = committed_run_steps(run_dir)  # the source first: a mistyped run is refused before -o is touched
+    if step is not None and step not in steps:
+        raise RunLoadError(f"{run_dir} has no committed checkpoint at step {step}; committed: {steps}")
+    check_destination(out_dir, run_dir)
+    target = prepare_output(out_dir, overwrite)
     invocation = uuid.uuid4().hex
     try:
-        return load_verified_checkpoint(
-            run_dir, step, lambda s: _export_step(run_dir, s, out_dir, dtype, max_shard_bytes, processes, invocation),
+        res = load_verified_checkpoint(
+            run_dir, step, lambda s: _export_step(run_dir, s, target, dtype, max_shard_bytes, processes, invocation,
+                                                  staging=target != out_dir),
             say=say)[1]
+        if target != out_dir:
+            swap_in(target, out_dir)
+        return {**res, "dir": out_dir}
     except Exception as e:
         if not is_disk_full(e):
             raise
@@ -366,7 +510,10 @@ def export_checkpoint(run_dir: str, out_dir: str, *, step: int | None = None, dt
 
 
 def _export_step(run_dir: str, step: int, out_dir: str, dtype: str, max_shard_bytes: int, processes: int,
-                 invocation: str) -> dict[str, Any]:
+                 invocation: str, staging: bool = False) -> dict[str, Any]:
+    """Write the export of checkpoint ``step`` into ``out_dir``; ``staging``: ``out_dir`` is the
+    staging sibling of a replacement, whose content other than an unfinished export of the same
+    checkpoint and options (continued) is this command's own to delete."""
     ckpt = Run(run_dir).checkpoint_path(step)
     cfg, _, _, meta = model_readers(ckpt)  # records verified (a missing part fails here, before any write)
     fs, root = fsspec.core.url_to_fs(out_dir)
@@ -385,6 +532,9 @@ def _export_step(run_dir: str, step: int, out_dir: str, dtype: str, max_shard_by
         done = {f: n for f, n in (progress.get("done") or {}).items()
                 if f in present and fs.size(present[f]) == n}
         resumed = bool(done)
+    elif staging and fs.isdir(root) and fs.ls(root, detail=False):  # an earlier replacement's, other options
+        for p in fs.ls(root, detail=False):
+            fs.rm(p, recursive=True)
     elif progress is not None and progress.get("invocation") != invocation:
         raise ExportInterrupted(
             f"{out_dir} holds an unfinished export of step {progress.get('step')} ({progress.get('dtype')}, "

@@ -23,6 +23,8 @@ below (say the mixture weights) and only the steps downstream of it run again: `
 experiments/quickstart.py` tells you which and why.
 """
 
+import shlex
+
 from experiments.defaults import (
     default_decontaminate,
     default_dedup,
@@ -75,18 +77,18 @@ evaluation = default_eval("quickstart/eval", train, held_out=True)  # the mixtur
 
 
 def review_hints(plan) -> str:
-    """The commands to review this run, from the steps themselves (a copy with other names prints its own)."""
-    return (
-        f"\nDone. Outputs are under {plan.prefix}. Review them with:\n"
-        f"  marin status --prefix {plan.prefix}\n"
-        f"  marin show {train.name} --prefix {plan.prefix}\n"
-        f"  marin show {health.name} --prefix {plan.prefix}\n"
-        f"  marin show {deduped.name} --prefix {plan.prefix}\n"
-        f"  marin show {clean.name} --prefix {plan.prefix}\n"
-        f"  marin eval {plan.planned(train).output_path}\n"
-        f"  marin report --prefix {plan.prefix} -o report.html\n"
-        f"  marin health {plan.planned(train).output_path}"
-    )
+    """The commands to review this run, from the steps themselves (a copy with other names prints its
+    own), each quoted for the shell: a prefix with a space or a quote pastes as one argument."""
+    run_dir = plan.planned(train).output_path
+    commands = [
+        ["status", "--prefix", plan.prefix],
+        *(["show", step.name, "--prefix", plan.prefix] for step in (train, health, deduped, clean)),
+        ["eval", run_dir],
+        ["report", "--prefix", plan.prefix, "-o", "report.html"],
+        ["health", run_dir],
+    ]
+    return f"\nDone. Outputs are under {plan.prefix}. Review them with:\n" + "\n".join(
+        f"  {shlex.join(['marin', *c])}" for c in commands)
 
 
 if __name__ == "__main__":

@@ -186,3 +186,24 @@ def test_report_into_an_existing_directory_writes_report_html_there(small_experi
     assert err == (f"marin: error: cannot write the report to {tmp_path}/afile/r.html: {tmp_path}/afile is a file, "
                    "not a folder\n")
     assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_the_quickstart_s_review_commands_paste_as_they_print_under_a_prefix_with_a_space(tmp_path, capsys):
+    """Each printed command is shell-quoted: split as a shell splits it, the prefix is one argument,
+    and the command runs."""
+    import importlib.util
+    import shlex
+
+    spec = importlib.util.spec_from_file_location("quickstart_copy", os.path.join(REPO, "experiments",
+                                                                                  "quickstart.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # declares the steps; runs nothing (not __main__)
+    prefix = str(tmp_path / "my runs" / "it's here")
+    plan = plan_steps([module.mixture_report, module.health, module.evaluation], prefix)
+    commands = [shlex.split(line) for line in module.review_hints(plan).splitlines() if line.startswith("  marin ")]
+    assert len(commands) == 8
+    assert ["marin", "show", module.train.name, "--prefix", prefix] in commands
+    assert ["marin", "health", plan.planned(module.train).output_path] in commands
+    status = next(c for c in commands if c[1] == "status")
+    assert marin(status[1:]) == 0
+    assert f"{prefix} does not exist" in capsys.readouterr().out

@@ -1,7 +1,7 @@
 """Bits per byte of a training run's checkpoint on text you point it at.
 
     marin eval RUN_DIR [--data NAME=PATH_OR_GLOB ...] [--task NAME=PATH ...] [--held-out]
-                       [--checkpoint latest|N] [--stride S] [--pool POOL] [--address ADDR] [--json]
+                       [--step N] [--stride S] [--pool POOL] [--address ADDR] [--json]
 
 RUN_DIR is a training step's output directory. Each ``--data`` is a file, directory or glob of
 jsonl / jsonl.gz / jsonl.zst / parquet documents (any fsspec path), tokenized here with the run's
@@ -12,6 +12,9 @@ on the run's pool unless ``--pool`` names another: in this process on a pool of 
 of several hosts one JAX process per host (the pool launcher training uses), each reading only its
 own slices of the checkpoint, on the Ray cluster at ``--address`` (or ``$RAY_ADDRESS``) or, for a
 local CPU pool, on simulated nodes started on this machine for the command.
+
+``--step N`` picks the checkpoint, as in ``marin sample``, ``export`` and ``harness`` (default: the
+newest that verifies); ``--checkpoint N`` is accepted as an older spelling of it.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", action="append", default=[], metavar="NAME=PATH",
                    help="a multiple-choice task (jsonl of context, choices, gold); repeatable")
     p.add_argument("--held-out", action="store_true", help="also evaluate the run's mixture held-out split")
-    p.add_argument("--checkpoint", default="latest", help="'latest' (default) or a step number")
+    p.add_argument("--step", "--checkpoint", dest="step", default="latest", metavar="N",
+                   help="committed checkpoint step (default: the latest); --checkpoint is an older spelling")
     p.add_argument("--stride", type=int, default=None, help="window stride in tokens (default: disjoint windows)")
     p.add_argument("--pool", default=None, help="device pool to evaluate on (default: the run's)")
     options.add_address(p)
@@ -95,7 +99,7 @@ def _tokenize_reason(message: str, workdir: str) -> str:
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
-    checkpoint: str | int = args.checkpoint if args.checkpoint == "latest" else _step(args.checkpoint)
+    checkpoint: str | int = args.step if args.step == "latest" else _step(args.step)
 
     run = Run(args.run)
     if not run.exists:
@@ -138,7 +142,7 @@ def _step(x: str) -> int:
     try:
         return int(x)
     except ValueError:
-        raise ValueError(f"--checkpoint must be 'latest' or a step number, got {x!r}") from None
+        raise ValueError(f"--step must be a step number (or 'latest'), got {x!r}") from None
 
 
 def summary_json(result: dict[str, Any]) -> dict[str, Any]:

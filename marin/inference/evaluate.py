@@ -83,7 +83,7 @@ def evaluate_checkpoints_on_host(ctx: HostContext, config: EvalConfig, steps: li
         wanted = None if config.checkpoint in ("latest", None) else step
         step, model = load_verified_checkpoint(config.run_path, wanted,
                                                lambda s: run.load(s, mesh),
-                                               flag="--checkpoint", agree=every_process_agrees(ctx))
+                                               agree=every_process_agrees(ctx))
         rec = {"step": step, "checkpoint": model.path, "train_tokens": int(model.metadata.get("tokens", 0))}
         if suite is not None:
             rec.update(suite_metrics(evaluate_prepared(model.params, model.router_bias, suite, model.config, mesh)))

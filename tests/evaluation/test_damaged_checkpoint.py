@@ -71,11 +71,11 @@ def test_eval_on_a_run_whose_newest_checkpoint_lost_a_part_record(capsys, caplog
         f"checkpoint {damaged_run}/checkpoints/step-00000040 is damaged (part parts/process-00000.json (process 0 of "
         "1) is missing or unreadable (FileNotFoundError)) and was skipped; using step 30, the newest checkpoint that "
         "verifies"]
-    rc = main(["eval", str(damaged_run), "--task", f"toy={task}", "--checkpoint", "40"])
+    rc = main(["eval", str(damaged_run), "--task", f"toy={task}", "--step", "40"])
     out, err = capsys.readouterr()
     assert rc == 2 and err == (
         f"marin eval: error: checkpoint {damaged_run}/checkpoints/step-00000040 is damaged (part "
-        "parts/process-00000.json (process 0 of 1) is missing or unreadable (FileNotFoundError)); pass --checkpoint 30 "
+        "parts/process-00000.json (process 0 of 1) is missing or unreadable (FileNotFoundError)); pass --step 30 "
         "for the one before it\n")
 
 

@@ -69,7 +69,11 @@ def test_eval_cli_errors_are_one_line(capsys, trained_run, eval_corpus, tmp_path
     (tmp_path / "torn.jsonl.gz").write_bytes(whole[: len(whole) // 2])
     cases.append(((trained_run.output_path, "--data", f"x={tmp_path}/torn.jsonl.gz"),
                   f"--data x: cannot score {tmp_path}/torn.jsonl.gz: corrupt input file {tmp_path}/torn.jsonl.gz: "))
+    # --step as sample, export and harness spell it; --checkpoint, its older spelling, means the same
+    cases.append(((trained_run.output_path, "--step", "7"), "no committed checkpoint at step 7"))
     cases.append(((trained_run.output_path, "--checkpoint", "7"), "no committed checkpoint at step 7"))
+    cases.append(((trained_run.output_path, "--step", "last"),
+                  "--step must be a step number (or 'latest'), got 'last'"))
     other_tok = str(tmp_path / "tok")
     train_tokenizer(TrainTokenizerConfig(f"{eval_corpus}/infra/q5", other_tok, vocab_size=300))
     other_store = str(tmp_path / "other")

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from marin.data.k40 import split_source_name
-from marin.data.order import WITH_REPLACEMENT
+from marin.data.order import CURRENT_ORDER, WITH_REPLACEMENT
 from marin.execution.versioning import added_later, input_field
 from marin.runsteps import phase_start_step
 
@@ -99,11 +99,12 @@ class MixtureConfig:
     validation_max_documents: int = 1000
     tokenizer: str | None = None
     """Expected tokenizer (path or identity hex); every store must have been written with it."""
-    order: str = added_later(default=WITH_REPLACEMENT)
+    order: str = added_later(default=CURRENT_ORDER, before=WITH_REPLACEMENT)
     """Which data order the batches follow (:mod:`marin.data.order`): ``"without_replacement_v1"`` (every
-    training token once per epoch of its source; what ``default_mixture`` and the shipped experiments use)
-    or the legacy ``"with_replacement"``. Versioned: it changes what a training step reads. The default is
-    the legacy order, so a run recorded before the field existed keeps its hash and resumes with it."""
+    training token once per epoch of its source; the default) or the legacy ``"with_replacement"``.
+    Versioned: it changes what a training step reads. A run recorded before the field existed read the
+    legacy order: its record reads back as it, and keeps its hash (the legacy order is left out of the
+    hash); a new config reads the current order under a hash of its own."""
 
 
 # --------------------------------------------------------------------------------------------------

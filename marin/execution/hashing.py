@@ -19,8 +19,9 @@ Python value              canonical JSON
 ``dict`` (other keys)     ``{"dict_items": [[key, value], ...]}`` (sorted by the key's encoding)
 ``set``, ``frozenset``    ``{"set": [...]}`` (sorted by each member's encoding)
 dataclass instance        ``{"dataclass": "<qualname>", "fields": {name: value, ...}}`` (a field
-                          declared ``added_later`` is left out while it holds its default, so a
-                          dataclass versioned as one value keeps the encoding it had before the field)
+                          declared ``added_later`` is left out while it holds the value of the steps
+                          recorded before it, so a dataclass versioned as one value keeps the
+                          encoding it had before the field)
 ========================  =======================================================================
 
 Tags keep ``1``, ``1.0``, ``True`` and ``"1"`` apart, and a tuple apart from a list. Sets and dict
@@ -63,8 +64,21 @@ def is_added_later(f: dataclasses.Field) -> bool:
     return (f.metadata.get(VERSIONING_RULE) or ("",))[0] == "added_later"
 
 
+BEFORE_KEY = "marin.value_before"
+"""The field-metadata key of an ``added_later`` field's value in the steps recorded before it existed,
+when that differs from the default a new config gets."""
+
+
 def field_default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def value_before(f: dataclasses.Field) -> Any:
+    """What an ``added_later`` field held in every step recorded before it existed: the value a record
+    that lacks the field reads back as, and the value left out of the hash. It is the field's default
+    unless the field was declared with another (``added_later(default=new, before=old)``): a new config
+    gets the current behaviour, an old record keeps its own."""
+    return f.metadata[BEFORE_KEY] if BEFORE_KEY in f.metadata else field_default(f)
 
 
 def encode(value: Any, path: FieldPath | str = "") -> Any:
@@ -151,7 +165,7 @@ def _encode_container(value: Any, kind: str, items: list[tuple[str, Any, Any]], 
         return {"tuple": [v for _, _, v in items]}
     if kind == "dataclass":
         at_default = {f.name for f in dataclasses.fields(value) if is_added_later(f)
-                      and getattr(value, f.name) == field_default(f)}
+                      and getattr(value, f.name) == value_before(f)}
         return {"dataclass": type(value).__qualname__,
                 "fields": {k: v for _, k, v in items if k not in at_default}}
     if kind == "set":

@@ -33,7 +33,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from marin.execution.hashing import key_text
+from marin.execution.hashing import is_added_later, key_text, value_before
 from marin.execution.step import VersionedValue
 from marin.execution.walker import DESCEND, FieldPath, container_kind, walk
 from marin.execution.walker import UnhashableConfigError as _Unencodable
@@ -236,9 +236,10 @@ def from_jsonable(cls: type[T], data: Any, *, types: Mapping[str, Any] | None = 
     (``Name.MEMBER`` as rendered, or the member's name or value), floats rendered as ``'nan'`` /
     ``'inf'``, and paths; a :class:`~marin.execution.step.VersionedValue` anywhere is unwrapped (an
     experiment's declared config reads as the step's function sees it), and a dataclass instance
-    reads like its fields. A missing field takes its default. ``types``: the type to read a field as
-    where its annotation says too little (``Any``), by dotted field path (``{"data": MixtureConfig |
-    SyntheticDataConfig}``).
+    reads like its fields. A missing field takes its default, except one added to the config later
+    (``added_later``), which reads as what records written before it did (its ``before``).
+    ``types``: the type to read a field as where its annotation says too little (``Any``), by dotted
+    field path (``{"data": MixtureConfig | SyntheticDataConfig}``).
     ``ignore_unknown``: skip recorded fields ``cls`` no longer has (a record of an older version of
     the config), else refuse them. Masked secrets read back as the mask (``***``): a record never
     holds them. Raises :class:`ConfigRecordError` naming the field path."""
@@ -337,6 +338,8 @@ def _read_dataclass(cls: type, value: Any, path: str, types: dict[str, Any], ign
         sub = f"{path}.{name}" if path else name
         if name in value:
             kwargs[name] = _read(types.get(sub, hints.get(name, Any)), value[name], sub, types, ignore_unknown)
+        elif is_added_later(f):  # recorded before the field existed: what those records did
+            kwargs[name] = value_before(f)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigRecordError(f"{_where(sub)}: missing from the record ({cls.__name__} has no default for it)")
     try:

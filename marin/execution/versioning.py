@@ -11,9 +11,12 @@ field's metadata:
 * :func:`input_field`: the field holds a placeholder (an upstream step's output, this step's own
   output) or None. Placeholders are versioned through the upstream's hash; a plain path given
   instead is versioned as a value.
-* :func:`added_later` ``(default=...)``: a field added to a config after steps were recorded with
-  it: versioned only when it differs from its default, so every step recorded before it keeps its
-  hash (and a step that sets it gets a new one).
+* :func:`added_later` ``(default=..., before=...)``: a field added to a config after steps were
+  recorded without it. ``before`` is what those steps did (the value a record that lacks the field
+  reads back as); ``default`` is what a new config gets, the current behaviour (``before`` is the
+  default when not given). The field is versioned only when it differs from ``before``, so every step
+  recorded before it keeps its hash, and a new config whose default differs from ``before`` gets a new
+  one: a new config and an old record never share a hash while doing different things.
 * :func:`by_field` ``(reason)``: a nested config (or a container of them) versioned field by field
   by its own class's rule, so that ``marin explain`` names the nested field that changed
   (``model.n_layers``); None adds nothing. Any other nested dataclass is one versioned value.
@@ -37,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from marin.execution.hashing import VERSIONING_RULE
+from marin.execution.hashing import BEFORE_KEY, VERSIONING_RULE, field_default, value_before
 from marin.execution.step import InputName, OutputName, VersionedValue, versioned
 
 RULE = VERSIONING_RULE
@@ -58,18 +61,22 @@ def input_field(**field_kwargs: Any) -> Any:
     return dataclasses.field(metadata={RULE: ("input", INPUT_REASON)}, **field_kwargs)
 
 
-ADDED_REASON = "added later: versioned when it differs from its default, so earlier steps keep their hashes"
+ADDED_REASON = ("added later: versioned when it differs from what steps recorded before it did, so they keep "
+                "their hashes")
+_NOT_GIVEN = object()
 
 
-def added_later(**field_kwargs: Any) -> Any:
-    """A ``dataclasses.field`` (with a ``default``) that enters the version only when set to another value."""
+def added_later(*, before: Any = _NOT_GIVEN, **field_kwargs: Any) -> Any:
+    """A ``dataclasses.field`` that enters the version only when it differs from ``before``, the value
+    of every step recorded before the field existed (a record without the field reads back as it).
+    ``default`` (or ``default_factory``) is what a new config gets: the current behaviour, which may
+    differ from ``before`` (then a new config has a new hash, and an old record keeps its own)."""
     if "default" not in field_kwargs and "default_factory" not in field_kwargs:
-        raise ValueError("a field added later needs a default (its value in every step recorded before it)")
-    return dataclasses.field(metadata={RULE: ("added_later", ADDED_REASON)}, **field_kwargs)
-
-
-def _default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+        raise ValueError("a field added later needs a default (what a new config gets)")
+    metadata = {RULE: ("added_later", ADDED_REASON)}
+    if before is not _NOT_GIVEN:
+        metadata[BEFORE_KEY] = before
+    return dataclasses.field(metadata=metadata, **field_kwargs)
 
 
 def by_field(reason: str, **field_kwargs: Any) -> Any:
@@ -138,7 +145,7 @@ def versioned_config(config: Any) -> Any:
         kind, _ = rule(f)
         if kind == "live" or isinstance(value, (VersionedValue, InputName, OutputName)):
             new = value
-        elif kind == "added_later" and value == _default(f):
+        elif kind == "added_later" and value == value_before(f):
             new = value  # as every step recorded before the field existed
         elif kind == "input":
             new = value if value is None or _marked(value) else versioned(value)
@@ -179,14 +186,15 @@ def versioned_leaves(cls: type, prefix: str = "", nested: dict[str, type] | None
     input, with a ``by_field`` field expanded into its class's leaves. ``nested`` names the class of
     a ``by_field`` (or marked) field's value, by field name; without it a ``by_field`` field whose
     default is a config is expanded into that config's class, any other is one leaf. A ``group``
-    field is expanded into its default's class, named as in the version (``peak_lr``).
+    field is expanded into its default's class, named as in the version (``peak_lr``). An
+    ``added_later`` field is a leaf of the default config only when its default differs from ``before``.
     Tests derive the expected version of every config from this, so they follow the metadata."""
     out: set[str] = set()
     for f in dataclasses.fields(cls):
         kind, _ = rule(f)
         path = f"{prefix}.{f.name}" if prefix else f.name
-        if kind in ("live", "input", "added_later"):  # added_later: a leaf only when set
-            continue
+        if kind in ("live", "input") or (kind == "added_later" and field_default(f) == value_before(f)):
+            continue  # added_later: a leaf only when it differs from what earlier steps did
         if kind == "group":  # named as the parent's own fields
             out |= {f"{prefix}.{leaf}" if prefix else leaf for leaf in versioned_leaves(type(f.default_factory()))}
             continue
@@ -199,7 +207,7 @@ def _config_default(f: dataclasses.Field) -> type | None:
     """The class of a field's default when the default is a config (a dataclass instance), else None."""
     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
         return None
-    value = _default(f)
+    value = field_default(f)
     return type(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else None
 
 
@@ -208,4 +216,13 @@ def rule_table(cls: type) -> list[tuple[str, str, str]]:
     declaration order: the docs' "what is versioned" table is this, for every config."""
     names = {"versioned": "versioned", "live": "live", "input": "input", "by_field": "versioned by field",
              "added_later": "versioned when set", "group": "group"}
-    return [(f.name, names[rule(f)[0]], rule(f)[1]) for f in dataclasses.fields(cls)]
+    return [(f.name, names[rule(f)[0]], _reason(f)) for f in dataclasses.fields(cls)]
+
+
+def _reason(f: dataclasses.Field) -> str:
+    """A field's reason in the table; an ``added_later`` field whose earlier steps did other than its
+    default says what they did."""
+    kind, reason = rule(f)
+    if kind == "added_later" and value_before(f) != field_default(f):
+        return f"{reason}; the default is {field_default(f)!r}, steps recorded before it read {value_before(f)!r}"
+    return reason

@@ -5,6 +5,7 @@ Reference implementations are the slow obvious loops; the token store is the dat
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -86,8 +87,8 @@ def test_refuses_phase_lengths_that_are_not_multiples_of_the_shortest(mini_store
     with pytest.raises(OrderError, match="96 is not a multiple"):
         TrainConfig(output_path="/tmp/x", data=config, tokens_per_step=192, seq_len_phases=((0.0, 64), (0.5, 96)))
     # the legacy order has nothing to align
-    TrainConfig(output_path="/tmp/x", data=MixtureConfig(stores=(mini_store,)), tokens_per_step=192,
-                seq_len_phases=((0.0, 64), (0.5, 96)))
+    TrainConfig(output_path="/tmp/x", data=MixtureConfig(stores=(mini_store,), order=WITH_REPLACEMENT),
+                tokens_per_step=192, seq_len_phases=((0.0, 64), (0.5, 96)))
 
 
 # ---- the order on random schedules (pure, no store) ------------------------------------------------
@@ -323,8 +324,33 @@ def test_rows_of_a_batch_are_mixed(mini_store):
     assert all(len(set(h.tolist())) > 4 for h in hosts)
 
 
+def test_a_new_config_reads_the_current_order_and_an_old_record_the_legacy_one_under_another_hash(mini_store):
+    """A ``MixtureConfig`` built today reads without replacement; a record written before ``order``
+    existed reads back (and resumes) as the legacy order and keeps its hash, which no new config has."""
+    from marin.execution import ExecutorStep, plan_steps
+    from marin.execution.jsonable import to_jsonable
+    from marin.training.config import TrainConfig, train_config_from_record
+    from marin.training.trainer import data_order_of
+
+    assert MixtureConfig(stores=(mini_store,)).order == WITHOUT_REPLACEMENT_V1
+    assert MixtureLoader(MixtureConfig(stores=(mini_store,))).order == WITHOUT_REPLACEMENT_V1
+    record = to_jsonable(TrainConfig(output_path="/runs/a", data=MixtureConfig(stores=(mini_store,), seed=3)))
+    del record["data"]["order"]  # as a run recorded before the field existed wrote it
+    old = train_config_from_record(record)
+    assert old.data.order == WITH_REPLACEMENT and data_order_of(old.data) == WITH_REPLACEMENT  # its resume check
+    new = MixtureConfig(stores=(mini_store,), seed=3)
+
+    def planned(config: MixtureConfig):
+        return plan_steps([ExecutorStep("data/mixture", print, config)], "/p").steps[0]
+
+    before, now = planned(old.data), planned(new)
+    assert "order" not in before.config_leaves and "order" in now.config_leaves
+    assert before.hash != now.hash
+    assert before.hash == planned(dataclasses.replace(new, order=WITH_REPLACEMENT)).hash
+
+
 def test_the_legacy_order_is_unchanged(mini_store):
-    old = MixtureLoader(MixtureConfig(stores=(mini_store,), seed=3))
+    old = MixtureLoader(MixtureConfig(stores=(mini_store,), seed=3, order=WITH_REPLACEMENT))
     assert old.order == WITH_REPLACEMENT
     src, starts = old.plan(5, 32)
     assert np.array_equal(src, old.plan(5, 32, 128)[0]) and np.array_equal(starts, old.plan(5, 32, 128)[1])

@@ -18,6 +18,7 @@ from marin.data.mixture import (
     source_probabilities,
     validation_documents,
 )
+from marin.data.order import WITH_REPLACEMENT
 from marin.data.segments import segment_ids_from_eos
 from marin.data.store import TokenizerMismatchError, TokenStore, shard_paths
 from marin.data.tokenize import TokenizeConfig, tokenize
@@ -104,8 +105,10 @@ def _reference_batch(loader, streams, step, batch_size, seq_len):
 
 @pytest.fixture(scope="module")
 def loader(mini_store):
+    """The legacy order's loader: its rows are drawn independently, so any (step, batch, seq_len) plans."""
     return MixtureLoader(MixtureConfig(stores=(mini_store,), domain_weights={"council": 4, "infra": 2, "web_code": 1,
-                                                                             "science": 1}, seed=7))
+                                                                             "science": 1}, seed=7,
+                                       order=WITH_REPLACEMENT))
 
 
 def test_batches_match_reference(loader):
@@ -159,7 +162,8 @@ def test_seq_len_change_keeps_tokens_per_step(loader):
 
 def test_stages_switch_weights_at_their_step(mini_store):
     qw = {"q1": 0.0, "q2": 0.0, "q3": 0.0, "q4": 1.0, "q5": 3.0}
-    cfg = MixtureConfig(stores=(mini_store,), stages=(MixtureStage(start_step=10, quality_weights=qw),))
+    cfg = MixtureConfig(stores=(mini_store,), stages=(MixtureStage(start_step=10, quality_weights=qw),),
+                        order=WITH_REPLACEMENT)  # rows drawn independently: plan(step, rows) needs no schedule
     ld = MixtureLoader(cfg)
     assert any(n.endswith("/q1") for n in ld.effective_shares(9))
     late = ld.effective_shares(10)
@@ -176,7 +180,7 @@ def test_stages_at_a_fraction_of_the_run_follow_its_length(mini_store):
     absolute step keeps working; a fractional stage without the run's horizon is a clear error."""
     qw = {"q1": 0.0, "q2": 0.0, "q3": 0.0, "q4": 1.0, "q5": 3.0}
     stage = MixtureStage(start_fraction=0.3, quality_weights=qw)
-    cfg = MixtureConfig(stores=(mini_store,), stages=(stage,))
+    cfg = MixtureConfig(stores=(mini_store,), stages=(stage,), order=WITH_REPLACEMENT)
     for total, first in [(10, 3), (100, 30), (390_139, 117_042), (7, 3)]:
         ld = MixtureLoader(cfg, total_steps=total)
         assert any(n.endswith("/q1") for n in ld.effective_shares(first - 1)), total
@@ -219,7 +223,7 @@ def marked_store(mini_tokenizer, tmp_path_factory):
 
 def test_validation_documents_never_in_training(marked_store, mini_tokenizer):
     tok = load_tokenizer(mini_tokenizer)
-    ld = MixtureLoader(MixtureConfig(stores=(marked_store,), validation_fraction=0.1, seed=3))
+    ld = MixtureLoader(MixtureConfig(stores=(marked_store,), validation_fraction=0.1, seed=3, order=WITH_REPLACEMENT))
     assert list(ld.validation_docs) == [6, 6, 6]
     held = {f"{n.replace('/', '-')}-{i:03d}" for n in ld.source_names for i in range(54, 60)}
     seen: set[str] = set()

@@ -22,6 +22,7 @@ from marin import nativebuild
 from marin.data import native
 from marin.data.loader import MixtureLoader
 from marin.data.mixture import MixtureConfig
+from marin.data.order import WITH_REPLACEMENT
 from marin.data.segments import segment_ids_from_eos
 
 HAVE_CC = shutil.which((native.compiler_command() or ["cc"])[0]) is not None
@@ -150,8 +151,8 @@ def test_kernel_rejects_pieces_that_do_not_add_up(kernel):
 def loaders(mini_store):
     """Two loaders on the small store (2,000-token shards: many shard crossings; small sources wrap)."""
     cfg = MixtureConfig(stores=(mini_store,), domain_weights={"council": 4, "infra": 2, "web_code": 1, "science": 1},
-                        seed=11)
-    return MixtureLoader(cfg), MixtureLoader(MixtureConfig(stores=(mini_store,), seed=5))
+                        seed=11, order=WITH_REPLACEMENT)  # rows drawn independently: any (step, rows, seq_len)
+    return MixtureLoader(cfg), MixtureLoader(MixtureConfig(stores=(mini_store,), seed=5, order=WITH_REPLACEMENT))
 
 
 @needs_cc

@@ -21,8 +21,10 @@ or a plain `ExecutorStep`'s (`versioned_view`): a field is **versioned** unless 
 keeps its output path and resumes) or **input** (an upstream step's output, versioned through that
 step's hash, or this step's own output). **versioned by field**: a nested config whose own fields
 are the version's leaves (`model.n_layers`), so `marin explain` names the one that changed.
-**versioned when set**: a field added after steps were recorded (`added_later(default=...)`), in the
-version only when it differs from its default, so adding it renames no recorded step. **group**: a
+**versioned when set**: a field added after steps were recorded (`added_later(default=..., before=...)`),
+in the version only when it differs from what those steps did (`before`, the value a record without
+the field reads back as; the default unless the table names another), so adding it renames no
+recorded step, and a new config whose default is the current behaviour has a hash of its own. **group**: a
 nested config that groups fields of its parent by concept (`TrainConfig.optimizer`), each field by
 its own class's rule (listed below the parent); in the hash its fields are named as the parent's own
 (`peak_lr`, not `optimizer.peak_lr`), so grouping a flat config moved no step's hash. Two versioned

@@ -60,6 +60,44 @@ def test_a_live_field_or_an_added_later_one_at_its_default_keeps_the_hash():
     assert _hash(WriteConfig(output_path=this_output_path(), n=1000, step=2)) != before
 
 
+@dataclasses.dataclass(frozen=True)
+class Old:
+    """A config as steps were recorded with it."""
+    output_path: str
+    n: int = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class Inner:
+    """A nested dataclass versioned as one value: its encoding follows the same rule."""
+    step: int = added_later(default=2, before=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class New:
+    """``Old`` with a field added whose current behaviour (2) is not what the recorded steps did (1)."""
+    output_path: str
+    n: int = 100
+    step: int = added_later(default=2, before=1)
+
+
+def test_a_field_added_later_with_a_new_default_keeps_old_records_and_gives_new_configs_their_own_hash():
+    """``before`` is what steps recorded before the field did (a record without it reads back as it,
+    and hashes as before); ``default`` is what a new config gets, under a hash of its own."""
+    from marin.execution.hashing import encode
+    from marin.execution.jsonable import from_jsonable, to_jsonable
+
+    old = Old(output_path=this_output_path(), n=7)
+    record = to_jsonable(dataclasses.replace(old, output_path="/p/x"))
+    assert "step" not in record
+    read = from_jsonable(New, record)
+    assert read.step == 1 and New(output_path="/p/x").step == 2
+    assert _hash(old) == _hash(New(output_path=this_output_path(), n=7, step=1)) == _hash(
+        dataclasses.replace(read, output_path=this_output_path()))
+    assert _hash(New(output_path=this_output_path(), n=7)) != _hash(old)  # a new config: the new behaviour, own hash
+    assert encode(Inner(step=1))["fields"] == {} and encode(Inner())["fields"] == {"step": 2}
+
+
 def test_versioned_spelling_plain_values_and_the_builders_rule_give_one_version():
     @dataclasses.dataclass(frozen=True)
     class Cfg:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from marin.data.mixture import MixtureConfig, MixtureStage
-from marin.data.order import WITHOUT_REPLACEMENT_V1
+from marin.data.order import WITH_REPLACEMENT
 from marin.evaluation.sets import EvalSet
 from marin.execution.jsonable import ConfigRecordError, from_jsonable, mask_secrets
 from marin.execution.step import versioned
@@ -42,7 +42,7 @@ def every_field_mixture() -> MixtureConfig:
         stages=(MixtureStage(start_fraction=0.3, domain_weights={"code": 2.0}),
                 MixtureStage(start_step=500, quality_weights={"hq": 2.0})),
         seed=3, validation_fraction=0.02, validation_min_documents=2, validation_max_documents=50,
-        tokenizer="/tokenizers/k40/tokenizer.json", order=WITHOUT_REPLACEMENT_V1)
+        tokenizer="/tokenizers/k40/tokenizer.json", order=WITH_REPLACEMENT)
 
 
 def every_field_train_config() -> TrainConfig:

@@ -459,16 +459,6 @@ def host_plan(cfg: MoEConfig, pool: PoolSpec, device_total: int, tokens_per_step
 
 
 # ---- checkpoint storage --------------------------------------------------------------------------
-def retained_steps(save_steps: list[int], keep_last: int, keep_every: int | None, pinned=()) -> set[int]:
-    """The checkpoints retention keeps after the newest of ``save_steps`` committed: the newest
-    ``keep_last``, every multiple of ``keep_every`` and every pinned one that was saved."""
-    saved = set(save_steps)
-    kept = set(sorted(saved)[-keep_last:])
-    if keep_every:
-        kept |= {s for s in saved if s % keep_every == 0}
-    return kept | (saved & {int(p) for p in pinned})
-
-
 def handoff_steps(transport_switches, every_steps: int, train_steps: int) -> tuple[int, ...]:
     """The checkpoint each transport switch hands off from (the newest save at or before the switch's
     step, where the relaunch resumes): pinned, so a later look at the switch can restore both sides."""
@@ -496,8 +486,9 @@ def storage_plan(checkpoint_bytes: int, policy, train_steps: int, *, pinned=(), 
     every, keep_every = policy.every_steps, policy.keep_every
     pins = tuple(policy.pinned_steps) + tuple(pinned)
     saves = sorted(set(range(every, train_steps + 1, every)) | {train_steps})
-    before_last = retained_steps(saves[:-1], policy.keep_last, keep_every, pins) if len(saves) > 1 else set()
-    at_end = retained_steps(saves, policy.keep_last, keep_every, pins)
+    # the policy's own retention rule, the one the checkpoint manager deletes by
+    before_last = policy.retained(saves[:-1], pinned) if len(saves) > 1 else set()
+    at_end = policy.retained(saves, pinned)
     permanent = sorted(s for s in at_end if (keep_every and s % keep_every == 0) or s in set(pins))
     peak_n, end_n = len(before_last) + 1, len(at_end)
     quota = policy.storage_quota if quota is None else quota

@@ -93,6 +93,23 @@ def _save(mgr, step):
     mgr.save(step, {"w": np.full((4,), step, np.float32)}, {"data_step": step}, blocking=True)
 
 
+def test_the_storage_plan_counts_what_the_manager_keeps(tmp_path):
+    """One retention rule: a real manager saving at the plan's save steps holds, after its last save,
+    exactly the checkpoints the plan counts at the end, and before it the plan's peak less the one
+    being written."""
+    policy = CheckpointPolicy(every_steps=2, every_minutes=None, keep_last=2, keep_every=6, pinned_steps=(4,))
+    total, handoffs = 15, {10: "transport handoff to ragged at step 11"}
+    plan = storage_plan(1, policy, total, pinned=tuple(handoffs))
+    mgr = CheckpointManager(str(tmp_path), policy, handoffs=handoffs)
+    saves = sorted(set(range(policy.every_steps, total + 1, policy.every_steps)) | {total})
+    for step in saves[:-1]:
+        _save(mgr, step)
+    assert len(mgr.committed_steps()) + 1 == plan["peak_checkpoints"]
+    _save(mgr, saves[-1])
+    assert mgr.committed_steps() == sorted(policy.retained(saves, tuple(handoffs))) == [4, 6, 10, 12, 14, 15]
+    assert len(mgr.committed_steps()) == plan["end_checkpoints"]
+
+
 def test_retention_keeps_pinned_checkpoints_and_rides_out_a_refused_delete(tmp_path, monkeypatch, caplog):
     from marin.training.checkpoint import manager as manager_module
 

@@ -11,7 +11,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import fsspec
@@ -121,6 +121,33 @@ class CheckpointPolicy:
             parse_bytes(self.storage_quota)  # a bad size is refused where the config is built
         if self.preemption_grace_s < 0:
             raise ValueError(f"preemption_grace_s must be >= 0, got {self.preemption_grace_s}")
+
+    def retention(self, committed: Iterable[int], pins: Mapping[int, Sequence[str]] | None = None,
+                  current: int | None = None) -> dict[int, str]:
+        """The retention rule, the one the manager deletes by and the storage plan counts by:
+        ``{step: "keep: why" or "delete: why"}`` for each committed checkpoint. Kept: a pinned one
+        (``pins``, by whom, and ``pinned_steps``), a multiple of ``keep_every`` (permanent), the newest
+        ``keep_last`` and ``current`` (the save being made); the others are deleted."""
+        pins = {**{int(s): ["checkpoint.pinned_steps"] for s in self.pinned_steps}, **(pins or {})}
+        committed = sorted({int(s) for s in committed})
+        newest = set(committed[-self.keep_last:])
+        out = {}
+        for s in committed:
+            if s in pins:
+                out[s] = "keep: pinned by " + ", ".join(pins[s])
+            elif self.keep_every and s % self.keep_every == 0:
+                out[s] = f"keep: permanent (checkpoint.keep_every={self.keep_every:,})"
+            elif s in newest or s == current:
+                out[s] = f"keep: newest {self.keep_last} (checkpoint.keep_last)"
+            else:
+                out[s] = "delete: older than the newest kept"
+        return out
+
+    def retained(self, committed: Iterable[int], pins: Iterable[int] = ()) -> set[int]:
+        """The checkpoints :meth:`retention` keeps of ``committed`` (``pins``: steps pinned besides
+        ``pinned_steps``)."""
+        plan = self.retention(committed, {int(p): ["a pin"] for p in pins})
+        return {s for s, action in plan.items() if action.startswith("keep")}
 
 
 def temp_checkpoint_root(temp_prefix: str, output_path: str) -> str:
@@ -531,22 +558,10 @@ class CheckpointManager:
         """``{step: "keep: why" or "delete: why"}`` for every permanent step directory: what
         :meth:`collect_garbage` does next (``marin checkpoints`` shows it)."""
         dirs = self._step_dirs()
-        committed = sorted(s for s, p in dirs.items() if self._is_committed(p))
-        pins = self.pins()
-        newest = set(committed[-self.policy.keep_last:])
-        out = {}
-        for s in sorted(dirs):
-            if s not in committed:
-                out[s] = "keep: being written" if s == current else "delete: never committed"
-            elif s in pins:
-                out[s] = "keep: pinned by " + ", ".join(pins[s])
-            elif self.policy.keep_every and s % self.policy.keep_every == 0:
-                out[s] = f"keep: permanent (checkpoint.keep_every={self.policy.keep_every:,})"
-            elif s in newest or s == current:
-                out[s] = f"keep: newest {self.policy.keep_last} (checkpoint.keep_last)"
-            else:
-                out[s] = "delete: older than the newest kept"
-        return out
+        committed = [s for s, p in dirs.items() if self._is_committed(p)]
+        kept = self.policy.retention(committed, self.pins(), current)
+        return {s: kept.get(s) or ("keep: being written" if s == current else "delete: never committed")
+                for s in sorted(dirs)}
 
     def collect_garbage(self, current: int | None = None) -> list[int]:
         """Delete uncommitted leftovers and committed permanent checkpoints outside the retention policy;

@@ -117,7 +117,7 @@ def cutovers(config: dict[str, Any] | None) -> list[dict[str, Any]]:
         previous = transport
     for c in recorded:
         entry = out.setdefault(c.step, {"step": c.step, "change": None, "gate": None})
-        entry["gate"] = cutover_evidence(c)
+        entry["gate"] = cutover_evidence(c, config)
     return [out[s] for s in sorted(out)]
 
 
@@ -132,6 +132,7 @@ def cutover_lines(config: dict[str, Any] | None) -> list[str]:
         else:
             verdict = {True: "pass", False: "FAILED"}.get(g["pass"], "no verdict yet")
             evidence = (f"gate {g['gate']} candidate {g['candidate']}: {verdict}"
+                        + (f", but it does not back this change: it {g['mismatch']}" if g.get("mismatch") else "")
                         + (" (applied anyway: forced)" if g["forced"] else ""))
         lines.append(f"step {c['step']:,}: {change}; {evidence}")
     return lines

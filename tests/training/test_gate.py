@@ -25,6 +25,7 @@ from marin.training.config import (
     AdamWConfig,
     CheckpointPolicy,
     Cutover,
+    InitFrom,
     ParallelismConfig,
     SyntheticDataConfig,
     TelemetryConfig,
@@ -277,11 +278,13 @@ def test_a_diverging_candidate_fails_with_its_reason(gated):
 # ---- cutovers -------------------------------------------------------------------------------------
 
 
-def _written_gate(tmp_path, candidate_loss) -> str:
-    """A gate directory whose gate.json is gate_report's for a control and one candidate."""
-    gate = GateConfig(run="r", output_path=str(tmp_path / "gate"), at_step=2, steps=4,
-                      candidates={"ragged": {"transport": "ragged_capacity"}})
-    arms = {CONTROL: _arm([3.0, 2.9, 2.8, 2.7], [1.0] * 4, drop=0.03), "ragged": _arm(candidate_loss, [0.9] * 4)}
+def _written_gate(tmp_path, candidate_loss, run="r", candidates=None) -> str:
+    """A gate directory whose gate.json is gate_report's for a control and its candidates (each with
+    ``candidate_loss``), gating the run at ``run``'s checkpoint at step 2."""
+    gate = GateConfig(run=str(run), output_path=str(tmp_path / "gate"), at_step=2, steps=4,
+                      candidates=candidates or {"ragged": {"transport": "ragged_capacity"}})
+    arms = {CONTROL: _arm([3.0, 2.9, 2.8, 2.7], [1.0] * 4, drop=0.03),
+            **{label: _arm(candidate_loss, [0.9] * 4) for label in gate.candidates}}
     os.makedirs(gate.output_path)
     with open(f"{gate.output_path}/{GATE_FILE}", "w") as f:
         json.dump(gate_report(gate, arms, checkpoint="c", pool_note=None, changes=gate.candidates), f)
@@ -291,8 +294,8 @@ def _written_gate(tmp_path, candidate_loss) -> str:
 def test_a_cutover_rests_on_its_gate_and_a_failed_gate_is_refused_unless_forced(tmp_path):
     from marin.training.trainer import run_training
 
-    good = _written_gate(tmp_path / "a", [3.0, 2.9, 2.8, 2.7])
-    bad = _written_gate(tmp_path / "b", [3.5, 3.4, 3.3, 3.2])
+    good = _written_gate(tmp_path / "a", [3.0, 2.9, 2.8, 2.7], run=tmp_path / "run")
+    bad = _written_gate(tmp_path / "b", [3.5, 3.4, 3.3, 3.2], run=tmp_path / "run")
     switches = ParallelismConfig(transport_switches=((0, "fixed"), (3, "ragged_capacity")))
     run = _run_config(tmp_path / "run", parallelism=switches, cutovers=(Cutover(3, good, "ragged"),))
     [ev] = check_cutovers(run)
@@ -379,3 +382,59 @@ def test_a_gate_killed_midway_resumes(tmp_path):
         # restored state and the same batches; the killed part ran in another process (the same program
         # on the same machine, so equal but for a compile that orders float sums differently)
         assert resumed["arms"][label]["loss"] == pytest.approx(uninterrupted["arms"][label]["loss"], rel=1e-6)
+
+
+def test_a_cutover_needs_a_gate_of_this_runs_checkpoint_and_of_this_change(tmp_path):
+    """A passing verdict is evidence only for the checkpoint it started from and the change it tried:
+    another run's gate, a gate after the cutover's step, or a candidate that tested another change is
+    refused in one line unless forced, and a forced one is shown as such."""
+    from marin.review.gate import cutover_lines
+
+    candidates = {"ragged": {"transport": "ragged_capacity"}, "mb2": {"parallelism.microbatches": 2}}
+    own = _written_gate(tmp_path / "own", [3.0, 2.9, 2.8, 2.7], run=tmp_path / "run", candidates=candidates)
+    other = _written_gate(tmp_path / "other", [3.0, 2.9, 2.8, 2.7], run=tmp_path / "other-run",
+                          candidates=candidates)
+    switch = ParallelismConfig(transport_switches=((0, "fixed"), (10, "ragged_capacity")))
+    run = _run_config(tmp_path / "run", train_steps=20, parallelism=switch)
+    [ok] = check_cutovers(dataclasses.replace(run, cutovers=(Cutover(10, own, "ragged"),)))
+    assert ok["pass"] is True and ok["mismatch"] is None
+    refusals = {
+        (other, "mb2"): f"gated {tmp_path / 'other-run'} at step 2, which is not this run ({tmp_path / 'run'}) nor the "
+                        "checkpoint it branched from; a gate is evidence only for the state it started from",
+        (other, "ragged"): f"gated {tmp_path / 'other-run'} at step 2, which is not this run",
+        (own, "mb2"): "tested parallelism.microbatches=2, but this run has parallelism.microbatches=None",
+    }
+    for (gate, label), why in refusals.items():
+        with pytest.raises(CutoverRefused) as e:
+            check_cutovers(dataclasses.replace(run, cutovers=(Cutover(10, gate, label),)))
+        line = str(e.value)
+        assert "\n" not in line and line.startswith(f"cutover at step 10 rests on gate {gate} candidate {label!r}, "
+                                                   f"which does not back this run's change: it {why}"), line
+        assert line.endswith("; pass Cutover(..., forced=True) to apply it anyway")
+    # the microbatch candidate backs a run that made that change and no transport switch at the step
+    mb2 = _run_config(tmp_path / "run", train_steps=20, parallelism=ParallelismConfig(microbatches=2),
+                      cutovers=(Cutover(10, own, "mb2"),))
+    assert check_cutovers(mb2)[0]["mismatch"] is None
+    # ... but not a run whose change at that step is a transport switch
+    both = dataclasses.replace(mb2, parallelism=dataclasses.replace(switch, microbatches=2))
+    with pytest.raises(CutoverRefused, match="it tested parallelism.microbatches, but this run's change at step 10 "
+                                             "is a transport switch to ragged_capacity;"):
+        check_cutovers(both)
+    # a gate of this run's checkpoint after the cutover is not the state the change started from
+    with pytest.raises(CutoverRefused, match="it gated this run's checkpoint at step 2, after the cutover's step 1;"):
+        check_cutovers(dataclasses.replace(run, parallelism=ParallelismConfig(transport_switches=(
+            (0, "fixed"), (1, "ragged_capacity"))), cutovers=(Cutover(1, own, "ragged"),)))
+    # a branch shares its source's history up to the branch point: the source's gate at or before it backs it
+    branch = dataclasses.replace(run, output_path=str(tmp_path / "branch"),
+                                 init_from=InitFrom(run=str(tmp_path / "run"), step=4), cutovers=(Cutover(10, own,
+                                                                                                          "ragged"),))
+    assert check_cutovers(branch)[0]["mismatch"] is None
+    # forced: applied, recorded as forced, and marin show says both the verdict and why it does not back it
+    forced = dataclasses.replace(run, cutovers=(Cutover(10, other, "mb2", forced=True),))
+    [ev] = check_cutovers(forced)
+    assert ev["forced"] and ev["pass"] is True and ev["mismatch"].startswith("gated ")
+    [line] = cutover_lines(to_jsonable(forced))
+    assert line == (f"step 10: transport fixed -> ragged_capacity; gate {other} candidate mb2: pass, but it does not "
+                    f"back this change: it gated {tmp_path / 'other-run'} at step 2, which is not this run "
+                    f"({tmp_path / 'run'}) nor the checkpoint it branched from; a gate is evidence only for the state "
+                    "it started from (applied anyway: forced)")

@@ -147,8 +147,6 @@ class FittedEmbedding:
 
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
         """Unit-length embeddings [len(texts), dims] (float64; a row of zeros stays zero)."""
-        from sklearn.preprocessing import normalize  # scikit-learn: the curate extra
-
         if self.spec.model == DEFAULT_EMBEDDING:
             x = np.asarray(tfidf(self.spec.features.counts(texts), self.idf) @ self.projection)
         else:
@@ -158,7 +156,8 @@ class FittedEmbedding:
                                   f"{len(texts)} texts; it must return [len(texts), dims]")
             if not np.isfinite(x).all():
                 raise DomainError(f"embedding model {self.spec.model!r} returned NaN or infinite values")
-        return normalize(x, norm="l2", copy=False)
+        norms = np.sqrt((x * x).sum(axis=1, keepdims=True))
+        return x / np.where(norms > 0, norms, 1.0)
 
 
 def fit_embedding(spec: Embedding, texts: Sequence[str], seed: int) -> FittedEmbedding:

@@ -4,13 +4,14 @@
 
 Checks, in the spirit of the published run's checklist ("first 3%: clear; next window: the real grad-norm peak
 near 30%"):
-  - every logged value is finite;
+  - every logged value is finite, and the run did not stop on a non-finite loss or grad norm (the
+    step that diverged is never logged: the run's record says so);
   - loss is falling (recent window below the first window);
   - token drop fraction, send and receive side, below 8% in the recent window (published: healthy < 8%);
   - per phase (sequence length x transport): the transport in use and its drop fraction; a phase of
     a transport that can drop is flagged above its limit (fixed: 8%; ragged_capacity: 0.1%, the
     published run dropped 0.018% on it);
-  - grad norm: where it peaked (as % of the horizon), whether it is still rising, and whether it
+  - grad norm: where it peaked (as % of the run's planned steps), whether it is still rising, and whether it
     crossed 4 (the ladder bug that z-loss fixed);
   - MFU and throughput in the recent window.
 ``--strict`` exits with status 1 when a check fails, for cron jobs and CI.
@@ -29,13 +30,15 @@ import json
 import sys
 import time
 
-from marin.monitoring.health import format_report, health, prediction_report
+from marin.commands import options
+from marin.monitoring.health import format_report, health, prediction_report, run_outcome
 from marin.training.metrics import read_metrics
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="step output directory or metrics.jsonl (local, s3://, gs://)")
-    p.add_argument("--total-steps", type=int, default=None, help="planned horizon (default: last logged step)")
+    p.add_argument("--total-steps", type=options.positive_int, default=None,
+                   help="planned horizon (default: the run's recorded train_steps, else the last logged step)")
     p.add_argument("--window", type=float, default=0.1, help="fraction of the run each check window covers")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--strict", action="store_true", help="exit 1 when a check fails (or a window is 'act')")
@@ -50,7 +53,10 @@ def run(args: argparse.Namespace) -> int:
     run_dir = args.path.removesuffix("/metrics.jsonl")
     while True:
         try:
-            report = health(read_metrics(args.path), args.total_steps, args.window)
+            records = read_metrics(args.path)
+            outcome = run_outcome(run_dir)  # the planned horizon, and whether the run diverged
+            report = health(records, args.total_steps or outcome["planned_steps"], args.window,
+                            diverged=outcome["diverged"])
             if args.fit:
                 report["prediction"] = prediction_report(run_dir, args.fit, args.total_steps, args.plan_mfu,
                                                          args.plan_tokens_per_s)
@@ -58,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"marin health: error: {e}", file=sys.stderr)
             return 2
         print(json.dumps(report, indent=1) if args.json else format_report(report), flush=True)
-        done = report.get("prediction", {}).get("progress", report["summary"].get("progress_pct", 0) / 100) >= 1
+        done = report.get("prediction", {}).get("progress", report["summary"].get("progress_pct", 0) / 100) >= 1 \
+            or outcome["diverged"] is not None  # a diverged run logs nothing more
         if args.follow is None or done:
             break
         time.sleep(args.follow)

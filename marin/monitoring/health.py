@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from typing import Any
 
 import fsspec
@@ -32,6 +33,10 @@ HEALTHY_DROP = 0.08
 # capacity factor: `marin plan` says how far it still fits).
 PHASE_DROP_LIMITS = {"fixed": HEALTHY_DROP, "ragged_capacity": 0.001}
 GRAD_NORM_ALARM = 4.0
+DIVERGED = re.compile(r"non-finite training signal at step (\d+)[^;]*")
+"""How the trainer's NaN/Inf guard (``TrainingDiverged``) words the error a diverged run's step
+records: the step that went non-finite is never logged to metrics.jsonl (nothing of it is kept), so
+the metrics alone would read as a healthy run that ended early."""
 
 
 def _mean(xs: list[float]) -> float:
@@ -56,13 +61,40 @@ def _num(x: Any) -> float:
         return float("nan")
 
 
-def health(records: list[dict[str, Any]], total_steps: int | None = None, window: float = 0.1) -> dict[str, Any]:
+def diverged_at(error: str | None) -> tuple[int, str] | None:
+    """(step, the trainer's words) when a run's recorded error is its NaN/Inf guard stopping it; else None."""
+    m = DIVERGED.search(error or "")
+    return (int(m.group(1)), m.group(0)) if m else None
+
+
+def run_outcome(run_path: str) -> dict[str, Any]:
+    """What a run's records say beyond its metrics: its planned steps (the recorded config's final
+    horizon, after any re-plan) and, when its last attempt stopped on a non-finite loss or grad norm,
+    the trainer's words for it (``diverged``)."""
+    run = Run(run_path.rstrip("/"))
+    planned = run_schedule(run_path)[2]
+    if planned is None:  # a config without a schedule of its own: its train_steps, if it records them
+        steps = ((run.info or {}).get("config") or {}).get("train_steps")
+        planned = steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+    found = diverged_at((run.info or {}).get("error"))
+    return {"planned_steps": planned, "diverged": found[1] if found else None}
+
+
+def health(records: list[dict[str, Any]], total_steps: int | None = None, window: float = 0.1, *,
+           diverged: str | None = None) -> dict[str, Any]:
     """Pure check of a run's records; returns ``{"ok": bool, "checks": [...], "summary": {...}}``.
 
     ``window`` is the fraction of the logged records used as "first" and "recent" windows (at least 1).
+    ``total_steps`` is the run's planned horizon (progress and the grad-norm peak are fractions of
+    it; without it, of the last logged step). ``diverged``: the trainer's error when the run stopped
+    on a non-finite value (:func:`run_outcome`): the step that diverged is not in the records, so
+    the "finite" check fails with it.
     """
     if not records:
-        return {"ok": False, "checks": [{"name": "records", "ok": False, "detail": "no records"}], "summary": {}}
+        checks = [{"name": "records", "ok": False, "detail": "no records"}]
+        if diverged:
+            checks.insert(0, {"name": "finite", "ok": False, "detail": f"diverged: {diverged}"})
+        return {"ok": False, "checks": checks, "summary": {}}
     records = sorted(records, key=lambda r: r["step"])
     n = len(records)
     w = max(1, int(round(n * window)))
@@ -72,8 +104,10 @@ def health(records: list[dict[str, Any]], total_steps: int | None = None, window
     checks = []
 
     bad = [r["step"] for r in records for k in ("loss", "grad_norm") if not math.isfinite(_num(r.get(k)))]
-    checks.append({"name": "finite", "ok": not bad,
-                   "detail": "all loss/grad_norm values finite" if not bad else f"non-finite at steps {bad[:5]}"})
+    finite = "all logged loss/grad_norm values finite" if not bad else f"non-finite at steps {bad[:5]}"
+    checks.append({"name": "finite", "ok": not bad and not diverged,
+                   "detail": f"diverged: {diverged} ({finite.replace('all ', 'the ')} before it)" if diverged
+                   else finite})
 
     loss_first, loss_recent = _mean([_num(r["loss"]) for r in first]), _mean([_num(r["loss"]) for r in recent])
     checks.append({"name": "loss_falling", "ok": n < 2 or loss_recent < loss_first,
@@ -125,6 +159,8 @@ def health(records: list[dict[str, Any]], total_steps: int | None = None, window
         "seq_len": records[-1].get("seq_len"),
         "transport": records[-1].get("transport"),
         "phases": phases,
+        "planned_steps": total_steps,
+        "diverged": diverged,
     }
     return {"ok": all(c["ok"] for c in checks), "checks": checks, "summary": summary}
 
@@ -146,16 +182,21 @@ def format_report(report: dict[str, Any]) -> str:
     s = report["summary"]
     lines = []
     if s:
-        lines.append(f"step {s['last_step']} ({s['progress_pct']:.1f}% of horizon), loss {s['loss']:.4f}, "
+        planned = s.get("planned_steps")
+        of = f"of {planned:,} planned steps" if planned else "of horizon"
+        lines.append(f"step {s['last_step']} ({s['progress_pct']:.1f}% {of}), loss {s['loss']:.4f}, "
                      f"L={s['seq_len']} {s['transport']}, {s['tokens_per_s_recent']:.0f} tok/s, "
-                     f"mfu {100 * s['mfu_recent']:.2f}%")
+                     f"mfu {100 * s['mfu_recent']:.2f}%" + (": DIVERGED, the run stopped" if s.get("diverged") else ""))
     for ph in s.get("phases") or []:
         lines.append(f"  phase L={ph['seq_len']} {ph['transport']}: steps {ph['first_step']}-{ph['last_step']}, "
                      f"drops {100 * _num(ph['drop_frac_send']):.3f}% send / "
                      f"{100 * _num(ph['drop_frac_recv']):.3f}% recv")
     for c in report["checks"]:
         lines.append(f"  [{'clear' if c['ok'] else 'ALERT'}] {c['name']}: {c['detail']}")
-    lines.append("overall: " + ("clear" if report["ok"] else "needs a look"))
+    diverged = next((c["detail"] for c in report["checks"] if c["name"] == "finite" and
+                     c["detail"].startswith("diverged: ")), None)
+    lines.append("overall: " + ("clear" if report["ok"] else "DIVERGED (a non-finite loss or grad norm stopped "
+                                "the run)" if diverged else "needs a look"))
     if report.get("prediction"):
         lines.append(format_prediction_report(report["prediction"]))
     return "\n".join(lines)
@@ -431,7 +472,9 @@ class HealthReportConfig:
 def health_report_step(config: HealthReportConfig) -> dict[str, Any]:
     """Write ``health.json`` for a finished training step (``format_report`` renders it); with a
     ladder fit, ``report["prediction"]`` holds the window-by-window checklist."""
-    report = health(read_metrics(config.run_path), config.total_steps)
+    outcome = run_outcome(config.run_path)
+    report = health(read_metrics(config.run_path), config.total_steps or outcome["planned_steps"],
+                    diverged=outcome["diverged"])
     if config.fit_path:
         report["prediction"] = prediction_report(config.run_path, config.fit_path, config.total_steps,
                                                  config.plan_mfu, config.plan_tokens_per_s)

@@ -19,7 +19,7 @@ from marin.execution.outcome import Outcome
 from marin.execution.plan import plan_steps
 from marin.execution.prefix import resolve_prefix
 from marin.execution.status import StepStatus
-from marin.monitoring.health import health
+from marin.monitoring.health import diverged_at, health
 from marin.pools import PLACEMENT_FILE
 from marin.review import outputs as step_outputs
 from marin.review.experiment_file import load_experiment
@@ -291,7 +291,7 @@ def show(target: str, prefix: str | None = None) -> dict[str, Any]:
     return {
         "placement": placement_lines(path, running=st.current_status(record) == StepStatus.RUNNING) if placed else [],
         **row_for(path, info.get("name"), info.get("hash")),
-        "health": _health(path, outputs, info.get("config")),
+        "health": _health(path, outputs, info.get("config"), info.get("error")),
         "horizon": train_horizon(info.get("config")),
         "cutovers": cutovers(info.get("config")),
         "content": step_content(path, outputs),
@@ -309,8 +309,10 @@ def show(target: str, prefix: str | None = None) -> dict[str, Any]:
     }
 
 
-def _health(path: str, outputs: list[str], config: Any) -> dict[str, Any] | None:
-    """A training step's telemetry against healthy ranges (None for a step without metrics.jsonl)."""
+def _health(path: str, outputs: list[str], config: Any, error: str | None) -> dict[str, Any] | None:
+    """A training step's telemetry against healthy ranges (None for a step without metrics.jsonl); a
+    step whose error is the trainer's NaN/Inf guard reads as diverged."""
     if "metrics.jsonl" not in outputs:
         return None
-    return health(read_metrics(path), train_horizon(config))
+    found = diverged_at(error)
+    return health(read_metrics(path), train_horizon(config), diverged=found[1] if found else None)

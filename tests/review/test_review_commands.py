@@ -122,7 +122,7 @@ def test_status_and_show_on_running_interrupted_health_and_token_steps(small_exp
     assert "INTERRUPTED (holder" in out and "is gone)" in out
     assert "small/stopped: INTERRUPTED" in out and "rerun the experiment (same command) to resume it" in out
     assert marin(["show", "small/live-train", "--prefix", prefix]) == 0
-    assert "step 40 (40.0% of horizon)" in capsys.readouterr().out  # horizon from the config, not the last record
+    assert "step 40 (40.0% of 100 planned steps)" in capsys.readouterr().out  # from the config, not the last record
     assert marin(["show", "small/ladder-fit", "--prefix", prefix]) == 0
     out = capsys.readouterr().out
     assert "health checklist (health.json)" in out and "[ALERT] grad_norm: peak 4.5 above 4" in out

@@ -30,7 +30,7 @@ from marin.parallel.layout import PARAM_SHARDINGS
 from marin.pools import PoolSpec, as_pool
 from marin.pools.stall import StallRule
 from marin.training.checkpoint.manager import CheckpointPolicy
-from marin.training.optimizers import AdamWConfig, MuonHConfig, optimizer_from
+from marin.training.optimizers import AdamWConfig, OptimizerBase, optimizer_from, optimizer_type
 from marin.training.schedule import (
     LRSchedule,
     SeqLenPhase,
@@ -219,10 +219,11 @@ class ParallelismConfig:
         return TransportSchedule(tuple((int(s), str(t)) for s, t in self.transport_switches))
 
 
-GROUPS: dict[str, type] = {"optimizer": AdamWConfig, "checkpoint": CheckpointPolicy, "stall": StallRule,
+GROUPS: dict[str, type] = {"optimizer": OptimizerBase, "checkpoint": CheckpointPolicy, "stall": StallRule,
                            "evaluation": TrainEvalConfig, "telemetry": TelemetryConfig,
                            "parallelism": ParallelismConfig}
-"""TrainConfig's groups: field name -> class."""
+"""TrainConfig's groups: field name -> class (the optimizer: any registered one,
+:data:`marin.training.optimizers.OPTIMIZERS`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,7 +263,7 @@ class TrainConfig:
     init_from: InitFrom | None = by_field(
         "a branch's source: the source run's output (a placeholder: versioned through its hash), the checkpoint "
         "step and what is taken from it are versioned; None (a fresh start) adds nothing", default=None)
-    optimizer: AdamWConfig | MuonHConfig = group(
+    optimizer: OptimizerBase = group(
         "the optimizer (AdamW or MuonH, marin.training.optimizers) and the LR schedule: versioned field by field "
         "(lr_replans is live); AdamW's fields keep their names, so runs declared before MuonH keep their hashes",
         default_factory=AdamWConfig)
@@ -348,5 +349,6 @@ def train_config_from_record(record: dict[str, Any]) -> TrainConfig:
     field read back by the one generic reader (:func:`marin.execution.jsonable.from_jsonable`), so
     a field added to the config comes back without a change here. Masked secrets read back as
     ``***``; fields the config no longer has are skipped. ValueError naming the field otherwise."""
-    types = {"data": MixtureConfig | SyntheticDataConfig, "evaluation.sets": tuple[EvalSet, ...]}
+    types = {"data": MixtureConfig | SyntheticDataConfig, "evaluation.sets": tuple[EvalSet, ...],
+             "optimizer": optimizer_type()}  # any registered optimizer
     return from_jsonable(TrainConfig, record, types=types, ignore_unknown=True)

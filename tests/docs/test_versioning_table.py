@@ -55,9 +55,10 @@ def config_classes() -> list[type]:
     from marin.scaling.ladder import LadderFitConfig, RungRun
     from marin.training.config import GROUPS, SyntheticDataConfig, TrainConfig
     from marin.training.gate import GateConfig
-    from marin.training.optimizers import MuonHConfig
+    from marin.training.optimizers import OPTIMIZERS, OptimizerBase
 
-    return [TrainConfig, *GROUPS.values(), MuonHConfig, MoEConfig, SyntheticDataConfig, SyntheticK40Config,
+    groups = [c for g in GROUPS.values() for c in (OPTIMIZERS.values() if g is OptimizerBase else (g,))]
+    return [TrainConfig, *groups, MoEConfig, SyntheticDataConfig, SyntheticK40Config,
             TrainTokenizerConfig, CorpusInput, DedupConfig, DecontaminateConfig, TokenizeConfig, MixtureConfig,
             MixtureReportConfig, EvalConfig, EvalSet,
             DomainTaskConfig, HarnessConfig, HealthReportConfig, LadderFitConfig, RungRun, IsoFlopFitConfig,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from typing import Any, ClassVar, Literal
 
 import draccus
 import jax
@@ -15,12 +16,13 @@ import numpy as np
 import pytest
 
 from marin.cli import main
-from marin.execution import plan_steps
+from marin.execution import ExecutorStep, plan_steps
 from marin.execution.jsonable import to_jsonable
 from marin.models.config import get_preset
 from marin.pools import get_pool
 from marin.training import checkpoint as ckpt
 from marin.training.config import (
+    GROUPS,
     InitFrom,
     ParallelismConfig,
     SyntheticDataConfig,
@@ -29,7 +31,15 @@ from marin.training.config import (
     train_config_from_record,
 )
 from marin.training.lowering import abstract_mesh, abstract_state, forbidden_ops, lower_train_step
-from marin.training.optimizers import AdamWConfig, MuonHConfig, optimizer_from
+from marin.training.optimizers import (
+    OPTIMIZERS,
+    AdamWConfig,
+    MuonHConfig,
+    OptimizerBase,
+    optimizer_from,
+    optimizer_type,
+    register_optimizer,
+)
 from marin.training.planning import checkpoint_bytes_per_host, memory_plan
 from marin.training.trainer import IncompatibleCheckpoint, branch_state, model_config, run_training, state_shardings
 
@@ -61,6 +71,67 @@ def test_the_union_reads_from_dicts_records_and_the_command_line():
     assert draccus.parse(Cli, args=["--optimizer.kind", "muonh", "--optimizer.adam_lr", "0.001"]).optimizer == \
         MuonHConfig(adam_lr=0.001)
     assert draccus.decode(Cli, {"optimizer": {"beta2": 0.9}}).optimizer == AdamWConfig(beta2=0.9)
+
+
+@dataclasses.dataclass(frozen=True)
+class SGDMConfig(OptimizerBase):
+    """SGD with momentum: an optimizer added the way a user adds one (registered by the test)."""
+
+    momentum: float = 0.9
+    kind: Literal["sgdm"] = "sgdm"
+
+    STATE_BYTES: ClassVar[dict[str, int]] = {"sgdm": 4}  # one float32 momentum buffer
+
+    def leaf_group(self, key: str, shape: tuple[int, ...]) -> str:
+        return "sgdm"
+
+    def transformation(self) -> Any:
+        import optax
+
+        inner = optax.trace(decay=self.momentum)
+
+        def update(grads, state, params=None, *, lr, **extra):
+            direction, state = inner.update(grads, state, params)
+            return jax.tree.map(lambda u: -lr * u, direction), state
+
+        return optax.GradientTransformationExtraArgs(inner.init, update)
+
+
+@pytest.fixture
+def unregistered():
+    """The registry as it was after the test (SGDMConfig registered for one test only)."""
+    yield
+    OPTIMIZERS.pop("sgdm", None)
+
+
+def test_registering_an_optimizer_is_all_the_config_its_groups_record_and_cli_need(unregistered, capsys):
+    with pytest.raises(ValueError, match=r"^optimizer SGDMConfig is not registered: call "
+                                         r"register_optimizer\(SGDMConfig\) in its module$"):
+        _config(optimizer=SGDMConfig(momentum=0.5))
+    register_optimizer(SGDMConfig)
+    with pytest.raises(ValueError, match="optimizer kind 'sgdm' is taken by"):
+        register_optimizer(dataclasses.make_dataclass("Other", [("kind", str, dataclasses.field(default="sgdm"))],
+                                                      bases=(OptimizerBase,), frozen=True))
+    # the config and its group: an instance or a dict (a parsed command line, a record) by its kind
+    config = _config(optimizer=SGDMConfig(momentum=0.5))
+    assert isinstance(config.optimizer, GROUPS["optimizer"])
+    assert _config(optimizer={"kind": "sgdm", "momentum": 0.5}) == config
+    assert train_config_from_record(to_jsonable(config)) == config
+    step = plan_steps([ExecutorStep("t", print, config)], "/p").steps[0]  # named as the parent's own, as AdamW's
+    assert step.config_leaves["momentum"] == {"float": "0.5"} and step.config_leaves["kind"] == "sgdm"
+
+    @dataclasses.dataclass
+    class Cli:
+        optimizer: optimizer_type() = dataclasses.field(default_factory=AdamWConfig)  # type: ignore[valid-type]
+
+    assert draccus.parse(Cli, args=["--optimizer.kind", "sgdm", "--optimizer.momentum", "0.5"]).optimizer == \
+        SGDMConfig(momentum=0.5)
+    # marin plan offers it and plans its state from its STATE_BYTES: one buffer where AdamW keeps two
+    planned = {}
+    for name in ("adamw", "sgdm"):
+        assert main(["plan", "tiny", "--pool", "local-cpu", "--optimizer", name, "--json"]) == 0
+        planned[name] = json.loads(capsys.readouterr().out)["bytes_per_device"]["optimizer_state"]
+    assert planned["sgdm"] * 2 == planned["adamw"] > 0
 
 
 def test_adamw_keeps_its_version_and_muonh_has_its_own():

@@ -12,11 +12,12 @@ import dataclasses
 from typing import Any, ClassVar, Literal
 
 from marin.execution.versioning import added_later
-from marin.training.optimizers.base import OptimizerBase
+from marin.training.optimizers.base import OptimizerBase, register_optimizer
 
 ADAMW = "adamw"
 
 
+@register_optimizer
 @dataclasses.dataclass(frozen=True)
 class AdamWConfig(OptimizerBase):
     """AdamW (``beta1``, ``beta2``, ``adam_eps``; decoupled ``weight_decay`` on matrices) after clipping

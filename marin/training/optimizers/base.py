@@ -27,6 +27,7 @@ subset of its leaves, under the same keys), so the layout's leaf-name rule
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any, ClassVar
 
 from marin.execution.versioning import live
@@ -110,3 +111,33 @@ class OptimizerBase:
         """The update as an optax ``GradientTransformationExtraArgs`` (``update(..., lr=...)`` gives the
         parameters' change)."""
         raise NotImplementedError
+
+OPTIMIZERS: dict[str, type[OptimizerBase]] = {}
+"""The registry: each optimizer's config class by its ``kind``, filled by :func:`register_optimizer`.
+``TrainConfig.optimizer`` accepts, reads back from a record and groups exactly these; ``marin plan
+--optimizer`` offers them; docs/versioning.md lists their fields."""
+
+
+def register_optimizer(cls: type[OptimizerBase]) -> type[OptimizerBase]:
+    """Register an optimizer config class under its ``kind`` (the default of its ``kind`` field), once,
+    at the end of its module (usable as a class decorator). Registering it is all a run needs: the
+    config, its record, its groups, the planner, the checkpoint and ``marin plan`` read the registry."""
+    if not (isinstance(cls, type) and issubclass(cls, OptimizerBase) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"register_optimizer takes an OptimizerBase dataclass, got {cls!r}")
+    kind_field = {f.name: f for f in dataclasses.fields(cls)}.get("kind")
+    kind = None if kind_field is None else kind_field.default
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"{cls.__name__} needs a kind field whose default is its tag (kind: Literal[\"name\"] = "
+                         "\"name\") to be registered")
+    if OPTIMIZERS.get(kind, cls) is not cls:
+        raise ValueError(f"optimizer kind {kind!r} is taken by {OPTIMIZERS[kind].__qualname__}; "
+                         f"give {cls.__qualname__} a kind of its own")
+    OPTIMIZERS[kind] = cls
+    return cls
+
+
+def optimizer_type() -> Any:
+    """The union of the registered optimizer configs, as a type: what a record reader or a command-line
+    parser (draccus) reads ``TrainConfig.optimizer`` as (a dict picks the member its ``kind`` or its
+    fields name)."""
+    return typing.Union[tuple(OPTIMIZERS.values())]  # noqa: UP007 - built from the registry at call time

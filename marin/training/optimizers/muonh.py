@@ -34,7 +34,14 @@ import dataclasses
 import math
 from typing import Any, ClassVar, Literal
 
-from marin.training.optimizers.base import ADAM_GROUP, ADAMH_GROUP, MUONH_GROUP, OptimizerBase, leaf_name
+from marin.training.optimizers.base import (
+    ADAM_GROUP,
+    ADAMH_GROUP,
+    MUONH_GROUP,
+    OptimizerBase,
+    leaf_name,
+    register_optimizer,
+)
 
 MUONH = "muonh"
 MUONH_LEAVES = ("wq", "wk", "wv", "wo", "shared_gate", "shared_up", "shared_down", "latent_down", "latent_up",
@@ -62,6 +69,7 @@ def heuristic_hyperparameters(tokens: float, d_model: int, tokens_per_batch: int
     return {"adam_lr": adam_lr, "peak_lr": min(MUONH_OVER_ADAM * adam_lr, MUONH_LR_CAP), "beta2": beta2}
 
 
+@register_optimizer
 @dataclasses.dataclass(frozen=True)
 class MuonHConfig(OptimizerBase):
     """MuonH / AdamH / Adam by parameter group (module docstring). ``peak_lr``: MuonH's and AdamH's

@@ -1,5 +1,6 @@
-"""A simulated GB200 NVL72 rack on this machine: a Ray cluster of HOSTS fake nodes (Ray's own cluster
-utilities), each a "host" with 4 fake CPU devices, one JAX process per host through the pool launcher,
+"""A simulated GB200 NVL72 rack on this machine: a Ray cluster of HOSTS fake nodes (as marin's
+commands simulate a CPU pool's hosts: Ray's own cluster utilities, a start that misses Ray's startup
+deadline retried), each a "host" with 4 fake CPU devices, one JAX process per host through the pool launcher,
 one (1, 4 x HOSTS) mesh: expert parallelism across every process, as EP 64 spans the 16 compute trays
 of a rack. The model has the hero's routing shape (384 experts, top-8, 2 shared experts, capacity
 factor 1.15, 2 expert chunks) at a tiny width and depth.
@@ -68,10 +69,8 @@ def host_main(ctx, config, pid_dir):
 
 
 def main() -> None:
-    import ray
-    from ray.cluster_utils import Cluster
-
-    from marin.pools import RACK_LABEL, launch
+    from marin.pools import launch
+    from marin.pools.local import pool_cluster
     from marin.training.checkpoint import committed_steps
     from marin.training.config import (
         AdamWConfig,
@@ -86,14 +85,6 @@ def main() -> None:
     out, hosts = sys.argv[1], int(sys.argv[2])
     run_dir, pid_dir = f"{out}/run", f"{out}/pids"
     os.makedirs(pid_dir, exist_ok=True)
-    t0 = time.time()
-    # no dashboard: its ~1 GB of processes is no part of a pool
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    for _ in range(hosts):
-        cluster.add_node(num_cpus=1, resources={"fake_host": DEVICES_PER_HOST}, labels={RACK_LABEL: "rack-00"})
-    ray.init(address=cluster.address, log_to_driver=False)
-    cluster.wait_for_nodes()
-    t_cluster = time.time() - t0
     pool = rack_pool(hosts)
     config = TrainConfig(
         output_path=run_dir, pool="gb200-rack", data=SyntheticDataConfig(vocab_size=512), model=rack_model(),
@@ -128,10 +119,16 @@ def main() -> None:
                 return
             time.sleep(0.05)
 
-    threading.Thread(target=kill_one_host, daemon=True).start()
-    t_launch = time.time()
-    summaries = launch(pool, host_main, (config, pid_dir))
-    t_end = time.time()
+    # the cluster as `marin sample/eval --pool` simulates a pool's hosts: one Ray node per host (its fake
+    # devices, its rack label) beside the head, a node that misses Ray's 30 s startup deadline on a busy
+    # machine started again, and every process stopped at the end (stdout goes to stderr meanwhile)
+    t0 = time.time()
+    with pool_cluster(pool):
+        t_cluster = time.time() - t0
+        threading.Thread(target=kill_one_host, daemon=True).start()
+        t_launch = time.time()
+        summaries = launch(pool, host_main, (config, pid_dir))
+        t_end = time.time()
     records = read_metrics(run_dir)
     launches = sorted(os.listdir(pid_dir))
     print("RESULT " + json.dumps({
@@ -148,8 +145,6 @@ def main() -> None:
         "train_s": round(t_end - t_launch, 1), "wall_s": round(t_end - t0, 1),
         "config": dataclasses.asdict(config.model) | {"tokens_per_step": config.tokens_per_step},
     }), flush=True)
-    ray.shutdown()
-    cluster.shutdown()
 
 
 if __name__ == "__main__":

@@ -22,9 +22,19 @@ from typing import Any
 from marin.data.corpus_steps import CorpusInput, split_glob
 from marin.data.decontaminate import DecontaminateConfig, decontaminate
 from marin.data.dedup import DedupConfig, dedup
+from marin.data.domains import DomainAssignConfig, DomainFitConfig, Embedding, assign_domains, fit_domains
+from marin.data.layout import K40BuildConfig, build_k40_layout
 from marin.data.mixture import MixtureConfig, MixtureStage
 from marin.data.mixture_report import MixtureReportConfig, mixture_report
 from marin.data.order import CURRENT_ORDER
+from marin.data.quality import (
+    QualityExamplesConfig,
+    QualityTrainConfig,
+    default_quality_features,
+    train_quality,
+    write_quality_examples,
+)
+from marin.data.raw_text import FlattenConfig, flatten_corpus
 from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
 from marin.data.tokenize import TokenizeConfig, tokenize
 from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
@@ -217,6 +227,118 @@ def default_decontaminate(
         ngram=ngram,
         mode=mode,
     ), f"decontaminate {name} against {', '.join(sets)} ({ngram}-grams, {mode})")
+
+
+# --- the K40 layout from raw text: domains by clustering, quality buckets by a classifier --------
+# raw corpus -> domain fit -> domain assign -> (with a quality classifier) k40 layout -> default_tokenize.
+# Changing K or the embedding moves the fit and everything after it; changing the classifier's example
+# sets moves the classifier and the layout; the dedup and decontamination before them stay.
+
+
+def default_raw_text(name: str, corpus: StepOrPath, files: int = 4, seed: int = 0) -> ExecutorStep:
+    """Every record of ``corpus`` (a K40-layout corpus, e.g. :func:`default_k40_miniature`) shuffled into
+    ``files`` flat files: raw text whose domains and buckets are no longer in its paths."""
+    return _step(name, flatten_corpus, FlattenConfig(input_path=_data_input(corpus), output_path=this_output_path(),
+                                                     files=files, seed=seed),
+                 f"{name}: the records of a corpus shuffled into {files} flat files")
+
+
+def default_domain_fit(
+    name: str,
+    corpus: StepOrPath,
+    *,
+    k: int = 40,
+    sample_documents: int = 100_000,
+    embedding: Embedding | None = None,
+    n_init: int = 4,
+    seed: int = 0,
+    input: CorpusInput | None = None,
+) -> ExecutorStep:
+    """Fit ``k`` semantic domains (k-means centroids) on a sample of ``corpus``'s document embeddings;
+    the output names each domain by its top terms (docs/data.md, "The K40 layout from raw text").
+
+    Args:
+        embedding: how documents become vectors (:class:`Embedding`; None: hashed n-gram TF-IDF with a
+            randomized SVD, no download); your own model by import path, ``Embedding(model="pkg.mod:fn")``.
+        input: what is read and how the work is spread (:class:`CorpusInput`), as for :func:`default_dedup`.
+    """
+    embedding = embedding or Embedding()
+    return _step(name, fit_domains, DomainFitConfig(
+        input_path=_data_input(corpus), output_path=this_output_path(), input=input or CorpusInput(), k=k,
+        sample_documents=sample_documents, embedding=embedding, n_init=n_init, seed=seed,
+    ), f"domain fit {name}: k={k} on {sample_documents:,} documents, {embedding.model}")
+
+
+def default_domain_assign(name: str, corpus: StepOrPath, fit: ExecutorStep, *,
+                          input: CorpusInput | None = None) -> ExecutorStep:
+    """Label every document of ``corpus`` with its nearest domain of ``fit`` (a :func:`default_domain_fit`);
+    versioned by the fit, so a new fit is a new assignment."""
+    return _step(name, assign_domains, DomainAssignConfig(
+        input_path=_data_input(corpus), fit_path=output_path_of(fit), output_path=this_output_path(),
+        input=input or CorpusInput(),
+    ), f"domain assign {name}")
+
+
+def default_quality_examples(name: str, per_domain: int = 10, seed: int = 0,
+                             domains: Sequence[str] | None = None) -> ExecutorStep:
+    """A generated example pair for the miniature corpus: clean text (positive) and text as noisy as its
+    lowest bucket (negative), ``per_domain`` documents per domain each; pass the step as both sets of
+    :func:`default_quality_classifier`."""
+    return _step(name, write_quality_examples, QualityExamplesConfig(
+        output_path=this_output_path(), per_domain=per_domain, domains=None if domains is None else tuple(domains),
+        seed=seed), f"generated quality examples, {per_domain} per domain and side")
+
+
+def _example_set(x: StepOrPath, side: str) -> Any:
+    """An example set: a generated pair's own side, another step's output, or a path (versioned as is)."""
+    if isinstance(x, ExecutorStep) and x.fn is write_quality_examples:
+        return output_path_of(x, side)
+    return _data_input(x)
+
+
+def default_quality_classifier(
+    name: str,
+    positive: Sequence[StepOrPath],
+    negative: Sequence[StepOrPath],
+    *,
+    text_field: str = "text",
+    C: float = 1.0,
+    max_examples: int = 200_000,
+    seed: int = 0,
+) -> ExecutorStep:
+    """Train a quality classifier (logistic regression on hashed character n-grams) of ``positive``
+    (high quality text) against ``negative`` examples: steps or paths of jsonl / parquet documents (a
+    :func:`default_quality_examples` step gives its own side to each)."""
+    if isinstance(positive, (str, ExecutorStep)) or isinstance(negative, (str, ExecutorStep)):
+        raise TypeError("positive= and negative= take lists of example sets (steps or paths), e.g. positive=[step]")
+    return _step(name, train_quality, QualityTrainConfig(
+        output_path=this_output_path(), positive=tuple(_example_set(x, "positive") for x in positive),
+        negative=tuple(_example_set(x, "negative") for x in negative), text_field=text_field,
+        features=default_quality_features(), C=C, max_examples=max_examples, seed=seed,
+    ), f"quality classifier {name}: {len(positive)} positive, {len(negative)} negative example set(s)")
+
+
+def default_k40_layout(
+    name: str,
+    corpus: StepOrPath,
+    assignment: ExecutorStep,
+    classifier: ExecutorStep,
+    *,
+    tokenizer: StepOrPath | None = None,
+    bucketing: str = "per_domain",
+    output_format: str = "jsonl.gz",
+    input: CorpusInput | None = None,
+) -> ExecutorStep:
+    """Score every document of ``corpus`` with ``classifier``, bucket it into q1..q5 by score quantiles
+    (per domain or global) and write it under ``{domain}/{bucket}/`` with ``k40_manifest.json``: the
+    layout :func:`default_tokenize` and the mixtures read. ``corpus`` and ``input`` must be what
+    ``assignment`` (a :func:`default_domain_assign`) read; ``tokenizer``: count tokens per source."""
+    return _step(name, build_k40_layout, K40BuildConfig(
+        input_path=_data_input(corpus), assignment_path=output_path_of(assignment),
+        classifier_path=output_path_of(classifier), output_path=this_output_path(), input=input or CorpusInput(),
+        bucketing=bucketing, tokenizer=None if tokenizer is None else _data_input(tokenizer),
+        output_format=output_format,
+    ), f"k40 layout {name}: quality buckets {bucketing}")
 
 
 _TOKENIZER_READS = ("text_field", "on_corrupt", "max_corrupt_fraction")

@@ -51,7 +51,7 @@ from types import ModuleType
 
 from marin.execution.errors import install_excepthook
 from marin.execution.failures import STORE_ADVICE, store_access_error, unreadable_store_message
-from marin.execution.jsonable import mask_text
+from marin.execution.jsonable import mask_log_records, mask_text
 from marin.execution.prefix import resolve_prefix
 from marin.execution.retry import refusal_fails_fast
 from marin.execution.signals import StopSignals, ignore_stop_signals, signal_of, stop_reason
@@ -107,6 +107,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     install_excepthook()  # the entry point owns process-wide hooks; importing marin never installs one
+    mask_log_records()  # every log line a command prints, masked as its errors are
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(command)

@@ -51,7 +51,7 @@ from marin.execution.errors import ExecutorError, ExecutorInterrupted
 from marin.execution.experiment_record import record_steps, write_experiment_record
 from marin.execution.failures import InputNotSucceeded, disk_full_error, error_chain
 from marin.execution.infra_retry import InfraRetries
-from marin.execution.jsonable import mask_text
+from marin.execution.jsonable import mask_log_records, mask_text
 from marin.execution.lease import LeaseLost, fenced, is_stale, lease_path, read_lease, release, try_acquire
 from marin.execution.lease_keeper import LeaseKeeper
 from marin.execution.options import RunOptions
@@ -370,6 +370,7 @@ class _Runner:
             self._start(s)  # may find SUCCESS (reuse), FAILED (fail), or take over
 
     def _print(self, msg: str) -> None:
+        msg = mask_text(msg)  # every line the driver prints about a step may quote its error or config
         if self.bar is not None:
             self.bar.write(msg, file=sys.stderr)
         else:
@@ -421,6 +422,7 @@ class _Runner:
 
 def run_plan(plan: Plan, opts: RunOptions) -> RunResult:
     """Run every unfinished step of ``plan`` (see module docstring); raise ExecutorError on failure."""
+    mask_log_records()  # the driver's log lines, as every other string a user sees, masked
     statuses = run_statuses(plan, opts)
     todo, outcome = selected(plan, statuses, opts)
     if opts.dry_run:

@@ -12,7 +12,7 @@ The masking rule, the one used everywhere a config or an error message leaves th
   whatever its value (words are whole: ``tokenizer`` and ``tokens_per_step`` are not secrets);
 * any string, under any field, has credential-looking parts replaced by ``***``: AWS access key ids
   (``AKIA``/``ASIA`` + 16 upper-case letters or digits), W&B API keys (40 hex digits; a git commit
-  id reads the same and is masked too), ``sk-...``, ``hf_...``, ``ghp_...`` style tokens, and
+  id reads the same and is masked too), ``sk-...``, ``hf_...``, ``ghp_...``, ``github_pat_...`` tokens, and
   40-character base64 AWS secret keys under a field whose name mentions aws/access/auth/cred;
 * credentials in other shapes, wherever they appear in a string: the user-info part of a URL
   (``https://user:pass@host/x`` -> ``https://***@host/x``), the value of an authorization-like
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import math
 import pathlib
 import re
@@ -52,7 +53,8 @@ _CREDENTIAL_RE = re.compile(
     r"|[0-9a-f]{40}"  # W&B API key
     r"|sk-[A-Za-z0-9_\-]{16,}"  # OpenAI-style secret keys
     r"|hf_[A-Za-z0-9]{20,}"  # Hugging Face tokens
-    r"|gh[pousr]_[A-Za-z0-9]{30,}"  # GitHub tokens
+    r"|gh[pousr]_[A-Za-z0-9]{16,}"  # GitHub tokens (36 characters after the prefix when issued)
+    r"|github_pat_[A-Za-z0-9_]{20,}"  # GitHub fine-grained personal access tokens
     r")(?![A-Za-z0-9])"
 )
 _AWS_SECRET_RE = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
@@ -103,6 +105,43 @@ def mask_text(text: str, field_name: str = "", *, keyish: bool | None = None) ->
     if keyish:
         out = _AWS_SECRET_RE.sub(lambda m: MASK if _mixed(m.group(0)) else m.group(0), out)
     return out
+
+
+MASKED_LOGGERS = ("marin", "experiments", "operations", "__main__")
+"""The loggers whose records :func:`mask_log_records` masks: marin's own, the experiment files' and
+operator scripts' (a step's function logs what it fetches from where)."""
+
+
+def mask_log_records() -> None:
+    """Make every log record of :data:`MASKED_LOGGERS` (and their children) pass through
+    :func:`mask_text` when it is made, message and traceback, whatever handler later shows or stores
+    it: the terminal, a Ray worker's log a driver echoes, a file. A log record factory, not a filter:
+    a filter sits on one logger or handler, and a record propagated from a child logger skips its
+    ancestors' filters. Called by the entry points (the ``marin`` command, the executor's driver and
+    each step's task), never on import; installing it twice is a no-op, and the factory that was in
+    place keeps making the records."""
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "masks_secrets", False):
+        return
+
+    def make(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        name = record.name
+        if not any(name == n or name.startswith(n + ".") for n in MASKED_LOGGERS):
+            return record
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is the handler's to report, as without masking
+            return record
+        masked = mask_text(text)
+        if masked != text:
+            record.msg, record.args = masked, None
+        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+            record.exc_text = mask_text(logging.Formatter().formatException(record.exc_info))
+        return record
+
+    make.masks_secrets = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(make)
 
 
 def _keyish_path(path: FieldPath) -> bool:

@@ -27,6 +27,7 @@ from typing import Any
 
 from marin.execution import lease as leases
 from marin.execution import storage
+from marin.execution.jsonable import mask_text
 
 STATUS_FILE = ".executor_status"
 STEP_FILES = (STATUS_FILE, leases.LEASE_FILE)
@@ -218,14 +219,14 @@ def write_status(
     events = list(record["events"]) if record else []
     event = {"status": new.value, "time": time.time(), "holder": lease.holder, "token": lease.token}
     if message:
-        event["message"] = message
+        event["message"] = mask_text(message)
     if started is not None:
         event["started"] = started
     events.append(event)
     out = {"status": new.value, "events": events}
     info = info if info is not None else (record or {}).get("info")
     if info is not None:
-        out["info"] = info
+        out["info"] = masked_info(info)
     storage.write_text(f"{step_dir}/{STATUS_FILE}", record_text(out), consume=consume)
     return out
 
@@ -241,9 +242,10 @@ def record_text(record: dict[str, Any]) -> str:
 def read_info(step_dir: str, record: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """What the step is (config, version, lineage, code, host, holder; the error of a failed attempt),
     for its latest attempt: from ``record`` (a :func:`read_status` result) when given, else read.
-    None before the step first started."""
+    None before the step first started. Its free text is masked (:func:`masked_info`) whatever wrote it."""
     record = read_status(step_dir) if record is None else record
-    return record.get("info") if record else None
+    info = record.get("info") if record else None
+    return masked_info(info) if isinstance(info, dict) else info
 
 
 def attempt_times(
@@ -270,3 +272,15 @@ def attempt_times(
 def last_started(step_dir: str) -> float:
     """When the step's latest attempt started (0 if it never did): orders runs of one step name."""
     return attempt_times(read_status(step_dir))[1] or 0.0
+
+
+FREE_TEXT = ("description", "error", "traceback")
+"""The fields of a step's info written as given (its config is rendered masked by
+:func:`marin.execution.jsonable.to_jsonable`): free text that may quote a URL or a token."""
+
+
+def masked_info(info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` with its free-text fields through :func:`marin.execution.jsonable.mask_text`: every
+    writer of a step record goes through :func:`write_status`, so no record holds them in clear, and
+    the readers (``marin show``, the report) mask again what an older record holds."""
+    return {k: mask_text(v) if k in FREE_TEXT and isinstance(v, str) else v for k, v in info.items()}

@@ -21,7 +21,7 @@ from marin.execution import storage
 from marin.execution.cluster import placement_owner
 from marin.execution.failures import InputNotSucceeded, disk_full_error
 from marin.execution.fingerprint import code_fingerprint
-from marin.execution.jsonable import mask_leaves, to_jsonable
+from marin.execution.jsonable import mask_leaves, mask_log_records, mask_text, to_jsonable
 from marin.execution.plan import PlannedStep
 from marin.execution.status import StepStatus
 from marin.textfmt import format_bytes
@@ -33,7 +33,7 @@ def step_info(ps: PlannedStep, config: Any, holder: str) -> dict[str, Any]:
     deps = ps.dependencies + ps.nonblocking_dependencies
     return {
         "name": ps.name,
-        "description": ps.step.description,
+        "description": mask_text(ps.step.description) if ps.step.description else None,
         "output_path": ps.output_path,
         "hash": ps.hash,
         "fn": code_fingerprint(ps.step.fn)["fn"],
@@ -49,6 +49,7 @@ def step_info(ps: PlannedStep, config: Any, holder: str) -> dict[str, Any]:
 
 def execute_step(fn: Any, config: Any, output_path: str, inputs: tuple[tuple[str, str], ...] = ()) -> None:
     """Body of a step's Ray task; ``inputs``: (name, output path) of each blocking dependency."""
+    mask_log_records()  # this worker's log lines, the step's own included, as the driver's
     check_inputs_succeeded(inputs)
     storage.makedirs(output_path)
     fn(config)

@@ -19,6 +19,7 @@ from typing import Any
 
 from marin.evaluation.suite import TASK_KEY
 from marin.execution import storage
+from marin.execution.jsonable import mask_text
 from marin.execution.main import CARD_FIELDS
 from marin.execution.versioning import input_field, live
 from marin.review import CATEGORIES, Experiment, Step, dependency_order
@@ -123,7 +124,7 @@ def _header(exp: Experiment) -> str:
     fingerprint = hashlib.sha256("\n".join(fps).encode()).hexdigest()[:12] if fps else "-"
     ended = [s.end_time for s in exp.steps if s.end_time]
     when = exp.updated or (max(ended) if ended else None)
-    rows = [("experiment", exp.name), ("description", exp.description or "-"), ("prefix", exp.prefix),
+    rows = [("experiment", exp.name), ("description", mask_text(exp.description or "-")), ("prefix", exp.prefix),
             ("when it ran", _when(when)), ("code fingerprint", fingerprint + "  (digest of every step's code)"),
             ("generated", _when(time.time()))]
     if exp.source:

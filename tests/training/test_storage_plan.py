@@ -173,5 +173,22 @@ def test_marin_checkpoints_lists_sizes_pins_and_what_retention_deletes_next(tmp_
     assert (run / "checkpoints" / "step-00000005").exists()
     assert marin(["checkpoints", str(run), "--prune"]) == 0
     assert "deleted 1: 5" in capsys.readouterr().out and not (run / "checkpoints" / "step-00000005").exists()
+    # a chunk cut short (a copy killed midway): the listing's sizes against the index's shapes say so
+    step_dir = run / "checkpoints" / "step-00000004"
+    chunks = [p for p in (step_dir / "arrays").rglob("*") if p.is_file() and p.name != "zarr.json"]
+    big = max(chunks, key=lambda p: p.stat().st_size)
+    size = big.stat().st_size
+    big.write_bytes(big.read_bytes()[:100])
+    leaf_dir, *chunk = big.relative_to(step_dir / "arrays").parts  # leaf-00003, c, 0, 0, 0
+    key = next(e["key"] for e in json.loads((step_dir / "index.json").read_text())["leaves"]
+               if e["array"] == f"arrays/{leaf_dir}")
+    assert marin(["checkpoints", str(run)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    row = next(line for line in out if line.split()[:2] == ["4", "permanent"])
+    assert f"DAMAGED: {key}: chunk {'/'.join(chunk)} 100 bytes, {size:,} expected" in row
+    rows = [line.split() for line in out if line.split()[1:2] == ["permanent"] and "checkpoint(s)" not in line]
+    assert [r[4] for r in rows] == ["ok", "ok", "DAMAGED:"]  # step, tier, size (2 words), chunks
+    assert out[-1] == ("1 damaged: 4 (sample, eval and export skip it and use the newest one that verifies; a resumed "
+                       "run moves it aside)")
     assert marin(["checkpoints", str(tmp_path / "nope")]) == 2
     assert "no such directory" in capsys.readouterr().err

@@ -6,6 +6,7 @@ deletion COMMIT first).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -207,6 +208,38 @@ def verify_parts(path: str, commit: Mapping[str, Any]) -> None:
         if part.get("step") != commit.get("step"):
             raise CorruptCheckpointError(f"{path}: part {part_name(p)} is of step {part.get('step')}, "
                                          f"not {commit.get('step')}")
+
+
+CHECKSUM_BYTES = 4
+"""What the crc32c codec appends to every stored chunk (see the array spec in ``save``)."""
+
+
+def chunk_damage(path: str) -> list[str]:
+    """A cheap check of a committed checkpoint's stored chunks against its index, from one listing of
+    its arrays (no chunk is read, so no checksum is verified): every array has every chunk of its
+    grid, each exactly the size its chunk shape and dtype give (every chunk is stored whole, edge
+    and all-zero ones too). A copy or write cut short leaves a chunk shorter or missing. Returns one
+    line per damaged array (first chunk named), [] when all is in place."""
+    fs, root = fsspec.core.url_to_fs(path)
+    try:
+        leaves = read_index(path)["leaves"]
+        found = fs.find(f"{root}/{ARRAYS_DIR}", detail=True)
+    except (CorruptCheckpointError, KeyError) as e:
+        return [f"its index does not read ({one_line(e)})"]
+    sizes = {name[len(root) + 1:]: int(info.get("size") or 0) for name, info in found.items()}
+    problems = []
+    for leaf in leaves:
+        chunk = [max(1, c) for c in leaf["chunk"]]
+        want = math.prod(chunk) * stored_dtype(leaf["dtype"]).itemsize + CHECKSUM_BYTES
+        grid = [range(math.ceil(n / c)) for n, c in zip(leaf["shape"], chunk, strict=True)]
+        keys = ["/".join(["c", *map(str, at)]) for at in itertools.product(*grid)]
+        bad = [(k, sizes.get(f"{leaf['array']}/{k}")) for k in keys if sizes.get(f"{leaf['array']}/{k}") != want]
+        if bad:
+            key, size = bad[0]
+            what = "missing" if size is None else f"{size:,} bytes, {want:,} expected"
+            problems.append(f"{leaf['key']}: chunk {key} {what}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1
+                                                                     else ""))
+    return problems
 
 
 def shardings_per_leaf(shardings: Any, template: Any, n: int) -> list[Any] | None:

@@ -49,6 +49,7 @@ import os
 import sys
 from types import ModuleType
 
+from marin.commands import options
 from marin.execution.errors import install_excepthook
 from marin.execution.failures import STORE_ADVICE, store_access_error, unreadable_store_message
 from marin.execution.jsonable import mask_log_records, mask_text
@@ -130,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(module: ModuleType, args: argparse.Namespace) -> int:
     """The command's ``run``, its errors printed in one line unless it handles them itself."""
+    try:
+        options.refuse_location_credentials(args)  # before any store client sees the URL
+    except ValueError as e:
+        print(f"marin: error: {e}", file=sys.stderr)
+        return 2
     if getattr(module, "HANDLES_ERRORS", False):
         return module.run(args)
     try:

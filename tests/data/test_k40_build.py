@@ -301,3 +301,43 @@ def test_global_buckets_and_a_corrupt_file_skipped(built, tmp_path):
     assert sum(per_bucket.values()) == 3167
     assert all(abs(n - 3167 / 5) <= 0.02 * 3167 for n in per_bucket.values()), per_bucket
     assert not (tmp_path / "k40/_work").exists()
+
+
+def test_changing_k_or_the_example_sets_moves_exactly_the_steps_after_them(tmp_path):
+    from experiments.k40_from_raw import pipeline
+    from marin.execution.plan import plan_steps
+
+    def paths(**kw) -> dict[str, str]:
+        steps = pipeline(**kw)
+        plan = plan_steps(list(steps.values()), str(tmp_path))
+        return {role: plan.planned(s).output_path for role, s in steps.items()}
+
+    base = paths()
+    assert paths() == base  # the same experiment plans the same paths
+
+    def moved(other: dict[str, str]) -> list[str]:
+        return sorted(role for role in base if other[role] != base[role])
+
+    after = ["layout", "mixture_report", "tokenized"]
+    assert moved(paths(k=20)) == sorted(["domain_fit", "domain_assign", *after])
+    assert moved(paths(examples_per_domain=20)) == sorted(["quality_examples", "quality_classifier", *after])
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_local")
+def test_the_experiment_runs_and_a_rerun_is_a_no_op(tmp_path):
+    """experiments/k40_from_raw.py through the executor on Ray (3.6 min at a load average of 20 on 2 cores)."""
+    from experiments.k40_from_raw import steps
+    from marin.execution import ExecutorMainConfig, executor_main
+
+    cfg = ExecutorMainConfig(prefix=str(tmp_path), progress=False)
+    res = executor_main(cfg, steps=[steps["mixture_report"]])
+    assert set(res.outcome.values()) == {"succeeded"} and len(res.outcome) == 13, res.errors
+    store = json.loads(Path(res.plan.planned(steps["tokenized"]).output_path, "manifest.json").read_text())
+    layout = read_k40_manifest(res.plan.planned(steps["layout"]).output_path)
+    assert layout["totals"]["documents"] == 3167 and len(layout["sources"]) == 200
+    # the layout's token counts are the store's, less one end-of-document token per document
+    assert {k: s["tokens"] + s["documents"] for k, s in layout["sources"].items()} == \
+        {k: s["tokens"] for k, s in store["sources"].items()}
+    again = executor_main(cfg, steps=[steps["mixture_report"]])
+    assert set(again.outcome.values()) == {"cached"}

@@ -99,3 +99,39 @@ def test_the_operations_runbook_names_only_real_commands_and_flags():
         options = {s for a in parser._actions for s in a.option_strings}  # noqa: SLF001 - argparse keeps no public table
         for flag in re.findall(r"(--[a-z][a-z-]*)", rest.split("#")[0]):
             assert flag in options, f"operations/README.md gives marin {name} {flag}, which it does not take"
+
+
+def test_every_flag_the_guides_give_a_marin_command_is_one_it_takes(capsys):
+    """Each `marin COMMAND ... --flag` in the guides is accepted by that command (``marin run``: its own
+    flags and the executor's, the only ones an experiment file takes); the optimizer the training guide
+    picks with a dict in the experiment file, and with ``marin plan --optimizer`` on the command line,
+    is MuonH."""
+    import argparse
+    import dataclasses
+
+    from marin.cli import COMMANDS, command_module, main
+    from marin.execution.options import ExecutorMainConfig
+    from marin.training.config import SyntheticDataConfig, TrainConfig
+    from marin.training.optimizers import MuonHConfig
+
+    docs = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
+    checked = 0
+    for doc in docs:
+        for name, rest in re.findall(r"marin ([a-z][a-z-]*)((?: [^`|\n]*)?)", doc.read_text()):
+            if name not in COMMANDS:  # prose: "marin is ...", "marin package"
+                continue
+            parser = argparse.ArgumentParser()
+            command_module(name).add_arguments(parser)
+            options = {s for a in parser._actions for s in a.option_strings}  # noqa: SLF001 - no public table
+            if name == "run":
+                options |= {f"--{f.name}" for f in dataclasses.fields(ExecutorMainConfig)}
+            for flag in re.findall(r"(--[a-z][a-z_.-]*)", rest.split("#")[0]):
+                assert flag.rstrip(".") in options, f"{doc.name} gives marin {name} {flag}, which it does not take"
+                checked += 1
+    assert checked > 50
+    config = TrainConfig(output_path="/x", data=SyntheticDataConfig(vocab_size=64), model="tiny", train_steps=40,
+                         tokens_per_step=128, seq_len_phases=((0.0, 16),),
+                         optimizer={"kind": "muonh", "adam_lr": 0.001})
+    assert config.optimizer == MuonHConfig(adam_lr=0.001)
+    assert main(["plan", "tiny", "--pool", "local-cpu", "--optimizer", "muonh"]) == 0
+    assert "optimizer_workspace" in capsys.readouterr().out  # MuonH's Newton-Schulz temporaries

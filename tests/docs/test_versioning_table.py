@@ -39,8 +39,13 @@ def config_classes() -> list[type]:
     from marin.data.corpus_steps import CorpusInput
     from marin.data.decontaminate import DecontaminateConfig
     from marin.data.dedup import DedupConfig
+    from marin.data.domains import DomainAssignConfig, DomainFitConfig, Embedding
+    from marin.data.layout import K40BuildConfig
     from marin.data.mixture import MixtureConfig
     from marin.data.mixture_report import MixtureReportConfig
+    from marin.data.ngram_features import HashedNgrams
+    from marin.data.quality import QualityExamplesConfig, QualityTrainConfig
+    from marin.data.raw_text import FlattenConfig
     from marin.data.synthetic import SyntheticK40Config
     from marin.data.tokenize import TokenizeConfig
     from marin.data.tokenizer import TrainTokenizerConfig
@@ -59,7 +64,9 @@ def config_classes() -> list[type]:
 
     groups = [c for g in GROUPS.values() for c in (OPTIMIZERS.values() if g is OptimizerBase else (g,))]
     return [TrainConfig, *groups, MoEConfig, SyntheticDataConfig, SyntheticK40Config,
-            TrainTokenizerConfig, CorpusInput, DedupConfig, DecontaminateConfig, TokenizeConfig, MixtureConfig,
+            TrainTokenizerConfig, CorpusInput, DedupConfig, DecontaminateConfig, FlattenConfig, DomainFitConfig,
+            Embedding, HashedNgrams, DomainAssignConfig, QualityExamplesConfig, QualityTrainConfig, K40BuildConfig,
+            TokenizeConfig, MixtureConfig,
             MixtureReportConfig, EvalConfig, EvalSet,
             DomainTaskConfig, HarnessConfig, HealthReportConfig, LadderFitConfig, RungRun, IsoFlopFitConfig,
             ReportConfig, GateConfig]

@@ -215,12 +215,16 @@ class Outage:
     def active(self) -> bool:
         return self.since is not None
 
-    def failed(self, exc: BaseException) -> float:
+    def failed(self, exc: BaseException, began: float | None = None) -> float:
+        """``began``: when the failed attempt started, on :attr:`clock`. A store client retries on its
+        own before it raises (botocore takes about 5 s over a refused connection), so an outage counts
+        from the start of its first failed attempt, not from when that attempt gave up: the limit holds
+        and the "succeeded again after" line gives the outage's length."""
         if not is_transient(exc):
             raise exc
         now = self.clock()
         if self.since is None:
-            self.since = now
+            self.since = now if began is None else min(began, now)
         self.attempts += 1
         waited = now - self.since
         if waited >= self.policy.limit_s:
@@ -256,10 +260,11 @@ def call_with_retry(fn: Callable[[], T], *, what: str, policy: RetryPolicy | Non
     from the store's last error. ``fn`` must be safe to repeat (whole-object writes and reads are)."""
     outage = Outage(what, policy)
     while True:
+        began = outage.clock()
         try:
             result = fn()
         except Exception as e:  # noqa: BLE001 - classified by is_transient; others re-raised by failed()
-            sleep(outage.failed(e))
+            sleep(outage.failed(e, began=began))
             continue
         outage.succeeded()
         return result

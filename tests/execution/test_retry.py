@@ -62,6 +62,37 @@ def test_a_short_outage_is_ridden_out_and_logged(caplog, monkeypatch):
     assert "write s3://b/x succeeded again after 3.5s and 3 failed attempts" in caplog.text
 
 
+def test_an_outage_counts_from_the_start_of_its_first_failed_attempt(caplog, monkeypatch):
+    """A store client retries on its own before it raises (botocore about 5 s over a refused
+    connection): the outage, its limit and its "succeeded again" line count that attempt's time too."""
+    clock = FakeClock()
+    calls = []
+
+    def slow_to_fail():
+        calls.append(clock.now)
+        if len(calls) == 1:
+            clock.now += 5.0  # the client's own retries, then its error
+            raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+        return "ok"
+
+    monkeypatch.setattr("marin.execution.retry.time.monotonic", clock)
+    with caplog.at_level(logging.WARNING, logger="marin.execution.retry"):
+        assert call_with_retry(slow_to_fail, what="read s3://b/x", policy=RetryPolicy(0.5, 10, 60),
+                               sleep=clock.sleep) == "ok"
+    assert "read s3://b/x succeeded again after 5.5s and 1 failed attempts" in caplog.text
+    # past the limit: the first attempt's own 4 s count (failures at 4, 9, 14 s from its start; counted
+    # from the first error instead, the third would end it "unreachable for 11s")
+    clock.now, attempts = 0.0, []
+
+    def down():
+        attempts.append(clock.now)
+        clock.now += 4.0
+        raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+
+    with pytest.raises(StorageUnavailable, match=r"unreachable for 14s over 3 attempts"):
+        call_with_retry(down, what="read s3://b/x", policy=RetryPolicy(1, 4, 10), sleep=clock.sleep)
+
+
 def test_an_outage_past_the_limit_fails_with_the_stores_error(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr("marin.execution.retry.time.monotonic", clock)

@@ -6,16 +6,25 @@ with the plain definition in :func:`marin.models.reference.moe_reference`; every
 exactly that (no drops), faster. The transports (:mod:`marin.parallel.transports`) move tokens to
 the device that holds their experts and call these on what arrives.
 
-  capacity  (CPU) rows go into per-expert buffers [E, C, D] whose size C is picked at run time from
-            static buckets, and the SwiGLU runs as batched matmuls over them (marin's CPU kernels).
-            `capacity_swiglu` for rows with an expert id each (the EP receivers); `capacity_moe`
-            fuses dispatch gather, SwiGLU and weighted combine for the tokens of one device.
-  ragged    (GPU / TPU) rows sorted by expert, `jax.lax.ragged_dot` (the grouped GEMM).
-  `swiglu_experts`: the SwiGLU over buffers that are already per expert (the fixed transport's
-            receivers).
+Three named implementations (`GROUPED_IMPLS`), one entry point (`grouped_swiglu`, and
+`routed_experts` for one device's tokens):
 
-Which implementation runs follows `marin.jaxcompat.compute_platform()`, so a CPU-only machine traces
-the GPU program when lowering for CUDA.
+  capacity    rows go into per-expert buffers [E, C, D] whose size C is picked at run time from
+              static buckets (at most 2x the expected rows per expert; a busier expert takes
+              several rounds), and the SwiGLU runs as batched matmuls over them: marin's CPU
+              kernels on CPU, plain einsums on GPU / TPU. Runs everywhere; its waste is bounded by
+              the buckets, never rows x experts.
+  ragged_dot  rows sorted by expert, `jax.lax.ragged_dot` (XLA's grouped GEMM). On GPU XLA takes
+              its cuDNN grouped-GEMM fusion only with cuDNN >= 9.22 (and its own gates for the
+              weight gradient); otherwise it rewrites the op into a dense masked matmul over every
+              expert (E times the memory and the work). On XLA:CPU it is always that dense matmul.
+  tokamax     rows sorted by expert, `tokamax.ragged_dot` (openxla's kernel library, the `gpu`
+              extra): its Pallas Mosaic GPU grouped GEMMs on Hopper. On CPU it runs tokamax's
+              XLA implementation (equality tests only).
+
+`resolve_grouped_impl` turns "auto" into one of them per platform (the rule is in docs/model.md)
+and refuses an explicit choice the platform cannot run, in one line; `grouped_buffers` says what
+each allocates per call, for the memory planner.
 
 This lives in `marin.kernels`, not next to the model in `marin.models`, because the transports
 (`marin.parallel`, a floor below `marin.models`) call it on what arrives, and a package imports only
@@ -24,6 +33,8 @@ from its own floor or below.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 from functools import partial
 from typing import NamedTuple
@@ -31,17 +42,135 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from marin.jaxcompat import compute_platform, sum_to_type_of
+from marin.jaxcompat import compute_platform, sum_to_type_of, vary_like
 from marin.kernels.cpu import swiglu_bwd, swiglu_fwd, swiglu_reference, use_kernel
+from marin.kernels.names import GROUPED_IMPL_ALIASES, GROUPED_IMPLS, canonical_grouped_impl
 
-GROUPED_IMPLS = ("capacity", "ragged")
+CUDNN_GROUPED_GEMM = (9, 22)
+"""The oldest cuDNN whose grouped GEMM XLA's GPU backend lowers `ragged_dot` to (the fusion is on by
+default in XLA since openxla/xla PR #42313); with an older one XLA's RaggedDotRewriter makes the op a
+dense masked matmul over every group."""
+
+TOKAMAX_GPU_ARCHS = (9.0, 10.0)
+"""The GPU compute capabilities [lo, hi) on which tokamax 0.0.17 runs the whole grouped SwiGLU,
+forward and backward, on its Mosaic GPU kernels: Hopper (sm90). Its Blackwell (sm100) kernels have
+no ragged-contracting form, which the weight gradient needs, so training there raises in tokamax."""
+
+
+def _tokamax_installed() -> bool:
+    return importlib.util.find_spec("tokamax") is not None
+
+
+@functools.cache
+def _local_gpu() -> tuple[float | None, tuple[int, int] | None]:
+    """(compute capability, cuDNN (major, minor)) of this process's first GPU; None where unknown."""
+    if jax.default_backend() != "gpu":
+        return None, None
+    device = jax.devices()[0]
+    cc = getattr(device, "compute_capability", None)
+    try:  # jaxlib's own query of the loaded cuDNN (no public API); 9.22.0 reads 92200
+        from jax._src.lib import cuda_versions
+
+        v = cuda_versions.cudnn_get_version() if cuda_versions is not None else None
+    except Exception:  # noqa: BLE001 - a jaxlib without the query: the version stays unknown
+        v = None
+    return (float(cc) if cc is not None else None), ((v // 10000, (v // 100) % 100) if v else None)
+
+
+def device_facts() -> dict:
+    """What `resolve_grouped_impl` needs to know about the platform being traced: this process's GPU
+    when it is the one traced for, else nothing (lowering for CUDA from a CPU host: unknown)."""
+    cc, cudnn = _local_gpu() if compute_platform() == "gpu" else (None, None)
+    return {"compute_capability": cc, "cudnn_version": cudnn, "tokamax_installed": _tokamax_installed()}
+
+
+def _version_str(v: tuple[int, int]) -> str:
+    return ".".join(map(str, v))
+
+
+def resolve_grouped_impl(requested: str, platform: str, *, compute_capability: float | None = None,
+                         cudnn_version: tuple[int, int] | None = None, tokamax_installed: bool = False) -> str:
+    """The grouped-compute implementation to run: ``requested`` ("auto" or a name of `GROUPED_IMPLS`)
+    on ``platform`` ("cpu", "gpu" / "cuda", "tpu"). Pure: the device facts are arguments (None =
+    unknown, e.g. lowering for CUDA from a CPU host); `device_facts()` reads them.
+
+    "auto": capacity on CPU (XLA:CPU's ragged_dot is a dense matmul over every expert); tokamax on a
+    Hopper GPU when it is installed; ragged_dot on TPU, and on a GPU whose cuDNN is known to be
+    >= 9.22 (XLA's grouped GEMM); capacity otherwise (the fallback whose waste is bounded). An
+    explicit name is returned as it is, or refused in one line (ValueError) naming what is missing."""
+    platform = "gpu" if platform in ("cuda", "rocm") else platform
+    name = canonical_grouped_impl(requested)
+    hopper = compute_capability is not None and TOKAMAX_GPU_ARCHS[0] <= compute_capability < TOKAMAX_GPU_ARCHS[1]
+    cudnn_ok = cudnn_version is not None and tuple(cudnn_version) >= CUDNN_GROUPED_GEMM
+    if name == "auto":
+        if platform == "tpu":
+            return "ragged_dot"
+        if platform == "gpu":
+            if tokamax_installed and hopper:
+                return "tokamax"
+            return "ragged_dot" if cudnn_ok else "capacity"
+        return "capacity"
+    if name == "tokamax":
+        if not tokamax_installed:
+            raise ValueError("grouped_impl 'tokamax' needs the tokamax package, which is not installed "
+                             "(pip install 'marin[gpu]'); use 'capacity' or 'ragged_dot'")
+        if platform == "gpu" and compute_capability is not None and not hopper:
+            raise ValueError(f"grouped_impl 'tokamax' runs forward and backward on Hopper GPUs (sm90) only, "
+                             f"this one is sm{compute_capability * 10:.0f} (tokamax 0.0.17 has no kernel for the "
+                             f"weight gradient there); use 'capacity' or 'ragged_dot'")
+    if name == "ragged_dot" and platform == "gpu" and cudnn_version is not None and not cudnn_ok:
+        raise ValueError(f"grouped_impl 'ragged_dot' needs cuDNN >= {_version_str(CUDNN_GROUPED_GEMM)} on GPU for "
+                         f"XLA's grouped GEMM, this device has {_version_str(cudnn_version)} (XLA would expand it "
+                         f"into a dense matmul over every expert); use 'capacity' or 'tokamax'")
+    return name
+
+
+def chosen_impl(impl: str | None) -> str:
+    """`resolve_grouped_impl` for the platform being traced (None = "auto")."""
+    return resolve_grouped_impl(impl or "auto", compute_platform(), **device_facts())
+
+
+def grouped_buffers(impl: str, rows: int, n_local_experts: int, d_model: int, d_ff: int, dtype_bytes: int,
+                    expected_rows: float | None = None) -> dict[str, int]:
+    """Bytes of the buffers one `grouped_swiglu` call of ``impl`` allocates beyond its input rows
+    [rows, d_model] and output [rows, d_model], by what they are (for the memory planner; multiply
+    by the layers whose buffers are live at once).
+
+    ``expected_rows`` is the expected rows per local expert (default rows / n_local_experts), as
+    `grouped_swiglu` takes it. Keys:
+      padding_rows     capacity: the per-expert buffers [E, C, .] at the largest bucket C (the worst
+                       case a step can pick): gathered input, gate / up / hidden activations and
+                       output, 2 * d_model + 3 * d_ff per buffer row. Sorted implementations: the
+                       rows sorted by expert and their output (2 * d_model per row; tokamax pads
+                       the rows to a multiple of `TOKAMAX_ROW_MULTIPLE`).
+      activations      the gate / up pre-activations kept in row order for the backward, and the
+                       hidden activation: 3 * d_ff per row (capacity keeps 2: its hidden lives in
+                       the buffers).
+      index            the int32 sort and slot indices (a few per row).
+      workspace        grouped-GEMM scratch beyond these: none for capacity (einsums over the
+                       buffers), none counted for ragged_dot (cuDNN's workspace is XLA's choice and
+                       shows only in the compiled program's memory analysis) and for tokamax (its
+                       Mosaic GPU kernels stage tiles in shared memory, not in device memory).
+    A dense fallback of ragged_dot (rows x experts x width) is not a buffer this plans: the
+    compiled-memory check catches it."""
+    name = canonical_grouped_impl(impl)
+    if name == "auto":
+        raise ValueError("grouped_buffers counts one implementation; resolve 'auto' first (resolve_grouped_impl)")
+    e, d, f, b = n_local_experts, d_model, d_ff, dtype_bytes
+    if name == "capacity":
+        cap = max(capacity_buckets(rows / e if expected_rows is None else expected_rows))
+        slots = e * cap
+        return {"padding_rows": slots * (2 * d + 3 * f) * b, "activations": rows * 2 * f * b,
+                "index": (3 * rows + slots) * 4, "workspace": 0}
+    if name == "tokamax":  # padded to its kernels' row tile
+        rows = -(-rows // TOKAMAX_ROW_MULTIPLE) * TOKAMAX_ROW_MULTIPLE
+    return {"padding_rows": rows * 2 * d * b, "activations": rows * 3 * f * b, "index": 3 * rows * 4,
+            "workspace": 0}
 
 
 def default_impl() -> str:
-    """The grouped-compute implementation for the platform being traced: capacity buffers on CPU
-    (where `ragged_dot` is a dense masked matmul over all groups, E times the work), `ragged_dot`
-    elsewhere."""
-    return "capacity" if compute_platform() == "cpu" else "ragged"
+    """The grouped-compute implementation "auto" picks for the platform being traced."""
+    return chosen_impl(None)
 
 
 # ---- small pure helpers ---------------------------------------------------------------------
@@ -98,7 +227,7 @@ def _swiglu_experts_bwd(res, dy):
 _swiglu_experts_kernel.defvjp(_swiglu_experts_fwd, _swiglu_experts_bwd)
 
 
-# ---- capacity-padded grouped SwiGLU (CPU default) ---------------------------------------------
+# ---- capacity-padded grouped SwiGLU (every platform) ---------------------------------------------
 CAPACITY_BUCKETS = (1.125, 1.5, 2.0)
 """Per-expert buffer sizes, x the expected rows. Each is one branch of a ``lax.switch`` in the forward
 and again in the backward, so each costs compile time in every MoE layer's program; the CPU kernel
@@ -242,34 +371,96 @@ capacity_swiglu.defvjp(_capacity_fwd, _capacity_bwd)
 
 
 # ---- grouped SwiGLU: rows with an expert id each (the EP receivers) ----------------------------
-def grouped_swiglu(rows, row_expert, w_gate, w_up, w_down, impl: str | None = None,
-                   expected_rows: float | None = None):
-    """rows [N, D]; row_expert int [N] in [0, E] (E = skip the row). Returns [N, D], 0 for skipped.
+def _tokamax_call(lhs, rhs, group_sizes, dims=None):
+    """`tokamax.ragged_dot_general` on the kernels of the platform being traced: Mosaic GPU on a GPU,
+    Mosaic TPU on a TPU, tokamax's XLA implementation on CPU. One named implementation, not tokamax's
+    own fallback list, whose last entry is XLA's ragged_dot (the dense expansion this exists to avoid)."""
+    import tokamax  # the `gpu` extra; imported here so marin runs without it (resolve refuses first)
 
-    impl "capacity" (CPU default): `capacity_swiglu`, batched matmuls over per-expert buffers sized
-                   from `expected_rows` per expert (default N / E; pass the real expectation when
-                   most rows are skipped, e.g. a worst-case receive buffer).
-    impl "ragged" (default elsewhere): jax.lax.ragged_dot on rows sorted by expert (the GPU / TPU
-                   grouped GEMM).
-    """
-    impl = impl or default_impl()
-    n = rows.shape[0]
+    kernels = {"gpu": "mosaic_gpu", "tpu": "mosaic", "cpu": "xla"}[compute_platform()]
+    dims = dims or jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [1]), ([], [])),
+                                                     lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+    return tokamax.ragged_dot_general(lhs, rhs, group_sizes, dims, implementation=kernels)
+
+
+# dW[g] = lhs[rows of g]^T @ dout[rows of g]: the rows dimension is both ragged and contracted
+_WEIGHT_GRAD_DIMS = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([0], [0]), ([], [])),
+                                                      lhs_ragged_dimensions=[0], rhs_group_dimensions=[])
+
+
+@jax.custom_vjp
+def _tokamax_ragged_dot(lhs, rhs, group_sizes):
+    """lhs [N, K] (rows sorted by group), rhs [G, K, M], group_sizes [G] -> [N, M] on tokamax's kernels.
+
+    Its own VJP, with tokamax's kernels for both gradients: tokamax's Mosaic GPU kernels return
+    results that are not typed as varying over shard_map's mesh axes, which tokamax's own VJP then
+    refuses inside the transports' shard_map; here each result takes its operand's type."""
+    return vary_like(_tokamax_call(lhs, rhs, group_sizes), lhs, rhs)
+
+
+def _tokamax_ragged_dot_fwd(lhs, rhs, group_sizes):
+    return _tokamax_ragged_dot(lhs, rhs, group_sizes), (lhs, rhs, group_sizes)
+
+
+def _tokamax_ragged_dot_bwd(res, dout):
+    lhs, rhs, group_sizes = res
+    dlhs = _tokamax_call(dout, jnp.swapaxes(rhs, 1, 2), group_sizes).astype(lhs.dtype)  # [N, K]
+    drhs = _tokamax_call(lhs, dout, group_sizes, _WEIGHT_GRAD_DIMS).astype(rhs.dtype)  # [G, K, M]
+    return vary_like(dlhs, lhs), sum_to_type_of(vary_like(drhs, lhs, dout), rhs), None
+
+
+_tokamax_ragged_dot.defvjp(_tokamax_ragged_dot_fwd, _tokamax_ragged_dot_bwd)
+
+
+TOKAMAX_ROW_MULTIPLE = 128
+"""tokamax's Mosaic GPU kernels refuse a row count that is not a multiple of their tiles (8 in the
+forward, 64 as the weight gradient's contracting dimension; a capacity-bounded chunk buffer has e.g.
+1,178 rows): the rows are padded with skipped ones to a multiple of 128, its largest row tile."""
+
+
+def _sorted_swiglu(rows, row_expert, w_gate, w_up, w_down, ragged_dot, row_multiple: int = 1):
+    """The grouped SwiGLU on rows sorted by expert, `ragged_dot(lhs [N, K], rhs [E, K, M], counts)`
+    for the three matmuls. Rows past the last group (skipped rows) are masked to zero between the
+    matmuls, so a kernel that leaves them unwritten cannot leak into the output or the gradients.
+    The rows are padded with skipped ones to a multiple of ``row_multiple``."""
     n_exp = w_gate.shape[0]
-    row_expert = row_expert.astype(jnp.int32)
-    if impl == "capacity":
-        expected = n / n_exp if expected_rows is None else expected_rows
-        return capacity_swiglu(capacity_buckets(expected), rows, row_expert, w_gate, w_up, w_down)
-    if impl != "ragged":
-        raise ValueError(f"unknown grouped SwiGLU impl {impl!r}; choose from {GROUPED_IMPLS}")
+    n = rows.shape[0]
+    pad = -n % row_multiple
+    if pad:
+        rows = jnp.pad(rows, ((0, pad), (0, 0)))
+        row_expert = jnp.pad(row_expert, (0, pad), constant_values=n_exp)
     valid = row_expert < n_exp
     perm = jnp.argsort(row_expert, stable=True)
     counts = jnp.zeros((n_exp + 1,), jnp.int32).at[row_expert].add(1)[:n_exp]
     xs = rows[perm]
-    g = jax.lax.ragged_dot(xs, w_gate, counts)
-    u = jax.lax.ragged_dot(xs, w_up, counts)
-    ys = jax.lax.ragged_dot(jax.nn.silu(g) * u, w_down, counts)
-    y = jnp.zeros_like(ys).at[perm].set(ys)
-    return jnp.where(valid[:, None], y, 0)
+    in_group = valid[perm][:, None]
+    g = ragged_dot(xs, w_gate, counts)
+    u = ragged_dot(xs, w_up, counts)
+    h = jnp.where(in_group, jax.nn.silu(g) * u, 0)
+    ys = jnp.where(in_group, ragged_dot(h, w_down, counts), 0)
+    return jnp.zeros_like(ys).at[perm].set(ys)[:n]
+
+
+def grouped_swiglu(rows, row_expert, w_gate, w_up, w_down, impl: str | None = None,
+                   expected_rows: float | None = None):
+    """rows [N, D]; row_expert int [N] in [0, E] (E = skip the row). Returns [N, D], 0 for skipped.
+
+    impl (None = "auto", see `resolve_grouped_impl`):
+      "capacity"    `capacity_swiglu`, batched matmuls over per-expert buffers sized from
+                    `expected_rows` per expert (default N / E; pass the real expectation when most
+                    rows are skipped, e.g. a worst-case receive buffer).
+      "ragged_dot"  jax.lax.ragged_dot on rows sorted by expert (XLA's grouped GEMM).
+      "tokamax"     tokamax.ragged_dot on rows sorted by expert (its Mosaic GPU kernels).
+    """
+    impl = chosen_impl(impl)
+    n_exp = w_gate.shape[0]
+    row_expert = row_expert.astype(jnp.int32)
+    if impl == "capacity":
+        expected = rows.shape[0] / n_exp if expected_rows is None else expected_rows
+        return capacity_swiglu(capacity_buckets(expected), rows, row_expert, w_gate, w_up, w_down)
+    if impl == "ragged_dot":
+        return _sorted_swiglu(rows, row_expert, w_gate, w_up, w_down, jax.lax.ragged_dot)
+    return _sorted_swiglu(rows, row_expert, w_gate, w_up, w_down, _tokamax_ragged_dot, TOKAMAX_ROW_MULTIPLE)
 
 
 def combine(y_assign, weights):
@@ -355,9 +546,10 @@ def routed_experts(x, expert_ids, weights, experts, impl: str | None = None):
     """The routed experts of one device's tokens: x [T, D], expert_ids int [T, k], weights [T, k],
     experts {"gate", "up", "down"} [E, ...] -> y [T, D] (every assignment computed).
 
-    impl "capacity" (CPU default): `capacity_moe`, one custom VJP from the tokens to the combined
-    output; impl "ragged": the assignments repeated per slot, `grouped_swiglu`, weighted combine."""
-    impl = impl or default_impl()
+    impl "capacity": `capacity_moe`, one custom VJP from the tokens to the combined output; the
+    sorted implementations ("ragged_dot", "tokamax"): the assignments repeated per slot,
+    `grouped_swiglu`, weighted combine. None = "auto" (`resolve_grouped_impl`)."""
+    impl = chosen_impl(impl)
     t, k = expert_ids.shape
     gate, up, down = experts["gate"], experts["up"], experts["down"]
     if impl == "capacity":
@@ -368,14 +560,21 @@ def routed_experts(x, expert_ids, weights, experts, impl: str | None = None):
 
 
 __all__ = [
+    "CUDNN_GROUPED_GEMM",
     "GROUPED_IMPLS",
+    "GROUPED_IMPL_ALIASES",
+    "TOKAMAX_GPU_ARCHS",
     "capacity_buckets",
     "capacity_moe",
     "capacity_swiglu",
     "combine",
+    "chosen_impl",
     "default_impl",
+    "device_facts",
+    "grouped_buffers",
     "grouped_swiglu",
     "rank_within_groups",
+    "resolve_grouped_impl",
     "routed_experts",
     "swiglu_experts",
 ]

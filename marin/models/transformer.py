@@ -166,8 +166,9 @@ def swiglu(x, w_gate, w_up, w_down):
     return (jax.nn.silu(x @ w_gate) * (x @ w_up)) @ w_down  # [T, d_in] -> [T, f] -> [T, d_out]
 
 
-def moe_block(x, p, bias, cfg: MoEConfig, mesh, transport: str):
-    """x [B, L, d] (already normed) -> (out [B, L, d], per-layer stats)."""
+def moe_block(x, p, bias, cfg: MoEConfig, mesh, transport: str, grouped_impl: str | None = None):
+    """x [B, L, d] (already normed) -> (out [B, L, d], per-layer stats). ``grouped_impl``: the routed
+    experts' grouped compute (`marin.kernels.grouped`; None = the platform's rule)."""
     b, l, d = x.shape
     xf = x.reshape(b * l, d)  # [T, d], T = B * L tokens
     shared = swiglu(xf, p["shared_gate"], p["shared_up"], p["shared_down"])  # [T, d]
@@ -177,7 +178,7 @@ def moe_block(x, p, bias, cfg: MoEConfig, mesh, transport: str):
     experts = {"gate": p["expert_gate"], "up": p["expert_up"], "down": p["expert_down"]}
     y, drops = moe_experts(z, expert_ids, weights.astype(z.dtype), experts, n_experts=cfg.n_experts,
                            transport=transport, mesh=mesh, capacity_factor=cfg.capacity_factor,
-                           expert_chunks=cfg.expert_chunks)
+                           expert_chunks=cfg.expert_chunks, grouped_impl=grouped_impl)
     out = shared + y @ p["latent_up"]  # y [T, latent] -> out [T, d]
     stats = {
         "expert_load": rt.expert_load(expert_ids, cfg.n_experts),
@@ -205,10 +206,12 @@ def _remat(fn, policy: str):
 
 # ---- the model ------------------------------------------------------------------------------
 def forward(params, router_bias, inputs, cfg: MoEConfig, *, mesh=None, transport: str | None = None,
-            segment_ids=None, positions=None, context: ContextParallel | None = None):
+            segment_ids=None, positions=None, context: ContextParallel | None = None,
+            grouped_impl: str | None = None):
     """inputs int [B, L] -> (logits f32 [B, L, V], stacked per-layer stats). With ``context`` the
     rows are context-parallel shards (:meth:`ContextParallel.rows`) and ``positions`` their tokens'
-    positions in their sequences."""
+    positions in their sequences. ``grouped_impl`` picks the routed experts' grouped compute, like
+    ``transport`` a choice of how, not what (None: the platform's rule)."""
     transport = transport or cfg.transport
     dt = jnp.dtype(cfg.dtype)
     cast = lambda a: a.astype(dt)  # noqa: E731
@@ -219,7 +222,8 @@ def forward(params, router_bias, inputs, cfg: MoEConfig, *, mesh=None, transport
         p = jax.tree.map(cast, p)
         x = x + attention(rmsnorm(x, p["attn_norm"], cfg.norm_eps), p, window, segment_ids, cfg,
                           positions, context)  # [B, L, d]
-        y, stats = moe_block(rmsnorm(x, p["mlp_norm"], cfg.norm_eps), p, bias, cfg, mesh, transport)  # y [B, L, d]
+        y, stats = moe_block(rmsnorm(x, p["mlp_norm"], cfg.norm_eps), p, bias, cfg, mesh, transport,
+                             grouped_impl)  # y [B, L, d]
         return x + y, stats
 
     layer = _remat(layer, cfg.remat_policy)
@@ -241,7 +245,7 @@ def output_logits(x, params, cfg: MoEConfig):
 
 
 def loss_and_stats(params, router_bias, tokens, cfg: MoEConfig, *, mesh=None, transport: str | None = None,
-                   segment_ids=None):
+                   segment_ids=None, grouped_impl: str | None = None):
     """tokens int32 [B, L+1] -> (mean CE + z_loss_weight * z_loss, stats). Differentiable w.r.t. params;
     router_bias is stop-gradient'ed. segment_ids [B, L+1] or [B, L] (document ids) masks attention
     across documents."""
@@ -259,7 +263,8 @@ def loss_and_stats(params, router_bias, tokens, cfg: MoEConfig, *, mesh=None, tr
         inputs, targets, positions = context.rows(inputs), context.rows(targets), context.positions(b, seq)
         segment_ids = None if segment_ids is None else context.rows(segment_ids)
     logits, layer_stats = forward(params, router_bias, inputs, cfg, mesh=mesh, transport=transport,
-                                  segment_ids=segment_ids, positions=positions, context=context)
+                                  segment_ids=segment_ids, positions=positions, context=context,
+                                  grouped_impl=grouped_impl)
     lse = jax.nn.logsumexp(logits, axis=-1)  # [B, L]
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [B, L]
     ce = jnp.mean(lse - target_logit)  # scalar

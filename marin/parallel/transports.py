@@ -36,8 +36,11 @@ itself is in :mod:`marin.kernels.grouped`.
 
 The EP transports run inside jax.shard_map over a (data, expert) mesh: tokens split over both axes,
 expert weights split over "expert"; the all_to_all goes along "expert" only (one EP group per data row).
-Platform choices (grouped implementation, emulated ragged all_to_all) follow
-`marin.jaxcompat.compute_platform()`.
+Platform choices (the emulated ragged all_to_all, and the grouped implementation when
+`grouped_impl` is None or "auto": `marin.kernels.grouped.resolve_grouped_impl`) follow
+`marin.jaxcompat.compute_platform()`. `local`, `dropless`, `ragged` and `ragged_capacity` compute
+their experts with the named grouped implementation; `fixed` with its own per-expert buffers, whose
+size the capacity factor already bounds.
 """
 
 from __future__ import annotations
@@ -115,7 +118,7 @@ def _unpack(buf):
 
 
 # ---- fixed-buffer / dropless all_to_all (per-shard body) --------------------------------------
-def _a2a_body(x, expert_ids, weights, gate, up, down, *, n_experts, ep, capacity_factor):
+def _a2a_body(x, expert_ids, weights, gate, up, down, *, n_experts, ep, capacity_factor, grouped_impl=None):
     t, k = expert_ids.shape
     d = x.shape[1]
     e_loc = n_experts // ep
@@ -132,7 +135,8 @@ def _a2a_body(x, expert_ids, weights, gate, up, down, *, n_experts, ep, capacity
     # wave 2: expert compute
     if capacity_factor is None:  # dropless: grouped matmul over the valid slots
         row_expert = jnp.where(recv_ids >= 0, recv_ids, e_loc).reshape(-1)
-        y_recv = grouped_swiglu(recv_x, row_expert, gate, up, down, expected_rows=ep * t * k / n_experts)
+        y_recv = grouped_swiglu(recv_x, row_expert, gate, up, down, grouped_impl,
+                                expected_rows=ep * t * k / n_experts)
         recv_drop = jnp.zeros((), jnp.bool_)
     else:
         cap_recv = recv_capacity(t, k, n_experts, ep, capacity_factor)
@@ -180,7 +184,7 @@ def ragged_all_to_all_emulated(operand, output, input_offsets, send_sizes, outpu
                                                               mode="drop")
 
 
-def _ragged_body(x, expert_ids, weights, gate, up, down, *, n_experts, ep, emulate):
+def _ragged_body(x, expert_ids, weights, gate, up, down, *, n_experts, ep, emulate, grouped_impl=None):
     t, k = expert_ids.shape
     d = x.shape[1]
     e_loc = n_experts // ep
@@ -203,7 +207,7 @@ def _ragged_body(x, expert_ids, weights, gate, up, down, *, n_experts, ep, emula
     recv_x, recv_ids = _unpack(recv)
     n_recv = jnp.sum(recv_sizes)
     row_expert = jnp.where(jnp.arange(cap) < n_recv, recv_ids, e_loc)
-    y_recv = grouped_swiglu(recv_x, row_expert, gate, up, down, expected_rows=ep * t * k / n_experts)
+    y_recv = grouped_swiglu(recv_x, row_expert, gate, up, down, grouped_impl, expected_rows=ep * t * k / n_experts)
     # return trip: send back what I received from src to src, at the offsets src sent it from
     recv_offsets = jnp.cumsum(recv_sizes) - recv_sizes
     back_offsets = (jnp.cumsum(m, axis=1) - m)[:, me]
@@ -234,7 +238,7 @@ def ragged_capacity_layout(counts, chunk: int, per_chunk: int, cap: int):
 
 
 def _ragged_capacity_body(x, expert_ids, weights, gate, up, down, *, n_experts, ep, capacity_factor,
-                          expert_chunks, emulate):
+                          expert_chunks, emulate, grouped_impl=None):
     t, k = expert_ids.shape
     d = x.shape[1]
     e_loc = n_experts // ep
@@ -260,7 +264,8 @@ def _ragged_capacity_body(x, expert_ids, weights, gate, up, down, *, n_experts, 
                           axis_name=EXPERT)
         group = jnp.sum(accepted[:, me], axis=0)  # rows per local expert of the chunk, in buffer order
         row_expert = jnp.searchsorted(jnp.cumsum(group), jnp.arange(cap, dtype=jnp.int32), side="right")
-        y = grouped_swiglu(recv, row_expert, gate[sl], up[sl], down[sl], expected_rows=cap / per_chunk)
+        y = grouped_swiglu(recv, row_expert, gate[sl], up[sl], down[sl], grouped_impl,
+                           expected_rows=cap / per_chunk)
         # combine: each update goes back to its source, at the rows it was sent from
         back = ragged_a2a(y, back, offset[:, me].reshape(-1), accepted[:, me].reshape(-1),
                           starts[:, me, sl].reshape(-1), accepted[me].reshape(-1), axis_name=EXPERT)
@@ -270,7 +275,7 @@ def _ragged_capacity_body(x, expert_ids, weights, gate, up, down, *, n_experts, 
 
 
 def _ep_moe(x, expert_ids, weights, experts, mesh, *, n_experts: int, transport: str, capacity_factor: float,
-            expert_chunks: int = DEFAULT_EXPERT_CHUNKS):
+            expert_chunks: int = DEFAULT_EXPERT_CHUNKS, grouped_impl: str | None = None):
     """Expert-parallel routed experts over `mesh` (axes data, expert). x [T, D] with T divisible by
     the number of devices; expert weights [E, ...] with E divisible by the expert axis size."""
     ep = mesh.shape[EXPERT]
@@ -278,13 +283,13 @@ def _ep_moe(x, expert_ids, weights, experts, mesh, *, n_experts: int, transport:
         raise ValueError(f"n_experts={n_experts} is not divisible by the expert axis size {ep}")
     emulate = compute_platform() == "cpu"
     if transport == "ragged":
-        body = partial(_ragged_body, n_experts=n_experts, ep=ep, emulate=emulate)
+        body = partial(_ragged_body, n_experts=n_experts, ep=ep, emulate=emulate, grouped_impl=grouped_impl)
     elif transport == "ragged_capacity":
         body = partial(_ragged_capacity_body, n_experts=n_experts, ep=ep, capacity_factor=capacity_factor,
-                       expert_chunks=expert_chunks, emulate=emulate)
+                       expert_chunks=expert_chunks, emulate=emulate, grouped_impl=grouped_impl)
     elif transport in ("fixed", "dropless"):
         cf = capacity_factor if transport == "fixed" else None
-        body = partial(_a2a_body, n_experts=n_experts, ep=ep, capacity_factor=cf)
+        body = partial(_a2a_body, n_experts=n_experts, ep=ep, capacity_factor=cf, grouped_impl=grouped_impl)
     else:
         raise ValueError(f"unknown EP transport {transport!r}; choose from {EP_TRANSPORTS}")
     tok = P(TOKEN_AXES)
@@ -293,16 +298,16 @@ def _ep_moe(x, expert_ids, weights, experts, mesh, *, n_experts: int, transport:
     return f(x, expert_ids, weights, experts["gate"], experts["up"], experts["down"])
 
 
-def _local(x, expert_ids, weights, experts):
-    return routed_experts(x, expert_ids, weights, experts), drop_stats(0, 0, expert_ids.size)
+def _local(x, expert_ids, weights, experts, grouped_impl=None):
+    return routed_experts(x, expert_ids, weights, experts, grouped_impl), drop_stats(0, 0, expert_ids.size)
 
 
-def _local_on_mesh(x, expert_ids, weights, experts, mesh):
+def _local_on_mesh(x, expert_ids, weights, experts, mesh, grouped_impl=None):
     """`_local` per device inside shard_map: explicit per-device work, so the CPU kernel's custom
     call (which the automatic partitioner cannot split) runs on each device's own tokens."""
 
     def body(x, ids, w, gate, up, down):
-        y, stats = _local(x, ids, w, {"gate": gate, "up": up, "down": down})
+        y, stats = _local(x, ids, w, {"gate": gate, "up": up, "down": down}, grouped_impl)
         return y, jax.tree.map(lambda s: jax.lax.psum(s, TOKEN_AXES), stats)
 
     tok, rep = P(TOKEN_AXES), P()
@@ -311,22 +316,25 @@ def _local_on_mesh(x, expert_ids, weights, experts, mesh):
 
 
 def moe_experts(x, expert_ids, weights, experts, *, n_experts: int, transport: str, mesh=None,
-                capacity_factor: float = 1.15, expert_chunks: int = DEFAULT_EXPERT_CHUNKS):
+                capacity_factor: float = 1.15, expert_chunks: int = DEFAULT_EXPERT_CHUNKS,
+                grouped_impl: str | None = None):
     """The routed experts of the MoE block through `transport`: x [T, D], expert_ids int [T, k],
     weights [T, k], experts {"gate", "up", "down"} [E, ...] -> (y [T, D], drop stats: send_drops,
     recv_drops, assignments, summed over the mesh).
 
     transport "local" on a mesh of several devices: every device runs all experts on its own tokens
     (expert weights gathered; a data-parallel baseline, no EP); an EP transport without a mesh runs on
-    a 1 x 1 mesh of the first device (same drop semantics, ep = 1)."""
+    a 1 x 1 mesh of the first device (same drop semantics, ep = 1). ``grouped_impl`` names the
+    grouped expert compute (`marin.kernels.grouped.GROUPED_IMPLS`; None or "auto": the platform's
+    rule); it changes float summation order only."""
     if transport == "local":
         if mesh is None or mesh.size == 1:
-            return _local(x, expert_ids, weights, experts)
-        return _local_on_mesh(x, expert_ids, weights, experts, mesh)
+            return _local(x, expert_ids, weights, experts, grouped_impl)
+        return _local_on_mesh(x, expert_ids, weights, experts, mesh, grouped_impl)
     if mesh is None:
         mesh = make_mesh(1, 1)
     return _ep_moe(x, expert_ids, weights, experts, mesh, n_experts=n_experts, transport=transport,
-                   capacity_factor=capacity_factor, expert_chunks=expert_chunks)
+                   capacity_factor=capacity_factor, expert_chunks=expert_chunks, grouped_impl=grouped_impl)
 
 
 __all__ = [

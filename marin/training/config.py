@@ -25,6 +25,7 @@ from marin.data.order import WITHOUT_REPLACEMENT_V1, block_length
 from marin.evaluation.sets import EvalSet
 from marin.execution.jsonable import from_jsonable
 from marin.execution.versioning import by_field, group, input_field, live
+from marin.kernels.names import canonical_grouped_impl
 from marin.models.config import REMAT_POLICIES, MoEConfig, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
 from marin.pools import PoolSpec, as_pool
@@ -199,6 +200,11 @@ class ParallelismConfig:
         "live run; the transports compute the same model, except that capacity-bounded buffers drop the tokens "
         "that overflow them (logged as drop_frac_send / drop_frac_recv), so a switch changes the weights slightly "
         "but must not restart the run", default=())
+    grouped_impl: str = live(
+        "the routed experts' grouped compute (auto, capacity, ragged_dot, tokamax; auto: the platform's rule, "
+        "docs/model.md): every implementation computes the same SwiGLU of the same rows, so it changes only the "
+        "float summation order, never the model; an operator may change it on a live run after a gate, as kernel "
+        "settings are changed", default="auto")
 
     def __post_init__(self) -> None:
         for name, kinds in (("remat_by_seq_len", (int, str)), ("context_parallel_by_seq_len", (int, int)),
@@ -211,6 +217,10 @@ class ParallelismConfig:
                 raise ValueError(f"remat_by_seq_len: unknown remat policy {policy!r}; choose from {REMAT_POLICIES}")
         if self.microbatches is not None and self.microbatches < 1:
             raise ValueError(f"parallelism.microbatches must be >= 1 (or None: planned), got {self.microbatches}")
+        try:
+            object.__setattr__(self, "grouped_impl", canonical_grouped_impl(self.grouped_impl))
+        except ValueError as e:
+            raise ValueError(f"parallelism.{e}") from None
 
     def transport_schedule(self, default: str) -> TransportSchedule:
         """The EP transport by step (``default`` throughout when no switch is set)."""

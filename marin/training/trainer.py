@@ -253,7 +253,7 @@ def make_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: d
     Memoised per process on everything the traced program depends on, so a resumed or repeated run
     in the same process (tests, benchmarks, a pool retry) reuses the compiled executable.
     """
-    key = (config.optimizer.program_key(), cfg, mesh, transport,
+    key = (config.optimizer.program_key(), cfg, mesh, transport, config.parallelism.grouped_impl,
            jax.tree_util.tree_structure(shardings), tuple(jax.tree_util.tree_leaves(shardings)), microbatches)
     if key not in _STEP_CACHE:
         _STEP_CACHE[key] = build_train_step(config, cfg, mesh, transport, shardings, microbatches)
@@ -269,7 +269,8 @@ def build_train_step(config: TrainConfig, cfg, mesh, transport: str, shardings: 
     def step(state, tokens, segment_ids, lr):
         def loss_fn(params, tokens, segment_ids):
             return loss_and_stats(params, state["router_bias"], tokens, step_cfg, mesh=mesh,
-                                  transport=transport, segment_ids=segment_ids)
+                                  transport=transport, segment_ids=segment_ids,
+                                  grouped_impl=config.parallelism.grouped_impl)
 
         # microbatches > 1: gradient accumulation (marin.training.accumulate), same step up to float order
         (loss, stats), grads = accumulate(jax.value_and_grad(loss_fn, has_aux=True), state["params"],

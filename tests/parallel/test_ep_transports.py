@@ -67,7 +67,9 @@ def test_rank_within_groups_matches_loop():
 @pytest.mark.parametrize("impl", grouped.GROUPED_IMPLS)
 @pytest.mark.parametrize("skew", [0.0, 1.0, 6.0])  # 6.0: the busiest expert overflows every bucket
 def test_routed_experts_values_and_grads_equal_reference(skew, impl):
-    """One device's routed experts (capacity: the fused `capacity_moe`; ragged: `ragged_dot`)."""
+    """One device's routed experts (capacity: the fused `capacity_moe`; ragged_dot, tokamax: the rows
+    sorted by expert through `jax.lax.ragged_dot` / `tokamax.ragged_dot`, whose CPU path is tokamax's
+    XLA implementation)."""
     x = jax.random.normal(jax.random.key(0), (T, D))
     ids, w = make_routing(jax.random.key(1), skew=skew)
     experts = make_experts(jax.random.key(2))
@@ -122,14 +124,16 @@ def test_capacity_buckets_are_static_multiples_of_8():
 
 def test_unknown_grouped_impl_is_a_clear_error():
     experts = make_experts(jax.random.key(1))
-    with pytest.raises(ValueError, match="unknown grouped SwiGLU impl 'blocks'; choose from"):
+    with pytest.raises(ValueError, match="^unknown grouped_impl 'blocks'; choose from auto, capacity, ragged_dot, "
+                                         "tokamax$"):
         grouped.grouped_swiglu(jnp.zeros((4, D)), jnp.zeros((4,), jnp.int32), experts["gate"], experts["up"],
                                experts["down"], impl="blocks")
 
 
 # ---- transports -----------------------------------------------------------------------------
-def _moe(x, ids, w, experts, mesh, transport, cf=1.15):
-    return moe_experts(x, ids, w, experts, n_experts=E, transport=transport, mesh=mesh, capacity_factor=cf)
+def _moe(x, ids, w, experts, mesh, transport, cf=1.15, grouped_impl=None):
+    return moe_experts(x, ids, w, experts, n_experts=E, transport=transport, mesh=mesh, capacity_factor=cf,
+                       grouped_impl=grouped_impl)
 
 
 @needs8
@@ -189,17 +193,20 @@ def test_dropless_equals_reference_under_skew(transport, data, ep):
 
 
 @needs8
+@pytest.mark.parametrize("impl", ["capacity", "ragged_dot"])
 @pytest.mark.parametrize("transport,mesh_shape", [("local", None), ("dropless", (2, 4))])
-def test_gpu_program_equals_reference(transport, mesh_shape):
-    """The program traced for a GPU (grouped compute by `ragged_dot`) runs on the CPU too and
-    computes the same routed experts."""
+def test_gpu_program_equals_reference(transport, mesh_shape, impl):
+    """The program traced for a GPU (capacity buffers as plain einsums, or `ragged_dot`) runs on the
+    CPU too and computes the same routed experts."""
     mesh = make_mesh(*mesh_shape) if mesh_shape else None
     x = jax.random.normal(jax.random.key(0), (T, D))
     ids, w = make_routing(jax.random.key(1), skew=2.0)
     experts = make_experts(jax.random.key(2))
     with lowering_for("cuda"):
-        f = jax.jit(lambda x, w, ex_: _moe(x, ids, w, ex_, mesh, transport)[0])
-        assert "ragged_dot" in str(f.trace(x, w, experts).jaxpr)  # on XLA:CPU it lowers to dense matmuls
+        f = jax.jit(lambda x, w, ex_: _moe(x, ids, w, ex_, mesh, transport, grouped_impl=impl)[0])
+        jaxpr = str(f.trace(x, w, experts).jaxpr)
+        assert ("ragged_dot" in jaxpr) == (impl == "ragged_dot")  # on XLA:CPU it lowers to dense matmuls
+        assert "marin_" not in jaxpr  # the GPU program: no CPU kernel
         y = f(x, w, experts)
     assert_close(y, moe_reference(x, ids, w, experts))
 
@@ -246,7 +253,7 @@ def test_ragged_lowers_for_cuda():
     experts = make_experts(jax.random.key(2))
 
     def f(x, w, experts):
-        return jnp.sum(_moe(x, ids, w, experts, mesh, "ragged")[0])
+        return jnp.sum(_moe(x, ids, w, experts, mesh, "ragged", grouped_impl="ragged_dot")[0])
 
     with lowering_for("cuda"):
         lowered = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2))).trace(x, w, experts).lower(

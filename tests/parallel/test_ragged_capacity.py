@@ -26,9 +26,9 @@ T, D, E, K = 64, 8, 16, 2
 needs8 = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (fake) devices")
 
 
-def _moe(x, ids, w, experts, mesh, transport="ragged_capacity", cf=1.15, chunks=2):
+def _moe(x, ids, w, experts, mesh, transport="ragged_capacity", cf=1.15, chunks=2, grouped_impl=None):
     return moe_experts(x, ids, w, experts, n_experts=E, transport=transport, mesh=mesh, capacity_factor=cf,
-                       expert_chunks=chunks)
+                       expert_chunks=chunks, grouped_impl=grouped_impl)
 
 
 # ---- the formulas ------------------------------------------------------------------------------
@@ -191,14 +191,14 @@ def test_pooling_over_a_chunk_drops_less_than_per_expert_buffers():
 @needs8
 def test_ragged_capacity_lowers_for_cuda_with_the_real_collective():
     """Forward and backward lower for a GPU target from CPU with the real ragged_all_to_all and the
-    grouped GEMM."""
+    grouped GEMM (XLA's, named: "auto" picks capacity buffers when lowering from a CPU host)."""
     mesh = make_mesh(2, 4)
     x = jax.random.normal(jax.random.key(0), (T, D))
     ids, w = make_routing(jax.random.key(1), e=E)
     experts = make_experts(jax.random.key(2), e=E)
 
     def f(x, w, experts):
-        return jnp.sum(_moe(x, ids, w, experts, mesh)[0])
+        return jnp.sum(_moe(x, ids, w, experts, mesh, grouped_impl="ragged_dot")[0])
 
     with lowering_for("cuda"):
         lowered = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2))).trace(x, w, experts).lower(

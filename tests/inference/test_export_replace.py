@@ -61,6 +61,7 @@ def test_the_run_itself_as_output_is_refused_and_the_run_is_intact(runs, capsys)
     line = refused(capsys, ["export", runs["run"], "-o", runs["run"], "--overwrite"])
     assert line == (f"marin: error: -o {runs['run']} is the run being exported ({runs['run']}): export it to a "
                     "directory of its own")
+    assert refused(capsys, ["export", runs["run"], "-o", runs["run"], "--dry-run"]) == line  # the dry run checks too
     assert snapshot(runs["run"]) == before and any(p.startswith("checkpoints/") for p in before)
 
 

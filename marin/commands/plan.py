@@ -4,7 +4,9 @@ Per-device memory of a training step (parameters, gradients, fp32 master weights
 activations under the preset's remat policy, all-to-all buffers, logits) against the pool's device
 memory; per-host memory (state shards, checkpoint staging, data buffers, runtime) against the pool's
 host memory, with the checkpoint's size, bytes per host and save time; and the run's compute: FLOPs,
-device-hours and days at an MFU. For the hero (no --seq-len, --transport or --steps) every phase the
+device-hours and days at an MFU. The grouped expert compute's buffers are counted for the
+implementation the pool runs (``--grouped-impl``, default auto: the platform's rule), named per phase.
+For the hero (no --seq-len, --transport or --steps) every phase the
 published run uses, one per (sequence length, transport), each with its own microbatch count; for a
 transport that can drop, the largest capacity factor that still fits. Exit status 1 when the step
 or any phase does not fit (devices or hosts).
@@ -23,6 +25,7 @@ import sys
 from marin.commands.options import add_pools, fraction, positive_float, positive_int, use_pools
 from marin.data.order import CURRENT_ORDER, format_coverage, k40_coverage
 from marin.inference.planning import WEIGHT_DTYPES, format_inference_plan, inference_plan
+from marin.kernels.names import GROUPED_IMPLS
 from marin.models.config import PRESETS, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
 from marin.pools import SHIPPED_POOL_NAMES, get_pool
@@ -56,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--microbatches", type=positive_int, default=None, help="gradient accumulation count (default: the "
                    "smallest that fits)")
     p.add_argument("--transport", default=None, help="EP transport (default: the preset's; hero/ladder: fixed)")
+    p.add_argument("--grouped-impl", default="auto", choices=("auto", *GROUPED_IMPLS),
+                   help="the routed experts' grouped compute (parallelism.grouped_impl; default auto: what the "
+                        "pool's devices run, named in the plan)")
     p.add_argument("--steps", type=positive_int, default=None, help="training steps for the compute plan")
     p.add_argument("--planned-tokens", type=positive_float, default=None,
                    help="tokens the schedule is meant to cover; a mismatch with steps x batch is flagged")
@@ -175,12 +181,12 @@ def run(args: argparse.Namespace) -> int:
                  tokens_per_step=tokens_per_step, seq_len=seq_len, microbatches=args.microbatches,
                  transport=transport, train_steps=steps, mfu=args.mfu, seq_len_phases=phases,
                  planned_tokens=planned, param_sharding=args.param_sharding,
-                 storage_bytes_per_s=args.storage_gbps * 1e9, optimizer=optimizer)
+                 storage_bytes_per_s=args.storage_gbps * 1e9, optimizer=optimizer, grouped_impl=args.grouped_impl)
         # the hero's whole run (no phase pinned by --seq-len/--transport/--steps): every phase it uses
         whole_run = phases is not None and args.transport is None
         p["phases"] = phase_plans(
             cfg, pool, tokens_per_step=tokens_per_step, microbatches=args.microbatches,
-            param_sharding=args.param_sharding, optimizer=optimizer,
+            param_sharding=args.param_sharding, optimizer=optimizer, grouped_impl=args.grouped_impl,
             phases=run_phases(HERO_SEQ_LEN_PHASES, HERO_TRANSPORT_SWITCHES) if whole_run else [(seq_len, transport)],
             remat_by_seq_len=HERO_REMAT_BY_SEQ_LEN if whole_run and args.remat is None else (),
             # a phase pinned by --seq-len: at the context parallelism the plan above chose or was given

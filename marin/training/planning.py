@@ -22,6 +22,17 @@ sequence length split into ``microbatches`` (gradient accumulation):
                      receive buffer) and the routed experts' intermediates over those rows; on CPU
                      pools the ragged transports also hold the emulated collective's worst-case blocks
     logits           float32 logits of one microbatch (their gradient is computed in place)
+    grouped          the routed experts' grouped compute (marin.kernels.grouped), one call at a time
+                     (one layer, one chunk): what its implementation allocates beyond the rows in
+                     and out. "capacity": per-expert buffers [E, C, .] at the largest bucket C (at
+                     most 2x the expected rows per expert, a multiple of 8) for the input, gate, up,
+                     hidden and output, and its int32 slot indices; "ragged_dot" and "tokamax": the
+                     rows sorted by expert and their output, and the sort's indices. A dense
+                     fallback of ragged_dot (rows x experts x width, what XLA:CPU always does and
+                     XLA:GPU does below cuDNN 9.22) is not planned: the compiled step's own memory
+                     analysis is held against this plan before the first step
+                     (marin.training.compiled_memory) and refuses it. The fixed transport's
+                     receivers compute over its own per-expert buffers: 0 here.
 
     gathered         fsdp only: the weights the step gathers where it uses them and their whole float32
                      gradients before the reduce-scatter, for one layer (inside the layer scan) and
@@ -47,7 +58,8 @@ Per host, in bytes (``host_plan``), against the pool's host memory:
                          batch being placed and the next one)
     runtime              a fixed allowance for the Python process, the XLA runtime and its pinned buffers
 tests/training/test_planning.py holds the model to within 15% of ``compiled.memory_analysis()`` of
-the same step on CPU; docs/training.md lists where it is known to be rough.
+the same step on CPU (within 10% for each grouped implementation that runs its own algorithm
+there); docs/training.md lists where it is known to be rough.
 """
 
 from __future__ import annotations
@@ -56,6 +68,7 @@ import math
 import os
 from typing import Any
 
+from marin.kernels.names import GROUPED_IMPLS, canonical_grouped_impl
 from marin.models.config import (
     TRANSPORTS,
     MoEConfig,
@@ -64,7 +77,14 @@ from marin.models.config import (
     mean_flops_per_token,
     param_shapes,
 )
-from marin.parallel.capacity import DROPPING_TRANSPORTS, buffer_rows_per_token, emulated_ragged_rows_per_token
+from marin.parallel.capacity import (
+    DROPPING_TRANSPORTS,
+    buffer_rows_per_token,
+    check_expert_chunks,
+    chunk_capacity,
+    emulated_ragged_rows_per_token,
+    send_capacity,
+)
 from marin.parallel.layout import (
     EXPERT,
     EXPERT_LEAVES,
@@ -88,7 +108,11 @@ DEVICE_MEMORY_BYTES: dict[str, int] = ACCELERATOR_MEMORY_BYTES
 USABLE_FRACTION = 0.90
 DEFAULT_MFU = 0.21  # observed on the hero run after warm-up
 PARTS = ("params", "master_weights", "grads", "optimizer_state", "optimizer_workspace", "gathered",
-         "activations", "all_to_all", "logits", "context_parallel")
+         "activations", "all_to_all", "grouped", "logits", "context_parallel")
+STATE_PARTS = ("master_weights", "optimizer_state")
+"""The parts that are the step's arguments (the training state, donated and updated in place); the
+rest are the compiled program's temporaries, which the pre-step check holds against
+``compiled.memory_analysis().temp_size_in_bytes``."""
 
 
 # Of host memory the training process may plan on (the OS, agents and page cache keep the rest).
@@ -220,6 +244,101 @@ def expert_rows_per_token(cfg: MoEConfig, transport: str, ep: int, tokens_per_sh
                                  cfg.expert_chunks)
 
 
+# ---- grouped expert compute: which implementation, and its buffers --------------------------------
+ACCELERATOR_COMPUTE_CAPABILITY: dict[str, float] = {"H100": 9.0, "H200": 9.0, "B200": 10.0, "GB200": 10.0}
+"""CUDA compute capability of each GPU marin knows (NVIDIA's CUDA GPU list: Hopper 9.0, Blackwell
+10.0): what the grouped-compute rule needs to know of a pool it is not running on."""
+TOKAMAX_ARCHS = (9.0, 10.0)
+"""Compute capabilities [lo, hi) on which tokamax runs the grouped SwiGLU forward and backward (Hopper)."""
+CAPACITY_LARGEST_BUCKET = 2.0
+"""The ``capacity`` implementation's largest per-expert buffer, x the expected rows per expert (its
+buffers are picked per call from static buckets up to this; rounded up to a multiple of 8 rows)."""
+TOKAMAX_ROW_MULTIPLE = 128
+"""tokamax's rows are padded (with skipped rows) to a multiple of its kernels' largest row tile."""
+
+
+def pool_grouped_impl(requested: str, pool: PoolSpec) -> str:
+    """The grouped-compute implementation a run asking for ``requested`` gets on ``pool``: the
+    per-platform rule of :func:`marin.kernels.grouped.resolve_grouped_impl` with the facts of the
+    pool's accelerator and of the ``gpu`` extra's stack (tokamax installed, cuDNN at its floor), so a
+    plan made on a laptop names what the pool's devices will run. "auto": capacity on CPU, tokamax
+    on Hopper, ragged_dot on Blackwell (XLA's cuDNN grouped GEMM), capacity on a GPU marin does not
+    know; an explicit name is kept."""
+    name = canonical_grouped_impl(requested)
+    if name != "auto":
+        return name
+    if pool.is_cpu:
+        return "capacity"
+    cc = ACCELERATOR_COMPUTE_CAPABILITY.get(pool.accelerator)
+    if cc is None:
+        return "capacity"
+    # Hopper: tokamax's kernels; Blackwell: XLA's grouped GEMM (the extra pins cuDNN >= 9.22)
+    return "tokamax" if TOKAMAX_ARCHS[0] <= cc < TOKAMAX_ARCHS[1] else "ragged_dot"
+
+
+def grouped_call(cfg: MoEConfig, transport: str, ep: int, tokens_per_shard: int) -> dict[str, float] | None:
+    """The grouped-compute call of one MoE layer of ``transport`` on one device (the largest, for a
+    transport that runs several one after the other): ``rows`` it receives (skipped rows included),
+    ``experts`` it groups them over and ``expected_rows`` per expert, as
+    :mod:`marin.parallel.transports` calls :func:`marin.kernels.grouped.grouped_swiglu`. None for
+    ``fixed``, whose receivers multiply their own per-expert buffers."""
+    t, k, n_exp = max(1, tokens_per_shard), cfg.top_k, cfg.n_experts
+    if transport == "fixed":
+        return None
+    if transport == "local":  # every expert on the device's own assignments
+        return {"rows": float(t * k), "experts": float(n_exp), "expected_rows": t * k / n_exp}
+    e_loc = n_exp // ep
+    expected = ep * t * k / n_exp
+    if transport == "ragged_capacity":  # one chunk's pooled buffer at a time
+        per_chunk = check_expert_chunks(n_exp, ep, cfg.expert_chunks)
+        cap = chunk_capacity(t, k, n_exp, ep, cfg.capacity_factor, cfg.expert_chunks)
+        return {"rows": float(cap), "experts": float(per_chunk), "expected_rows": cap / per_chunk}
+    if transport == "ragged":  # the worst-case receive buffer
+        return {"rows": float(ep * t * min(k, e_loc)), "experts": float(e_loc), "expected_rows": expected}
+    # dropless: the worst-case all_to_all buffer
+    return {"rows": float(ep * send_capacity(t, k, n_exp, ep, None)), "experts": float(e_loc),
+            "expected_rows": expected}
+
+
+def grouped_buffer_bytes(impl: str, rows: float, experts: float, d_model: int, d_ff: int, dtype_bytes: int,
+                         expected_rows: float | None = None) -> dict[str, float]:
+    """Bytes one grouped-compute call of ``impl`` allocates beyond its rows in and out and the values
+    the backward keeps (which the activations count), by what they are; ``total`` is their sum.
+    The same count as :func:`marin.kernels.grouped.grouped_buffers` (a test holds them equal), here
+    without JAX so that ``marin plan`` and experiment files stay cheap.
+
+    ``padding_rows``: capacity's per-expert buffers [E, C, .] at the largest bucket (input, gate,
+    up, hidden and output: 2 d + 3 f per buffer row); the sorted implementations' rows sorted by
+    expert and their output (2 d per row; tokamax's rows padded to its row tile). ``index``: int32
+    sort and slot indices. ``workspace``: none counted (capacity multiplies its buffers; cuDNN's and
+    tokamax's scratch is small and shows in the compiled program's analysis)."""
+    name = canonical_grouped_impl(impl)
+    if name not in GROUPED_IMPLS:
+        raise ValueError(f"grouped_buffer_bytes counts one implementation ({', '.join(GROUPED_IMPLS)}), "
+                         f"not {impl!r}: resolve 'auto' first (pool_grouped_impl)")
+    e, d, f, b = experts, d_model, d_ff, dtype_bytes
+    if name == "capacity":
+        expected = rows / e if expected_rows is None else expected_rows
+        cap = max(8, -(-math.ceil(CAPACITY_LARGEST_BUCKET * expected) // 8) * 8)
+        slots = e * cap
+        out = {"padding_rows": slots * (2 * d + 3 * f) * b, "index": (3 * rows + slots) * 4, "workspace": 0.0}
+    else:
+        if name == "tokamax":
+            rows = -(-rows // TOKAMAX_ROW_MULTIPLE) * TOKAMAX_ROW_MULTIPLE
+        out = {"padding_rows": rows * 2 * d * b, "index": 3 * rows * 4, "workspace": 0.0}
+    out["total"] = sum(out.values())
+    return out
+
+
+def grouped_bytes(cfg: MoEConfig, transport: str, ep: int, tokens_per_shard: int, impl: str) -> float:
+    """The plan's ``grouped`` part: :func:`grouped_buffer_bytes` of one layer's call (0 for ``fixed``)."""
+    call = grouped_call(cfg, transport, ep, tokens_per_shard)
+    if call is None:
+        return 0.0
+    return grouped_buffer_bytes(impl, call["rows"], call["experts"], cfg.latent_dim, cfg.stored_expert_width,
+                                _bytes(cfg.dtype), call["expected_rows"])["total"]
+
+
 def activation_bytes_per_token_layer(cfg: MoEConfig, seq_len: int, rows: float) -> dict[str, float]:
     """Bytes per token and layer of the forward values, grouped by what a remat policy keeps.
 
@@ -251,10 +370,11 @@ def activation_bytes_per_token_layer(cfg: MoEConfig, seq_len: int, rows: float) 
 
 
 def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: int, microbatches: int = 1,
-                transport: str | None = None, param_sharding: str = "replicated", optimizer: Any = None
-                ) -> dict[str, Any]:
+                transport: str | None = None, param_sharding: str = "replicated", optimizer: Any = None,
+                grouped_impl: str = "auto") -> dict[str, Any]:
     """Per-device bytes of one train step (see the module docstring for the parts). ``optimizer``: the
-    run's (marin.training.optimizers; None: AdamW)."""
+    run's (marin.training.optimizers; None: AdamW); ``grouped_impl``: the run's
+    ``parallelism.grouped_impl`` ("auto": what the pool runs, :func:`pool_grouped_impl`)."""
     check_param_sharding(param_sharding)
     transport = transport or cfg.transport
     if transport not in TRANSPORTS:
@@ -307,6 +427,7 @@ def memory_plan(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: i
         "optimizer_workspace": opt["workspace"],
         "activations": activations,
         "all_to_all": a2a,
+        "grouped": grouped_bytes(cfg, transport, ep_eff, tokens, pool_grouped_impl(grouped_impl, pool)),
         "logits": logits,
         # fsdp: the weights the step gathers where it uses them (compute dtype) and their whole
         # float32 gradients before the reduce-scatter: one layer at a time inside the layer scan, the
@@ -324,10 +445,11 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
          transport: str | None = None, train_steps: int | None = None, mfu: float = DEFAULT_MFU,
          device_memory: int | None = None, seq_len_phases=None, planned_tokens: float | None = None,
          param_sharding: str = "replicated", storage_bytes_per_s: float = STORAGE_WRITE_BYTES_PER_S,
-         host_memory: int | None = None, optimizer: Any = None) -> dict[str, Any]:
+         host_memory: int | None = None, optimizer: Any = None, grouped_impl: str = "auto") -> dict[str, Any]:
     """The whole plan: memory at ``microbatches`` (default: the smallest count that fits), whether it
     fits (on the devices and on the hosts), the smallest pool that would fit at one microbatch, the
-    checkpoint's size and save time, and the run's compute cost."""
+    checkpoint's size and save time, and the run's compute cost. ``grouped_impl``: the run's
+    ``parallelism.grouped_impl``; the plan names the implementation the pool runs for it."""
     device_memory = device_memory if device_memory is not None else device_memory_bytes(pool)
     usable = int(device_memory * USABLE_FRACTION)
     sequences = tokens_per_step // seq_len
@@ -335,12 +457,13 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
     chosen = microbatches
     fitting = None
     for m in counts:
-        if memory_plan(cfg, pool, tokens_per_step, seq_len, m, transport, param_sharding, optimizer)["total"] <= usable:
+        if memory_plan(cfg, pool, tokens_per_step, seq_len, m, transport, param_sharding, optimizer,
+                       grouped_impl)["total"] <= usable:
             fitting = m
             break
     if chosen is None:
         chosen = fitting if fitting is not None else (counts[-1] if counts else 1)
-    mem = memory_plan(cfg, pool, tokens_per_step, seq_len, chosen, transport, param_sharding, optimizer)
+    mem = memory_plan(cfg, pool, tokens_per_step, seq_len, chosen, transport, param_sharding, optimizer, grouped_impl)
     out: dict[str, Any] = {
         "model": None,
         "pool": pool.name,
@@ -356,6 +479,7 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
         "dtype": cfg.dtype,
         "param_sharding": param_sharding,
         "optimizer": default_optimizer(optimizer).kind,
+        "grouped_impl": pool_grouped_impl(grouped_impl, pool),
         "context_parallel": cfg.context_parallel,
         "microbatches": fitting,
         "planned_microbatches": chosen,
@@ -364,7 +488,7 @@ def plan(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, seq_len: int, 
         "device_memory_bytes": device_memory,
         "usable_memory_bytes": usable,
         "smallest_fitting_pool": None if fitting is not None else smallest_fitting_pool(
-            cfg, pool, tokens_per_step, seq_len, transport, param_sharding, optimizer),
+            cfg, pool, tokens_per_step, seq_len, transport, param_sharding, optimizer, grouped_impl),
     }
     out.update(host_plan(cfg, pool, mem["total"], tokens_per_step, seq_len, param_sharding, storage_bytes_per_s,
                          host_memory, optimizer))
@@ -385,16 +509,16 @@ def valid_microbatches(sequences: int, devices: int) -> list[int]:
 
 
 def smallest_fitting_pool(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: int,
-                          transport: str | None, param_sharding: str = "replicated", optimizer: Any = None
-                          ) -> str | None:
+                          transport: str | None, param_sharding: str = "replicated", optimizer: Any = None,
+                          grouped_impl: str = "auto") -> str | None:
     """The smallest known pool of the same accelerator on which the step fits (any microbatch count)."""
     mem = device_memory_bytes(pool)
     for other in sorted(POOLS.values(), key=lambda p: p.num_devices):
         if other.accelerator != pool.accelerator or other.num_devices <= pool.num_devices:
             continue
         for m in valid_microbatches(tokens_per_step // seq_len, other.num_devices):
-            if (memory_plan(cfg, other, tokens_per_step, seq_len, m, transport, param_sharding, optimizer)["total"]
-                    <= mem * USABLE_FRACTION):
+            if (memory_plan(cfg, other, tokens_per_step, seq_len, m, transport, param_sharding, optimizer,
+                            grouped_impl)["total"] <= mem * USABLE_FRACTION):
                 return other.name
     return None
 
@@ -678,7 +802,10 @@ def format_plan(p: dict[str, Any]) -> str:
     mem = p["bytes_per_device"]
     lines = [f"{p['model']} on {p['pool']} ({p['devices']} x {p['accelerator']}, mesh data x expert = "
              f"{p['mesh'][0]} x {p['mesh'][1]}), {p['tokens_per_step']:,} tokens/step at seq_len {p['seq_len']}, "
-             f"transport {p['transport']}, remat {p['remat_policy']}, {p['attention_impl']} attention, {p['dtype']}, "
+             f"transport {p['transport']}"
+             + (f" (grouped compute: {p['grouped_impl']})" if p.get("grouped_impl") and p["transport"] != "fixed"
+                else "")
+             + f", remat {p['remat_policy']}, {p['attention_impl']} attention, {p['dtype']}, "
              f"params {p.get('param_sharding', 'replicated')}, "
              f"{p['planned_microbatches']} microbatch(es)"
              + (f", context parallelism {p['context_parallel']}" if p.get("context_parallel", 1) > 1 else "")]
@@ -738,7 +865,8 @@ def train_config_plans(config, device_memory: int | None = None) -> list[dict[st
                      microbatches=config.parallelism.microbatches, transport=t,
                      train_steps=config.train_steps, device_memory=device_memory,
                      seq_len_phases=config.seq_len_phases,
-                     param_sharding=config.parallelism.param_sharding, optimizer=config.optimizer)
+                     param_sharding=config.parallelism.param_sharding, optimizer=config.optimizer,
+                     grouped_impl=config.parallelism.grouped_impl)
             p["model"] = config.preset or f"d{cfg.d_model}"
             plans.append(p)
     return plans
@@ -759,7 +887,8 @@ def check_train_config_fits(config, device_memory: int | None = None) -> list[di
 # ---- phases: one plan per (sequence length, transport) a run uses --------------------------------
 def phase_plans(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, phases, microbatches: int | None = None,
                 param_sharding: str = "replicated", device_memory: int | None = None,
-                remat_by_seq_len=(), context_parallel_by_seq_len=(), optimizer: Any = None) -> list[dict[str, Any]]:
+                remat_by_seq_len=(), context_parallel_by_seq_len=(), optimizer: Any = None,
+                grouped_impl: str = "auto") -> list[dict[str, Any]]:
     """A short plan per phase of a run: ``phases`` is a sequence of (seq_len, transport), one per
     combination the run will use (any order, any count: a new sequence-length phase is one more
     entry). Each entry: ``seq_len``, ``transport``, ``remat_policy``, ``microbatches`` (the smallest
@@ -767,7 +896,9 @@ def phase_plans(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, phases,
     that can drop, ``largest_fitting_capacity_factor`` (how far a user who sees drops can raise the
     factor before the phase stops fitting; None when even 1.0 does not fit). ``remat_by_seq_len`` and
     ``context_parallel_by_seq_len``: the run's per-phase remat policy and context parallelism, as the
-    trainer applies them; each entry also says its ``context_parallel``."""
+    trainer applies them; each entry also says its ``context_parallel``, and the grouped compute's
+    implementation there (``grouped_impl``, "-" for the fixed transport, which does not use it) and
+    its bytes per device (``grouped_bytes``)."""
     remat = {int(n): p for n, p in remat_by_seq_len}
     cp = {int(n): int(c) for n, c in context_parallel_by_seq_len}
     out = []
@@ -776,16 +907,18 @@ def phase_plans(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, phases,
                                 context_parallel=cp.get(int(seq_len), cfg.context_parallel))
         p = plan(phase_cfg, pool, tokens_per_step=tokens_per_step, seq_len=int(seq_len), microbatches=microbatches,
                  transport=transport, device_memory=device_memory, param_sharding=param_sharding,
-                 optimizer=optimizer)
+                 optimizer=optimizer, grouped_impl=grouped_impl)
         entry = {"seq_len": int(seq_len), "transport": transport, "remat_policy": phase_cfg.remat_policy,
                  "context_parallel": phase_cfg.context_parallel,
+                 "grouped_impl": p["grouped_impl"] if transport != "fixed" else "-",
+                 "grouped_bytes": p["bytes_per_device"]["grouped"],
                  "microbatches": p["planned_microbatches"], "total_bytes": p["bytes_per_device"]["total"],
                  "usable_memory_bytes": p["usable_memory_bytes"], "fits": p["fits"]}
         if transport in DROPPING_TRANSPORTS:
             entry["capacity_factor"] = phase_cfg.capacity_factor
             entry["largest_fitting_capacity_factor"] = largest_fitting_capacity_factor(
                 phase_cfg, pool, tokens_per_step, int(seq_len), p["planned_microbatches"], transport,
-                param_sharding, p["usable_memory_bytes"], optimizer=optimizer)
+                param_sharding, p["usable_memory_bytes"], optimizer=optimizer, grouped_impl=grouped_impl)
         out.append(entry)
     return out
 
@@ -793,7 +926,7 @@ def phase_plans(cfg: MoEConfig, pool: PoolSpec, *, tokens_per_step: int, phases,
 def largest_fitting_capacity_factor(cfg: MoEConfig, pool: PoolSpec, tokens_per_step: int, seq_len: int,
                                     microbatches: int, transport: str, param_sharding: str, usable: int,
                                     low: float = 1.0, high: float = 8.0, step: float = 0.01,
-                                    optimizer: Any = None) -> float | None:
+                                    optimizer: Any = None, grouped_impl: str = "auto") -> float | None:
     """The largest capacity factor on the grid low, low + step, ..., high at which the step still fits
     ``usable`` bytes per device (memory grows with the factor, so a bisection over the grid finds
     it); None when not even ``low`` fits."""
@@ -801,7 +934,7 @@ def largest_fitting_capacity_factor(cfg: MoEConfig, pool: PoolSpec, tokens_per_s
     def fits(i: int) -> bool:
         c = cfg.replace(capacity_factor=round(low + i * step, 6))
         total = memory_plan(c, pool, tokens_per_step, seq_len, microbatches, transport, param_sharding,
-                            optimizer)["total"]
+                            optimizer, grouped_impl)["total"]
         return total <= usable
 
     lo, hi = 0, int(round((high - low) / step))
@@ -825,8 +958,10 @@ def format_phases(phases: list[dict[str, Any]]) -> str:
             note = (f"capacity factor {ph['capacity_factor']:g}; fits up to {best:g}" if best is not None
                     else f"capacity factor {ph['capacity_factor']:g}; does not fit even at 1.0")
         rows.append((f"{ph['seq_len']:,}", ph["transport"], ph["remat_policy"], str(ph["microbatches"]),
-                     str(ph.get("context_parallel", 1)), _gib(ph["total_bytes"]),
+                     str(ph.get("context_parallel", 1)), ph.get("grouped_impl", "-"),
+                     _gib(ph.get("grouped_bytes", 0)), _gib(ph["total_bytes"]),
                      "fits" if ph["fits"] else "DOES NOT FIT", note))
-    table = format_table(("seq_len", "transport", "remat", "microbatches", "context par.", "per device", "", ""),
-                         rows, right=(0, 3, 4, 5), rule=False, indent="  ")
+    table = format_table(("seq_len", "transport", "remat", "microbatches", "context par.", "grouped impl",
+                          "grouped", "per device", "", ""),
+                         rows, right=(0, 3, 4, 6, 7), rule=False, indent="  ")
     return "  phases of the run:\n" + table

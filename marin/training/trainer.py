@@ -57,6 +57,7 @@ from marin.training.checkpoint.discovery import checkpoint_path, checkpoint_step
 from marin.training.checkpoint.format import PERMANENT, TEMPORARY, CheckpointMismatchError, read_metadata
 from marin.training.checkpoint.manager import CheckpointManager, pin_checkpoint
 from marin.training.checkpoint.restore import restore_checkpoint
+from marin.training.compiled_memory import check_train_step
 from marin.training.config import SyntheticDataConfig, TrainConfig, model_at
 from marin.training.cutover import check_cutovers
 from marin.training.metrics import (
@@ -308,7 +309,8 @@ def microbatches_for(config: TrainConfig, cfg, pool, seq_len: int, transport: st
     if config.parallelism.microbatches is not None:
         return int(config.parallelism.microbatches)
     p = plan(cfg, pool, tokens_per_step=config.tokens_per_step, seq_len=seq_len, transport=transport,
-             param_sharding=config.parallelism.param_sharding, optimizer=config.optimizer)
+             param_sharding=config.parallelism.param_sharding, optimizer=config.optimizer,
+             grouped_impl=config.parallelism.grouped_impl)
     return p["microbatches"] or 1
 
 
@@ -405,6 +407,7 @@ class TrainRun:
     evaluator: _InTrainingEval | None = None
     compiled: dict[Any, Any] = dataclasses.field(default_factory=dict)  # per (transport, microbatches, remat)
     micro: dict[tuple[int, str], int] = dataclasses.field(default_factory=dict)  # per (seq_len, transport)
+    memory_checked: set[Any] = dataclasses.field(default_factory=set)  # compiled programs held against the plan
     last: dict[str, Any] = dataclasses.field(default_factory=dict)
     t_prev: float = 0.0
     preemption: PreemptionWatch | None = None  # SIGTERM watch, started by train_on_host
@@ -540,6 +543,10 @@ def run_step(run: TrainRun) -> dict[str, Any]:
     tokens, segments = place_batch(run.batch_fn, batch_sharding(run.mesh, phase_cfg.context_parallel), run.step,
                                    batch_size, seq_len)
     lr = lr_at(run.step, config.lr_schedule())
+    if (key, seq_len) not in run.memory_checked:  # before the program's first step: its memory against the plan
+        check_train_step(run.compiled[key], (run.state, tokens, segments, jnp.float32(lr)), config=config,
+                         cfg=phase_cfg, pool=run.ctx.pool, seq_len=seq_len, transport=transport, microbatches=n_micro)
+        run.memory_checked.add((key, seq_len))
     new_state, m = run.compiled[key](run.state, tokens, segments, jnp.float32(lr))
     m = {k: float(v) for k, v in m.items()}  # waits for the step
     if not (math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])):

@@ -41,6 +41,7 @@ import numpy as np
 
 from marin.data.k40 import split_source_name
 from marin.data.order import CURRENT_ORDER, WITH_REPLACEMENT
+from marin.execution.fieldcheck import check_fields, check_number
 from marin.execution.versioning import added_later, input_field
 from marin.runsteps import phase_start_step
 
@@ -65,6 +66,10 @@ class MixtureStage:
     start_fraction: float | None = None
 
     def __post_init__(self) -> None:
+        try:
+            check_fields(self, "MixtureStage.", {"start_step": ">= 0", "start_fraction": "[0, 1]"})
+        except ValueError as e:
+            raise MixtureError(str(e)) from None
         if (self.start_step is None) == (self.start_fraction is None):
             raise MixtureError(f"MixtureStage needs exactly one of start_step and start_fraction, got "
                                f"start_step={self.start_step}, start_fraction={self.start_fraction}")
@@ -105,6 +110,18 @@ class MixtureConfig:
     Versioned: it changes what a training step reads. A run recorded before the field existed read the
     legacy order: its record reads back as it, and keeps its hash (the legacy order is left out of the
     hash); a new config reads the current order under a hash of its own."""
+
+    def __post_init__(self) -> None:
+        try:
+            check_fields(self, "mixture.", {"seed": ">= 0", "validation_fraction": "[0, 1]",
+                                            "validation_min_documents": ">= 0", "validation_max_documents": ">= 0"})
+            for what, weights in (("domain_weights", self.domain_weights), ("quality_weights", self.quality_weights),
+                                  *((f"domain_quality_weights[{d!r}]", w)
+                                    for d, w in (self.domain_quality_weights or {}).items())):
+                for name, w in (weights or {}).items():  # the names are checked against the stores when sampled
+                    check_number(f"mixture.{what}[{name!r}]", w, float, ">= 0")
+        except ValueError as e:
+            raise MixtureError(str(e)) from None
 
 
 # --------------------------------------------------------------------------------------------------

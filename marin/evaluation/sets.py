@@ -23,6 +23,7 @@ from marin.data.k40 import split_source_name
 from marin.data.mixture import validation_documents
 from marin.data.store import StoreError, TokenizerMismatchError, TokenStore
 from marin.data.tokenizer import LoadedTokenizer, load_tokenizer
+from marin.execution.fieldcheck import check_fields
 from marin.execution.versioning import input_field
 
 
@@ -46,6 +47,10 @@ class EvalSet:
     validation_min_documents: int = 1
     validation_max_documents: int = 1000
     max_documents: int | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self, "EvalSet.", {"validation_fraction": "[0, 1]", "validation_min_documents": ">= 0",
+                                        "validation_max_documents": ">= 0", "max_documents": ">= 1"})
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ def _shown(path: str) -> str:
 
 
 BINDING_ERROR = re.compile(r"got an unexpected keyword argument|missing \d+ required|takes \d+ positional|"
-                           r"got multiple values for argument")
+                           r"got multiple values for (?:keyword )?argument")
 """Python's words for a call whose arguments do not fit the function (a misspelt keyword, a field left out)."""
 
 

@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from marin.execution.failures import InfrastructureFailure
+from marin.execution.fieldcheck import check_fields
 from marin.execution.versioning import live
 
 logger = logging.getLogger(__name__)
@@ -82,10 +83,8 @@ class StallRule:
     floor_s: float = live("when a hung pool is killed, not what is computed", default=600.0)
 
     def __post_init__(self) -> None:
-        if self.timeout_s is not None and self.timeout_s <= 0:
-            raise ValueError(f"stall.timeout_s must be > 0 (or None: derived from the step time), got {self.timeout_s}")
-        if self.startup_s <= 0 or self.factor <= 0 or self.floor_s <= 0:
-            raise ValueError("stall startup, factor and floor must be > 0")
+        # timeout_s None: derived from the step time
+        check_fields(self, "stall.", {"timeout_s": "> 0", "startup_s": "> 0", "factor": "> 0", "floor_s": "> 0"})
 
     @property
     def beat_every_s(self) -> float:

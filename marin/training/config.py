@@ -18,15 +18,18 @@ trainer builds exactly that model.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any
 
 from marin.data.mixture import MixtureConfig
 from marin.data.order import WITHOUT_REPLACEMENT_V1, block_length
 from marin.evaluation.sets import EvalSet
+from marin.execution.fieldcheck import FieldError, check_fields, check_number
 from marin.execution.jsonable import from_jsonable
+from marin.execution.step import ExecutorStep, InputName, VersionedValue
 from marin.execution.versioning import by_field, group, input_field, live
 from marin.kernels.names import canonical_grouped_impl
-from marin.models.config import REMAT_POLICIES, MoEConfig, get_preset
+from marin.models.config import REMAT_POLICIES, TRANSPORTS, MoEConfig, get_preset
 from marin.parallel.layout import PARAM_SHARDINGS
 from marin.pools import PoolSpec, as_pool
 from marin.pools.stall import StallRule
@@ -53,6 +56,10 @@ class SyntheticDataConfig:
     n_rules: int = 4
     noise: float = 0.05
 
+    def __post_init__(self) -> None:
+        check_fields(self, "SyntheticDataConfig.", {"vocab_size": ">= 1", "seed": ">= 0", "n_rules": ">= 1",
+                                                    "noise": "[0, 1]"})
+
 
 @dataclasses.dataclass(frozen=True)
 class InitFrom:
@@ -76,6 +83,9 @@ class InitFrom:
     optimizer: bool = True
     data_position: bool = True
 
+    def __post_init__(self) -> None:
+        check_fields(self, "init_from.", {"step": "> 0"})  # a committed checkpoint: step 0 is never saved
+
 
 @dataclasses.dataclass(frozen=True)
 class Cutover:
@@ -88,6 +98,9 @@ class Cutover:
     gate: str
     candidate: str
     forced: bool = False
+
+    def __post_init__(self) -> None:
+        check_fields(self, "Cutover.", {"step": "> 0"})  # a change of a live run: step 0 is its start
 
 
 def resolve_model(
@@ -113,11 +126,20 @@ def resolve_model(
 EVAL_IS_TELEMETRY = "in-training evaluation is telemetry: it reads the weights, never writes them"
 
 
-def _pairs(value: Any, kinds: tuple[type, type]) -> Any:
-    """One spelling of a schedule given as pairs (the version encodes it): a tuple of typed tuples."""
-    if isinstance(value, (list, tuple)):
-        return tuple((kinds[0](a), kinds[1](b)) for a, b in value)
-    return value
+def _pairs(value: Any, kinds: tuple[type, type], name: str = "a schedule") -> Any:
+    """One spelling of a schedule given as pairs (the version encodes it): a tuple of typed tuples;
+    anything else is refused in one line naming the field ``name``."""
+    if isinstance(value, (VersionedValue, InputName)):
+        return value
+    try:
+        if isinstance(value, (list, tuple)):
+            out = tuple((kinds[0](a), kinds[1](b)) for a, b in value)
+            if all(isinstance(a, numbers.Real) and isinstance(b, (numbers.Real, str)) for a, b in value):
+                return out
+    except (TypeError, ValueError):
+        pass
+    kinds_text = ", ".join(k.__name__ for k in kinds)
+    raise FieldError(f"{name} must be a tuple of ({kinds_text}) pairs, got {value!r}")
 
 
 # --- the groups of a TrainConfig, one per concept ---------------------------------------------------
@@ -150,11 +172,10 @@ class TrainEvalConfig:
     def __post_init__(self) -> None:
         if isinstance(self.sets, list):
             object.__setattr__(self, "sets", tuple(self.sets))
+        check_fields(self, "evaluation.", {"every_steps": "> 0", "stride": "> 0"})
         if self.tasks and self.every_steps is None:
             raise ValueError(f"evaluation.tasks {sorted(self.tasks)} are scored by the in-training eval, which "
                              "evaluation.every_steps=None turns off; set evaluation.every_steps")
-        if self.every_steps is not None and self.every_steps <= 0:
-            raise ValueError(f"evaluation.every_steps must be > 0 (or None: no evaluation), got {self.every_steps}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,9 +189,7 @@ class TelemetryConfig:
     progress_every_s: float = live("telemetry only", default=10.0)
 
     def __post_init__(self) -> None:
-        if self.log_every < 1 or self.progress_every_s < 0:
-            raise ValueError(f"telemetry: need log_every >= 1 and progress_every_s >= 0, got {self.log_every}, "
-                             f"{self.progress_every_s}")
+        check_fields(self, "telemetry.", {"log_every": ">= 1", "progress_every_s": ">= 0"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,14 +228,27 @@ class ParallelismConfig:
     def __post_init__(self) -> None:
         for name, kinds in (("remat_by_seq_len", (int, str)), ("context_parallel_by_seq_len", (int, int)),
                             ("transport_switches", (int, str))):
-            object.__setattr__(self, name, _pairs(getattr(self, name), kinds))
+            object.__setattr__(self, name, _pairs(getattr(self, name), kinds, f"parallelism.{name}"))
+        check_fields(self, "parallelism.", {"microbatches": ">= 1"})  # None: the planner's
+        for name in ("remat_by_seq_len", "context_parallel_by_seq_len"):
+            for i, (seq_len, _) in enumerate(getattr(self, name)):
+                check_number(f"parallelism.{name}[{i}] sequence length", seq_len, int, ">= 1")
+        for i, (_, degree) in enumerate(self.context_parallel_by_seq_len):
+            check_number(f"parallelism.context_parallel_by_seq_len[{i}] degree", degree, int, ">= 1")
+        if self.transport_switches:
+            unknown = [t for _, t in self.transport_switches if t not in TRANSPORTS]
+            if unknown:
+                raise FieldError(f"parallelism.transport_switches: unknown transport {unknown[0]!r}; choose from "
+                                 f"{', '.join(TRANSPORTS)}")
+            try:
+                self.transport_schedule(self.transport_switches[0][1])
+            except ValueError as e:
+                raise FieldError(f"parallelism.transport_switches {self.transport_switches}: {e}") from None
         if self.param_sharding not in PARAM_SHARDINGS:
             raise ValueError(f"unknown param_sharding {self.param_sharding!r}; choose from {PARAM_SHARDINGS}")
         for _, policy in self.remat_by_seq_len:
             if policy not in REMAT_POLICIES:
                 raise ValueError(f"remat_by_seq_len: unknown remat policy {policy!r}; choose from {REMAT_POLICIES}")
-        if self.microbatches is not None and self.microbatches < 1:
-            raise ValueError(f"parallelism.microbatches must be >= 1 (or None: planned), got {self.microbatches}")
         try:
             object.__setattr__(self, "grouped_impl", canonical_grouped_impl(self.grouped_impl))
         except ValueError as e:
@@ -293,8 +325,9 @@ class TrainConfig:
         "computed", default=())
 
     def __post_init__(self) -> None:
+        check_fields(self, "", {"seed": ">= 0", "train_steps": "> 0", "tokens_per_step": "> 0"})
         # one spelling of the schedule, whatever sequence the caller passed (the version encodes it)
-        object.__setattr__(self, "seq_len_phases", _pairs(self.seq_len_phases, (float, int)))
+        object.__setattr__(self, "seq_len_phases", _pairs(self.seq_len_phases, (float, int), "seq_len_phases"))
         object.__setattr__(self, "pool", as_pool(self.pool))  # resolved once, here: the spec travels
         object.__setattr__(self, "cutovers", tuple(Cutover(**c) if isinstance(c, dict) else c for c in self.cutovers))
         object.__setattr__(self, "optimizer", optimizer_from(self.optimizer))  # a dict: its kind picks the class
@@ -320,6 +353,41 @@ class TrainConfig:
             raise TypeError(f"TrainConfig.model must be a preset name or a MoEConfig, got {type(self.model).__name__}")
         # the longest phase fits the model, whether it came as a preset name or a MoEConfig
         object.__setattr__(self, "model", resolve_model(self.model, seq_len_phases=tuple(self.seq_len_phases)))
+        self._check_schedules()
+        self._check_branch()
+
+    def _check_schedules(self) -> None:
+        """The schedules the trainer builds from these fields, built here, so a bad one is refused where
+        the config is built (the experiment file's line), one line naming the field, not after the pool
+        started: the sequence-length phases (from 0, in order, inside the run, each dividing the batch),
+        the LR schedule (warmup inside the horizon, re-plans in order after warmup)."""
+        try:
+            self.seq_len_schedule()
+        except ValueError as e:
+            raise FieldError(f"seq_len_phases {self.seq_len_phases}: {e}") from None
+        if self.optimizer.warmup_steps > self.train_steps:
+            raise FieldError(f"optimizer.warmup_steps ({self.optimizer.warmup_steps}) must be at most train_steps "
+                             f"({self.train_steps}): the warmup is part of the horizon")
+        try:
+            self.lr_schedule()
+        except ValueError as e:
+            raise FieldError(f"optimizer.lr_replans {self.optimizer.lr_replans}: {e}") from None
+
+    def _check_branch(self) -> None:
+        """A branch that takes its source's optimizer state (``init_from.optimizer``) needs the source's
+        optimizer: checked here when the source is a declared step (``branch_from(step, ...)``), so the
+        dry run refuses it; a source given as a path is checked by the trainer against its checkpoint."""
+        src = self.init_from
+        if src is None or not src.optimizer or not isinstance(src.run, InputName):
+            return
+        source = src.run.step
+        optimizer = getattr(source.config, "optimizer", None) if isinstance(source, ExecutorStep) else None
+        kind = getattr(optimizer, "kind", None)
+        kind = kind.value if isinstance(kind, VersionedValue) else kind
+        if isinstance(kind, str) and kind != self.optimizer.kind:
+            raise FieldError(f"init_from: {source.name} trains with {kind} but this run with {self.optimizer.kind}, "
+                             "and a branch that takes the optimizer state needs the same optimizer: "
+                             "branch_from(..., optimizer=False) starts a fresh one")
 
     def lr_schedule(self) -> LRSchedule:
         return self.optimizer.lr_schedule(self.train_steps)

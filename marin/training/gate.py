@@ -26,6 +26,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from marin.execution.fieldcheck import check_fields
 from marin.execution.versioning import input_field, rule
 from marin.models.config import param_shapes
 from marin.parallel.capacity import TRANSPORTS
@@ -68,10 +69,8 @@ class GateThresholds:
     max_memory_fraction: float = 0.95
 
     def __post_init__(self) -> None:
-        if not (self.max_loss_delta >= 0 and self.min_speedup >= 0 and 0 <= self.max_drop_fraction <= 1
-                and 0 < self.max_memory_fraction <= 1):
-            raise ValueError(f"gate thresholds: need max_loss_delta >= 0, min_speedup >= 0, max_drop_fraction in "
-                             f"[0, 1] and max_memory_fraction in (0, 1], got {self}")
+        check_fields(self, "thresholds.", {"max_loss_delta": ">= 0", "min_speedup": ">= 0",
+                                           "max_drop_fraction": "[0, 1]", "max_memory_fraction": "(0, 1]"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +100,7 @@ class GateConfig:
     def __post_init__(self) -> None:
         if self.pool is not None:  # resolved once, here, as TrainConfig's: the spec travels, no process looks it up
             object.__setattr__(self, "pool", as_pool(self.pool))
+        check_fields(self, "gate ")  # whole numbers and a finite confidence; their ranges below, with why
         if self.at_step <= 0 or self.steps < 2:
             raise GateRefused(f"a gate needs at_step > 0 (a committed checkpoint) and steps >= 2 (a paired "
                               f"difference has a spread), got at_step={self.at_step}, steps={self.steps}")

@@ -158,11 +158,16 @@ class SeqLenSchedule:
     phases: tuple[SeqLenPhase, ...]
 
     def __post_init__(self) -> None:
-        if not self.phases or self.phases[0].start_fraction != 0.0:
-            raise ValueError("the first phase must start at fraction 0.0")
+        if not self.phases:
+            raise ValueError("a schedule needs at least one phase, the first starting at 0")
         fractions = [p.start_fraction for p in self.phases]
         if fractions != sorted(fractions) or len(set(fractions)) != len(fractions):
             raise ValueError(f"phase start fractions must be strictly increasing, got {fractions}")
+        if self.phases[0].start_fraction != 0.0:
+            raise ValueError(f"the first phase must start at 0 (the run's first step), got {fractions[0]}")
+        outside = [f for f in fractions if not 0.0 <= f < 1.0]  # NaN included: it compares false
+        if outside:
+            raise ValueError(f"a phase must start at a fraction of the run in [0, 1), got {outside[0]}")
         for p in self.phases:
             if p.seq_len <= 0 or self.tokens_per_step % p.seq_len:
                 raise ValueError(

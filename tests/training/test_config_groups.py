@@ -101,7 +101,7 @@ def test_default_train_defaults_are_train_configs():
     (lambda: ParallelismConfig(param_sharding="zero3"), r"unknown param_sharding 'zero3'"),
     (lambda: ParallelismConfig(remat_by_seq_len=((64, "most"),)), r"unknown remat policy 'most'"),
     (lambda: TrainEvalConfig(tasks={"k": "/t.jsonl"}), r"evaluation.every_steps=None turns off"),
-    (lambda: TelemetryConfig(log_every=0), r"log_every >= 1"),
+    (lambda: TelemetryConfig(log_every=0), r"telemetry.log_every must be >= 1"),
     (lambda: CheckpointPolicy(every_minutes=0), r"every_minutes must be > 0"),
     (lambda: TrainConfig(output_path="x", data=SyntheticDataConfig(),
                          checkpoint=CheckpointPolicy(temp_every_minutes=5)),

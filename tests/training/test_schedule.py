@@ -94,8 +94,12 @@ def test_seq_len_schedule_keeps_tokens_constant():
 def test_seq_len_validation():
     with pytest.raises(ValueError, match="multiple"):
         SeqLenSchedule(1000, (SeqLenPhase(0.0, 64),))
-    with pytest.raises(ValueError, match="fraction 0.0"):
+    with pytest.raises(ValueError, match=r"the first phase must start at 0 \(the run's first step\), got 0.1"):
         SeqLenSchedule(1024, (SeqLenPhase(0.1, 64),))
+    with pytest.raises(ValueError, match=r"strictly increasing, got \[0.0, 0.6, 0.2\]"):
+        SeqLenSchedule(1024, (SeqLenPhase(0.0, 64), SeqLenPhase(0.6, 64), SeqLenPhase(0.2, 128)))
+    with pytest.raises(ValueError, match=r"a phase must start at a fraction of the run in \[0, 1\), got 1.5"):
+        SeqLenSchedule(1024, (SeqLenPhase(0.0, 64), SeqLenPhase(1.5, 128)))
 
 
 def test_transport_schedule():

@@ -146,8 +146,8 @@ def test_a_preset_name_is_resolved_once_and_a_models_fields_are_kept():
 
 def test_default_train_takes_train_config_fields_and_refuses_a_misspelt_one():
     step = default_train("t/train", mixture=SyntheticDataConfig(), optimizer=AdamWConfig(peak_lr=1e-3,
-                                                                                          lr_replans=[(5, 50)]))
+                                                                                          lr_replans=[(50, 150)]))
     # one spelling, live
-    assert step.config.optimizer.peak_lr.value == 1e-3 and step.config.optimizer.lr_replans == ((5, 50),)
+    assert step.config.optimizer.peak_lr.value == 1e-3 and step.config.optimizer.lr_replans == ((50, 150),)
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'peak_lrr'"):  # Python's own: names it
         default_train("t/train", mixture=SyntheticDataConfig(), peak_lrr=1e-3)

@@ -17,6 +17,7 @@ from typing import Any
 import fsspec
 
 from marin.execution.failures import InfrastructureFailure
+from marin.execution.fieldcheck import check_fields, check_number
 from marin.execution.versioning import live
 from marin.textfmt import parse_bytes
 from marin.training.checkpoint.format import (
@@ -101,26 +102,16 @@ class CheckpointPolicy:
         "computed", default=0.0)
 
     def __post_init__(self) -> None:
-        if self.every_steps <= 0:
-            raise ValueError(f"every_steps must be > 0, got {self.every_steps}")
-        if self.keep_last < 1:
-            raise ValueError(f"keep_last must be >= 1, got {self.keep_last}")
-        if self.keep_every is not None and self.keep_every <= 0:
-            raise ValueError(f"keep_every must be > 0, got {self.keep_every}")
-        if self.temp_every_minutes is not None and self.temp_every_minutes <= 0:
-            raise ValueError(f"checkpoint.temp_every_minutes must be > 0, got {self.temp_every_minutes}")
-        if self.every_minutes is not None and self.every_minutes <= 0:
-            raise ValueError(f"every_minutes must be > 0 (or None: by steps only), got {self.every_minutes}")
-        if self.max_failed_saves < 1:
-            raise ValueError(f"max_failed_saves must be >= 1, got {self.max_failed_saves}")
-        if self.max_minutes_without_commit is not None and self.max_minutes_without_commit <= 0:
-            raise ValueError(f"max_minutes_without_commit must be > 0 (or None), got {self.max_minutes_without_commit}")
-        if any(int(s) <= 0 for s in self.pinned_steps):
-            raise ValueError(f"pinned_steps must be positive steps, got {self.pinned_steps}")
+        check_fields(self, "checkpoint.", {
+            "every_steps": "> 0", "every_minutes": "> 0", "keep_last": ">= 1", "keep_every": "> 0",
+            "temp_every_minutes": "> 0", "max_failed_saves": ">= 1", "max_minutes_without_commit": "> 0",
+            "preemption_grace_s": ">= 0"})
+        if not isinstance(self.pinned_steps, (tuple, list)):
+            raise ValueError(f"checkpoint.pinned_steps must be a tuple of steps, got {self.pinned_steps!r}")
+        for i, step in enumerate(self.pinned_steps):
+            check_number(f"checkpoint.pinned_steps[{i}]", step, int, "> 0")
         if self.storage_quota is not None:
             parse_bytes(self.storage_quota)  # a bad size is refused where the config is built
-        if self.preemption_grace_s < 0:
-            raise ValueError(f"preemption_grace_s must be >= 0, got {self.preemption_grace_s}")
 
     def retention(self, committed: Iterable[int], pins: Mapping[int, Sequence[str]] | None = None,
                   current: int | None = None) -> dict[int, str]:

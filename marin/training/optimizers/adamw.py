@@ -31,18 +31,14 @@ class AdamWConfig(OptimizerBase):
     kind: Literal["adamw"] = added_later(default=ADAMW)
 
     STATE_BYTES: ClassVar[dict[str, int]] = {ADAMW: 8}  # first and second moments, float32
+    FIELD_RANGES: ClassVar[dict[str, str]] = {**OptimizerBase.FIELD_RANGES, "weight_decay": ">= 0", "beta1": "[0, 1)",
+                                              "beta2": "[0, 1)", "adam_eps": "> 0", "grad_clip": "> 0"}
     PROGRAM_ONLY_SCHEDULE: ClassVar[tuple[str, ...]] = ("peak_lr", "warmup_steps", "final_lr_fraction", "lr_replans")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.kind != ADAMW:
             raise ValueError(f"AdamWConfig.kind is {ADAMW!r}, got {self.kind!r}")
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"optimizer.{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.weight_decay < 0 or self.adam_eps <= 0 or self.grad_clip <= 0:
-            raise ValueError(f"optimizer: need weight_decay >= 0, adam_eps > 0 and grad_clip > 0, got "
-                             f"{self.weight_decay}, {self.adam_eps}, {self.grad_clip}")
 
     def leaf_group(self, key: str, shape: tuple[int, ...]) -> str:
         return ADAMW

@@ -30,6 +30,7 @@ import dataclasses
 import typing
 from typing import Any, ClassVar
 
+from marin.execution.fieldcheck import check_fields
 from marin.execution.versioning import live
 from marin.training.schedule import DEFAULT_FINAL_LR_FRACTION, LRSchedule, Replan
 
@@ -77,14 +78,17 @@ class OptimizerBase:
     PROGRAM_ONLY_SCHEDULE: ClassVar[tuple[str, ...]] = SCHEDULE_FIELDS
     """Fields the compiled programs do not read (reset in :meth:`program_key`)."""
 
+    FIELD_RANGES: ClassVar[dict[str, str]] = {"peak_lr": "> 0", "warmup_steps": ">= 0", "final_lr_fraction": "[0, 1]"}
+    """Each numeric field's range (:func:`marin.execution.fieldcheck.check_fields`; its type is checked
+    by its annotation); an optimizer adds its own fields' ranges to these."""
+
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lr_replans", pairs(self.lr_replans))
-        if not self.peak_lr > 0:
-            raise ValueError(f"optimizer.peak_lr must be > 0, got {self.peak_lr}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if not 0.0 <= self.final_lr_fraction <= 1.0:
-            raise ValueError(f"optimizer.final_lr_fraction must be in [0, 1], got {self.final_lr_fraction}")
+        check_fields(self, "optimizer.", self.FIELD_RANGES)
+        try:
+            object.__setattr__(self, "lr_replans", pairs(self.lr_replans))
+        except (TypeError, ValueError):
+            raise ValueError(f"optimizer.lr_replans must be (at_step, new_total_steps) pairs of whole numbers, got "
+                             f"{self.lr_replans!r}") from None
 
     def lr_schedule(self, train_steps: int) -> LRSchedule:
         """The schedule over a run of ``train_steps`` planned steps (re-plans included)."""

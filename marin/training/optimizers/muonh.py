@@ -89,21 +89,14 @@ class MuonHConfig(OptimizerBase):
 
     STATE_BYTES: ClassVar[dict[str, int]] = {MUONH_GROUP: 4, ADAMH_GROUP: 8, ADAM_GROUP: 8}
     NEWTON_SCHULZ_GROUPS: ClassVar[tuple[str, ...]] = (MUONH_GROUP,)
+    FIELD_RANGES: ClassVar[dict[str, str]] = {
+        **OptimizerBase.FIELD_RANGES, "adam_lr": "> 0", "momentum": "[0, 1)", "newton_schulz_steps": ">= 1",
+        "muon_eps": "> 0", "beta1": "[0, 1)", "beta2": "[0, 1)", "adam_eps": "> 0", "grad_clip": "> 0"}
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.kind != MUONH:
             raise ValueError(f"MuonHConfig.kind is {MUONH!r}, got {self.kind!r}")
-        for name in ("momentum", "beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"optimizer.{name} must be in [0, 1), got {getattr(self, name)}")
-        if not self.adam_lr > 0 or self.adam_eps <= 0 or self.muon_eps <= 0:
-            raise ValueError(f"optimizer: need adam_lr > 0, adam_eps > 0 and muon_eps > 0, got {self.adam_lr}, "
-                             f"{self.adam_eps}, {self.muon_eps}")
-        if self.newton_schulz_steps < 1:
-            raise ValueError(f"optimizer.newton_schulz_steps must be >= 1, got {self.newton_schulz_steps}")
-        if self.grad_clip is not None and self.grad_clip <= 0:
-            raise ValueError(f"optimizer.grad_clip must be > 0 (or None: off), got {self.grad_clip}")
 
     @classmethod
     def from_heuristic(cls, tokens: float, d_model: int, tokens_per_batch: int, **fields: Any) -> MuonHConfig:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from marin.execution.versioning import added_later
+from marin.models.params import params_of
 from marin.parallel.capacity import (  # noqa: F401  (re-exported for model configs)
     DEFAULT_EXPERT_CHUNKS,
     EP_TRANSPORTS,
@@ -286,22 +287,10 @@ def count_params(cfg: MoEConfig) -> dict:
 
 def param_shapes(cfg: MoEConfig) -> dict[str, tuple[int, ...]]:
     """Shape of every parameter leaf transformer.init_params builds, keyed ``"embed"``, ``"final_norm"``,
-    ``"lm_head"`` (untied only) and ``"blocks/<leaf>"`` (stacked: a leading [n_layers] axis). JAX-free,
-    so the memory planner can apply the mesh's sharding rule leaf by leaf."""
-    L, d, E = cfg.n_layers, cfg.d_model, cfg.n_experts
-    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.stored_kv_heads * cfg.head_dim
-    lat, f, fs = cfg.latent_dim, cfg.stored_expert_width, cfg.n_shared_experts * cfg.shared_width
-    blocks = {
-        "attn_norm": (L, d), "wq": (L, d, q_dim), "wk": (L, d, kv_dim), "wv": (L, d, kv_dim),
-        "wo": (L, q_dim, d), "mlp_norm": (L, d), "shared_gate": (L, d, fs), "shared_up": (L, d, fs),
-        "shared_down": (L, fs, d), "latent_down": (L, d, lat), "latent_up": (L, lat, d), "router": (L, lat, E),
-        "expert_gate": (L, E, lat, f), "expert_up": (L, E, lat, f), "expert_down": (L, E, f, lat),
-    }
-    out = {"embed": (cfg.vocab_size, d), "final_norm": (d,)}
-    if not cfg.tie_embeddings:
-        out["lm_head"] = (d, cfg.vocab_size)
-    out.update({f"blocks/{k}": v for k, v in blocks.items()})
-    return out
+    ``"lm_head"`` (untied only) and ``"blocks/<leaf>"`` (stacked: a leading [n_layers] axis): the
+    parameter table's (:data:`marin.models.params.PARAMS`, which gives each its role). JAX-free, so
+    the memory planner can apply the mesh's sharding rule leaf by leaf."""
+    return {k: tuple(p.shape(cfg)) for k, p in params_of(cfg).items()}
 
 
 def mean_attended_keys(seq_len: int, window: int | None) -> float:

@@ -42,13 +42,12 @@ from collections.abc import Callable
 import numpy as np
 
 from marin.models.config import MoEConfig
+from marin.models.params import PARAMS, leaf_name
+from marin.parallel.roles import EMBEDDING
 
 FORMAT = "marin-moe-v1"
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
-LAYER_LEAVES = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "shared_gate", "shared_up", "shared_down",
-                "latent_down", "latent_up", "router", "router_bias", "expert_gate", "expert_up", "expert_down")
-
 
 EXPORT_DTYPES = ("bfloat16", "float32")
 
@@ -89,51 +88,57 @@ class ExportFormatError(ValueError):
 
 
 def exported_shapes(cfg: MoEConfig) -> dict[str, tuple[int, ...]]:
-    """Every exported tensor's name and shape, in file order."""
-    d, V, E = cfg.d_model, cfg.vocab_size, cfg.n_experts
-    q = cfg.n_heads * cfg.head_dim
-    lat, f, fs = cfg.latent_dim, cfg.expert_width, cfg.n_shared_experts * cfg.shared_width
-    layer = {"attn_norm": (d,), "wq": (d, q), "wo": (q, d), "mlp_norm": (d,),
-             "shared_gate": (d, fs), "shared_up": (d, fs), "shared_down": (fs, d), "latent_down": (d, lat),
-             "latent_up": (lat, d), "router": (lat, E), "router_bias": (E,), "expert_gate": (E, lat, f),
-             "expert_up": (E, lat, f), "expert_down": (E, f, lat)}
-    out: dict[str, tuple[int, ...]] = {"embed": (V, d)}
+    """Every exported tensor's name and shape, in file order: the embedding, each layer's leaves, then
+    the other unstacked leaves (the final norm, the head), all from the parameter table."""
+    table = {k: p for k, p in PARAMS.items() if p.present(cfg)}
+    unstacked = [k for k in table if not k.startswith("blocks/")]
+    out = {k: _exported_shape(table[k], cfg, None) for k in unstacked if table[k].role == EMBEDDING}
     for i in range(cfg.n_layers):
-        kv = cfg.kv_heads_of(i) * cfg.head_dim
-        out.update({f"layers.{i}.{k}": layer[k] if k not in ("wk", "wv") else (d, kv) for k in LAYER_LEAVES})
-    out["final_norm"] = (d,)
-    if not cfg.tie_embeddings:
-        out["lm_head"] = (d, V)
+        out.update({f"layers.{i}.{leaf_name(k)}": _exported_shape(p, cfg, i) for k, p in table.items()
+                    if k.startswith("blocks/")})
+    out.update({k: _exported_shape(table[k], cfg, None) for k in unstacked if table[k].role != EMBEDDING})
     return out
+
+
+def _exported_shape(param, cfg: MoEConfig, layer: int | None) -> tuple[int, ...]:
+    """One exported tensor's shape: the table's exported shape, else the stored one (one layer's)."""
+    if param.exported is not None:
+        return tuple(param.exported(cfg, layer))
+    shape = tuple(param.shape(cfg))
+    return shape if layer is None else shape[1:]
+
+
+def _stored(name: str) -> str:
+    """The table's key of an exported tensor's name (``layers.3.wq`` -> ``blocks/wq``)."""
+    return f"blocks/{name.split('.')[2]}" if name.startswith("layers.") else name
 
 
 def exported_tensor(params, router_bias, cfg: MoEConfig, name: str) -> np.ndarray:
     """One exported tensor (float32 numpy) cut from the params pytree: only that slice is copied to
-    the host, so an exporter holds one shard at a time, never the whole model."""
-    f = cfg.expert_width
+    the host, so an exporter holds one shard at a time, never the whole model. The padding the mesh
+    needs (a routed expert's extra width, a layer's unused K/V heads) is at the end of each axis, so
+    the exported tensor is the stored one cut to its exported shape."""
     if not name.startswith("layers."):
-        return np.ascontiguousarray(np.asarray(params[name], np.float32))
-    _, i, leaf = name.split(".")
-    i = int(i)
-    if leaf == "router_bias":
-        return np.ascontiguousarray(np.asarray(router_bias[i], np.float32))
-    a = params["blocks"][leaf][i]
-    if leaf in ("expert_gate", "expert_up"):
-        a = a[..., :f]
-    elif leaf == "expert_down":
-        a = a[:, :f, :]
-    elif leaf in ("wk", "wv"):
-        a = a[:, :cfg.kv_heads_of(i) * cfg.head_dim]
+        a = params[name]
+    else:
+        _, i, leaf = name.split(".")
+        source = router_bias if PARAMS[_stored(name)].state else params["blocks"][leaf]
+        a = source[int(i)]
+    a = a[tuple(slice(0, n) for n in exported_shape(cfg, name))]
     # contiguous: a numpy view of the padded storage has strides safetensors would not honour
     return np.ascontiguousarray(np.asarray(a, np.float32))
 
 
+def exported_shape(cfg: MoEConfig, name: str) -> tuple[int, ...]:
+    """The exported shape of one tensor ``name`` (``layers.3.wk``, ``embed``)."""
+    layer = int(name.split(".")[1]) if name.startswith("layers.") else None
+    return _exported_shape(PARAMS[_stored(name)], cfg, layer)
+
+
 def params_from_tensors(get: Callable[[str], np.ndarray], cfg: MoEConfig) -> tuple[dict, np.ndarray]:
     """(params pytree of numpy arrays, router bias [n_layers, n_experts]) from exported tensors
-    (``get(name)``), stacked per layer and re-padded to ``stored_expert_width``."""
+    (``get(name)``), stacked per layer and zero-padded at the end of each axis to the stored shape."""
     shapes = exported_shapes(cfg)
-    pad = cfg.stored_expert_width - cfg.expert_width
-    kv_stored = cfg.stored_kv_heads * cfg.head_dim
 
     def take(name):
         a = np.asarray(get(name), np.float32)
@@ -142,24 +147,23 @@ def params_from_tensors(get: Callable[[str], np.ndarray], cfg: MoEConfig) -> tup
                                     f"{list(shapes[name])}")
         return a
 
-    blocks = {}
-    for leaf in LAYER_LEAVES:
-        if leaf == "router_bias":
+    def stored(key, a):
+        full = PARAMS[key].shape(cfg)[1 if key.startswith("blocks/") else 0:]
+        return np.pad(a, [(0, n - m) for n, m in zip(full, a.shape)])
+
+    params: dict = {"blocks": {}}
+    bias = None
+    for key, param in PARAMS.items():
+        if not param.present(cfg):
             continue
-        if leaf in ("wk", "wv"):  # each layer's own heads, zero-padded to the stored count
-            stacked = np.stack([np.pad(a, ((0, 0), (0, kv_stored - a.shape[1])))
-                                for a in (take(f"layers.{i}.{leaf}") for i in range(cfg.n_layers))])
+        if not key.startswith("blocks/"):
+            params[key] = stored(key, take(key))
+            continue
+        stacked = np.stack([stored(key, take(f"layers.{i}.{leaf_name(key)}")) for i in range(cfg.n_layers)])
+        if param.state:
+            bias = stacked
         else:
-            stacked = np.stack([take(f"layers.{i}.{leaf}") for i in range(cfg.n_layers)])
-        if pad and leaf in ("expert_gate", "expert_up"):
-            stacked = np.pad(stacked, ((0, 0), (0, 0), (0, 0), (0, pad)))
-        elif pad and leaf == "expert_down":
-            stacked = np.pad(stacked, ((0, 0), (0, 0), (0, pad), (0, 0)))
-        blocks[leaf] = stacked
-    params = {"embed": take("embed"), "blocks": blocks, "final_norm": take("final_norm")}
-    if not cfg.tie_embeddings:
-        params["lm_head"] = take("lm_head")
-    bias = np.stack([take(f"layers.{i}.router_bias") for i in range(cfg.n_layers)])
+            params["blocks"][leaf_name(key)] = stacked
     return params, bias
 
 

@@ -25,6 +25,7 @@ from marin.models import router as rt
 from marin.models.blocked_attention import blocked_attention, expand_kv_heads
 from marin.models.config import MoEConfig
 from marin.models.context_parallel import ContextParallel, check_split
+from marin.models.params import check_param_tree
 from marin.parallel.transports import moe_experts
 
 GLOBAL_WINDOW = 1 << 30  # "window" of a global layer
@@ -73,6 +74,7 @@ def init_params(cfg: MoEConfig, key: jax.Array) -> dict:
     params = {"embed": normal((cfg.vocab_size, d), 1.0), "blocks": blocks, "final_norm": jnp.ones((d,), jnp.float32)}
     if not cfg.tie_embeddings:
         params["lm_head"] = normal((d, cfg.vocab_size), d)
+    check_param_tree(params)  # every leaf has a role (the mesh, the optimizer and the export read it)
     return params
 
 

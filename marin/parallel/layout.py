@@ -28,16 +28,18 @@ Two modes (``TrainConfig.parallelism.param_sharding``):
     A dimension is sharded only where it divides evenly: uneven shards would pad every collective and
     make the state's bytes per device differ between devices.
 
-The rule is a pure function of (leaf name, shape, mesh shape, mode) so the memory planner
+The rule is a pure function of (leaf role, shape, mesh shape, mode) so the memory planner
 (marin.training.planning) applies the very rule marin.parallel.mesh uses to build the NamedShardings.
+It reads a leaf's role (:mod:`marin.parallel.roles`: an ``expert_stack`` is split over the experts,
+a ``vector`` never), never its name, so a leaf the model's parameter table adds is placed by its role.
 """
 
 from __future__ import annotations
 
+from marin.parallel.roles import EXPERT_STACK, VECTOR, check_role
+
 DATA, EXPERT = "data", "expert"
 PARAM_SHARDINGS = ("replicated", "fsdp")
-# parameter leaves (under params["blocks"]) whose axis 1 (after the stacked-layer axis) is the expert axis
-EXPERT_LEAVES = ("expert_gate", "expert_up", "expert_down")
 
 # One entry per dimension: None (not split), a mesh axis name, or a tuple of axis names.
 Partition = tuple[None | str | tuple[str, ...], ...]
@@ -49,26 +51,27 @@ def check_param_sharding(mode: str) -> str:
     return mode
 
 
-def leaf_partition(name: str, shape: tuple[int, ...], mesh_shape: tuple[int, int], mode: str,
+def leaf_partition(role: str, shape: tuple[int, ...], mesh_shape: tuple[int, int], mode: str,
                    stacked: bool) -> Partition:
     """The partition of one parameter leaf (or of its AdamW moment, which has the same shape).
 
-    ``name`` is the leaf's key (``"wq"``, ``"expert_up"``, ``"embed"``); ``stacked`` says whether
-    axis 0 is the stacked-layer axis (leaves under ``params["blocks"]``), which is never split: the
-    layer scan slices it."""
+    ``role`` is the leaf's role (:mod:`marin.parallel.roles`: an ``expert_stack``'s axis 1 after the
+    layer axis is the experts); ``stacked`` says whether axis 0 is the stacked-layer axis (leaves
+    under ``params["blocks"]``), which is never split: the layer scan slices it."""
     check_param_sharding(mode)
+    check_role(role, "leaf_partition")
     data, expert = mesh_shape
     ndim = len(shape)
     spec: list[None | str | tuple[str, ...]] = [None] * ndim
     first = 1 if stacked else 0
-    if name in EXPERT_LEAVES and ndim >= 3:  # [layers, experts, ...] (stacked or not, by name)
+    if role == EXPERT_STACK and ndim >= 3:  # [layers, experts, ...]
         spec[1] = EXPERT
         if mode == "fsdp" and data > 1:
             dim = _largest_divisible(shape, range(2, ndim), data)
             if dim is not None:
                 spec[dim] = DATA
         return tuple(spec)
-    if mode == "replicated" or ndim - first < 2:
+    if mode == "replicated" or ndim - first < 2 or role == VECTOR:
         return tuple(spec)
     candidates = range(first, ndim)
     for axes, size in (((DATA, EXPERT), data * expert), (EXPERT, expert), (DATA, data)):

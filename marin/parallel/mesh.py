@@ -13,7 +13,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from marin.parallel.layout import DATA, EXPERT, EXPERT_LEAVES, PARAM_SHARDINGS, leaf_partition  # noqa: F401
+from marin.parallel.layout import DATA, EXPERT, PARAM_SHARDINGS, leaf_partition  # noqa: F401
+from marin.parallel.roles import leaf_role
 
 TOKEN_AXES = (DATA, EXPERT)  # the batch / token dimension is split over both axes
 
@@ -48,7 +49,8 @@ def param_shardings(params, mesh: Mesh, mode: str = "replicated"):
         keys = [getattr(k, "key", None) for k in path]
         name = keys[-1] if keys else None
         shape = tuple(getattr(leaf, "shape", ()))
-        return NamedSharding(mesh, P(*leaf_partition(str(name), shape, mesh_shape, mode, "blocks" in keys)))
+        role = leaf_role(str(name), shape)  # by the model's parameter table (marin.parallel.roles)
+        return NamedSharding(mesh, P(*leaf_partition(role, shape, mesh_shape, mode, "blocks" in keys)))
 
     return jax.tree_util.tree_map_with_path(spec, params)
 

@@ -77,6 +77,7 @@ from marin.models.config import (
     mean_flops_per_token,
     param_shapes,
 )
+from marin.models.params import role_of
 from marin.parallel.capacity import (
     DROPPING_TRANSPORTS,
     buffer_rows_per_token,
@@ -87,11 +88,11 @@ from marin.parallel.capacity import (
 )
 from marin.parallel.layout import (
     EXPERT,
-    EXPERT_LEAVES,
     check_param_sharding,
     leaf_partition,
     shard_shape,
 )
+from marin.parallel.roles import EXPERT_STACK
 from marin.pools import ACCELERATOR_MEMORY_BYTES, POOLS, PoolSpec
 from marin.textfmt import format_bytes, format_table, parse_bytes
 from marin.training.config import model_at
@@ -175,20 +176,20 @@ def params_per_device(cfg: MoEConfig, mesh_shape: tuple[int, int], param_shardin
     total = routed = embed_head = 0.0
     layer_gathered = embed_head_full = 0.0
     for key, shape in param_shapes(cfg).items():
-        name = key.rsplit("/", 1)[-1]
+        experts = role_of(key) == EXPERT_STACK
         stacked = key.startswith("blocks/")
-        part = leaf_partition(name, shape, mesh_shape, param_sharding, stacked)
+        part = leaf_partition(role_of(key), shape, mesh_shape, param_sharding, stacked)
         n = math.prod(shard_shape(shape, part, mesh_shape))
         total += n
-        if name in EXPERT_LEAVES:
+        if experts:
             routed += n
         if not stacked:
             embed_head += n
         # what the step gathers: fsdp's extra splits (an expert leaf keeps its "expert" split)
-        if part != (_expert_only(part) if name in EXPERT_LEAVES else (None,) * len(part)):
+        if part != (_expert_only(part) if experts else (None,) * len(part)):
             if stacked:
                 per_layer = math.prod(shape[1:])
-                layer_gathered += per_layer / expert if name in EXPERT_LEAVES else per_layer
+                layer_gathered += per_layer / expert if experts else per_layer
             else:  # the embedding is used (and its gradient made) at one end, the head at the other
                 embed_head_full = max(embed_head_full, math.prod(shape))
     return {"total": total, "routed": routed, "replicated": total - routed, "embed_head": embed_head,
@@ -214,9 +215,8 @@ def optimizer_bytes_per_device(cfg: MoEConfig, mesh_shape: tuple[int, int], para
     opt = default_optimizer(optimizer)
     state = workspace = 0.0
     for key, shape in param_shapes(cfg).items():
-        name = key.rsplit("/", 1)[-1]
         stacked = key.startswith("blocks/")
-        part = leaf_partition(name, shape, mesh_shape, param_sharding, stacked)
+        part = leaf_partition(role_of(key), shape, mesh_shape, param_sharding, stacked)
         local = shard_shape(shape, part, mesh_shape)
         n = math.prod(local)
         state += n * opt.state_bytes(key, shape)
@@ -538,8 +538,7 @@ def checkpoint_bytes_per_host(cfg: MoEConfig, pool: PoolSpec, param_sharding: st
     opt = default_optimizer(optimizer)
     out = [0] * pool.hosts
     for key, shape in param_shapes(cfg).items():
-        name = key.rsplit("/", 1)[-1]
-        part = leaf_partition(name, shape, (data, expert), param_sharding, key.startswith("blocks/"))
+        part = leaf_partition(role_of(key), shape, (data, expert), param_sharding, key.startswith("blocks/"))
         used = {a for axes in part if axes is not None for a in ((axes,) if isinstance(axes, str) else axes)}
         shard = (4 + opt.state_bytes(key, shape)) * math.prod(shard_shape(shape, part, (data, expert)))
         for d in range(pool.num_devices):

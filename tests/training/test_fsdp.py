@@ -11,6 +11,7 @@ from marin.models.config import count_params, get_preset, param_shapes
 from marin.models.transformer import init_params
 from marin.parallel.layout import leaf_partition, shard_shape
 from marin.parallel.mesh import batch_sharding, make_mesh, place_host_arrays
+from marin.parallel.roles import DENSE_MATRIX, EMBEDDING, EXPERT_STACK, VECTOR
 from marin.pools import get_pool
 from marin.training.checkpoint import CheckpointManager, CheckpointPolicy
 from marin.training.config import ParallelismConfig, SyntheticDataConfig, TelemetryConfig, TrainConfig
@@ -35,29 +36,29 @@ def test_param_shapes_match_init_params():
 
 def test_layout_rule():
     # the whole mesh divides the largest non-layer dimension: split over both axes
-    assert leaf_partition("wq", (4, 64, 128), (2, 4), "fsdp", True) == (None, None, ("data", "expert"))
+    assert leaf_partition(DENSE_MATRIX, (4, 64, 128), (2, 4), "fsdp", True) == (None, None, ("data", "expert"))
     # the layer axis is never split, even when it is the only divisible one
-    assert leaf_partition("wq", (8, 6, 10), (2, 4), "fsdp", True) == (None, None, "data")
+    assert leaf_partition(DENSE_MATRIX, (8, 6, 10), (2, 4), "fsdp", True) == (None, None, "data")
     # the hero's 11 x 64 mesh: nothing divides by 704, so "expert" (inside a rack) alone
-    assert leaf_partition("wq", (48, 6144, 6144), (11, 64), "fsdp", True) == (None, "expert", None)
-    assert leaf_partition("embed", (128256, 6144), (11, 64), "fsdp", False) == ("expert", None)
+    assert leaf_partition(DENSE_MATRIX, (48, 6144, 6144), (11, 64), "fsdp", True) == (None, "expert", None)
+    assert leaf_partition(EMBEDDING, (128256, 6144), (11, 64), "fsdp", False) == ("expert", None)
     # norm scales and scalars stay replicated; so does everything under "replicated" but experts
-    assert leaf_partition("attn_norm", (4, 64), (2, 4), "fsdp", True) == (None, None)
-    assert leaf_partition("count", (), (2, 4), "fsdp", False) == ()
-    assert leaf_partition("wq", (4, 64, 128), (2, 4), "replicated", True) == (None, None, None)
+    assert leaf_partition(VECTOR, (4, 64), (2, 4), "fsdp", True) == (None, None)
+    assert leaf_partition(VECTOR, (), (2, 4), "fsdp", False) == ()
+    assert leaf_partition(DENSE_MATRIX, (4, 64, 128), (2, 4), "replicated", True) == (None, None, None)
     # routed experts: expert axis over "expert", the largest other divisible dimension over "data"
-    assert leaf_partition("expert_up", (4, 8, 32, 64), (2, 4), "replicated", True) == (None, "expert", None, None)
-    assert leaf_partition("expert_up", (4, 8, 32, 64), (2, 4), "fsdp", True) == (None, "expert", None, "data")
-    assert leaf_partition("expert_up", (48, 384, 3072, 3072), (11, 64), "fsdp", True) == (None, "expert", None, None)
+    assert leaf_partition(EXPERT_STACK, (4, 8, 32, 64), (2, 4), "replicated", True) == (None, "expert", None, None)
+    assert leaf_partition(EXPERT_STACK, (4, 8, 32, 64), (2, 4), "fsdp", True) == (None, "expert", None, "data")
+    assert leaf_partition(EXPERT_STACK, (48, 384, 3072, 3072), (11, 64), "fsdp", True) == (None, "expert", None, None)
     # the hero preset pads its expert width to 3080 = 11 x 280: the experts split over the 11 racks too
     hero = param_shapes(get_preset("hero"))
-    assert leaf_partition("expert_up", hero["blocks/expert_up"], (11, 64), "fsdp", True) == (
+    assert leaf_partition(EXPERT_STACK, hero["blocks/expert_up"], (11, 64), "fsdp", True) == (
         None, "expert", None, "data")
-    assert leaf_partition("expert_down", hero["blocks/expert_down"], (11, 64), "fsdp", True) == (
+    assert leaf_partition(EXPERT_STACK, hero["blocks/expert_down"], (11, 64), "fsdp", True) == (
         None, "expert", "data", None)
     assert shard_shape((4, 8, 32, 64), (None, "expert", None, "data"), (2, 4)) == (4, 2, 32, 32)
     with pytest.raises(ValueError, match="unknown param_sharding 'zero'"):
-        leaf_partition("wq", (4, 64, 128), (2, 4), "zero", True)
+        leaf_partition(DENSE_MATRIX, (4, 64, 128), (2, 4), "zero", True)
     with pytest.raises(ValueError, match="unknown param_sharding 'zero'"):
         TrainConfig(output_path="", data=SyntheticDataConfig(), parallelism=ParallelismConfig(param_sharding="zero"))
 

@@ -6,7 +6,8 @@ versioned, except ``lr_replans``, which moves the horizon of a live run); it ans
 
 * ``kind``: the tag of the tagged union ``TrainConfig.optimizer`` holds (``"adamw"``, ``"muonh"``);
 * :meth:`~OptimizerBase.leaf_group`: which parameter group a parameter leaf belongs to (by the
-  leaf's name, as :func:`marin.models.config.param_shapes` spells it: ``"blocks/wq"``, ``"embed"``);
+  leaf's role in the model's parameter table, :func:`marin.models.params.role_of` of its key
+  ``"blocks/wq"``, ``"embed"``);
 * :attr:`~OptimizerBase.STATE_BYTES`: the bytes of optimizer state each group keeps per parameter
   element (float32 moments and momentum buffers), so the planner counts ``optimizer_state`` and
   the checkpoint's size leaf by leaf; :attr:`~OptimizerBase.NEWTON_SCHULZ_GROUPS`: the groups whose
@@ -20,8 +21,8 @@ versioned, except ``lr_replans``, which moves the horizon of a live run); it ans
   is in the key without a line to keep in step).
 
 Its state's shardings follow the parameters': every state tree mirrors the parameters' dict (a
-subset of its leaves, under the same keys), so the layout's leaf-name rule
-(:func:`marin.parallel.mesh.param_shardings`) places each moment like its parameter.
+subset of its leaves, under the same keys), so the layout's rule, by each leaf's role
+(:func:`marin.parallel.mesh.param_shardings`), places each moment like its parameter.
 """
 
 from __future__ import annotations
@@ -52,11 +53,6 @@ def pairs(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple((int(a), int(b)) for a, b in value)
     return value
-
-
-def leaf_name(key: str) -> str:
-    """``"blocks/wq"`` -> ``"wq"``: the leaf's own name, which the layout and the groups go by."""
-    return key.rsplit("/", 1)[-1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +111,7 @@ class OptimizerBase:
         """The update as an optax ``GradientTransformationExtraArgs`` (``update(..., lr=...)`` gives the
         parameters' change)."""
         raise NotImplementedError
+
 
 OPTIMIZERS: dict[str, type[OptimizerBase]] = {}
 """The registry: each optimizer's config class by its ``kind``, filled by :func:`register_optimizer`.

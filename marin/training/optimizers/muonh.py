@@ -2,17 +2,17 @@
 moved on the "hyperball" (every matrix keeps its Frobenius norm), AdamH on the LM head, plain Adam on
 the rest. JAX-free (the update itself is :func:`marin.training.optimizers.updates.muonh`).
 
-Groups, by the parameter leaf's name:
+Groups, by the parameter leaf's role (the model's parameter table, :mod:`marin.models.params`):
 
-``muonh``  attention (``wq``, ``wk``, ``wv``, ``wo``), the shared experts, the routed experts
-           (``expert_gate``, ``expert_up``, ``expert_down``: stacks [layers, experts, in, out]) and
-           the latent projections: momentum ``momentum`` with Nesterov, then 5 quintic
+``muonh``  the dense matrices (attention's ``wq``, ``wk``, ``wv``, ``wo``, the shared experts, the
+           latent projections) and the routed-expert stacks (``expert_gate``, ``expert_up``,
+           ``expert_down``: [layers, experts, in, out]): momentum ``momentum`` with Nesterov, then 5 quintic
            Newton-Schulz iterations per matrix, then the hyperball step at the schedule's LR
            (``peak_lr`` at the peak): ``W' = W - lr * O * |W| / |O|``, projected back to ``|W|``.
            Every matrix of a stack (each layer, each expert) is orthogonalised and keeps its own
            norm. One float32 momentum buffer per element.
-``adamh``  the LM head: Adam's update direction, moved on the hyperball like MuonH's, at the same LR.
-``adam``   the embedding, the router and the 1-D gains: Adam (no weight decay) at ``adam_lr`` x the
+``adamh``  the head (the LM head): Adam's update direction, moved on the hyperball like MuonH's, at the same LR.
+``adam``   the embedding, the router and the vectors (1-D gains): Adam (no weight decay) at ``adam_lr`` x the
            schedule's shape (the same warmup, decay and re-plans at its own peak). Two float32
            moments per element. (The router's balancing bias is training state the balancing rule
            updates, not a parameter: no optimizer touches it.)
@@ -34,19 +34,20 @@ import dataclasses
 import math
 from typing import Any, ClassVar, Literal
 
+from marin.models.params import role_of
+from marin.parallel.roles import DENSE_MATRIX, EXPERT_STACK, HEAD
 from marin.training.optimizers.base import (
     ADAM_GROUP,
     ADAMH_GROUP,
     MUONH_GROUP,
     OptimizerBase,
-    leaf_name,
     register_optimizer,
 )
 
 MUONH = "muonh"
-MUONH_LEAVES = ("wq", "wk", "wv", "wo", "shared_gate", "shared_up", "shared_down", "latent_down", "latent_up",
-                "expert_gate", "expert_up", "expert_down")
-ADAMH_LEAVES = ("lm_head",)
+MUONH_ROLES = (DENSE_MATRIX, EXPERT_STACK)
+"""The roles MuonH orthogonalises (every matrix a token multiplies, each expert's too)."""
+ADAMH_ROLES = (HEAD,)
 # Upstream Marin's learning-rate heuristic for the hero's MuonH recipe
 HEURISTIC_ADAM_SCALE = 0.06602
 HEURISTIC_TOKENS_EXPONENT = -0.395
@@ -110,10 +111,10 @@ class MuonHConfig(OptimizerBase):
         return self.adam_lr / self.peak_lr
 
     def leaf_group(self, key: str, shape: tuple[int, ...]) -> str:
-        name = leaf_name(key)
-        if name in MUONH_LEAVES:
+        role = role_of(key)
+        if role in MUONH_ROLES:
             return MUONH_GROUP
-        if name in ADAMH_LEAVES:
+        if role in ADAMH_ROLES:
             return ADAMH_GROUP
         return ADAM_GROUP
 

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from marin.parallel.roles import VECTOR, leaf_role
 from marin.training.optimizers.base import ADAM_GROUP, ADAMH_GROUP, MUONH_GROUP, NEWTON_SCHULZ_COEFFS, OptimizerBase
 
 NORM_FLOOR = 1e-10
@@ -53,9 +54,9 @@ def nest(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def decay_mask(params: Any) -> Any:
-    """AdamW's weight decay on matrices only: norms' scales (1-D per layer stacks) are left alone."""
+    """AdamW's weight decay on every leaf but the vectors (norms' gains), by the leaf's role."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, p: p.ndim >= 2 and "norm" not in jax.tree_util.keystr(path), params
+        lambda path, p: leaf_role(str(getattr(path[-1], "key", "")), p.shape) != VECTOR, params
     )
 
 

@@ -35,8 +35,10 @@ test: $(STAMP)
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
+# The slow set (end-to-end runs: pools, clusters of simulated nodes, whole ladders) on the same two
+# workers; not part of `make test` or CI: its time and why are in docs/contributing.md.
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	for b in benchmarks/*_bench.py; do $(BIN)/python $$b || exit 1; done

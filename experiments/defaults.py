@@ -35,7 +35,7 @@ from marin.data.quality import (
     write_quality_examples,
 )
 from marin.data.raw_text import FlattenConfig, flatten_corpus
-from marin.data.synthetic import SyntheticK40Config, generate_k40_miniature
+from marin.data.synthetic import PlantedFaults, SyntheticK40Config, generate_k40_miniature
 from marin.data.tokenize import TokenizeConfig, tokenize
 from marin.data.tokenizer import TrainTokenizerConfig, train_tokenizer
 from marin.evaluation.multiple_choice import DomainTaskConfig, write_domain_task
@@ -83,6 +83,14 @@ def _data_input(x: StepOrPath) -> Any:
     return output_path_of(x) if isinstance(x, ExecutorStep) else versioned(str(x))
 
 
+def _eval_set_input(x: StepOrPath) -> Any:
+    """An evaluation set as a data step reads it: a task step is its ``task.jsonl``, any other step or
+    path as :func:`_data_input` gives it."""
+    if isinstance(x, ExecutorStep) and x.fn is write_domain_task:
+        return output_path_of(x, "task.jsonl")
+    return _data_input(x)
+
+
 def _step(name: str, fn: Any, config: Any, description: str, *, num_cpus: float = 1,
           infra_retries: int | None = None) -> ExecutorStep:
     """A builder's step: ``config`` versioned by its class's rule (``versioned_config``), run by ``fn``
@@ -99,6 +107,11 @@ def default_k40_miniature(
     seed: int = 0,
     domains: Sequence[str] | None = None,
     files_per_source: int = 1,
+    *,
+    exact_duplicates: int = 0,
+    near_duplicates: int = 0,
+    contaminated: int = 0,
+    contaminate_from: StepOrPath | None = None,
 ) -> ExecutorStep:
     """A deterministic K40-shaped corpus (40 domains x 5 quality buckets) of about ``total_bytes``.
 
@@ -108,14 +121,24 @@ def default_k40_miniature(
         seed: generator seed; the same seed gives byte-identical files.
         domains: K40 domain names to generate (default: all 40).
         files_per_source: files per (domain, quality bucket) source.
+        exact_duplicates, near_duplicates, contaminated: known faults to plant, each in its own
+            document (:class:`PlantedFaults`); the manifest's ``planted`` entry lists them.
+        contaminate_from: the evaluation set or task (a :func:`default_domain_task` step or a path)
+            whose texts the contaminated documents carry.
     """
+    planting = exact_duplicates or near_duplicates or contaminated
+    plant = PlantedFaults(exact_duplicates, near_duplicates, contaminated,
+                          None if contaminate_from is None else _eval_set_input(contaminate_from)) if planting else None
     return _step(name, generate_k40_miniature, SyntheticK40Config(
         output_path=this_output_path(),
         total_bytes=total_bytes,
         seed=seed,
         domains=None if domains is None else tuple(domains),
         files_per_source=files_per_source,
-    ), f"K40-shaped miniature corpus, ~{total_bytes:,} bytes, seed {seed}")
+        plant=plant,
+    ), f"K40-shaped miniature corpus, ~{total_bytes:,} bytes, seed {seed}"
+       + (f", {exact_duplicates} exact and {near_duplicates} near duplicates and {contaminated} contaminated "
+          "documents planted" if planting else ""))
 
 
 def default_dedup(
@@ -221,8 +244,7 @@ def default_decontaminate(
     return _step(name, decontaminate, DecontaminateConfig(
         input_path=_data_input(corpus),
         output_path=this_output_path(),
-        against={k: (output_path_of(v, "task.jsonl") if isinstance(v, ExecutorStep) and v.fn is write_domain_task
-                     else _data_input(v)) for k, v in sets.items()},
+        against={k: _eval_set_input(v) for k, v in sets.items()},
         input=input or CorpusInput(),
         ngram=ngram,
         mode=mode,

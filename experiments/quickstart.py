@@ -2,14 +2,17 @@
 
     python experiments/quickstart.py --prefix ./local_store     # or: marin run experiments/quickstart.py
 
-1. generate a K40-shaped miniature corpus (40 domains x 5 quality buckets, deterministic)
+1. generate a K40-shaped miniature corpus (40 domains x 5 quality buckets, deterministic) with known
+   faults planted in it: exact duplicates, near-duplicates, and documents carrying a question of the
+   quickstart's own multiple-choice task (``k40_manifest.json`` lists them under ``planted``)
 2. train a byte-level BPE tokenizer on it
 3. remove exact and near-duplicate documents (MinHash LSH, within and across domains; the output
    keeps the K40 layout, and ``dedup_manifest.json`` says what was removed and why). The evaluation
    below holds out the last documents of every source, so a near-copy of a held-out document in the
    training part would leak it: this step removes such copies
-4. decontaminate: remove documents sharing a 13-gram with the scaling experiments' task (the
-   IsoFLOP experiment's multiple-choice questions); ``decontamination_manifest.json`` counts matches
+4. decontaminate: remove documents sharing a 13-gram with the quickstart's task (continue a passage
+   in its domain's language); ``decontamination_manifest.json`` counts matches. The closing summary
+   puts what dedup and decontamination removed next to what was planted
 5. tokenize the clean corpus into a token store (one Ray task per file, resumable per shard)
 6. report the mixture's effective token shares
 7. train a tiny MoE (8 experts, top-2, shared expert, latent projection) with expert parallelism
@@ -28,6 +31,7 @@ import shlex
 from experiments.defaults import (
     default_decontaminate,
     default_dedup,
+    default_domain_task,
     default_eval,
     default_health_report,
     default_k40_miniature,
@@ -42,10 +46,15 @@ from marin.training.config import AdamWConfig, CheckpointPolicy, ParallelismConf
 
 TRAIN_STEPS = 60
 
-corpus = default_k40_miniature("quickstart/k40-mini", total_bytes=1_000_000, seed=0)
+# the quickstart's evaluation task: continue a passage in its own domain's language (documents beyond
+# the corpus's, so only what is planted below carries a question)
+task = default_domain_task("quickstart/task", ("council", "infra", "web_code", "law"), questions_per_domain=8)
+PLANTED = {"exact_duplicates": 16, "near_duplicates": 16, "contaminated": 8}
+corpus = default_k40_miniature("quickstart/k40-mini", total_bytes=1_000_000, seed=0, **PLANTED,
+                               contaminate_from=task)
 tokenizer = default_tokenizer("quickstart/tokenizer", corpus, vocab_size=512)
 deduped = default_dedup("quickstart/dedup", corpus)
-clean = default_decontaminate("quickstart/decontaminate", deduped)  # against the IsoFLOP experiment's task
+clean = default_decontaminate("quickstart/decontaminate", deduped, against={"quickstart_task": task})
 tokenized = default_tokenize("quickstart/tokenized", clean, tokenizer)
 
 # the largest published K40 domains only (a domain missing from domain_weights gets weight 0),
@@ -100,8 +109,18 @@ if __name__ == "__main__":
 
     import fsspec
 
+    from marin.data.k40 import read_k40_manifest
+    from marin.data.synthetic import planted_vs_found
     from marin.monitoring.health import format_report
 
+    if result.finished(clean):
+        manifests = []
+        for step, name in ((deduped, "dedup_manifest.json"), (clean, "decontamination_manifest.json")):
+            with fsspec.open(f"{result.plan.planned(step).output_path}/{name}") as f:
+                manifests.append(json.load(f))
+        planted = read_k40_manifest(result.plan.planned(corpus).output_path)["planted"]
+        print("\nData steps on the planted faults:\n" + "\n".join(f"  {line}" for line in planted_vs_found(
+            planted, *manifests)))
     if result.finished(health):  # with --run_only, only what ran (or had run) is summarised
         with fsspec.open(f"{result.plan.planned(health).output_path}/health.json") as f:
             print("\nHealth of the training run:\n" + format_report(json.load(f)))

@@ -8,6 +8,11 @@ likely successors), so text is predictable once learned and differs between doma
 add noise: with probability ``NOISE[bucket]`` a word is replaced by random characters, and lower
 buckets carry spam boilerplate; q5 is clean. Everything is a pure function of (seed, domain, bucket,
 document index), so the same config writes byte-identical files.
+
+A miniature can also carry known faults (:class:`PlantedFaults`): exact duplicates, near-duplicates
+and documents holding an evaluation set's text, written where the generator put them and listed in
+the manifest's ``planted`` entry, so a run shows dedup and decontamination finding them and the
+count found can be checked against the count planted.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from dataclasses import dataclass
 import fsspec
 import numpy as np
 
+from marin.data.decontaminate import read_eval_texts
+from marin.data.dedup import REASON_EXACT, REASON_NEAR, normalize_words
 from marin.data.k40 import K40_DOMAINS, QUALITY_BUCKETS, K40Layout, make_k40_manifest
-from marin.execution.versioning import input_field
+from marin.execution.versioning import added_later, input_field
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +127,34 @@ def generate_documents(domain: str, bucket: str, n_docs: int, seed: int = 0, sta
 
 
 @dataclass(frozen=True)
+class PlantedFaults:
+    """Known faults planted in a miniature corpus, each in a different document, so the data steps
+    have something to find and what they find can be checked against what was planted.
+
+    * an exact duplicate: a document replaced by a copy of another (case and spacing changed, which
+      dedup's normalisation undoes);
+    * a near-duplicate: a copy of a document of at least ``NEAR_MIN_WORDS`` words with one word in 50
+      replaced by a made-up word, so the two share more than 80% of their 5-word shingles (above
+      dedup's default 0.7 Jaccard threshold, where its 20x5 MinHash bands find a pair with
+      probability above 0.999);
+    * a contaminated document: a document with one text of ``contaminate_from`` appended (a task's
+      question with its correct answer, or an evaluation document, as decontamination reads them).
+    """
+
+    exact_duplicates: int = 0
+    near_duplicates: int = 0
+    contaminated: int = 0
+    contaminate_from: str | None = input_field(default=None)
+    """A jsonl evaluation set or task whose texts are planted (each one at most once); each text needs
+    at least as many words as decontamination's n-gram (13 by default) to be found."""
+
+
+NEAR_MIN_WORDS = 60
+"""Fewest words of an original that gets a near-duplicate: one changed word in 50 then keeps the
+5-shingle Jaccard similarity of the pair above 0.8."""
+
+
+@dataclass(frozen=True)
 class SyntheticK40Config:
     """Write a miniature K40 under ``output_path`` in the :class:`~marin.data.k40.K40Layout` convention."""
 
@@ -135,6 +170,8 @@ class SyntheticK40Config:
     """Formats rotate over sources so every reader path gets used."""
     min_docs_per_source: int = 8
     source_template: str = "{domain}/{bucket}"
+    plant: PlantedFaults | None = added_later(default=None)
+    """Known duplicates and contamination to plant (None: a clean corpus)."""
 
 
 _AVG_DOC_BYTES = 330  # measured on the generator's output; used only to size document counts
@@ -173,35 +210,112 @@ def generate_k40_miniature(config: SyntheticK40Config) -> None:
     share_sum = sum(d.share for d in domains)
     frac_sum = sum(BUCKET_FRACTION.get(b, 1.0) for b in config.buckets)
     fs, root = fsspec.core.url_to_fs(config.output_path)
-    counts: dict[str, dict[str, int]] = {}
-    k = 0
+    texts: dict[tuple[str, str], list[str]] = {}
     for d in domains:
         for b in config.buckets:
             nbytes = config.total_bytes * d.share / share_sum * BUCKET_FRACTION.get(b, 1.0) / frac_sum
             n_docs = max(config.min_docs_per_source, math.ceil(nbytes / _AVG_DOC_BYTES))
-            texts = generate_documents(d.name, b, n_docs, config.seed)
-            fmt = config.formats[k % len(config.formats)]
-            k += 1
-            src_dir = layout.source_path(d.name, b)
-            fs.makedirs(fsspec.core.url_to_fs(src_dir)[1], exist_ok=True)
-            per_file = math.ceil(n_docs / config.files_per_source)
-            for fi in range(config.files_per_source):
-                chunk = texts[fi * per_file:(fi + 1) * per_file]
-                recs = [{"id": f"{d.name}-{b}-{fi * per_file + j}", "text": t, "domain": d.name, "bucket": b}
-                        for j, t in enumerate(chunk)]
-                with fsspec.open(f"{src_dir}/part-{fi:05d}.{fmt}", "wb") as f:
-                    f.write(_encode_file(fmt, recs))
-            counts[f"{d.name}/{b}"] = {
-                "documents": n_docs,
-                "bytes": sum(len(t.encode()) for t in texts),
-                "files": config.files_per_source,
-            }
+            texts[(d.name, b)] = generate_documents(d.name, b, n_docs, config.seed)
+    planted = plant_faults(texts, config.plant, config.seed) if config.plant else None
+    counts: dict[str, dict[str, int]] = {}
+    for k, ((dn, b), docs) in enumerate(texts.items()):
+        fmt = config.formats[k % len(config.formats)]
+        src_dir = layout.source_path(dn, b)
+        fs.makedirs(fsspec.core.url_to_fs(src_dir)[1], exist_ok=True)
+        per_file = math.ceil(len(docs) / config.files_per_source)
+        for fi in range(config.files_per_source):
+            chunk = docs[fi * per_file:(fi + 1) * per_file]
+            recs = [{"id": record_id(dn, b, fi * per_file + j), "text": t, "domain": dn, "bucket": b}
+                    for j, t in enumerate(chunk)]
+            with fsspec.open(f"{src_dir}/part-{fi:05d}.{fmt}", "wb") as f:
+                f.write(_encode_file(fmt, recs))
+        counts[f"{dn}/{b}"] = {
+            "documents": len(docs),
+            "bytes": sum(len(t.encode()) for t in docs),
+            "files": config.files_per_source,
+        }
     manifest = make_k40_manifest(counts, domains, synthetic={"seed": config.seed, "total_bytes": config.total_bytes},
                                  source_template=config.source_template)
+    if planted is not None:
+        manifest["planted"] = planted
     with fsspec.open(layout.manifest_path, "w") as f:
         json.dump(manifest, f, indent=1)
     logger.info("wrote K40 miniature: %d sources, %d bytes under %s", len(counts),
                 sum(c["bytes"] for c in counts.values()), config.output_path)
+
+
+def record_id(domain: str, bucket: str, index: int) -> str:
+    """The ``id`` of a miniature's record: its source and its index in the source."""
+    return f"{domain}-{bucket}-{index}"
+
+
+def plant_faults(texts: dict[tuple[str, str], list[str]], plant: PlantedFaults, seed: int) -> dict:
+    """Plant ``plant``'s faults into ``texts`` (``{(domain, bucket): documents}``, changed in place),
+    each in a different document, and return the truth for the manifest: the counts and, per fault,
+    the ids of the records involved. A request the corpus cannot hold is refused in one line."""
+    rng = _rng(seed, 5151)
+    docs = [(key, i) for key, ds in texts.items() for i in range(len(ds))]
+    order = [docs[int(j)] for j in rng.permutation(len(docs))]
+    used: set[tuple[tuple[str, str], int]] = set()
+
+    def rid(doc: tuple[tuple[str, str], int]) -> str:
+        return record_id(doc[0][0], doc[0][1], doc[1])
+
+    def take(ok=lambda doc: True) -> tuple[tuple[str, str], int]:
+        doc = next((doc for doc in order if doc not in used and ok(doc)), None)
+        if doc is None:
+            raise ValueError(f"cannot plant {plant.exact_duplicates} exact and {plant.near_duplicates} near "
+                             f"duplicates and {plant.contaminated} contaminated documents in {len(docs)} "
+                             f"documents: plant fewer or generate more text (total_bytes)")
+        used.add(doc)
+        return doc
+
+    def n_words(doc: tuple[tuple[str, str], int]) -> int:
+        return len(normalize_words(texts[doc[0]][doc[1]]))
+
+    truth: dict[str, list[dict[str, str]]] = {REASON_EXACT: [], REASON_NEAR: [], "contaminated": []}
+    for _ in range(plant.exact_duplicates):
+        original, copy = take(), take()
+        words = texts[original[0]][original[1]].split(" ")
+        texts[copy[0]][copy[1]] = "  ".join(w.upper() if k % 7 == 0 else w for k, w in enumerate(words))
+        truth[REASON_EXACT].append({"copy": rid(copy), "original": rid(original)})
+    for _ in range(plant.near_duplicates):
+        original, copy = take(lambda doc: n_words(doc) >= NEAR_MIN_WORDS), take()
+        words = texts[original[0]][original[1]].split(" ")
+        title = 1 + texts[original[0]][original[1]].split("\n", 1)[0].count(" ")  # the title's words stay
+        for k in rng.choice(np.arange(title, len(words)), size=max(1, len(words) // 50), replace=False):
+            words[int(k)] = "zq" + "".join(chr(97 + int(c)) for c in rng.integers(0, 26, 5))
+        texts[copy[0]][copy[1]] = " ".join(words)
+        truth[REASON_NEAR].append({"copy": rid(copy), "original": rid(original)})
+    if plant.contaminated:
+        if plant.contaminate_from is None:
+            raise ValueError(f"plant.contaminated is {plant.contaminated} but plant.contaminate_from is None: "
+                             "name the evaluation set whose texts to plant")
+        evals = read_eval_texts(plant.contaminate_from, "text")
+        if len(evals) < plant.contaminated:
+            raise ValueError(f"cannot plant {plant.contaminated} contaminated documents from "
+                             f"{plant.contaminate_from}: it holds {len(evals)} texts")
+        for e in rng.choice(len(evals), size=plant.contaminated, replace=False):
+            doc = take()
+            texts[doc[0]][doc[1]] += " " + evals[int(e)]
+            truth["contaminated"].append({"document": rid(doc), "eval_text": evals[int(e)]})
+    return {"counts": {k: len(v) for k, v in truth.items()}, **truth}
+
+
+def planted_vs_found(planted: dict, dedup_manifest: dict, decontamination_manifest: dict) -> list[str]:
+    """Lines saying what dedup and decontamination removed next to what was planted (the manifests as
+    the three steps write them): the quickstart's closing summary."""
+    counts = planted["counts"]
+    removed = dedup_manifest["totals"]["removed"]
+    decon = decontamination_manifest["totals"]["removed"]
+    sets = ", ".join(decontamination_manifest.get("against", {}))
+    return [
+        f"dedup removed {removed[REASON_EXACT]} exact duplicates (planted {counts[REASON_EXACT]}) and "
+        f"{removed[REASON_NEAR]} near-duplicates (planted {counts[REASON_NEAR]}) of "
+        f"{dedup_manifest['totals']['documents_in']:,} documents",
+        f"decontamination removed {sum(decon.values())} documents matching {sets} "
+        f"(planted {counts['contaminated']})",
+    ]
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def config_classes() -> list[type]:
     from marin.data.ngram_features import HashedNgrams
     from marin.data.quality import QualityExamplesConfig, QualityTrainConfig
     from marin.data.raw_text import FlattenConfig
-    from marin.data.synthetic import SyntheticK40Config
+    from marin.data.synthetic import PlantedFaults, SyntheticK40Config
     from marin.data.tokenize import TokenizeConfig
     from marin.data.tokenizer import TrainTokenizerConfig
     from marin.evaluation.multiple_choice import DomainTaskConfig
@@ -63,7 +63,7 @@ def config_classes() -> list[type]:
     from marin.training.optimizers import OPTIMIZERS, OptimizerBase
 
     groups = [c for g in GROUPS.values() for c in (OPTIMIZERS.values() if g is OptimizerBase else (g,))]
-    return [TrainConfig, *groups, MoEConfig, SyntheticDataConfig, SyntheticK40Config,
+    return [TrainConfig, *groups, MoEConfig, SyntheticDataConfig, SyntheticK40Config, PlantedFaults,
             TrainTokenizerConfig, CorpusInput, DedupConfig, DecontaminateConfig, FlattenConfig, DomainFitConfig,
             Embedding, HashedNgrams, DomainAssignConfig, QualityExamplesConfig, QualityTrainConfig, K40BuildConfig,
             TokenizeConfig, MixtureConfig,

@@ -29,7 +29,11 @@ def test_quickstart_pipeline(ray_local, tmp_path):
     with open(os.path.join(result.plan.planned(qs.clean).output_path, "decontamination_manifest.json")) as f:
         decon = json.load(f)
     assert decon["totals"]["documents_in"] == dedup["totals"]["documents_out"] > 0
-    assert list(decon["against"]) == ["k40_domains"]
+    assert list(decon["against"]) == ["quickstart_task"]
+    # the planted faults, each found: one document of each planted pair, each contaminated document
+    assert dedup["totals"]["removed"] == {"exact_duplicate": qs.PLANTED["exact_duplicates"],
+                                          "near_duplicate": qs.PLANTED["near_duplicates"]}
+    assert decon["totals"]["removed"] == {"contaminated": qs.PLANTED["contaminated"]}
     with open(os.path.join(result.plan.planned(qs.tokenized).output_path, "manifest.json")) as f:
         assert json.load(f)["totals"]["documents"] == decon["totals"]["documents_out"] > 0
     path = result.plan.planned(qs.train).output_path

@@ -84,10 +84,21 @@ def read_status(step_dir: str, *, attempts: bool = True) -> dict[str, Any] | Non
     ``attempts``: include the attempts that the step's lease records and the file does not yet
     (see :func:`with_attempts`); False reads the file alone (the lease's holder, judging what
     happened before its own attempt). A finished step's lease is not read."""
+    if attempts:
+        return read_status_and_lease(step_dir)[0]
+    return parse_record(f"{step_dir}/{STATUS_FILE}", storage.read_text(f"{step_dir}/{STATUS_FILE}"))
+
+
+def read_status_and_lease(step_dir: str) -> tuple[dict[str, Any] | None, leases.Lease | None | bool]:
+    """``(record, lease)``: :func:`read_status` and the lease it read to fold its attempts in, one read
+    of each file (one round trip each on an object store), for a reader that judges the lease too
+    (``marin status``). ``lease`` is False where the status is final (SUCCESS, UNREADABLE) and the
+    lease was not read; None where there is none."""
     record = parse_record(f"{step_dir}/{STATUS_FILE}", storage.read_text(f"{step_dir}/{STATUS_FILE}"))
-    if not attempts or current_status(record) in (StepStatus.SUCCESS, StepStatus.UNREADABLE):
-        return record
-    return with_attempts(record, leases.read_lease(step_dir))
+    if current_status(record) in (StepStatus.SUCCESS, StepStatus.UNREADABLE):
+        return record, False
+    lease = leases.read_lease(step_dir)
+    return with_attempts(record, lease), lease
 
 
 _HEAD_STATUS = re.compile(r'^\s*\{\s*"status"\s*:\s*"([A-Z_]+)"')

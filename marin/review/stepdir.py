@@ -29,6 +29,7 @@ class Step:
         self._planned_config = planned_config
         self._info: dict | None | bool = False
         self._record: dict | None | bool = False
+        self._lease: Any = False  # the lease read with the status (False: not read)
         self._state: StepState | None = None
 
     def __repr__(self) -> str:
@@ -40,7 +41,7 @@ class Step:
         """What the step is: config, version, lineage, code, host; the error of a failed attempt
         (empty before the step first started)."""
         if self._info is False:
-            self._info = st.read_info(self.output_path, self.status_record)
+            self._info = st.read_info(self.output_path, self.status_record or {})
         return self._info or {}
 
     @property
@@ -70,14 +71,13 @@ class Step:
     @property
     def status_record(self) -> dict[str, Any] | None:
         if self._record is False:
-            self._record = st.read_status(self.output_path)
+            self._record, self._lease = st.read_status_and_lease(self.output_path)
         return self._record or None
 
     @property
     def state(self) -> StepState:
         if self._state is None:
-            self._state = step_state(self.output_path, self.status_record or {}, self.outcome) \
-                if self.status_record else step_state(self.output_path, None, self.outcome)
+            self._state = step_state(self.output_path, self.status_record, self.outcome, lease=self._lease)
         return self._state
 
     @property

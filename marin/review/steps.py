@@ -45,20 +45,25 @@ class StepState:
     """What to do about it, when something needs doing."""
 
 
-def step_state(step_dir: str, record: dict | None = None, outcome: str | None = None,
-               now: float | None = None) -> StepState:
+def step_state(step_dir: str, record: dict | None | bool = False, outcome: str | None = None,
+               now: float | None = None, lease: leases.Lease | None | bool = False) -> StepState:
     """The state of one step directory, judged from its status record, its lease and the run's outcome.
 
     A RUNNING status is only true while a live holder keeps the lease: a released, expired or
     dead-process lease means the run was interrupted (SIGINT, kill, crash) and the step resumes on the
     next run. Status values this code does not know (a newer executor's) are shown as they are.
+    ``record`` (None: the step never started) and ``lease`` (None: it has none), when the caller read
+    them (:func:`marin.execution.status.read_status_and_lease`), are not read again; the lease is read
+    only where the status needs it judged (RUNNING, or a newer executor's value).
     """
     now = time.time() if now is None else now
-    record = st.read_status(step_dir) if record is None else record
-    lease = leases.read_lease(step_dir)
+    if record is False:
+        record, lease = st.read_status_and_lease(step_dir)
     status = record["status"] if record else "NOT_RUN"
+    if lease is False and status not in ("UNREADABLE", "SUCCESS", "FAILED", "DEP_FAILED", "NOT_RUN"):
+        lease = leases.read_lease(step_dir)
     holder, age, stale = None, None, True
-    if lease is not None and not lease.released:
+    if lease and not lease.released:
         stale = leases.is_stale(lease, now, socket.gethostname())
         holder = lease.holder
         age = max(0.0, now - (lease.expiry - leases.DEFAULT_TTL_S))
@@ -164,19 +169,19 @@ def row_for(path: str, name: str | None = None, hash_: str | None = None,
 
     Without a readable info the name is the directory's path under ``prefix`` less its hash (step
     names may hold ``/``)."""
-    record = st.read_status(path)
+    record, lease = st.read_status_and_lease(path)  # one read of each: what an object store charges per step
     base = path.rstrip("/")
     base = base[len(prefix.rstrip("/")) + 1:] if prefix and base.startswith(prefix.rstrip("/") + "/") \
         else base.rsplit("/", 1)[-1]
     if name is None or hash_ is None:
         guessed_name, _, guessed_hash = base.rpartition("-")
-        info = st.read_info(path, record) or {}
+        info = st.read_info(path, record or {}) or {}
         if not info and st.current_status(record) == StepStatus.UNREADABLE:
-            lease = leases.read_lease(path)
+            lease = leases.read_lease(path)  # not read with the status: an unreadable one is final
             info = (lease.info if lease else None) or {}
         name = name or info.get("name") or guessed_name
         hash_ = hash_ or info.get("hash") or guessed_hash
-    state = step_state(path, record)
+    state = step_state(path, record, lease=lease)
     duration, start, end = st.attempt_times(record)
     holder = state.lease_holder
     if holder and state.category == "interrupted":

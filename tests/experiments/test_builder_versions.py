@@ -15,20 +15,28 @@ import pytest
 from experiments.defaults import (
     default_decontaminate,
     default_dedup,
+    default_domain_assign,
+    default_domain_fit,
     default_eval,
     default_health_report,
+    default_k40_layout,
     default_k40_miniature,
     default_ladder_fit,
     default_mixture,
     default_mixture_report,
+    default_quality_classifier,
+    default_quality_examples,
+    default_raw_text,
     default_report,
     default_tokenize,
     default_tokenizer,
     default_train,
 )
 from marin.data.corpus_steps import CorpusInput
+from marin.data.domains import Embedding
 from marin.data.mixture import MixtureConfig, MixtureStage
 from marin.data.mixture_report import MixtureReportConfig
+from marin.data.ngram_features import HashedNgrams
 from marin.data.synthetic import SyntheticK40Config
 from marin.data.tokenize import TokenizeConfig
 from marin.data.tokenizer import TrainTokenizerConfig
@@ -184,6 +192,26 @@ CASES = {
         {"bands": 10}, {"threshold": 0.8}, {"seed": 2}, {"scope": "domain"}]),
     "decontaminate": (lambda **kw: default_decontaminate("c/decon", _corpus(), ["/eval/a.jsonl"], **kw), [
         *({"input": CorpusInput(**flip)} for flip in INPUT_FLIPS), {"ngram": 8}, {"mode": "cut"}]),
+    "raw_text": (lambda **kw: default_raw_text("c/raw", _corpus(), **kw), [{"files": 2}, {"seed": 1}]),
+    "domain_fit": (lambda **kw: default_domain_fit("c/fit", _corpus(), **kw), [
+        *({"input": CorpusInput(**flip)} for flip in INPUT_FLIPS), {"k": 20}, {"sample_documents": 10},
+        {"n_init": 2}, {"seed": 1}, {"embedding": Embedding(dims=32)},
+        {"embedding": Embedding(features=HashedNgrams(n_features=1 << 17, ngram_max=1))},
+        {"embedding": Embedding(model="mylab.embed:encode")}, {"embedding": Embedding(version="2")}]),
+    "domain_assign": (lambda **kw: default_domain_assign("c/assign", _corpus(), default_domain_fit("c/fit", _corpus()),
+                                                         **kw), [
+        *({"input": CorpusInput(**flip)} for flip in INPUT_FLIPS)]),
+    "quality_classifier": (lambda **kw: default_quality_classifier("c/q", **{"positive": ["/p"], "negative": ["/n"],
+                                                                             **kw}), [
+        {"positive": ["/p2"]}, {"negative": ["/n", "/m"]}, {"C": 2.0}, {"max_examples": 10}, {"seed": 1},
+        {"text_field": "body"}]),
+    "quality_examples": (lambda **kw: default_quality_examples("c/ex", **kw), [
+        {"per_domain": 3}, {"seed": 1}, {"domains": ("council",)}]),
+    "k40_layout": (lambda **kw: default_k40_layout(
+        "c/k40", _corpus(), default_domain_assign("c/assign", _corpus(), default_domain_fit("c/fit", _corpus())),
+        default_quality_classifier("c/q", ["/p"], ["/n"]), **kw), [
+        *({"input": CorpusInput(**flip)} for flip in INPUT_FLIPS), {"bucketing": "global"},
+        {"output_format": "jsonl"}, {"tokenizer": "/tok.json"}]),
     "mixture_report": (lambda **kw: _report(_mixture(**kw)), [
         {"domain_weights": {"council": 2.0}}, {"quality_weights": {"q1": 0.5}},
         {"domain_quality_weights": {"council": {"q1": 2.0}}}, {"stages": (MixtureStage(10, {"council": 1.0}),)},

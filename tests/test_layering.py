@@ -128,7 +128,7 @@ def test_no_private_names_across_modules():
 
 HEAVY = {"jax", "jaxlib", "ray", "optax", "orbax", "tensorstore", "tokenizers", "pyarrow", "draccus", "wandb",
          "lm_eval", "datasets", "scipy", "matplotlib", "tqdm", "safetensors", "zstandard", "numpy", "fsspec",
-         "ml_dtypes", "scipy_openblas32", "ctypes", "playwright", "rensa", "sklearn"}
+         "ml_dtypes", "scipy_openblas32", "ctypes", "playwright", "rensa", "sklearn", "tokamax"}
 """Optional or heavy dependencies: importing them inside a function can keep them off light paths."""
 
 

@@ -68,7 +68,8 @@ def _local_gpu() -> tuple[float | None, tuple[int, int] | None]:
         return None, None
     device = jax.devices()[0]
     cc = getattr(device, "compute_capability", None)
-    try:  # jaxlib's own query of the loaded cuDNN (no public API); 9.22.0 reads 92200
+    try:
+        # jaxlib's own query of the loaded cuDNN (no public API, so asked only here); 9.22.0 reads 92200
         from jax._src.lib import cuda_versions
 
         v = cuda_versions.cudnn_get_version() if cuda_versions is not None else None

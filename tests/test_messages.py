@@ -242,7 +242,7 @@ def test_a_data_path_with_credentials_is_refused_by_the_dry_run_and_nothing_is_w
             "marin: error: step 'n': config field input_path s3://***@bucket/x has credentials in it (the part "
             "before '@'); an object store takes credentials from the environment, never from the URL: "
             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws/credentials, AWS_PROFILE) for s3://, "
-            "GOOGLE_APPLICATION_CREDENTIALS (or `gcloud auth application-default login`) for gs://"]
+            "GOOGLE_APPLICATION_CREDENTIALS (or `gcloud auth application-default login`) for gs:// (at exp.py:4)"]
     assert not prefix.exists()
 
 

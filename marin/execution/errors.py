@@ -23,7 +23,7 @@ import traceback
 from types import TracebackType
 
 from marin.execution.plan import PlanError
-from marin.execution.step import InvalidStepError
+from marin.execution.step import InvalidStepError, script_path
 from marin.execution.walker import UnhashableConfigError
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,8 +138,7 @@ def excepthook(kind: type[BaseException], exc: BaseException, tb: TracebackType 
 def running_a_script() -> bool:
     """Whether this process is ``python FILE.py`` (an experiment file run as a script): ``__main__`` is
     a file, not a module run with ``-m`` (pytest, ipykernel) nor ``-c`` or an interactive session."""
-    main = sys.modules.get("__main__")
-    return getattr(main, "__file__", None) is not None and getattr(main, "__spec__", None) is None
+    return script_path() is not None
 
 
 def install_excepthook() -> None:

@@ -144,7 +144,23 @@ def _refuse_placeholders_in_object(obj: Any, path: FieldPath) -> None:
         )
 
 
+def located(e: Exception, step: ExecutorStep) -> Exception:
+    """``e`` (a refusal of ``step``, one line) with the experiment file's line that declared the step
+    appended, where it is known (:attr:`ExecutorStep.declared_at`): the plan refuses after the file
+    was read, and the user's line is where to fix it."""
+    where = getattr(step, "declared_at", None)
+    return type(e)(f"{e} (at {where})") if where and "\n" not in str(e) else e
+
+
 def _inputs_of(step: ExecutorStep) -> list[tuple[str, Any]]:
+    """:func:`_inputs_of_declared`, its refusals with the step's line (:func:`located`)."""
+    try:
+        return _inputs_of_declared(step)
+    except (PlanError, InvalidStepError, UnhashableConfigError) as e:
+        raise located(e, step) from None
+
+
+def _inputs_of_declared(step: ExecutorStep) -> list[tuple[str, Any]]:
     """The placeholders of ``step``'s config as the versioning rule sees it (:func:`versioned_view`):
     every value wrapped as versioned but a live field's. The config as declared is walked first, so a
     cycle, a bare step or a placeholder the executor could not replace is refused before the rule reads it."""
@@ -307,8 +323,11 @@ def plan_steps(steps: list[ExecutorStep], prefix: str) -> Plan:
                                     "rename one of them")
                 if isinstance(ph, VersionedValue):
                     leaves[path] = encode(ph.value, field)
-            except UnhashableConfigError as e:
-                raise UnhashableConfigError(f"step {step.name!r}: config field {field.describe()}: {e}") from None
+            except UnhashableConfigError as e:  # the encoding's message names the field already, as a rule
+                named = str(e) if str(e).startswith("config field ") else f"config field {field.describe()}: {e}"
+                raise located(UnhashableConfigError(f"step {step.name!r}: {named}"), step) from None
+            except PlanError as e:
+                raise located(e, step) from None
             if isinstance(ph, VersionedValue):
                 pass
             elif isinstance(ph, InputName):
@@ -327,10 +346,14 @@ def plan_steps(steps: list[ExecutorStep], prefix: str) -> Plan:
             _refuse_unversioned_difference(by_key[key], step, by_id)
             by_id[id(step)] = by_key[key]
             continue
+        try:
+            output_path = _output_path(prefix, step, digest[:HASH_CHARS])
+        except InvalidStepError as e:
+            raise located(e, step) from None
         ps = PlannedStep(
             step=step,
             digest=digest,
-            output_path=_output_path(prefix, step, digest[:HASH_CHARS]),
+            output_path=output_path,
             config_leaves=leaves,
             spelled={n: p for n, p in names.items() if n != p},
             dependencies=list(deps.values()),

@@ -15,8 +15,10 @@ of placeholder, which the executor replaces before calling ``fn``:
 from __future__ import annotations
 
 import dataclasses
+import os
 import posixpath
 import re
+import sys
 from typing import Any, Callable, Generic, TypeVar
 
 from marin.execution.hashing import HASH_CHARS
@@ -129,6 +131,9 @@ class ExecutorStep(Generic[ConfigT]):
     stop_grace_s: float = 0.0
 
     def __post_init__(self) -> None:
+        self.declared_at = declaration_site()
+        """``file:line`` of the experiment file's line that declared this step (None outside a script):
+        a refusal at planning names it, as one raised while the file is read does."""
         validate_step_name(self.name)
         if not callable(self.fn):
             raise InvalidStepError(f"step {self.name!r}: fn must be callable, got {type(self.fn).__name__}")
@@ -152,6 +157,29 @@ class ExecutorStep(Generic[ConfigT]):
 
     def __repr__(self) -> str:
         return f"ExecutorStep(name={self.name!r}, fn={getattr(self.fn, '__qualname__', self.fn)!r})"
+
+
+def script_path() -> str | None:
+    """The experiment file this process runs as a script (``python FILE.py``, ``marin run FILE.py``):
+    ``__main__`` is a file, not a module run with ``-m`` (pytest, ipykernel) nor ``-c`` or an
+    interactive session; None otherwise."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return os.path.abspath(path) if path is not None and getattr(main, "__spec__", None) is None else None
+
+
+def declaration_site() -> str | None:
+    """``file:line`` of the innermost frame of the running experiment file (:func:`script_path`) on
+    the stack: the line of the file that declared what is being built (directly or through a builder
+    such as ``default_train``); None outside a script or when the file is not on the stack."""
+    script = script_path()
+    frame = sys._getframe(1) if script and script.endswith(".py") else None  # not the `marin` command itself
+    while frame is not None:
+        if frame.f_code.co_filename == script or os.path.abspath(frame.f_code.co_filename) == script:
+            rel = os.path.relpath(script)
+            return f"{script if rel.startswith('..') else rel}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
 
 
 def validate_step_name(name: str) -> None:

@@ -92,3 +92,35 @@ def test_the_files_own_error_keeps_its_traceback_from_its_own_frame(tmp_path, mo
     frames = [e for e in err if e.startswith("  File ")]
     assert [f.split(", in ")[-1] for f in frames] == ["<module>", "total"], err
     assert all(str(tmp_path / "exp.py") in f for f in frames), err
+
+
+PLANNED_INF = """import dataclasses
+from marin.execution import ExecutorStep, executor_main, this_output_path
+
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    output_path: str
+    threshold: float
+
+
+def work(cfg):
+    pass
+
+
+probe = ExecutorStep("probe/a", work, Cfg(this_output_path(), float("inf")))
+if __name__ == "__main__":
+    executor_main(steps=[probe])
+"""
+
+
+def test_a_value_the_plan_cannot_version_names_the_field_once_and_the_steps_line(tmp_path):
+    """A config the experiment file's own class builds (no check of its own) is refused by the plan:
+    the field named once (it used to be twice), with the line that declared the step."""
+    (tmp_path / "exp.py").write_text(PLANNED_INF)
+    r = _marin_run(tmp_path, "exp.py", "--prefix", str(tmp_path / "p"), "--dry_run", "true")
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    assert r.stderr.splitlines() == [
+        "marin: error: step 'probe/a': config field threshold is inf: NaN and infinity cannot be versioned (they have "
+        "no stable meaning as a version); use a finite number or None (at exp.py:15)"]
+    assert not (tmp_path / "p").exists()

@@ -11,7 +11,10 @@ has about 960 GB). ``processes`` splits the shards over worker processes. Each s
 under a temporary name and renamed (one PUT on an object store) when complete, and
 ``export-progress.json`` lists the finished ones, so a killed export, rerun, continues where it
 stopped and never leaves a shard that looks complete but is not. The index, config and card are
-written last. :func:`export_model` writes an in-memory params tree the same way (tests, notebooks).
+written last. A destination is checked before anything is written (:func:`check_destination`:
+never the run, a directory holding it, or any step's output), and ``overwrite`` replaces a
+non-empty one only once the new export is complete, written beside it (:func:`swap_in` says how on
+each store). :func:`export_model` writes an in-memory params tree the same way (tests, notebooks).
 The layout (names, shapes, ``y = x @ W``) is documented in :mod:`marin.models.exported` and docs/use.md.
 """
 
@@ -40,6 +43,7 @@ from marin.evaluation.sets import run_tokenizer_path
 from marin.execution.experiment_record import experiment_record_paths, read_experiment_record
 from marin.execution.failures import disk_full_error
 from marin.execution.plan import CREDENTIALS_HELP, url_credentials_masked
+from marin.execution.status import STATUS_FILE
 from marin.inference.run import RunLoadError, committed_run_steps, load_verified_checkpoint
 from marin.models import numpy_forward
 from marin.models.config import count_params
@@ -275,8 +279,6 @@ def check_destination(out_dir: str, source: str | None = None) -> None:
     Only what exists is looked at: a destination's step outputs by walking it (a step's record sits
     at the top of its directory, so a prefix of runs is refused at its first run), its parents by
     one lookup each."""
-    from marin.execution.status import STATUS_FILE  # the step record's name
-
     fs, root = fsspec.core.url_to_fs(out_dir)
     root = root.rstrip("/")
     kind, out = _place(out_dir)

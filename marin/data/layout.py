@@ -163,7 +163,6 @@ class ScoreTask:
     work: str
     assignment_path: str
     classifier_path: str
-    k: int
     text_field: str
     max_doc_bytes: int
     marker_fp: str
@@ -344,7 +343,7 @@ def build_k40_layout(config: K40BuildConfig) -> None:
     names = tuple(fit.names)
 
     # phase 1: scores and histograms
-    tasks = [ScoreTask(f, work, config.assignment_path, config.classifier_path, fit.k, inputs.text_field,
+    tasks = [ScoreTask(f, work, config.assignment_path, config.classifier_path, inputs.text_field,
                        inputs.max_doc_bytes, fingerprint([model.classifier_id, assignment["fit_id"], inputs.text_field,
                                                           inputs.max_doc_bytes, f.url, f.size, f.key]))
              for f in files_in]

@@ -72,7 +72,7 @@ def tfidf(counts: Any, idf: np.ndarray) -> Any:
     the arithmetic of ``TfidfTransformer(sublinear_tf=True)`` with the saved ``idf``."""
     from sklearn.preprocessing import normalize  # scikit-learn: the curate extra
 
-    x = counts.tocsr(copy=True).astype(np.float64)
+    x = counts.tocsr().astype(np.float64, copy=True)  # one copy: the caller's counts stay as they are
     np.log(x.data, x.data)
     x.data += 1.0
     x.data *= idf[x.indices]

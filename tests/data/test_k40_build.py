@@ -343,3 +343,25 @@ def test_the_experiment_runs_and_a_rerun_is_a_no_op(tmp_path):
         {k: s["tokens"] for k, s in store["sources"].items()}
     again = executor_main(cfg, steps=[steps["mixture_report"]])
     assert set(again.outcome.values()) == {"cached"}
+
+
+def test_a_failed_assignment_keeps_its_finished_files_and_a_rerun_redoes_only_the_rest(built, tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for f in Path(built["raw"]).glob("*.jsonl.gz"):
+        (raw / f.name).write_bytes(f.read_bytes())
+    whole = (raw / "part-00003.jsonl.gz").read_bytes()
+    (raw / "part-00003.jsonl.gz").write_bytes(whole[:300])  # truncated: a corrupt gzip stream
+    strict = CorpusInput(use_ray=False, show_progress=False, on_corrupt="fail")
+    out = tmp_path / "assign"
+    with pytest.raises(DomainError) as e:
+        assign_domains(DomainAssignConfig(str(raw), built["fit"], str(out), strict))
+    assert str(e.value).splitlines()[0].startswith("1 of 4 input files failed in the domain assign step; 1 corrupt: "
+                                                   "on_corrupt='fail' (finished work is kept; a rerun redoes only")
+    done = {p.name: p.stat().st_mtime_ns for p in (out / "labels").glob("*.npy")}
+    assert len(done) == 3 and not (out / "domain_assignment.json").exists()
+    (raw / "part-00003.jsonl.gz").write_bytes(whole)
+    assign_domains(DomainAssignConfig(str(raw), built["fit"], str(out), strict))
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "labels").glob("*.npy") if p.name in done} == done
+    for f in plan_files(str(raw), str(out), None):  # the same labels as the uninterrupted assignment
+        assert (read_labels(str(out), f.key) == read_labels(built["assign"], f.key)).all()

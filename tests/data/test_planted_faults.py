@@ -109,3 +109,40 @@ def test_a_plant_the_corpus_cannot_hold_is_refused_in_one_line_before_writing(tm
                                                   plant=plant))
     assert str(e.value).startswith(line) and "\n" not in str(e.value)
     assert not (tmp_path / "c").exists()  # refused before a file was written
+
+
+def test_marin_show_and_the_report_fold_the_domains_a_step_left_untouched(tmp_path, capsys):
+    """Six domains, one contaminated document: dedup removes nothing (its table is one folded row and
+    the total, not six rows of zeros); decontamination shows the one domain it touched, then the
+    other five folded, in ``marin show`` and in the report's HTML."""
+    from marin.commands.show import _print_content  # the command's printer, tested without a step record
+    from marin.review.sections import corpus_filter_section
+    from marin.review.steps import step_content
+
+    domains = ("council", "infra", "law", "web_code", "science", "news")
+    write_domain_task(DomainTaskConfig(str(tmp_path / "task"), domains[:4], questions_per_domain=2))
+    task = str(tmp_path / "task")
+    generate_k40_miniature(SyntheticK40Config(str(tmp_path / "corpus"), total_bytes=30_000, domains=domains,
+                                              formats=("jsonl",), plant=PlantedFaults(contaminated=1,
+                                                                                      contaminate_from=task)))
+    inputs = CorpusInput(show_progress=False, use_ray=False)
+    dedup(DedupConfig(str(tmp_path / "corpus"), str(tmp_path / "dedup"), inputs))
+    decontaminate(DecontaminateConfig(str(tmp_path / "dedup"), str(tmp_path / "clean"), {"task": task}, inputs))
+    planted = json.loads((tmp_path / "corpus" / MANIFEST_NAME).read_text())["planted"]["contaminated"][0]["document"]
+    touched = next(d for d in domains if planted.startswith(f"{d}-"))
+
+    dedup_content = step_content(str(tmp_path / "dedup"), ["dedup_manifest.json"])
+    _print_content(dedup_content)
+    text = capsys.readouterr().out
+    assert "  6 domains, nothing removed " in text and not any(f"  {d} " in text for d in domains)
+    assert f"  nothing removed in: {', '.join(sorted(domains))}" in text
+    html = corpus_filter_section(dedup_content["corpus_filter"])
+    assert html.count("<svg") == 2 and "6 domains, nothing removed" in html  # the folded row and the total
+
+    decon_content = step_content(str(tmp_path / "clean"), ["decontamination_manifest.json"])
+    _print_content(decon_content)
+    text = capsys.readouterr().out
+    assert f"  {touched} " in text and "  5 domains, nothing removed " in text
+    assert sum(f"  {d} " in text for d in domains) == 1
+    html = corpus_filter_section(decon_content["corpus_filter"])
+    assert html.count("<svg") == 3 and f"<td>{touched}<td" in html

@@ -250,6 +250,9 @@ def test_a_users_embedding_by_import_path(small_corpus, tmp_path):
 @pytest.mark.parametrize("config, line", [
     (dict(k=500, sample_documents=1000), "holds 101 documents, fewer than k=500 clusters; lower k"),
     (dict(k=1), "k must be at least 2 clusters, got 1"),
+    (dict(k=40, sample_documents=10), "sample_documents (10) must be at least k (40)"),
+    (dict(embedding=Embedding(dims=1)), "embedding dims must be at least 2, got 1"),
+    (dict(embedding=Embedding(features=HashedNgrams(analyzer="char"))), "analyzer must be one of ('word', 'char_wb')"),
     (dict(embedding=Embedding(model="no_such_module_xyz:embed")), "cannot import 'no_such_module_xyz'"),
     (dict(embedding=Embedding(model=f"{__name__}:nothing_here")), "has no 'nothing_here'"),
     (dict(embedding=Embedding(model="sentence-transformers")), "is neither 'hashed-tfidf-svd' nor an import path"),

@@ -19,7 +19,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PINNED = Path(__file__).with_name("pinned_step_hashes.json")
-EXPERIMENTS = ("tutorial", "quickstart", "tiny_ladder", "tiny_isoflop", "ladder", "hero", "harrier_k40")
+EXPERIMENTS = ("tutorial", "quickstart", "tiny_ladder", "tiny_isoflop", "ladder", "hero", "harrier_k40",
+               "k40_from_raw")
 
 pytestmark = pytest.mark.usefixtures("offline_k40")  # the experiment files, planned without their data
 

@@ -46,9 +46,14 @@ def ray_local(s3_endpoint, gcs_endpoint):
     """
     import ray
 
+    from marin.execution.cluster import retry_startup_timeouts
+
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=4, resources={"test-accelerator": 2}, include_dashboard=False,
-                 log_to_driver=False)
+        # started again, as marin starts its own local cluster, if its node misses Ray's fixed 30 s
+        # startup deadline: on a machine loaded by the other worker's Ray clusters and JAX pools it can
+        retry_startup_timeouts(lambda: ray.init(address="local", num_cpus=4, resources={"test-accelerator": 2},
+                                                include_dashboard=False, log_to_driver=False),
+                               "the tests' local Ray cluster")
     yield ray
 
 

@@ -17,6 +17,7 @@ This module imports Ray and JAX lazily: experiment files read the pools without 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import socket
@@ -373,11 +374,29 @@ def launch(
     ``host_setup``: run on each host before it joins the pool's runtime (a site's per-host preparation);
     a host that ends or hangs there fails the rendezvous like one that cannot reach its coordinator.
     """
-    try:
-        launcher = LAUNCHERS[pool.launcher]
-    except KeyError:
-        known = ", ".join(sorted(LAUNCHERS))
-        raise PoolLaunchError(f"pool {pool.name}: no launcher {pool.launcher!r} (known: {known}; a launcher of "
-                              "another kind is added with register_launcher)") from None
-    return launcher.launch(pool, fn, args, max_retries=max_retries, stall=stall, stall_log=stall_log,
-                           step_dir=step_dir, host_setup=host_setup)
+    return launcher_of(pool).launch(pool, fn, args, max_retries=max_retries, stall=stall, stall_log=stall_log,
+                                    step_dir=step_dir, host_setup=host_setup)
+
+
+def launcher_of(pool: PoolSpec) -> Launcher:
+    """The launcher of ``pool``: its ``launcher`` field names a registered kind (``"ray"``), or
+    ``"module:kind"``, the kind that importing ``module`` registers. The process that launches a pool is
+    the Ray worker running the step, which never ran the experiment file (or site module) that
+    registered the kind in the driver; the module path is how the registration reaches it: the module
+    is imported here, where the kind is not registered yet."""
+    module, _, kind = pool.launcher.rpartition(":")
+    if kind not in LAUNCHERS and module:
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001 - a module that does not import: said in one line
+            raise PoolLaunchError(f"pool {pool.name}: launcher {pool.launcher!r}: importing {module} failed in "
+                                  f"this process ({_one_line(e)}); it must be importable where "
+                                  "the pool is launched (on the workers' PYTHONPATH)") from None
+    if kind in LAUNCHERS:
+        return LAUNCHERS[kind]
+    known = ", ".join(sorted(LAUNCHERS))
+    if module:
+        raise PoolLaunchError(f"pool {pool.name}: importing {module} registered no launcher {kind!r} (known: {known}); "
+                              f"it must call register_launcher({kind!r}, ...) when imported")
+    raise PoolLaunchError(f"pool {pool.name}: no launcher {kind!r} in this process (known: {known}); a launcher "
+                          f"registered elsewhere is named with its module, launcher = \"<module>:{kind}\"")

@@ -77,7 +77,9 @@ class PoolSpec:
     launcher: str = "ray"
     """The kind of launcher that starts the pool's hosts (:data:`marin.pools.launcher.LAUNCHERS`):
     "ray", placement groups and one Ray actor per host; another kind is added with
-    :func:`marin.pools.launcher.register_launcher`."""
+    :func:`marin.pools.launcher.register_launcher`, and named ``"module:kind"`` (the module that
+    registers it when imported), so that the process that launches the pool, a Ray worker, imports
+    it there (:func:`marin.pools.launcher.launcher_of`)."""
 
     def __post_init__(self) -> None:
         data, expert = self.mesh

@@ -392,7 +392,7 @@ def build_k40_layout(config: K40BuildConfig) -> None:
              for p in (10, 50, 90)}
         overview[d] = {
             "title": fit.manifest["domains"][i]["title"], "top_terms": fit.manifest["domains"][i]["top_terms"],
-            f"{measure}_share": round(per_domain[d] / total, 6),
+            "share": round(per_domain[d] / total, 6),  # of tokens, or of bytes without a tokenizer (share_measure)
             "documents": sum(counts.get(source_name(d, b), Counter())["documents"] for b in QUALITY_BUCKETS),
             "buckets": {b: counts.get(source_name(d, b), Counter())["documents"] for b in QUALITY_BUCKETS},
             "score_quantiles": q, "samples": samples.get(d, []),

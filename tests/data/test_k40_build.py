@@ -180,6 +180,7 @@ def test_the_layout_and_its_manifest(built):
     for d in m["domains"]:
         o = m["overview"][d["name"]]
         assert o["top_terms"] and o["samples"] and o["score_quantiles"]["p10"] <= o["score_quantiles"]["p90"]
+        assert o["share"] == pytest.approx(d["share"], abs=1e-6) and m["share_measure"] == "bytes"
         n = o["documents"]
         # per-domain quintiles: each bucket holds a fifth of the domain, give or take a histogram bin's
         # documents (a bin is 1/256 logit wide; the scores here spread over several logits)

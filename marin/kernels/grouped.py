@@ -150,8 +150,9 @@ def grouped_buffers(impl: str, rows: int, n_local_experts: int, d_model: int, d_
       index            the int32 sort and slot indices (a few per row).
       workspace        grouped-GEMM scratch beyond these: none for capacity (einsums over the
                        buffers), none counted for ragged_dot (cuDNN's workspace is XLA's choice and
-                       shows only in the compiled program's memory analysis) and for tokamax (its
-                       Mosaic GPU kernels stage tiles in shared memory, not in device memory).
+                       shows only in the compiled program's memory analysis); for tokamax (its
+                       Mosaic GPU kernels stage tiles in shared memory) the zero-padded copy of the
+                       three local weights when d_ff is not a multiple of `TOKAMAX_WIDTH_MULTIPLE`.
     A dense fallback of ragged_dot (rows x experts x width) is not a buffer this plans: the
     compiled-memory check catches it."""
     name = canonical_grouped_impl(impl)
@@ -163,10 +164,14 @@ def grouped_buffers(impl: str, rows: int, n_local_experts: int, d_model: int, d_
         slots = e * cap
         return {"padding_rows": slots * (2 * d + 3 * f) * b, "activations": rows * 2 * f * b,
                 "index": (3 * rows + slots) * 4, "workspace": 0}
-    if name == "tokamax":  # padded to its kernels' row tile
+    workspace = 0
+    if name == "tokamax":  # padded to its kernels' tiles: rows, and the width with a copy of the weights
         rows = -(-rows // TOKAMAX_ROW_MULTIPLE) * TOKAMAX_ROW_MULTIPLE
+        if f % TOKAMAX_WIDTH_MULTIPLE:
+            f = -(-f // TOKAMAX_WIDTH_MULTIPLE) * TOKAMAX_WIDTH_MULTIPLE
+            workspace = 3 * e * d * f * b
     return {"padding_rows": rows * 2 * d * b, "activations": rows * 3 * f * b, "index": 3 * rows * 4,
-            "workspace": 0}
+            "workspace": workspace}
 
 
 def default_impl() -> str:
@@ -418,18 +423,29 @@ TOKAMAX_ROW_MULTIPLE = 128
 forward, 64 as the weight gradient's contracting dimension; a capacity-bounded chunk buffer has e.g.
 1,178 rows): the rows are padded with skipped ones to a multiple of 128, its largest row tile."""
 
+TOKAMAX_WIDTH_MULTIPLE = 64
+"""...and an expert width that is not a multiple of 64 (the hero's experts are stored 3,080 wide, 11 x
+280, for its 11-rack sharding): the weights are padded with zero columns (gate, up) and rows (down),
+which add zeros to every output and take no gradient."""
 
-def _sorted_swiglu(rows, row_expert, w_gate, w_up, w_down, ragged_dot, row_multiple: int = 1):
+
+def _sorted_swiglu(rows, row_expert, w_gate, w_up, w_down, ragged_dot, row_multiple: int = 1,
+                   width_multiple: int = 1):
     """The grouped SwiGLU on rows sorted by expert, `ragged_dot(lhs [N, K], rhs [E, K, M], counts)`
     for the three matmuls. Rows past the last group (skipped rows) are masked to zero between the
     matmuls, so a kernel that leaves them unwritten cannot leak into the output or the gradients.
-    The rows are padded with skipped ones to a multiple of ``row_multiple``."""
+    The rows are padded with skipped ones to a multiple of ``row_multiple``, the expert width with
+    zero weights to a multiple of ``width_multiple``."""
     n_exp = w_gate.shape[0]
     n = rows.shape[0]
     pad = -n % row_multiple
     if pad:
         rows = jnp.pad(rows, ((0, pad), (0, 0)))
         row_expert = jnp.pad(row_expert, (0, pad), constant_values=n_exp)
+    wpad = -w_gate.shape[2] % width_multiple
+    if wpad:
+        w_gate, w_up = (jnp.pad(w, ((0, 0), (0, 0), (0, wpad))) for w in (w_gate, w_up))
+        w_down = jnp.pad(w_down, ((0, 0), (0, wpad), (0, 0)))
     valid = row_expert < n_exp
     perm = jnp.argsort(row_expert, stable=True)
     counts = jnp.zeros((n_exp + 1,), jnp.int32).at[row_expert].add(1)[:n_exp]
@@ -461,7 +477,8 @@ def grouped_swiglu(rows, row_expert, w_gate, w_up, w_down, impl: str | None = No
         return capacity_swiglu(capacity_buckets(expected), rows, row_expert, w_gate, w_up, w_down)
     if impl == "ragged_dot":
         return _sorted_swiglu(rows, row_expert, w_gate, w_up, w_down, jax.lax.ragged_dot)
-    return _sorted_swiglu(rows, row_expert, w_gate, w_up, w_down, _tokamax_ragged_dot, TOKAMAX_ROW_MULTIPLE)
+    return _sorted_swiglu(rows, row_expert, w_gate, w_up, w_down, _tokamax_ragged_dot, TOKAMAX_ROW_MULTIPLE,
+                          TOKAMAX_WIDTH_MULTIPLE)
 
 
 def combine(y_assign, weights):

@@ -108,6 +108,8 @@ def test_capacity_buffers_are_the_planned_ones(expected_rows):
     for name in ("ragged_dot", "ragged"):
         b = grouped.grouped_buffers(name, n, e, d, f, 2)
         assert b["padding_rows"] == n * 2 * d * 2 and b["activations"] == n * 3 * f * 2
-    assert grouped.grouped_buffers("tokamax", n, e, d, f, 2)["activations"] == 128 * 3 * f * 2  # one row tile
+    tk = grouped.grouped_buffers("tokamax", n, e, d, f, 2)  # one row tile; 24 wide: padded to 64
+    assert tk["activations"] == 128 * 3 * 64 * 2 and tk["workspace"] == 3 * e * d * 64 * 2
+    assert grouped.grouped_buffers("tokamax", n, e, d, 128, 2)["workspace"] == 0
     with pytest.raises(ValueError, match="^grouped_buffers counts one implementation; resolve 'auto' first"):
         grouped.grouped_buffers("auto", n, e, d, f, 2)

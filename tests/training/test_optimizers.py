@@ -258,8 +258,8 @@ def test_a_branch_switches_optimizer_only_with_a_fresh_state(muonh_run, tmp_path
     mesh = make_mesh(1, 1)
 
     def branch(optimizer: bool):
-        config = _run_config(tmp_path / "b", optimizer=AdamWConfig(), init_from=InitFrom(str(muonh_run), 2,
-                                                                                          optimizer=optimizer))
+        config = _run_config(tmp_path / "b", optimizer=AdamWConfig(warmup_steps=1),  # within the 4-step horizon
+                             init_from=InitFrom(str(muonh_run), 2, optimizer=optimizer))
         cfg = model_config(config)
         shapes = state_shapes(config, cfg)
         return branch_state(config, cfg, mesh, shapes, state_shardings(shapes, mesh))

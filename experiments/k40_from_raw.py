@@ -3,14 +3,17 @@ domains, score with a quality classifier, bucket into q1..q5, tokenize.
 
     python experiments/k40_from_raw.py --prefix ./local_store       # a few minutes here, on generated text
 
-The raw text is the quickstart's miniature corpus with its layout taken away (every record shuffled
-into 4 flat files), so the steps below must find its 40 domains and 5 quality buckets from the text
-alone; its records keep their true ``domain`` and ``bucket`` fields, so the result can be checked
-(tests/data/test_k40_build.py measures it). Point ``RAW`` at your own crawl (a directory, file or glob
+The raw text is the quickstart's miniature corpus (with its planted duplicates and contaminated
+documents) with its layout taken away (every record shuffled into 4 flat files), so the steps below
+must find its 40 domains and 5 quality buckets from the text alone; its records keep their true
+``domain`` and ``bucket`` fields, so the result can be checked (tests/data/test_k40_build.py measures
+it). The corpus and the task it is decontaminated against are the quickstart's own steps: under one
+prefix, the two experiments share them. Point ``RAW`` at your own crawl (a directory, file or glob
 of jsonl / parquet documents) and the classifier at your own example sets to build the same shape
 from it.
 
-1. dedup and decontaminate the raw text (as the quickstart does)
+1. dedup and decontaminate the raw text (as the quickstart does: its planted copies and
+   contaminated documents are removed)
 2. fit K domains (default 40) on a sample: hashed n-gram TF-IDF, randomized SVD, k-means; each domain
    named by its top terms (``domain_fit.json``)
 3. assign every document to its nearest domain
@@ -26,13 +29,13 @@ follows do; `marin explain experiments/k40_from_raw.py` says which and why.
 
 from __future__ import annotations
 
+from experiments import quickstart
 from experiments.defaults import (
     default_decontaminate,
     default_dedup,
     default_domain_assign,
     default_domain_fit,
     default_k40_layout,
-    default_k40_miniature,
     default_mixture,
     default_mixture_report,
     default_quality_classifier,
@@ -57,10 +60,9 @@ def pipeline(k: int = K, examples_per_domain: int = EXAMPLES_PER_DOMAIN,
              sample_documents: int = SAMPLE_DOCUMENTS) -> dict[str, ExecutorStep]:
     """Every step of the build by its role, for ``k`` domains and a generated example pair of
     ``examples_per_domain`` documents per domain and side."""
-    corpus = default_k40_miniature("quickstart/k40-mini", total_bytes=1_000_000, seed=0)  # the quickstart's
-    raw = default_raw_text("k40_from_raw/raw", corpus, files=4)
+    raw = default_raw_text("k40_from_raw/raw", quickstart.corpus, files=4)
     deduped = default_dedup("k40_from_raw/dedup", raw)
-    clean = default_decontaminate("k40_from_raw/decontaminate", deduped)  # against the IsoFLOP experiment's task
+    clean = default_decontaminate("k40_from_raw/decontaminate", deduped, against={"quickstart_task": quickstart.task})
     fit = default_domain_fit("k40_from_raw/domain-fit", clean, k=k, sample_documents=sample_documents)
     assignment = default_domain_assign("k40_from_raw/domains", clean, fit)
     examples = default_quality_examples("k40_from_raw/quality-examples", per_domain=examples_per_domain)
@@ -71,7 +73,7 @@ def pipeline(k: int = K, examples_per_domain: int = EXAMPLES_PER_DOMAIN,
     tokenized = default_tokenize("k40_from_raw/tokenized", layout, tokenizer)
     mixture = default_mixture([tokenized], stages=(MixtureStage(start_fraction=0.3, quality_weights=QUALITY_WEIGHTS),))
     report = default_mixture_report("k40_from_raw/mixture", mixture, total_tokens=1_000_000, total_steps=100)
-    return {"corpus": corpus, "raw": raw, "dedup": deduped, "decontaminate": clean, "domain_fit": fit,
+    return {"corpus": quickstart.corpus, "raw": raw, "dedup": deduped, "decontaminate": clean, "domain_fit": fit,
             "domain_assign": assignment, "quality_examples": examples, "quality_classifier": classifier,
             "tokenizer": tokenizer, "layout": layout, "tokenized": tokenized, "mixture_report": report}
 

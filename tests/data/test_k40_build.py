@@ -341,7 +341,13 @@ def test_the_experiment_runs_and_a_rerun_is_a_no_op(tmp_path):
     assert set(res.outcome.values()) == {"succeeded"} and len(res.outcome) == 13, res.errors
     store = json.loads(Path(res.plan.planned(steps["tokenized"]).output_path, "manifest.json").read_text())
     layout = read_k40_manifest(res.plan.planned(steps["layout"]).output_path)
-    assert layout["totals"]["documents"] == 3167 and len(layout["sources"]) == 200
+    decon = json.loads(Path(res.plan.planned(steps["decontaminate"]).output_path,
+                            "decontamination_manifest.json").read_text())
+    dedup = json.loads(Path(res.plan.planned(steps["dedup"]).output_path, "dedup_manifest.json").read_text())
+    # the quickstart's planted copies and contaminated documents are gone before the clustering
+    assert dedup["totals"]["documents_out"] < dedup["totals"]["documents_in"] == 3167
+    assert decon["totals"]["documents_out"] < decon["totals"]["documents_in"] == dedup["totals"]["documents_out"]
+    assert layout["totals"]["documents"] == decon["totals"]["documents_out"] and len(layout["sources"]) == 200
     # the layout's token counts are the store's, less one end-of-document token per document
     assert {k: s["tokens"] + s["documents"] for k, s in layout["sources"].items()} == \
         {k: s["tokens"] for k, s in store["sources"].items()}

@@ -2,7 +2,8 @@
 
 The measured test runs on the quickstart's generated corpus (1 MB, seed 0: 3,167 documents whose
 true domain and bucket are fields of each record; without the faults the quickstart plants for dedup
-and decontamination) with its layout taken away (shuffled into flat files); every step runs in this process (the Ray fan-out is the frame's, tested with dedup)."""
+and decontamination) with its layout taken away (shuffled into flat files); every step runs in this
+process (the Ray fan-out is the frame's, tested with dedup; the slow test runs the experiment on Ray)."""
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ otherwise a byte-level BPE with the hero's 128,256-entry vocabulary is trained o
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from experiments.defaults import (
@@ -35,6 +36,7 @@ from experiments.defaults import (
     default_tokenize,
     default_tokenizer,
 )
+from marin.data import hero_mixture
 from marin.data.corpus_steps import CorpusInput
 from marin.data.k40 import K40_DOMAINS, K40Layout, published_shares, source_name
 from marin.execution import executor_main
@@ -65,20 +67,23 @@ tokenized = {
 
 # Stage 1 (uniform within each domain) from the start; stage 2 (quality-weighted) from 30% of
 # every run that uses the mixture (step 117,042 of the hero's 390,139; the same 30% of each ladder
-# rung). The quality weights are a starting point to tune on the ladder.
-QUALITY_WEIGHTS = {"q1": 0.25, "q2": 0.5, "q3": 1.0, "q4": 2.0, "q5": 4.0}
-STAGE2_FRACTION = 0.3
+# rung); for the hero, mid-training for the last 20% of the run (the published 15T + 3.75T split),
+# from step 312,112. Which buckets or domains mid-training favours is not published: we assume the
+# domain shares stay and the top two quality buckets are weighted up twice as much again as in stage
+# 2 (marin.data.hero_mixture says what is published and what is assumed). The quality weights are a
+# starting point to tune on the ladder.
+QUALITY_WEIGHTS = hero_mixture.QUALITY_WEIGHTS
+STAGE2_FRACTION = hero_mixture.QUALITY_STAGE_FRACTION
+MIDTRAINING_QUALITY_WEIGHTS = hero_mixture.MIDTRAINING_QUALITY_WEIGHTS
 
 
-def harrier_k40_mixture(stage2_fraction: float = STAGE2_FRACTION):
-    """The hero's mixture: K40 domain shares; quality-weighted from ``stage2_fraction`` of the run on."""
-    from marin.data.mixture import MixtureStage
-
-    return default_mixture(
-        list(tokenized.values()),
-        domain_weights=published_shares(),
-        stages=(MixtureStage(start_fraction=stage2_fraction, quality_weights=QUALITY_WEIGHTS),),
-    )
+def harrier_k40_mixture(stage2_fraction: float = STAGE2_FRACTION, midtraining: bool = False):
+    """The hero's mixture: K40 domain shares; quality-weighted from ``stage2_fraction`` of the run on;
+    with ``midtraining``, the mid-training stage for the last 20% of the run (the hero has it; the
+    ladder's rungs keep the two pretraining stages: their fit predicts the pretraining loss)."""
+    stages = tuple(dataclasses.replace(s, start_fraction=stage2_fraction) if i == 0 else s
+                   for i, s in enumerate(hero_mixture.hero_stages(midtraining)))
+    return default_mixture(list(tokenized.values()), domain_weights=published_shares(), stages=stages)
 
 
 if __name__ == "__main__":

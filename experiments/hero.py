@@ -11,7 +11,13 @@ end"; each 262K sequence split over 4 devices by context parallelism); fixed-buf
 capacity 1.15, hot-switched at step 81,716 to the capacity-bounded ragged all-to-all the published run
 continued on (one update per source device and local expert, the 6 local experts of a device in 2
 chunks sharing a receiver capacity of 1.15 x the expected rows; it can drop, about 150 times less
-than the fixed buffers). Peak LR and warmup are not published: they are assumptions.
+than the fixed buffers). The data recipe as published: K40 at its domain shares, uniform within each
+domain, quality-weighted from 30% (an assumption), and mid-training for the last 20% of the run (the
+published 15T + 3.75T split; what it favours is not published: we assume the top two quality
+buckets weighted up; marin.data.hero_mixture). The optimizer as upstream's hero: MuonH with the
+learning rates of upstream's size rule (MuonH 3.05e-3, Adam 7.04e-4, beta2 0.95 at 18.0T tokens, d
+6,144 and 46.1M tokens per step); the warmup is not published (an assumption). AdamW (peak 2.2e-4,
+an assumption) is a variant step of its own: ``hero/moe-535b-a23b-adamw``.
 
 The early-cooldown side branch (days 10-20 of the run, 1-2 days long, for RL and long-context
 experiments) starts from a committed checkpoint of the main run and leaves the main run untouched:
@@ -54,12 +60,13 @@ HERO_TEMP_CHECKPOINT_PATH = os.environ.get("HERO_TEMP_CHECKPOINT_PATH") or None
 EARLY_COOLDOWN_AT_STEP = 60_000  # a multiple of checkpoint.keep_every, so the main run keeps that checkpoint
 EARLY_COOLDOWN_STEPS = 6_600
 
-HERO_OPTIMIZER = AdamWConfig(peak_lr=2.2e-4, warmup_steps=HERO_WARMUP_STEPS)
 # MuonH as upstream's hero trains (marin.training.optimizers.muonh): its learning rates and Adam beta2 from
 # upstream's size rule at 18.0T tokens, d 6,144 and 46.1M tokens per step (MuonH 3.05e-3, Adam 7.04e-4,
-# beta2 0.95), the same warmup and decay to 5% of peak
+# beta2 0.95), warmup HERO_WARMUP_STEPS and decay to 5% of peak
 HERO_MUONH = MuonHConfig.from_heuristic(HERO_STEPS * HERO_TOKENS_PER_STEP, d_model=6_144,
                                         tokens_per_batch=HERO_TOKENS_PER_STEP, warmup_steps=HERO_WARMUP_STEPS)
+HERO_OPTIMIZER = HERO_MUONH
+HERO_ADAMW = AdamWConfig(peak_lr=2.2e-4, warmup_steps=HERO_WARMUP_STEPS)  # the variant; its peak LR is assumed
 HERO_CHECKPOINT = CheckpointPolicy(
     every_steps=500,
     every_minutes=30.0,
@@ -68,7 +75,7 @@ HERO_CHECKPOINT = CheckpointPolicy(
     temp_path=HERO_TEMP_CHECKPOINT_PATH,
 )
 HERO_TRAIN = dict(
-    mixture=harrier_k40_mixture(),
+    mixture=harrier_k40_mixture(midtraining=True),  # pretraining 80%, mid-training the last 20%
     model=get_preset("hero", dtype="bfloat16"),  # bf16 compute, float32 master weights
     preset="hero",
     pool="gb200-11racks",
@@ -95,7 +102,8 @@ HERO_TRAIN = dict(
     memory_check="error",
 )
 hero = default_train("hero/moe-535b-a23b", **HERO_TRAIN,
-                     description="hero 535B-A23B on Harrier K40, 390,139 steps x 46.1M tokens")
+                     description="hero 535B-A23B on Harrier K40 with MuonH, 390,139 steps x 46.1M tokens, "
+                                 "mid-training the last 20%")
 # Same recipe and data stream, weights, AdamW state and step counter from the main run's checkpoint
 # at EARLY_COOLDOWN_AT_STEP, resharded onto its pool; the horizon re-planned to end the decay
 # EARLY_COOLDOWN_STEPS later (the LR still ends at 5% of peak). Its own output path: the main run
@@ -109,10 +117,10 @@ hero_early_cooldown = default_train(
     init_from=branch_from(hero, EARLY_COOLDOWN_AT_STEP),
     description=f"hero early cooldown: {EARLY_COOLDOWN_STEPS:,} steps of decay from step {EARLY_COOLDOWN_AT_STEP:,}",
 )
-# The same run trained with MuonH instead of AdamW: a variant step of its own (its own output path and
-# hash; the main run's stays). Run it alone: marin run experiments/hero.py --run_only 'hero/moe-535b-a23b-muonh'
-hero_muonh = default_train("hero/moe-535b-a23b-muonh", **{**HERO_TRAIN, "optimizer": HERO_MUONH},
-                           description="hero 535B-A23B on Harrier K40 with MuonH (upstream's optimizer)")
+# The same run trained with AdamW instead of MuonH: a variant step of its own (its own output path and
+# hash; the main run's stays). Run it alone: marin run experiments/hero.py --run_only 'hero/moe-535b-a23b-adamw'
+hero_adamw = default_train("hero/moe-535b-a23b-adamw", **{**HERO_TRAIN, "optimizer": HERO_ADAMW},
+                           description="hero 535B-A23B on Harrier K40 with AdamW (the variant)")
 hero_health = default_health_report("hero/moe-535b-a23b-health", hero, total_steps=HERO_STEPS)
 
 if __name__ == "__main__":

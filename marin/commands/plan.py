@@ -23,6 +23,7 @@ import json
 import sys
 
 from marin.commands.options import add_pools, fraction, positive_float, positive_int, use_pools
+from marin.data import hero_mixture
 from marin.data.order import CURRENT_ORDER, format_coverage, k40_coverage
 from marin.inference.planning import WEIGHT_DTYPES, format_inference_plan, inference_plan
 from marin.kernels.names import GROUPED_IMPLS
@@ -32,6 +33,7 @@ from marin.pools import SHIPPED_POOL_NAMES, get_pool
 from marin.training.checkpoint import CheckpointPolicy
 from marin.training.config import resolve_model
 from marin.training.optimizers import OPTIMIZERS
+from marin.training.optimizers.muonh import heuristic_hyperparameters
 from marin.training.planning import (
     DEFAULT_MFU,
     STORAGE_WRITE_BYTES_PER_S,
@@ -110,6 +112,36 @@ HERO_CONTEXT_PARALLEL = ((262144, 4),)  # each 262K sequence over 4 devices of i
 # experiments/hero.py's checkpoints: every 500 steps (and 30 minutes), every 10,000th kept, the early-cooldown
 # branch's source pinned; the transport handoff's checkpoint is pinned by the trainer (handoff_steps)
 HERO_CHECKPOINT = CheckpointPolicy(every_steps=500, every_minutes=30.0, keep_every=10_000, pinned_steps=(60_000,))
+# experiments/hero.py's optimizers: the main run on MuonH at upstream's size rule, AdamW the variant step
+HERO_OPTIMIZER_KIND = "muonh"
+HERO_WARMUP_STEPS = 2_000
+HERO_ADAMW_PEAK_LR = 2.2e-4
+HERO_ADAMW_STEP = "hero/moe-535b-a23b-adamw"
+
+
+def hero_recipe(steps: int, tokens_per_step: int, d_model: int) -> dict:
+    """The hero's recipe as experiments/hero.py declares it: its optimizer with upstream's learning
+    rates at this schedule, the AdamW variant, and the mixture's stages (marin.data.hero_mixture)."""
+    return {"optimizer": HERO_OPTIMIZER_KIND,
+            "muonh": heuristic_hyperparameters(steps * tokens_per_step, d_model, tokens_per_step),
+            "warmup_steps": HERO_WARMUP_STEPS,
+            "adamw_variant": {"step": HERO_ADAMW_STEP, "peak_lr": HERO_ADAMW_PEAK_LR},
+            "mixture_stages": hero_mixture.stage_lines(steps, tokens_per_step)}
+
+
+def format_recipe(r: dict, planned_optimizer: str) -> str:
+    """The hero's recipe block of ``marin plan hero``; says which optimizer the memory above was sized for."""
+    m = r["muonh"]
+    note = ("" if planned_optimizer == r["optimizer"] else
+            f"\n  (the memory above is sized for --optimizer {planned_optimizer}; --optimizer {r['optimizer']} sizes "
+            "the main run's)")
+    return "\n".join([
+        "recipe (experiments/hero.py):",
+        f"  optimizer: {r['optimizer']}, upstream's learning rates for this run's size (MuonH {m['peak_lr']:.2e}, "
+        f"Adam {m['adam_lr']:.2e}, beta2 {m['beta2']:.3g}), warmup {r['warmup_steps']:,} steps, decay to 5%;\n"
+        f"  AdamW (peak {r['adamw_variant']['peak_lr']:.1e}) is the variant step {r['adamw_variant']['step']}{note}",
+        "  mixture stages (Harrier K40):",
+        *(f"  {line}" for line in r["mixture_stages"])])
 
 
 def storage_of(p: dict, args: argparse.Namespace, is_hero: bool, steps: int | None) -> dict | None:
@@ -192,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
             # a phase pinned by --seq-len: at the context parallelism the plan above chose or was given
             context_parallel_by_seq_len=HERO_CONTEXT_PARALLEL if whole_run else ((seq_len, p["context_parallel"]),))
         p["storage"] = storage_of(p, args, is_hero, steps)
+        p["recipe"] = hero_recipe(steps, tokens_per_step, cfg.d_model) if whole_run and is_hero else None
     except (KeyError, ValueError) as e:
         print(f"marin plan: error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
@@ -210,6 +243,8 @@ def run(args: argparse.Namespace) -> int:
             print(format_storage(p["storage"]))
         if p["data_coverage"] is not None:
             print(format_coverage(p["data_coverage"], CURRENT_ORDER, "Harrier K40 at its domain shares"))
+        if p["recipe"] is not None:
+            print(format_recipe(p["recipe"], args.optimizer))
         if cfg.max_seq_len > preset.max_seq_len:
             print(f"  context: {cfg.max_seq_len:,} tokens, the longest sequence trained (the preset's max_seq_len is "
                   f"{preset.max_seq_len:,}; a training run raises it the same way and records it, so sample, eval "

@@ -31,8 +31,10 @@ def test_hero_matches_the_published_run(tmp_path):
     assert cfg.parallelism.transport_switches == ((0, "fixed"), (81_716, "ragged_capacity"))
     assert len(cfg.data.stores) == 40  # one token store per K40 domain
 
-    [stage] = cfg.data.stages  # stage 2 at 30% of the run: step 117,042 of the hero's 390,139
-    assert stage.resolved_start(cfg.train_steps) == 117_042
+    # stage 2 at 30% of the run: step 117,042 of the hero's 390,139; mid-training for the last 20%
+    # (the published 15T + 3.75T split) from step 312,112
+    stage, midtraining = cfg.data.stages
+    assert stage.resolved_start(cfg.train_steps) == 117_042 and midtraining.resolved_start(cfg.train_steps) == 312_112
     # tokenizer, dedup, decontamination and the task it protects, 40 tokenize steps, train, health
     assert len(plan.steps) == 1 + 3 + 40 + 1 + 1
     names = [s.name for s in plan.steps]

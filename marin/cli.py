@@ -49,10 +49,10 @@ import os
 import sys
 from types import ModuleType
 
-from marin.commands import options
 from marin.execution.errors import install_excepthook
 from marin.execution.failures import STORE_ADVICE, store_access_error, unreadable_store_message
 from marin.execution.jsonable import mask_log_records, mask_text
+from marin.execution.plan import refuse_url_credentials
 from marin.execution.prefix import resolve_prefix
 from marin.execution.retry import refusal_fails_fast
 from marin.execution.signals import StopSignals, ignore_stop_signals, signal_of, stop_reason
@@ -129,10 +129,31 @@ def main(argv: list[str] | None = None) -> int:
             return 128 + signum
 
 
+LOCATION_ARGUMENTS = {
+    "run": "RUN", "path": "PATH", "step": "STEP", "steps": "RUN_OR_STEP", "step_dir": "STEP_DIR",
+    "experiment": "EXPERIMENT", "prefix": "--prefix", "output": "-o", "output_path": "--output-path",
+    "include_path": "--include-path", "fit": "--fit", "data": "--data", "task": "--task",
+}
+"""The arguments (by ``argparse`` dest) that name a place on a disk or a store, as the user spells them."""
+
+
+def refuse_location_credentials(args: argparse.Namespace) -> None:
+    """Refuse a store location given with credentials in its URL (``s3://KEY:SECRET@bucket/run``) in
+    any argument of :data:`LOCATION_ARGUMENTS`, as ``--prefix`` is refused: one line that shows the
+    URL masked and says where credentials go, before the store's client sees the URL (it would
+    quote it in its errors, or refuse it in a traceback of its own). Raises
+    :class:`marin.execution.plan.PlanError`."""
+    for dest, spelled in LOCATION_ARGUMENTS.items():
+        value = getattr(args, dest, None)
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str):
+                refuse_url_credentials(spelled, v)
+
+
 def _run(module: ModuleType, args: argparse.Namespace) -> int:
     """The command's ``run``, its errors printed in one line unless it handles them itself."""
     try:
-        options.refuse_location_credentials(args)  # before any store client sees the URL
+        refuse_location_credentials(args)  # before any store client sees the URL
     except ValueError as e:
         print(f"marin: error: {e}", file=sys.stderr)
         return 2

@@ -6,8 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-from marin.execution.plan import refuse_url_credentials
-
 PREFIX_HELP = "output prefix (default: $MARIN_PREFIX, else ./local_store)"
 
 
@@ -83,24 +81,3 @@ def fraction(text: str) -> float:
     if value > 1:
         raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text}")
     return value
-
-
-LOCATION_ARGUMENTS = {
-    "run": "RUN", "path": "PATH", "step": "STEP", "steps": "RUN_OR_STEP", "step_dir": "STEP_DIR",
-    "experiment": "EXPERIMENT", "prefix": "--prefix", "output": "-o", "output_path": "--output-path",
-    "include_path": "--include-path", "fit": "--fit", "data": "--data", "task": "--task",
-}
-"""The arguments (by ``argparse`` dest) that name a place on a disk or a store, as the user spells them."""
-
-
-def refuse_location_credentials(args: argparse.Namespace) -> None:
-    """Refuse a store location given with credentials in its URL (``s3://KEY:SECRET@bucket/run``) in
-    any argument of :data:`LOCATION_ARGUMENTS`, as ``--prefix`` is refused: one line that shows the
-    URL masked and says where credentials go, before the store's client sees the URL (it would
-    quote it in its errors, or refuse it in a traceback of its own). Raises
-    :class:`marin.execution.plan.PlanError`."""
-    for dest, spelled in LOCATION_ARGUMENTS.items():
-        value = getattr(args, dest, None)
-        for v in value if isinstance(value, list) else [value]:
-            if isinstance(v, str):
-                refuse_url_credentials(spelled, v)

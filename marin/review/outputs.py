@@ -19,8 +19,13 @@ from marin.review.gate import format_gate, gate_html
 from marin.review.sections import (
     checklist_html,
     checklist_text,
+    cluster_overview,
+    cluster_overview_html,
+    cluster_overview_text,
     corpus_filter_section,
     coverage_text,
+    domain_fit_html,
+    domain_fit_text,
     eval_html,
     eval_text,
     filter_fields,
@@ -28,6 +33,8 @@ from marin.review.sections import (
     fit_html,
     harness_html,
     has_coverage,
+    has_overview,
+    is_domain_fit,
     isoflop_section,
     manifest_html,
     mixture_coverage,
@@ -96,6 +103,10 @@ OUTPUTS: tuple[StepOutput, ...] = (
                text=filter_text, keep=filter_fields, accept=has_totals),
     StepOutput("decontamination_manifest.json", "decontamination", "corpus_filter", html=corpus_filter_section,
                text=filter_text, keep=filter_fields, accept=has_totals),
+    StepOutput("domain_fit.json", "domain fit", "domain_fit", html=domain_fit_html, text=domain_fit_text,
+               accept=is_domain_fit),
+    StepOutput("k40_manifest.json", "cluster overview", "cluster_overview", html=cluster_overview_html,
+               text=cluster_overview_text, keep=cluster_overview, accept=has_overview),
     StepOutput("train_summary.json", "training summary", "train_summary", html=train_summary_html),
 )
 """Every step output review reads, in the order the report and ``marin show`` present them."""

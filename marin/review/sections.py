@@ -519,3 +519,130 @@ def filter_text(man: dict[str, Any]) -> str:
     if man.get("skipped_files"):
         lines.append(f"  corrupt files skipped: {len(man['skipped_files'])}")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------- #
+# the K40 layout's cluster overview and the domain fit                                          #
+# --------------------------------------------------------------------------------------------- #
+
+OVERVIEW_TERMS = 6
+"""Top terms shown per domain (the manifest keeps more)."""
+OVERVIEW_SAMPLE_CHARS = 240
+"""Characters of a sample document shown: enough to tell what a cluster holds, short enough to scan 40."""
+
+
+def has_overview(data: Any) -> bool:
+    """A K40 layout manifest built from raw text (its ``overview``: per domain share, terms, buckets, samples)."""
+    return isinstance(data, dict) and isinstance(data.get("overview"), dict) and bool(data["overview"])
+
+
+def is_domain_fit(data: Any) -> bool:
+    """A domain fit's manifest (``domain_fit.json``)."""
+    return isinstance(data, dict) and data.get("kind") == "domain_fit" and isinstance(data.get("domains"), list)
+
+
+def cluster_overview(man: dict[str, Any]) -> dict[str, Any]:
+    """What ``marin show --json`` keeps of a K40 layout manifest: where it was built from, how its
+    shares are measured, and the overview per domain, largest share first."""
+    rows = sorted(man["overview"].items(), key=lambda kv: -(kv[1].get("share") or 0.0))
+    return {"built_from": man.get("built_from"), "share_measure": man.get("share_measure"),
+            "buckets": man.get("buckets") or [], "totals": man.get("totals"), "domains": dict(rows)}
+
+
+def _bucket_shares(buckets: dict[str, int], names: list[str]) -> list[float]:
+    total = sum(buckets.get(b, 0) for b in names)
+    return [buckets.get(b, 0) / total if total else 0.0 for b in names]
+
+
+def _short(text: str, n: int = OVERVIEW_SAMPLE_CHARS) -> str:
+    """One line of at most ``n`` characters (whitespace runs folded)."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= n else flat[: n - 3] + "..."
+
+
+def cluster_overview_text(ov: dict[str, Any]) -> str:
+    """The overview (:func:`cluster_overview`) for ``marin show``: a table of each domain's share,
+    documents, quality distribution and top terms, then a sample or two per domain."""
+    buckets = list(ov.get("buckets") or [])
+    bf = ov.get("built_from") or {}
+    fit, clf = bf.get("fit") or {}, bf.get("classifier") or {}
+    lines = [f"cluster overview (k40_manifest.json): {len(ov['domains'])} domains x {len(buckets)} quality buckets, "
+             f"shares of {ov.get('share_measure') or 'bytes'}; fit {fit.get('fit_id', '?')} (k {fit.get('k', '?')}), "
+             f"classifier {clf.get('classifier_id', '?')}"]
+    rows = [(name, d.get("title", ""), f"{100 * (d.get('share') or 0):.2f}%", f"{d.get('documents', 0):,}",
+             " ".join(f"{100 * s:.0f}" for s in _bucket_shares(d.get("buckets") or {}, buckets)),
+             ", ".join((d.get("top_terms") or [])[:OVERVIEW_TERMS])) for name, d in ov["domains"].items()]
+    lines.append(format_table(("domain", "title", "share", "docs", f"% {'/'.join(buckets)}", "top terms"), rows,
+                              right=(2, 3), rule=False, indent="  "))
+    lines.append("samples:")
+    for name, d in ov["domains"].items():
+        for s in (d.get("samples") or [])[:2]:
+            lines.append(f"  {name} [{s.get('bucket', '?')}, score {s.get('score', '?')}] "
+                         f"{_short(s.get('text', ''), 100)}")
+    return "\n".join(lines)
+
+
+def cluster_overview_html(man: dict[str, Any]) -> str:
+    """The overview as the report shows it: per domain its share (a bar), documents, quality
+    distribution (one stacked bar over the buckets, q1 lightest), score deciles, top terms, and a
+    few samples to open."""
+    ov = cluster_overview(man)
+    buckets = list(ov["buckets"])
+    bf = ov.get("built_from") or {}
+    out = [kv({"domains": len(ov["domains"]), "buckets": " ".join(buckets),
+               "share of": ov.get("share_measure") or "bytes",
+               "fit": (bf.get("fit") or {}).get("fit_id"), "k": (bf.get("fit") or {}).get("k"),
+               "classifier": (bf.get("classifier") or {}).get("classifier_id")})]
+    top = max([d.get("share") or 0.0 for d in ov["domains"].values()] + [1e-12])
+    shades = ["#f2d0a9", "#e8b37c", "#c9a14a", "#7fae5a", "#2f8f4e"]  # q1 (light) .. q5 (dark)
+    out.append("<table class=overview><tr><th>domain<th>share<th><th>docs<th>quality "
+               + esc(" / ".join(buckets)) + "<th>score p10 / p50 / p90<th>top terms<th>samples")
+    for name, d in ov["domains"].items():
+        share = d.get("share") or 0.0
+        x, segs = 0.0, []
+        for i, (b, s) in enumerate(zip(buckets, _bucket_shares(d.get("buckets") or {}, buckets))):
+            segs.append(f"<rect x={x:.1f} width={160 * s:.1f} height=10 fill={shades[min(i, len(shades) - 1)]}>"
+                        f"<title>{esc(b)} {100 * s:.1f}%</title></rect>")
+            x += 160 * s
+        q = d.get("score_quantiles") or {}
+        quartiles = " / ".join("-" if q.get(p) is None else f"{q[p]:.2f}" for p in ("p10", "p50", "p90"))
+        samples = d.get("samples") or []
+        sample_html = ("<details><summary>" + f"{len(samples)}</summary>" + "".join(
+            f"<p class=sample><b>{esc(s.get('bucket', ''))}</b> {esc(_short(s.get('text', '')))}</p>" for s in samples)
+            + "</details>") if samples else ""
+        out.append(f"<tr><td>{esc(name)}<br><small>{esc(d.get('title', ''))}</small><td class=num>{100 * share:.2f}%"
+                   f"<td><svg width=120 height=10 class=bar><rect width={120 * share / top:.1f} height=10 "
+                   f"fill=#3b6fd8></rect></svg><td class=num>{num(d.get('documents', 0))}"
+                   f"<td><svg width=160 height=10 class=quality>{''.join(segs)}</svg>"
+                   f"<td class=num>{quartiles}"
+                   f"<td>{esc(', '.join((d.get('top_terms') or [])[:OVERVIEW_TERMS]))}<td>{sample_html}")
+    out.append("</table>")
+    return "".join(out)
+
+
+def domain_fit_text(man: dict[str, Any]) -> str:
+    """A domain fit for ``marin show``: K, the sample, the embedding, and per domain its share of the
+    sample and its top terms (the layout step's overview adds quality and samples)."""
+    e, s = man.get("embedding") or {}, man.get("sample") or {}
+    lines = [f"domain fit (domain_fit.json): k {man.get('k')}, fit {man.get('fit_id')}, embedding {e.get('model')} "
+             f"({e.get('dims')} dims), sample {s.get('documents', 0):,} of {s.get('corpus_documents', 0):,} documents"]
+    rows = [(d.get("name"), d.get("title", ""), f"{100 * (d.get('sample_share') or 0):.2f}%",
+             ", ".join((d.get("top_terms") or [])[:OVERVIEW_TERMS])) for d in man["domains"]]
+    lines.append(format_table(("domain", "title", "sample share", "top terms"), rows, right=(2,), rule=False,
+                              indent="  "))
+    return "\n".join(lines)
+
+
+def domain_fit_html(man: dict[str, Any]) -> str:
+    """A domain fit in the report: its settings and, per domain, its sample share (a bar) and top terms."""
+    e, s = man.get("embedding") or {}, man.get("sample") or {}
+    out = [kv({"k": man.get("k"), "fit": man.get("fit_id"), "embedding": e.get("model"), "dims": e.get("dims"),
+               "sample documents": s.get("documents"), "corpus documents": s.get("corpus_documents")})]
+    top = max([d.get("sample_share") or 0.0 for d in man["domains"]] + [1e-12])
+    out.append("<table><tr><th>domain<th>sample share<th><th>top terms")
+    out.extend(f"<tr><td>{esc(d.get('name'))}<td class=num>{100 * (d.get('sample_share') or 0):.2f}%<td><svg width=120 "
+               f"height=10 class=bar><rect width={120 * (d.get('sample_share') or 0) / top:.1f} height=10 "
+               f"fill=#3b6fd8></rect></svg><td>{esc(', '.join((d.get('top_terms') or [])[:OVERVIEW_TERMS]))}"
+               for d in man["domains"])
+    out.append("</table>")
+    return "".join(out)

@@ -255,6 +255,8 @@ CAPACITY_LARGEST_BUCKET = 2.0
 buffers are picked per call from static buckets up to this; rounded up to a multiple of 8 rows)."""
 TOKAMAX_ROW_MULTIPLE = 128
 """tokamax's rows are padded (with skipped rows) to a multiple of its kernels' largest row tile."""
+TOKAMAX_WIDTH_MULTIPLE = 64
+"""tokamax's expert width is padded (with zero weights, a copy of the three local weights) to this."""
 
 
 def pool_grouped_impl(requested: str, pool: PoolSpec) -> str:
@@ -310,8 +312,9 @@ def grouped_buffer_bytes(impl: str, rows: float, experts: float, d_model: int, d
     ``padding_rows``: capacity's per-expert buffers [E, C, .] at the largest bucket (input, gate,
     up, hidden and output: 2 d + 3 f per buffer row); the sorted implementations' rows sorted by
     expert and their output (2 d per row; tokamax's rows padded to its row tile). ``index``: int32
-    sort and slot indices. ``workspace``: none counted (capacity multiplies its buffers; cuDNN's and
-    tokamax's scratch is small and shows in the compiled program's analysis)."""
+    sort and slot indices. ``workspace``: tokamax's zero-padded copy of the three local weights when
+    the width is not a multiple of its tile; none else (capacity multiplies its buffers; cuDNN's
+    scratch is XLA's choice and shows in the compiled program's analysis)."""
     name = canonical_grouped_impl(impl)
     if name not in GROUPED_IMPLS:
         raise ValueError(f"grouped_buffer_bytes counts one implementation ({', '.join(GROUPED_IMPLS)}), "
@@ -323,9 +326,12 @@ def grouped_buffer_bytes(impl: str, rows: float, experts: float, d_model: int, d
         slots = e * cap
         out = {"padding_rows": slots * (2 * d + 3 * f) * b, "index": (3 * rows + slots) * 4, "workspace": 0.0}
     else:
-        if name == "tokamax":
+        workspace = 0.0
+        if name == "tokamax":  # padded to its kernels' tiles: the rows, and the width with a copy of the weights
             rows = -(-rows // TOKAMAX_ROW_MULTIPLE) * TOKAMAX_ROW_MULTIPLE
-        out = {"padding_rows": rows * 2 * d * b, "index": 3 * rows * 4, "workspace": 0.0}
+            if f % TOKAMAX_WIDTH_MULTIPLE:
+                workspace = 3 * e * d * (-(-f // TOKAMAX_WIDTH_MULTIPLE) * TOKAMAX_WIDTH_MULTIPLE) * b
+        out = {"padding_rows": rows * 2 * d * b, "index": 3 * rows * 4, "workspace": workspace}
     out["total"] = sum(out.values())
     return out
 

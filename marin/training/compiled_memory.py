@@ -107,11 +107,11 @@ def judge(measured: dict[str, int], parts: dict[str, int], *, impl: str, transpo
                            "temp_ratio": round(measured["temp"] / max(1, planned), 3), "tolerance": tolerance}
     what = (f"the compiled train step (transport {transport}, grouped_impl {impl}, {microbatches} microbatch(es))")
     fix = what_to_try(impl, transport, microbatches)
+    whose = f"{impl} should allocate" if impl != "-" else "the plan counts"
     if measured["temp"] > planned * (1 + tolerance):
         out["message"] = (f"{what} needs {format_bytes(measured['temp'])} of temporaries per device, "
                           f"{out['temp_ratio']:g}x the planned {format_bytes(planned)} (more than "
-                          f"{tolerance:.0%} over: not the buffers {impl} should allocate); refused before the "
-                          f"first step; try {fix}")
+                          f"{tolerance:.0%} over: not the buffers {whose}); refused before the first step; try {fix}")
     elif usable_bytes is not None and measured["total"] > usable_bytes:
         out["message"] = (f"{what} needs {format_bytes(measured['total'])} per device in all, over the "
                           f"{format_bytes(usable_bytes)} usable (planned temporaries {format_bytes(planned)}, "
@@ -140,7 +140,8 @@ def check_train_step(step: Any, args: tuple, *, config: Any, cfg: Any, pool: Poo
     parts = memory_plan(cfg, pool, config.tokens_per_step, seq_len, microbatches, transport,
                         config.parallelism.param_sharding, config.optimizer, impl)
     usable = None if pool.is_cpu else int(device_memory_bytes(pool) * USABLE_FRACTION)
-    verdict = judge(measured, parts, impl=impl, transport=transport, microbatches=microbatches, usable_bytes=usable)
+    shown = "-" if transport == "fixed" else impl  # fixed multiplies its own per-expert buffers: no grouped call
+    verdict = judge(measured, parts, impl=shown, transport=transport, microbatches=microbatches, usable_bytes=usable)
     if not verdict["ok"]:
         raise CompiledStepExceedsPlan(verdict["message"])
     logger.info("compiled step (transport %s, grouped_impl %s): temporaries %s, planned %s (x%.2f)", transport,

@@ -18,7 +18,7 @@ def _env():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # 20 cases, each its own compile: about 15 min on 2 loaded cores; the default is 600 s
+@pytest.mark.timeout(1800)  # 20 cases, each its own compile: 476 s at a load of 13-30 on 2 cores; the default is 600 s
 def test_cpu_smoke_json_contract():
     """Every transport x grouped implementation x optimizer (the fixed transport once per optimizer):
     on CPU capacity runs and fits its plan; ragged_dot and tokamax's XLA path are the dense fallback

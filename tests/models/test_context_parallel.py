@@ -149,6 +149,7 @@ def test_context_parallel_train_step_lowers_for_cuda(seq_len):
     from marin.training.trainer import model_config
 
     config = TrainConfig(output_path="", data=SyntheticDataConfig(), model=get_preset("hero", n_layers=2),
+                         tokens_per_step=64 // 4 * seq_len,  # the lowered batch: whole sequences
                          seq_len_phases=((0.0, seq_len),), telemetry=TelemetryConfig(wandb_project=None),
                          parallelism=ParallelismConfig(context_parallel_by_seq_len=((seq_len, 4),)))
     from marin.training.config import model_at
@@ -173,6 +174,7 @@ def test_the_hero_attention_shape_at_a_tiny_width_lowers_for_cuda_with_context_p
                          model=get_preset("hero", n_layers=2, d_model=1024, n_heads=8, n_kv_heads=2,
                                           n_kv_heads_global=1, latent_dim=512, expert_width=512,
                                           shared_width=512, expert_width_multiple=1),
+                         tokens_per_step=8 // degree * 2 * seq_len,  # the lowered batch: whole sequences
                          seq_len_phases=((0.0, seq_len),), telemetry=TelemetryConfig(wandb_project=None),
                          parallelism=ParallelismConfig(context_parallel_by_seq_len=((seq_len, degree),)))
     cfg = model_at(config, model_config(config), seq_len)

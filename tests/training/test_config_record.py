@@ -62,7 +62,8 @@ def every_field_train_config() -> TrainConfig:
         telemetry=TelemetryConfig(log_every=5, wandb_project=None, run_name="round-trip", progress_every_s=1.0),
         parallelism=ParallelismConfig(microbatches=2, param_sharding="fsdp", remat_by_seq_len=((128, "full"),),
                                       context_parallel_by_seq_len=((128, 2),),
-                                      transport_switches=((0, "fixed"), (50, "ragged_capacity"))),
+                                      transport_switches=((0, "fixed"), (50, "ragged_capacity")),
+                                      grouped_impl="ragged_dot"),
         init_from=InitFrom("/runs/source-9876543210", step=40, optimizer=False, data_position=False),
         cutovers=(Cutover(50, "/gates/ragged-0a1b2c3d4e", "ragged", forced=True),))
 

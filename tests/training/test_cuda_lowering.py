@@ -20,7 +20,9 @@ MESHES = {"11 racks": (11, 64), "1 rack": (1, 64)}
 
 
 def _config(model: str, seq_len: int = 256, **kw) -> TrainConfig:
-    """The preset ``model`` with 2 layers, one sequence-length phase."""
+    """The preset ``model`` with 2 layers, one sequence-length phase (a batch of 64 whole sequences
+    unless ``tokens_per_step`` is given: a batch always holds whole sequences)."""
+    kw.setdefault("tokens_per_step", 64 * seq_len)
     return TrainConfig(output_path="", data=SyntheticDataConfig(), model=get_preset(model, n_layers=2),
                        seq_len_phases=((0.0, seq_len),), telemetry=TelemetryConfig(wandb_project=None), **kw)
 

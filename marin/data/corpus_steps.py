@@ -499,6 +499,18 @@ class CorpusStep:
             return
         raise self.error(f"{problem} ({kept})")
 
+    def check_results(self, results: Sequence[dict], out: str, input_path: str, inputs: CorpusInput,
+                      kept: str) -> tuple[list[dict], list[dict], Counter, int]:
+        """:meth:`check_failures` then :meth:`check_documents` over per-file results that count their
+        ``documents`` and ``skipped`` records: returns (the good results, the corrupt files skipped,
+        the skipped records by reason, the documents)."""
+        corrupt = self.check_failures(results, out, inputs.on_corrupt, inputs.max_corrupt_fraction)
+        good = [r for r in results if not r.get("error")]
+        skipped = sum((Counter(r["skipped"]) for r in good), Counter())
+        documents = sum(r["documents"] for r in good)
+        self.check_documents(documents, skipped, len(good), input_path, inputs, kept)
+        return good, corrupt, skipped, documents
+
     def finish(self, out: str, manifest: dict, keep_work: bool = False) -> None:
         """Write the manifest (last: it marks success), then drop a stale failures file and the work files."""
         write_json(f"{out}/{self.manifest}", manifest)

@@ -727,10 +727,8 @@ def dedup(config: DedupConfig) -> None:
                                scope_salt(config.scope, f.source)) for f in files]
     sizes = [f.size for f in files]
     sig_results = run_tasks(signature_file, sig_tasks, "dedup signatures", inputs, sizes=sizes)
-    corrupt = STEP.check_failures(sig_results, out, inputs.on_corrupt, inputs.max_corrupt_fraction)
-    good = [r for r in sig_results if not r.get("error")]
-    STEP.check_documents(sum(r["documents"] for r in good), sum((Counter(r["skipped"]) for r in good), Counter()),
-                         len(good), config.input_path, inputs, "nothing was written to the output")
+    good, corrupt, _, _ = STEP.check_results(sig_results, out, config.input_path, inputs,
+                                             "nothing was written to the output")
 
     # phase 2: candidate pairs per key partition (every band)
     n_columns = len(good[0]["columns"]) if good else 0

@@ -54,7 +54,7 @@ from marin.data.corpus_steps import (
     run_tasks,
 )
 from marin.data.dedup import mix64
-from marin.data.ngram_features import HashedNgrams, content_id, fit_idf, tfidf
+from marin.data.ngram_features import HashedNgrams, content_id, fit_idf, read_fitted, tfidf
 from marin.data.readers import iter_documents
 from marin.execution.versioning import by_field, input_field, live
 
@@ -368,11 +368,8 @@ def fit_domains(config: DomainFitConfig) -> None:
                         fingerprint([config.sample_documents, config.seed, inputs.text_field, inputs.max_doc_bytes,
                                      f.url, f.size, f.key])) for f in files]
     results = run_tasks(sample_file, tasks, "domain fit: sample", inputs, sizes=[f.size for f in files])
-    corrupt = FIT_STEP.check_failures(results, out, inputs.on_corrupt, inputs.max_corrupt_fraction)
-    good = [r for r in results if not r.get("error")]
-    skipped = sum((Counter(r["skipped"]) for r in good), Counter())
-    documents = sum(r["documents"] for r in good)
-    FIT_STEP.check_documents(documents, skipped, len(good), config.input_path, inputs, "nothing was fitted")
+    good, corrupt, skipped, documents = FIT_STEP.check_results(results, out, config.input_path, inputs,
+                                                               "nothing was fitted")
     sample = read_sample(work, files, good, config.sample_documents)
     if len(sample) < config.k:
         raise DomainError(f"the corpus under {config.input_path} holds {len(sample)} documents, fewer than "
@@ -464,11 +461,7 @@ def load_fit(path: str) -> DomainFit:
     if path in _FITS:
         return _FITS[path]
     try:
-        with fsspec.open(f"{path}/{FIT_MANIFEST}", "r") as f:
-            manifest = json.load(f)
-        with fsspec.open(f"{path}/{FIT_STATE}", "rb") as f:
-            z = np.load(f, allow_pickle=False)
-            state = {k: z[k] for k in z.files}
+        manifest, state = read_fitted(path, FIT_MANIFEST, FIT_STATE)
     except FileNotFoundError:
         raise DomainError(f"{path} holds no finished domain fit ({FIT_MANIFEST} and {FIT_STATE}); "
                           "give the output of a domain fit step") from None
@@ -555,11 +548,8 @@ def assign_domains(config: DomainAssignConfig) -> None:
                         fingerprint([fit.manifest["fit_id"], inputs.text_field, inputs.max_doc_bytes, f.url, f.size,
                                      f.key])) for f in files]
     results = run_tasks(assign_file, tasks, "domain assign", inputs, sizes=[f.size for f in files])
-    corrupt = ASSIGN_STEP.check_failures(results, out, inputs.on_corrupt, inputs.max_corrupt_fraction)
-    good = [r for r in results if not r.get("error")]
-    skipped = sum((Counter(r["skipped"]) for r in good), Counter())
-    documents = sum(r["documents"] for r in good)
-    ASSIGN_STEP.check_documents(documents, skipped, len(good), config.input_path, inputs, "no manifest was written")
+    good, corrupt, skipped, documents = ASSIGN_STEP.check_results(results, out, config.input_path, inputs,
+                                                                  "no manifest was written")
     per_domain = np.sum([r["per_domain"] for r in good], axis=0).tolist()
     manifest = {
         "kind": "domain_assignment",

@@ -12,10 +12,12 @@ runs code when loaded).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import fsspec
 import numpy as np
 
 ANALYZERS = ("word", "char_wb")
@@ -86,3 +88,13 @@ def content_id(arrays: dict[str, np.ndarray]) -> str:
     for name in sorted(arrays):
         h.update(name.encode() + np.ascontiguousarray(arrays[name]).tobytes())
     return h.hexdigest()[:16]
+
+
+def read_fitted(path: str, manifest: str, state: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """A fitted model's ``manifest`` (JSON) and ``state`` (``.npz``, no pickles) under ``path``, as the
+    domain fit and the quality classifier write them; FileNotFoundError if either is missing."""
+    with fsspec.open(f"{path}/{manifest}", "r") as f:
+        meta = json.load(f)
+    with fsspec.open(f"{path}/{state}", "rb") as f:
+        z = np.load(f, allow_pickle=False)
+        return meta, {k: z[k] for k in z.files}

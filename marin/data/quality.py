@@ -35,7 +35,7 @@ import numpy as np
 
 from marin.data.corpus_steps import CorpusStepError, split_glob
 from marin.data.k40 import K40_DOMAINS, QUALITY_BUCKETS
-from marin.data.ngram_features import HashedNgrams, content_id, fit_idf, tfidf
+from marin.data.ngram_features import HashedNgrams, content_id, fit_idf, read_fitted, tfidf
 from marin.data.readers import CorruptInputError, iter_documents, list_document_files
 from marin.data.synthetic import generate_documents
 from marin.execution.versioning import by_field, input_field
@@ -191,11 +191,7 @@ def load_quality_model(path: str) -> QualityModel:
     path = path.rstrip("/")
     if path not in _MODELS:
         try:
-            with fsspec.open(f"{path}/{CLASSIFIER_MANIFEST}", "r") as f:
-                manifest = json.load(f)
-            with fsspec.open(f"{path}/{CLASSIFIER_STATE}", "rb") as f:
-                z = np.load(f, allow_pickle=False)
-                arrays = {k: z[k] for k in z.files}
+            manifest, arrays = read_fitted(path, CLASSIFIER_MANIFEST, CLASSIFIER_STATE)
         except FileNotFoundError:
             raise QualityError(f"{path} holds no trained quality classifier ({CLASSIFIER_MANIFEST}); give the "
                                "output of a quality classifier step") from None

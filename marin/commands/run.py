@@ -23,7 +23,7 @@ import sys
 
 from marin.commands.options import add_pools, use_pools
 from marin.execution.cluster import local_cluster_with_nodes
-from marin.execution.errors import without_launch_frames
+from marin.execution.errors import show_error, without_launch_frames
 from marin.execution.main import ExecutorMainConfig, executor_main_calls
 from marin.pools import get_pool, simulated_nodes, simulated_pool_note
 from marin.review.experiment_file import ExperimentFileError, check_experiment_file
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         if os.environ.get("MARIN_TRACEBACK"):
             raise
         tb = without_launch_frames(e.__traceback__, path)
-        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        show_error(e.with_traceback(tb), tb)
         return 1
     if executor_main_calls() == calls:
         print(f"marin: error: {args.experiment} ran to its end without calling executor_main(steps=[...]), so no "

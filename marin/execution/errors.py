@@ -135,6 +135,14 @@ def excepthook(kind: type[BaseException], exc: BaseException, tb: TracebackType 
     _previous(kind, exc, tb)
 
 
+def show_error(exc: BaseException, tb: TracebackType | None) -> None:
+    """Print ``exc`` to stderr as :func:`excepthook` would (one line for a mistake, else the traceback
+    from ``tb``), without going through ``sys.excepthook``: a library the file imported may have
+    wrapped that hook with one that prints the traceback itself first (W&B's exit hooks do), which
+    would show the error twice."""
+    excepthook(type(exc), exc, tb, traceback.print_exception)
+
+
 def running_a_script() -> bool:
     """Whether this process is ``python FILE.py`` (an experiment file run as a script): ``__main__`` is
     a file, not a module run with ``-m`` (pytest, ipykernel) nor ``-c`` or an interactive session."""

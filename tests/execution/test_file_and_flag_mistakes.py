@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,15 @@ def test_the_files_own_error_keeps_its_traceback_from_its_own_frame(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(sys, "path", list(sys.path))
+    # a process where W&B ran has its exit hook in sys.excepthook: it prints the traceback, then calls
+    # the hook it replaced; marin run shows the file's error once all the same
+    wrapped = sys.excepthook
+
+    def wandb_like_hook(kind, exc, tb):
+        traceback.print_exception(kind, exc, tb)
+        wrapped(kind, exc, tb)
+
+    monkeypatch.setattr(sys, "excepthook", wandb_like_hook)
     assert main(["run", "exp.py"]) == 1
     err = capsys.readouterr().err.splitlines()
     # the file's two frames and its error; none of marin's launcher (marin.cli, marin run, runpy)

@@ -37,6 +37,7 @@ from marin.training.optimizers.muonh import heuristic_hyperparameters
 from marin.training.planning import (
     DEFAULT_MFU,
     STORAGE_WRITE_BYTES_PER_S,
+    default_optimizer,
     format_phases,
     format_plan,
     format_storage,
@@ -73,9 +74,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--param-sharding", default="fsdp", choices=PARAM_SHARDINGS,
                    help="where weights and AdamW state live: fsdp (split over the mesh; default, as the hero and "
                         "ladder experiments run) or replicated (only routed experts split)")
-    p.add_argument("--optimizer", default="adamw", choices=sorted(OPTIMIZERS),
-                   help="the optimizer whose state is planned (default adamw; muonh: one momentum buffer for the "
-                        "matrices, Adam's two moments for the rest, and the Newton-Schulz temporaries)")
+    p.add_argument("--optimizer", default=None, choices=sorted(OPTIMIZERS),
+                   help="the optimizer whose state is planned (default: the one the preset's experiment trains "
+                        "with: muonh for hero, adamw otherwise; adamw: two moments per parameter; muonh: one "
+                        "momentum buffer for the matrices, Adam's two moments for the rest, and the Newton-Schulz "
+                        "temporaries)")
     p.add_argument("--storage-gbps", type=float, default=STORAGE_WRITE_BYTES_PER_S / 1e9,
                    help="write bandwidth of one host to the checkpoint store, GB/s, for the save-time estimate "
                         f"(default {STORAGE_WRITE_BYTES_PER_S / 1e9:g})")
@@ -207,7 +210,9 @@ def run(args: argparse.Namespace) -> int:
         phases = HERO_SEQ_LEN_PHASES if is_hero and args.seq_len is None and args.steps is None else None
         # the model a run trains: the preset with its context raised to the longest sequence, as training does
         cfg = resolve_model(args.preset, overrides, seq_len_phases=phases or ((0.0, seq_len),))
-        optimizer = OPTIMIZERS[args.optimizer]()
+        # the optimizer the run trains with: the hero's experiment is on MuonH, the ladder's and others on AdamW
+        kind = args.optimizer or (HERO_OPTIMIZER_KIND if is_hero else None)
+        optimizer = OPTIMIZERS[kind]() if kind else default_optimizer()
         p = plan_with_context_parallel(
                  cfg, pool, context_parallel=args.context_parallel,
                  tokens_per_step=tokens_per_step, seq_len=seq_len, microbatches=args.microbatches,
@@ -244,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
         if p["data_coverage"] is not None:
             print(format_coverage(p["data_coverage"], CURRENT_ORDER, "Harrier K40 at its domain shares"))
         if p["recipe"] is not None:
-            print(format_recipe(p["recipe"], args.optimizer))
+            print(format_recipe(p["recipe"], optimizer.kind))
         if cfg.max_seq_len > preset.max_seq_len:
             print(f"  context: {cfg.max_seq_len:,} tokens, the longest sequence trained (the preset's max_seq_len is "
                   f"{preset.max_seq_len:,}; a training run raises it the same way and records it, so sample, eval "

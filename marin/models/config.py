@@ -26,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
+from marin.execution.fieldcheck import check_fields
 from marin.execution.versioning import added_later
 from marin.models.params import params_of
 from marin.parallel.capacity import (  # noqa: F401  (re-exported for model configs)
@@ -99,39 +101,39 @@ class MoEConfig:
     dtype: str = "float32"  # compute dtype; params are kept in float32
     norm_eps: float = 1e-5
 
+    FIELD_RANGES: ClassVar[dict[str, str]] = {
+        "vocab_size": ">= 1", "d_model": ">= 1", "n_layers": ">= 1", "n_heads": ">= 1", "n_kv_heads": ">= 1",
+        "n_kv_heads_global": ">= 1", "head_dim": ">= 1", "max_seq_len": ">= 1", "sliding_window": ">= 1",
+        "global_every": ">= 1", "rope_theta": "> 0", "attention_block": ">= 1", "context_parallel": ">= 1",
+        "latent_dim": ">= 1", "n_experts": ">= 1", "top_k": ">= 1", "expert_width": ">= 1",
+        "expert_width_multiple": ">= 1", "n_shared_experts": ">= 0", "shared_width": ">= 1",
+        "z_loss_weight": ">= 0", "capacity_factor": "> 0", "expert_chunks": ">= 1", "router_bias_rate": "> 0",
+        "router_hist_bins": ">= 1", "norm_eps": "> 0"}
+    """Each numeric field's range (its type is checked by its annotation): a size, count or width no
+    model can have (0, negative, fractional) is refused where the config is built, in one line naming
+    ``model.<field>``, before a division by it or an array of it fails deep inside the model."""
+
     def __post_init__(self):
+        check_fields(self, "model.", self.FIELD_RANGES)
+
         def check(cond, msg):
             if not cond:
                 raise ValueError(f"MoEConfig: {msg}")
 
         check(self.n_heads % self.n_kv_heads == 0, "n_heads must be a multiple of n_kv_heads")
-        check(self.n_kv_heads_global is None or (isinstance(self.n_kv_heads_global, int)
-                                                 and self.n_kv_heads_global >= 1
-                                                 and self.n_heads % self.n_kv_heads_global == 0),
-              f"n_kv_heads_global must be a positive divisor of n_heads, got {self.n_kv_heads_global!r}")
+        check(self.n_kv_heads_global is None or self.n_heads % self.n_kv_heads_global == 0,
+              f"n_kv_heads_global must be a divisor of n_heads, got {self.n_kv_heads_global!r}")
         check(self.stored_kv_heads % self.n_kv_heads == 0 and self.stored_kv_heads % self.kv_heads_global == 0,
               "the larger of n_kv_heads and n_kv_heads_global must be a multiple of the smaller")
-        check(1 <= self.top_k <= self.n_experts, "need 1 <= top_k <= n_experts")
+        check(self.top_k <= self.n_experts, f"top_k ({self.top_k}) must be at most n_experts ({self.n_experts})")
         check(self.transport in TRANSPORTS, f"transport must be one of {TRANSPORTS}")
         check(self.remat_policy in REMAT_POLICIES, f"remat_policy must be one of {REMAT_POLICIES}")
         check(self.router_bias_update in ROUTER_BIAS_UPDATES,
               f"router_bias_update must be one of {ROUTER_BIAS_UPDATES}")
         check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}")
-        check(self.capacity_factor > 0, "capacity_factor must be positive")
-        check(isinstance(self.expert_chunks, int) and not isinstance(self.expert_chunks, bool)
-              and self.expert_chunks >= 1, f"expert_chunks must be a positive int, got {self.expert_chunks!r}")
         check(self.head_dim % 2 == 0, "head_dim must be even (RoPE)")
-        check(self.global_every >= 1 and self.sliding_window >= 1, "bad attention pattern")
         check(self.attention_impl in ATTENTION_IMPLS, f"attention_impl must be one of {ATTENTION_IMPLS}, "
               f"got {self.attention_impl!r}")
-        check(isinstance(self.attention_block, int) and self.attention_block >= 1,
-              f"attention_block must be a positive int, got {self.attention_block!r}")
-        check(isinstance(self.context_parallel, int) and not isinstance(self.context_parallel, bool)
-              and self.context_parallel >= 1,
-              f"context_parallel must be a positive int, got {self.context_parallel!r}")
-        check(isinstance(self.expert_width_multiple, int) and not isinstance(self.expert_width_multiple, bool)
-              and self.expert_width_multiple >= 1,
-              f"expert_width_multiple must be a positive int, got {self.expert_width_multiple!r}")
 
     # ---- derived -------------------------------------------------------------------------
     @property

@@ -834,8 +834,16 @@ def format_plan(p: dict[str, Any]) -> str:
                      f"~{p['checkpoint_save_s']:,.0f} s per save at {p['storage_bytes_per_s'] / 1e9:g} GB/s per host")
     if p["fits"]:
         lines.append(f"  fits with {p['planned_microbatches']} microbatch(es)")
-    elif p.get("device_fits", False):
+    elif p.get("device_fits", False) and not p.get("host_fits", True):
         lines.append("  DOES NOT FIT in host memory (the devices would hold it)")
+    elif p.get("device_fits", False):  # this step fits; what a whole run adds (its phases, its storage) does not
+        why = []
+        if failing := sum(not ph["fits"] for ph in p.get("phases") or ()):
+            why.append(f"{failing} of its phases (below)")
+        if p.get("storage") and not p["storage"]["fits_quota"]:
+            why.append("its checkpoints exceed the storage quota (below)")
+        lines.append(f"  this step fits with {p['planned_microbatches']} microbatch(es); the run DOES NOT FIT: "
+                     + (" and ".join(why) or "see below"))
     else:
         hint = (f"smallest microbatch count that fits: {p['microbatches']}" if p["microbatches"] else
                 "no microbatch count fits on this pool" + (

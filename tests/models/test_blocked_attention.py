@@ -148,7 +148,7 @@ def test_config_switch_and_its_errors():
     with pytest.raises(ValueError, match=r"^MoEConfig: attention_impl must be one of \('dense', 'blocked'\), "
                                          r"got 'flash'$"):
         MoEConfig(attention_impl="flash")
-    with pytest.raises(ValueError, match="^MoEConfig: attention_block must be a positive int, got 0$"):
+    with pytest.raises(ValueError, match=r"^model.attention_block must be >= 1 \(a whole number\), got 0$"):
         MoEConfig(attention_block=0)
 
 

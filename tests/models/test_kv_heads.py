@@ -52,8 +52,8 @@ def test_ladder_rungs_follow_the_hero_and_the_cpu_presets_keep_one_kv_count():
         assert C.count_params(cfg)["kv_padding"] == 0
 
 
-@pytest.mark.parametrize("kw,message", [({"n_kv_heads_global": 3}, "n_kv_heads_global must be a positive divisor"),
-                                        ({"n_kv_heads_global": 0}, "n_kv_heads_global must be a positive divisor")])
+@pytest.mark.parametrize("kw,message", [({"n_kv_heads_global": 3}, "n_kv_heads_global must be a divisor of n_heads"),
+                                        ({"n_kv_heads_global": 0}, "model.n_kv_heads_global must be >= 1")])
 def test_bad_kv_counts_are_one_line_errors(kw, message):
     with pytest.raises(ValueError, match=message) as e:
         C.get_preset("tiny", **kw)

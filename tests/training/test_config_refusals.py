@@ -1,5 +1,5 @@
 """Every check a dry run can make, it makes, while the experiment file is read: each numeric field of
-TrainConfig, of its groups, of the data configs (synthetic, mixture) and of the evaluation configs
+TrainConfig, of its groups and its model, of the data configs (synthetic, mixture) and of the evaluation configs
 (in-training evaluation, its eval sets), given a value no run can use (0, negative, NaN, infinity,
 the wrong type), and the schedules, horizons and branches built from them, is refused in one line
 naming the field and the experiment file's line, before any step is planned or any pool starts.
@@ -21,6 +21,7 @@ import pytest
 from marin.data.mixture import MixtureConfig, MixtureStage
 from marin.evaluation.sets import EvalSet
 from marin.execution.errors import file_mistake_line
+from marin.models.config import MoEConfig
 from marin.pools.stall import StallRule
 from marin.training.checkpoint.manager import CheckpointPolicy
 from marin.training.config import (
@@ -58,6 +59,13 @@ SPEC: dict[type, dict[str, str | None]] = {
     MixtureStage: {"start_step": ">= 0", "start_fraction": "[0, 1]"},
     EvalSet: {"held_out": None, "validation_fraction": "[0, 1]", "validation_min_documents": ">= 0",
               "validation_max_documents": ">= 0", "max_documents": ">= 1"},
+    MoEConfig: {"vocab_size": ">= 1", "d_model": ">= 1", "n_layers": ">= 1", "n_heads": ">= 1", "n_kv_heads": ">= 1",
+                "n_kv_heads_global": ">= 1", "head_dim": ">= 1", "max_seq_len": ">= 1", "sliding_window": ">= 1",
+                "global_every": ">= 1", "rope_theta": "> 0", "attention_block": ">= 1", "context_parallel": ">= 1",
+                "latent_dim": ">= 1", "n_experts": ">= 1", "top_k": ">= 1", "expert_width": ">= 1",
+                "expert_width_multiple": ">= 1", "n_shared_experts": ">= 0", "shared_width": ">= 1",
+                "normalize_combine": None, "z_loss_weight": ">= 0", "capacity_factor": "> 0", "expert_chunks": ">= 1",
+                "router_bias_rate": "> 0", "router_hist_bins": ">= 1", "tie_embeddings": None, "norm_eps": "> 0"},
 }
 """Config class -> each numeric field's range (None: a bool)."""
 
@@ -84,6 +92,7 @@ DECLARED: dict[type, tuple[str, str]] = {
                    "stages=(MixtureStage(**{'start_step': 5, 'start_fraction': None, FIELD: BAD}),))") + ")"),
     EvalSet: ("EvalSet.", TRAIN + ", evaluation=TrainEvalConfig(every_steps=5, sets=(EvalSet(**{'name': 'v', "
               "'store': '/s', FIELD: BAD}),)))"),
+    MoEConfig: ("model.", TRAIN.replace("model='tiny'", "model=get_preset('tiny', **{FIELD: BAD})") + ")"),
 }
 
 
@@ -115,6 +124,7 @@ CASES = [pytest.param(cls, name, bad, id=f"{cls.__name__}.{name}={bad!r}")
 NAMESPACE = "from experiments.defaults import default_train, branch_from\n" \
             "from marin.data.mixture import MixtureConfig, MixtureStage\n" \
             "from marin.evaluation.sets import EvalSet\n" \
+            "from marin.models.config import get_preset\n" \
             "from marin.pools.stall import StallRule\n" \
             "from marin.training.checkpoint.manager import CheckpointPolicy\n" \
             "from marin.training.config import Cutover, InitFrom, ParallelismConfig, SyntheticDataConfig, " \
@@ -141,7 +151,7 @@ def _refusal(tmp_path: Path, declaration: str, **names) -> tuple[str, int]:
 def test_the_table_names_every_numeric_field():
     for cls, fields in SPEC.items():
         assert set(fields) == set(_numeric(cls)), f"{cls.__name__}: give each numeric field a row"
-    assert len(CASES) == 309  # docs/contributing.md quotes this count
+    assert len(CASES) == 448  # docs/contributing.md quotes this count
 
 
 @pytest.mark.parametrize(("cls", "name", "bad"), CASES)
@@ -225,7 +235,7 @@ def test_a_branch_that_takes_another_optimizers_state_is_refused_by_the_dry_run(
     assert r.stderr.splitlines() == [
         "marin: error: init_from: t/source trains with muonh but this run with adamw, and a branch that takes the "
         "optimizer state needs the same optimizer: branch_from(..., optimizer=False) starts a fresh one "
-        "(at exp.py:12)"]
+        "(at exp.py:13)"]
     assert not (tmp_path / "p").exists()
     # a fresh optimizer state is fine: the branch takes only the weights
     exp.write_text(NAMESPACE + "TAKE = False\n" + BRANCH)
@@ -245,5 +255,5 @@ def test_the_first_phase_not_at_zero_is_refused_by_the_dry_run_naming_the_field(
                        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=180)
     assert r.returncode == 1 and r.stdout == "", r.stderr
     assert r.stderr.splitlines() == ["marin: error: seq_len_phases ((0.5, 64),): the first phase must start at 0 (the "
-                                     "run's first step), got 0.5 (at exp.py:8)"]
+                                     "run's first step), got 0.5 (at exp.py:9)"]
     assert not (tmp_path / "p").exists()

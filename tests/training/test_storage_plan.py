@@ -61,12 +61,21 @@ def test_the_heros_storage_exceeds_a_100_tib_quota_and_the_advice_fits():
 
 
 def test_marin_plan_prints_the_storage_line_and_refuses_a_quota(capsys):
-    assert marin(["plan", "hero", "--pool", "gb200-11racks"]) == 0
+    # the AdamW variant's checkpoints (two moments per parameter)
+    assert marin(["plan", "hero", "--pool", "gb200-11racks", "--optimizer", "adamw"]) == 0
     out = capsys.readouterr().out
     assert "checkpoint storage: 246.0 TiB at its peak, 240.1 TiB at the end (40 permanent + 1 rolling" in out
-    assert marin(["plan", "hero", "--pool", "gb200-11racks", "--storage-quota", "100TiB"]) == 1
+    assert marin(["plan", "hero", "--pool", "gb200-11racks", "--optimizer", "adamw", "--storage-quota", "100TiB"]) == 1
     out = capsys.readouterr().out
     assert "storage quota 100.0 TiB: EXCEEDED (checkpoint.keep_every 33,000 would fit)" in out
+    # the main run's, the default: MuonH keeps one momentum buffer for the matrices
+    assert marin(["plan", "hero", "--pool", "gb200-11racks", "--storage-quota", "100TiB"]) == 1
+    out = capsys.readouterr().out
+    assert "checkpoint storage: 164.2 TiB at its peak, 160.3 TiB at the end (40 permanent + 1 rolling of 3.9 TiB" in out
+    assert "storage quota 100.0 TiB: EXCEEDED (checkpoint.keep_every 20,000 would fit)" in out
+    # the step itself fits: the refusal says the quota is why, not the host's memory
+    assert "this step fits with 8 microbatch(es); the run DOES NOT FIT: its checkpoints exceed the storage quota" in out
+    assert "DOES NOT FIT in host memory" not in out
     assert marin(["plan", "hero", "--pool", "gb200-11racks", "--storage-quota", "lots"]) == 2
     assert "not a size: 'lots'" in capsys.readouterr().err
 

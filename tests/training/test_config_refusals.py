@@ -201,6 +201,9 @@ SCHEDULES = [
      "checkpoint.pinned_steps[1] must be > 0 (a whole number), got -2"),
     ("mixture=MixtureConfig(stores=('/s',), domain_weights={'council': float('inf')})",
      "mixture.domain_weights['council'] must be >= 0 (a finite number), got inf"),
+    ("optimizer='muonh'", "optimizer must be an optimizer config, got the name 'muonh': write "
+                          "optimizer=MuonHConfig(...) with its learning rates"),
+    ("optimizer=3e-4", "optimizer must be an optimizer config (AdamWConfig(...) or MuonHConfig(...)), got float 0.0003"),
 ]
 
 

@@ -203,7 +203,8 @@ SCHEDULES = [
      "mixture.domain_weights['council'] must be >= 0 (a finite number), got inf"),
     ("optimizer='muonh'", "optimizer must be an optimizer config, got the name 'muonh': write "
                           "optimizer=MuonHConfig(...) with its learning rates"),
-    ("optimizer=3e-4", "optimizer must be an optimizer config (AdamWConfig(...) or MuonHConfig(...)), got float 0.0003"),
+    ("optimizer=3e-4",
+     "optimizer must be an optimizer config (AdamWConfig(...) or MuonHConfig(...)), got float 0.0003"),
 ]
 
 

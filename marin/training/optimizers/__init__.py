@@ -35,10 +35,10 @@ def optimizer_from(value: Any) -> OptimizerBase:
         if kind not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer kind {kind!r}; choose from {sorted(OPTIMIZERS)}")
         return OPTIMIZERS[kind](**value)
-    classes = " or ".join(f"{c.__name__}(...)" for c in OPTIMIZERS.values())
     if isinstance(value, str) and value in OPTIMIZERS:  # the kind's name where its config belongs
         raise ValueError(f"optimizer must be an optimizer config, got the name {value!r}: write "
                          f"optimizer={OPTIMIZERS[value].__name__}(...) with its learning rates")
+    classes = " or ".join(f"{c.__name__}(...)" for c in OPTIMIZERS.values())
     raise ValueError(f"optimizer must be an optimizer config ({classes}), got {type(value).__name__} {value!r}")
 
 
